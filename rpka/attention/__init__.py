@@ -1,0 +1,65 @@
+"""Attention methods behind one interface, chosen by name.
+
+>>> attn = build("rpka", rank=32)
+>>> out = attn(q, k, v)          # q, k, v: (B, H, n, d) -> (B, H, n, d)
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from rpka.attention.base import AttentionMethod, check_qkv
+from rpka.attention.exact import ExactAttention
+from rpka.attention.rpcholesky import CholeskyResult, gaussian_kernel, rpcholesky
+from rpka.attention.rpka import RPKAttention, nystrom_softmax
+
+REGISTRY: dict[str, type[AttentionMethod]] = {
+    "exact": ExactAttention,
+    "rpka": RPKAttention,
+}
+
+
+def options_of(name: str) -> dict[str, object]:
+    """The options ``name`` accepts, with their defaults."""
+    cls = method_class(name)
+    params = inspect.signature(cls.__init__).parameters
+    return {key: p.default for key, p in params.items() if key != "self"}
+
+
+def method_class(name: str) -> type[AttentionMethod]:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown attention method {name!r}; valid: {sorted(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def build(name: str, **options: object) -> nn.Module:
+    """Instantiate the attention method ``name`` with ``options``.
+
+    Raises ``ValueError`` for an unknown name or option, listing the valid ones.
+    """
+    cls = method_class(name)
+    valid = options_of(name)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for attention method {name!r}; valid: {sorted(valid)}"
+        )
+    return cls(**options)
+
+
+__all__ = [
+    "REGISTRY",
+    "AttentionMethod",
+    "CholeskyResult",
+    "ExactAttention",
+    "RPKAttention",
+    "build",
+    "check_qkv",
+    "gaussian_kernel",
+    "method_class",
+    "nystrom_softmax",
+    "options_of",
+    "rpcholesky",
+]

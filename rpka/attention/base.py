@@ -1,0 +1,69 @@
+"""The one interface every attention method implements.
+
+``forward(q, k, v)`` takes tensors of shape (B, H, n, d) (keys and values may have their
+own length m) and returns (B, H, n, d_v): ``softmax(q k^T / sqrt(d)) v`` or an
+approximation of it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, check_finite: bool = True) -> None:
+    """Raise ``ValueError`` naming the offending argument for malformed q, k, v."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, H, n, d), got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            "q, k and v must share (B, H): got "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share d: got {q.shape[-1]} and {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must share the length m: got {k.shape[-2]} and {v.shape[-2]}")
+    if k.shape[-2] < 1:
+        raise ValueError("k must hold at least one key (m >= 1)")
+    if q.dtype != k.dtype or k.dtype != v.dtype:
+        raise ValueError(f"q, k, v must share a dtype: got {q.dtype}, {k.dtype}, {v.dtype}")
+    if check_finite:
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if not bool(torch.isfinite(x).all()):
+                raise ValueError(f"{name} contains non-finite values (nan or inf)")
+
+
+class AttentionMethod(nn.Module):
+    """Base class: subclasses implement ``attend``; ``forward`` validates first.
+
+    ``check_inputs=False`` skips the finiteness check, which costs a host synchronisation
+    on a GPU (the benchmarks switch it off for every method alike).
+    """
+
+    name: str = ""
+
+    def __init__(self, *, causal: bool = False, check_inputs: bool = True) -> None:
+        super().__init__()
+        self.causal = bool(causal)
+        self.check_inputs = bool(check_inputs)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        check_qkv(q, k, v, check_finite=self.check_inputs)
+        if self.causal and q.shape[-2] != k.shape[-2]:
+            raise ValueError(
+                f"causal attention needs as many queries as keys: got {q.shape[-2]} and "
+                f"{k.shape[-2]}"
+            )
+        return self.attend(q, k, v)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}"

@@ -1,0 +1,206 @@
+"""Randomly pivoted Cholesky (RPCholesky) for the exponential kernel, batched.
+
+The kernel is ``kappa(x, y) = exp(x . y)``. It factorises as
+
+    kappa(x, y) = e^{|x|^2/2} e^{|y|^2/2} g(x, y),   g(x, y) = exp(-|x - y|^2 / 2),
+
+so on a point set ``Z`` the kernel matrix is ``A = D G D`` with ``D = diag(e^{|z|^2/2})``.
+A Nystrom approximation built on pivots ``S`` commutes with that scaling:
+``A - A_S = D (G - G_S) D``. The Cholesky factor is therefore computed for the Gaussian
+matrix ``G`` only (entries in (0, 1], unit diagonal, no overflow), and the scaling only
+enters the *pivot distribution*, in the log domain (DESIGN.md section 2).
+
+``weighting`` chooses which PSD matrix is pivoted, ``A_tau = D^tau G D^tau``:
+
+* ``"exp"``  (tau = 1): the exponential kernel itself, residual diagonal
+  ``e^{|z|^2} r^g`` - the literal algorithm;
+* ``"gauss"`` (tau = 0): the Gaussian kernel, residual diagonal ``r^g`` (every point
+  starts with weight 1);
+* ``"tempered"`` (0 < tau < 1): in between.
+
+All three share one factor of ``G``; only the sampling probabilities differ. The residual
+trace that is recorded is that of the pivoted matrix ``A_tau``, scaled by
+``exp(-log_scale)`` so that it stays finite (the trace identity of DESIGN.md section 3
+is invariant to a positive scale).
+
+Pivot rules (Chen, Epperly, Tropp, Webber 2023, "Randomly pivoted Cholesky", Alg. 1):
+
+* ``"rpc"``: sample ``s`` with probability ``r_s / sum(r)`` (Gumbel-max in the log domain);
+* ``"greedy"``: ``s = argmax r`` (classical pivoted Cholesky);
+* ``"uniform"``: ``s`` uniform over points not yet picked (residual ignored).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+PIVOT_RULES = ("rpc", "greedy", "uniform")
+WEIGHTINGS = ("exp", "gauss", "tempered")
+
+
+@dataclass
+class CholeskyResult:
+    """Output of :func:`rpcholesky` for points of shape (..., N, d) and rank r.
+
+    Attributes:
+        pivots: (..., r) long. Index of the point picked at each step, ``-1`` where the
+            step was skipped (residual exhausted or below ``tol``).
+        factor: (..., N, r). Cholesky factor of the Gaussian matrix: ``G ~ F F^T``.
+            Columns of skipped steps are zero.
+        trace: (..., r + 1). Residual trace of the pivoted matrix ``A_tau`` before each
+            step and after the last, multiplied by ``exp(-log_scale)``.
+        log_scale: (...). The log of the scale removed from ``trace``.
+        log_weight: (..., N). ``tau * |z|^2``: ``A_tau = diag(e^{lw/2}) G diag(e^{lw/2})``.
+        residual: (..., N). Final residual diagonal of ``G`` (not of ``A_tau``).
+    """
+
+    pivots: Tensor
+    factor: Tensor
+    trace: Tensor
+    log_scale: Tensor
+    log_weight: Tensor
+    residual: Tensor
+
+
+def weighting_power(weighting: str, tempering: float = 0.5) -> float:
+    """The exponent tau of ``A_tau = D^tau G D^tau`` for a weighting name."""
+    if weighting == "exp":
+        return 1.0
+    if weighting == "gauss":
+        return 0.0
+    if weighting == "tempered":
+        if not 0.0 < tempering < 1.0:
+            raise ValueError(f"tempering must lie in (0, 1), got {tempering!r}")
+        return float(tempering)
+    raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+
+
+def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
+    """``g(x, y) = exp(-|x - y|^2 / 2)`` for x (..., n, d), y (..., m, d) -> (..., n, m).
+
+    Computed as ``exp(x.y - |x|^2/2 - |y|^2/2)``, clamped to the exact range (0, 1].
+    """
+    sq_x = x.pow(2).sum(-1, keepdim=True) / 2
+    sq_y = y.pow(2).sum(-1).unsqueeze(-2) / 2
+    return torch.exp((x @ y.transpose(-1, -2) - sq_x - sq_y).clamp(max=0.0))
+
+
+def _gumbel(shape: torch.Size, like: Tensor, generator: torch.Generator | None) -> Tensor:
+    u = torch.rand(shape, dtype=like.dtype, device=like.device, generator=generator)
+    tiny = torch.finfo(like.dtype).tiny
+    exponential = -torch.log(u.clamp(min=tiny))  # Exp(1) draws
+    return -torch.log(exponential.clamp(min=tiny))
+
+
+def select_pivot(
+    log_residual: Tensor,
+    picked: Tensor,
+    rule: str,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """One pivot per batch element. log_residual, picked: (..., N) -> (...,) long.
+
+    ``log_residual`` is the log of the residual diagonal of the pivoted matrix (-inf where
+    zero). Where it carries no usable mass (all -inf, or not finite) the rule falls back
+    to uniform sampling over the points not yet picked (DESIGN.md section 2).
+    """
+    unpicked = torch.where(picked, float("-inf"), 0.0).to(log_residual.dtype)
+    if rule == "uniform":
+        scores = unpicked
+    else:
+        scores = log_residual.masked_fill(picked, float("-inf"))
+        bad = ~(torch.isfinite(scores).any(-1, keepdim=True)) | torch.isnan(scores).any(
+            -1, keepdim=True
+        )
+        scores = torch.where(bad, unpicked, scores)
+        if rule == "greedy":
+            return scores.argmax(-1)
+    return (scores + _gumbel(scores.shape, scores, generator)).argmax(-1)
+
+
+def _check(points: Tensor, rank: int, rule: str, tol: float) -> None:
+    if not isinstance(points, Tensor) or points.dim() < 2:
+        raise ValueError("points must be a tensor of shape (..., N, d)")
+    if points.shape[-2] < 1:
+        raise ValueError("points must hold at least one point (N >= 1)")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        raise ValueError(f"rank must be a positive integer, got {rank!r}")
+    if rule not in PIVOT_RULES:
+        raise ValueError(f"rule must be one of {PIVOT_RULES}, got {rule!r}")
+    if not 0.0 <= tol < 1.0:
+        raise ValueError(f"tol must lie in [0, 1), got {tol!r}")
+
+
+@torch.no_grad()
+def rpcholesky(
+    points: Tensor,
+    rank: int,
+    rule: str = "rpc",
+    generator: torch.Generator | None = None,
+    *,
+    weighting: str = "exp",
+    tempering: float = 0.5,
+    tol: float = 0.0,
+    first_pivots: Tensor | None = None,
+) -> CholeskyResult:
+    """Batched RPCholesky of the exponential kernel on ``points`` (..., N, d).
+
+    ``rank`` larger than N is capped at N (N pivots factor the matrix exactly), so the
+    result always has ``min(rank, N)`` columns. A step is skipped (pivot -1, zero column)
+    once an element's residual trace is ``<= tol * trace(A_tau)`` or the chosen pivot's
+    residual is at round-off level; skipped steps keep every batch element in lockstep,
+    so there is no Python loop over the batch, only over the r steps.
+
+    ``first_pivots`` (..., t0) forces the first t0 pivots (replaying a run, e.g. to draw
+    many independent next steps from one residual); the rule picks the rest.
+
+    Computation is in float64 for float64 points and in float32 otherwise.
+    """
+    _check(points, rank, rule, tol)
+    dtype = torch.float64 if points.dtype == torch.float64 else torch.float32
+    z = points.detach().to(dtype)
+    *batch, n_points, _ = z.shape
+    rank = min(rank, n_points)
+    tau = weighting_power(weighting, tempering)
+
+    sq_norm = z.pow(2).sum(-1)  # (..., N)
+    log_weight = tau * sq_norm
+    log_scale = log_weight.amax(-1)
+    weight = torch.exp(log_weight - log_scale.unsqueeze(-1))  # in (0, 1]
+
+    residual = torch.ones_like(sq_norm)  # diagonal of G is 1
+    factor = z.new_zeros(*batch, n_points, rank)
+    pivots = torch.full((*batch, rank), -1, dtype=torch.long, device=z.device)
+    picked = torch.zeros_like(residual, dtype=torch.bool)
+    trace = z.new_zeros(*batch, rank + 1)
+    trace[..., 0] = (weight * residual).sum(-1)
+    stop_trace = tol * trace[..., 0]
+    # a pivot whose residual is at round-off level adds nothing but ill-conditioning
+    round_off = 100 * torch.finfo(dtype).eps
+
+    for t in range(rank):
+        log_res = torch.log(residual) + log_weight
+        if first_pivots is not None and t < first_pivots.shape[-1]:
+            s = torch.broadcast_to(first_pivots[..., t], batch).to(z.device)
+        else:
+            s = select_pivot(log_res, picked, rule, generator)  # (...,)
+        idx = s.unsqueeze(-1)
+        z_s = torch.gather(z, -2, idx.unsqueeze(-1).expand(*batch, 1, z.shape[-1]))
+        col = gaussian_kernel(z, z_s).squeeze(-1)  # (..., N)
+        f_s = torch.gather(factor, -2, idx.unsqueeze(-1).expand(*batch, 1, rank))
+        col = col - (factor @ f_s.transpose(-1, -2)).squeeze(-1)
+        pivot_residual = torch.gather(col, -1, idx)  # (..., 1)
+        running = trace[..., t : t + 1] > stop_trace.unsqueeze(-1)  # not stopped by tol
+        active = running & (pivot_residual > round_off)
+        f_t = torch.where(active, col / pivot_residual.clamp(min=round_off).sqrt(), 0.0)
+        factor[..., t] = f_t
+        pivots[..., t] = torch.where(active.squeeze(-1), s, -1)
+        picked.scatter_(-1, idx, picked.gather(-1, idx) | running)
+        residual = (residual - f_t.pow(2)).clamp(min=0.0)
+        residual.scatter_(-1, idx, torch.where(running, 0.0, residual.gather(-1, idx)))
+        trace[..., t + 1] = (weight * residual).sum(-1)
+
+    return CholeskyResult(pivots, factor, trace, log_scale, log_weight, residual)

@@ -1,0 +1,174 @@
+"""Every registered attention method: shapes, references, guards, bad input."""
+
+import pytest
+import torch
+
+from rpka.attention import REGISTRY, build, options_of
+
+
+def qkv(b=2, h=3, n=24, d=8, dtype=torch.float64, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, n, d, generator=g, dtype=dtype) * scale for _ in range(3)]
+
+
+def rel_err(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def reference(q, k, v):
+    """Softmax attention written out, independent of SDPA."""
+    w = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
+    return w @ v
+
+
+def test_exact_matches_written_out_softmax():
+    q, k, v = qkv()
+    assert rel_err(build("exact")(q, k, v), reference(q, k, v)) < 1e-12
+
+
+@pytest.mark.parametrize("pivot_set", ["joint", "keys"])
+@pytest.mark.parametrize("pivot_rule", ["rpc", "greedy", "uniform"])
+def test_rpka_full_rank_equals_exact(pivot_set, pivot_rule):
+    q, k, v = qkv(n=20)
+    attn = build(
+        "rpka",
+        rank=40,
+        pivot_set=pivot_set,
+        pivot_rule=pivot_rule,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert rel_err(attn(q, k, v), reference(q, k, v)) <= 1e-6
+
+
+def test_rank_above_points_is_capped_to_exact():
+    q, k, v = qkv(n=10)
+    out = build("rpka", rank=1000)(q, k, v)  # 20 joint points: capped at 20
+    assert rel_err(out, reference(q, k, v)) <= 1e-6
+
+
+def test_rpka_error_shrinks_with_rank():
+    q, k, v = qkv(b=1, h=2, n=128, d=16, dtype=torch.float32)
+    ref = reference(q, k, v)
+    errs = [
+        rel_err(build("rpka", rank=r, generator=torch.Generator().manual_seed(1))(q, k, v), ref)
+        for r in (8, 64, 256)
+    ]
+    assert errs[0] > errs[1] > errs[2] and errs[2] < 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_shapes_and_dtype(name):
+    q, k, v = qkv(dtype=torch.float32)
+    out = build(name)(q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_finite_and_in_range(name, dtype):
+    q, k, v = qkv(dtype=torch.float32, n=64, d=16)
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    out = build(name)(q, k, v).float()
+    assert torch.isfinite(out).all()
+    vf = v.float()
+    assert (out >= vf.amin(-2, keepdim=True) - 1e-2).all()
+    assert (out <= vf.amax(-2, keepdim=True) + 1e-2).all()
+
+
+@pytest.mark.parametrize("pivot_set", ["joint", "keys"])
+@pytest.mark.parametrize("weighting", ["gauss", "exp", "tempered"])
+def test_huge_norms_finite_in_range_with_finite_grads(pivot_set, weighting):
+    q, k, v = qkv(dtype=torch.float32, n=48, d=16, scale=30.0)
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    attn = build("rpka", rank=16, pivot_set=pivot_set, weighting=weighting)
+    out = attn(q, k, v)
+    assert torch.isfinite(out).all()
+    assert (out >= v.amin(-2, keepdim=True)).all() and (out <= v.amax(-2, keepdim=True)).all()
+    out.square().mean().backward()
+    for x in (q, k, v):
+        assert torch.isfinite(x.grad).all()
+    counts = attn.guard_counts
+    assert counts["rows"] == 2 * 3 * 48 and counts["entries"] == 2 * 3 * 48 * 16
+
+
+def test_gradients_finite_and_match_exact_at_full_rank():
+    q, k, v = qkv(n=12, d=4)
+    grads = []
+    for attn in (build("exact"), build("rpka", rank=24)):
+        xs = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        attn(*xs).sin().sum().backward()
+        grads.append([x.grad for x in xs])
+    for g_exact, g_rpka in zip(*grads, strict=True):
+        assert rel_err(g_rpka, g_exact) < 1e-5
+
+
+def test_guards_fire_and_are_counted():
+    # rank 1 on spread-out inputs: the one-landmark estimate is crude and guards must act
+    q, k, v = qkv(b=1, h=1, n=200, d=16, dtype=torch.float32, scale=3.0, seed=4)
+    attn = build("rpka", rank=1, pivot_set="keys", generator=torch.Generator().manual_seed(0))
+    out = attn(q, k, v)
+    counts = attn.guard_counts
+    assert set(counts) == {"denominator", "rows", "clamped", "entries"}
+    assert counts["denominator"] + counts["clamped"] > 0
+    assert (out >= v.amin(-2, keepdim=True)).all() and (out <= v.amax(-2, keepdim=True)).all()
+
+
+def test_same_generator_seed_bit_identical_outputs():
+    q, k, v = qkv(dtype=torch.float32, n=64)
+    outs = [
+        build("rpka", rank=8, generator=torch.Generator().manual_seed(5))(q, k, v) for _ in range(2)
+    ]
+    assert torch.equal(outs[0], outs[1])
+    other = build("rpka", rank=8, generator=torch.Generator().manual_seed(6))(q, k, v)
+    assert not torch.equal(outs[0], other)
+
+
+def test_unknown_method_lists_valid_names():
+    with pytest.raises(ValueError, match="unknown attention method 'softmax'.*exact.*rpka"):
+        build("softmax")
+
+
+def test_unknown_option_lists_valid_options():
+    with pytest.raises(ValueError, match="unknown option.*'ranks'.*valid.*'rank'"):
+        build("rpka", ranks=4)
+    assert "rank" in options_of("rpka")
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"rank": 0}, "rank"),
+        ({"rank": -1}, "rank"),
+        ({"pivot_rule": "best"}, "pivot_rule"),
+        ({"pivot_set": "queries"}, "pivot_set"),
+        ({"weighting": "cosine"}, "weighting"),
+        ({"den_floor": 0.0}, "den_floor"),
+        ({"generator": 3}, "generator"),
+    ],
+)
+def test_bad_options(options, match):
+    with pytest.raises(ValueError, match=match):
+        build("rpka", **options)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_bad_inputs_name_the_parameter(name):
+    attn = build(name)
+    q, k, v = qkv(dtype=torch.float32)
+    with pytest.raises(ValueError, match="q must have shape"):
+        attn(q[0], k, v)
+    with pytest.raises(ValueError, match="q and k must share d"):
+        attn(q[..., :4], k, v)
+    with pytest.raises(ValueError, match="k and v must share"):
+        attn(q, k, v[..., :5, :])
+    with pytest.raises(ValueError, match="share \\(B, H\\)"):
+        attn(q, k[:1], v[:1])
+    bad = q.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="q contains non-finite"):
+        attn(bad, k, v)
+    bad = k.clone()
+    bad[0, 0, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match="k contains non-finite"):
+        attn(q, bad, v)
