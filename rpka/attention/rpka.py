@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from rpka.attention.base import AttentionMethod
+from rpka.attention.guards import guarded_ratio
 from rpka.attention.rpcholesky import PIVOT_RULES, gaussian_kernel, rpcholesky, weighting_power
 
 PIVOT_SETS = ("joint", "keys")
@@ -38,6 +39,34 @@ def gather_points(points: Tensor, index: Tensor) -> Tensor:
     safe = index.clamp(min=0)
     out = torch.gather(points, -2, safe.unsqueeze(-1).expand(*safe.shape, points.shape[-1]))
     return out * (index >= 0).unsqueeze(-1).to(points.dtype)
+
+
+def nystrom_core(k_s: Tensor, v: Tensor, landmarks: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Key side of the Nystrom estimate: ``G_SS^{-1} G_SK [w * V, w]`` and ``sum_j w_j``.
+
+    Args:
+        k_s: (..., m, d) scaled (and centred) keys.
+        v: (..., m, d_v) values, same dtype as k_s.
+        landmarks: (..., r, d) landmark points.
+        valid: (..., r) bool; invalid landmarks are ignored (their rows of the core are 0).
+
+    Returns:
+        core (..., r, d_v + 1) - the last column carries the weights ``w`` - and the
+        total weight (..., 1), where ``w_j = exp(|k_j|^2/2 - max)`` (log domain, max 1).
+    """
+    g_ks = gaussian_kernel(k_s, landmarks) * valid.to(k_s.dtype).unsqueeze(-2)  # (..., m, r)
+    pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
+    eye = torch.eye(landmarks.shape[-2], dtype=k_s.dtype, device=k_s.device)
+    g_ss = torch.where(pair, gaussian_kernel(landmarks, landmarks), eye)
+    # jitter: pivots are at least round-off apart, this keeps the factorisation stable
+    jitter = 10 * torch.finfo(k_s.dtype).eps
+    chol = torch.linalg.cholesky(g_ss + jitter * eye)
+
+    log_w = k_s.pow(2).sum(-1) / 2  # e^{|k~|^2/2}, in the log domain
+    w = torch.exp(log_w - log_w.amax(-1, keepdim=True))  # (..., m), max 1
+    wv = torch.cat([w.unsqueeze(-1) * v, w.unsqueeze(-1)], dim=-1)  # (..., m, d_v + 1)
+    core = torch.cholesky_solve(g_ks.transpose(-1, -2) @ wv, chol)  # (..., r, d_v + 1)
+    return core, w.sum(-1, keepdim=True)
 
 
 def nystrom_softmax(
@@ -62,38 +91,12 @@ def nystrom_softmax(
         out (..., n, d_v) and guard counts (tensors): ``denominator`` rows floored,
         ``clamped`` output entries clamped, with totals ``rows`` and ``entries``.
     """
-    mask = valid.to(q_s.dtype)
-    g_qs = gaussian_kernel(q_s, landmarks) * mask.unsqueeze(-2)  # (..., n, r)
-    g_ks = gaussian_kernel(k_s, landmarks) * mask.unsqueeze(-2)  # (..., m, r)
-    pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
-    eye = torch.eye(landmarks.shape[-2], dtype=q_s.dtype, device=q_s.device)
-    g_ss = torch.where(pair, gaussian_kernel(landmarks, landmarks), eye)
-    # jitter: pivots are at least round-off apart, this keeps the factorisation stable
-    jitter = 10 * torch.finfo(q_s.dtype).eps
-    chol = torch.linalg.cholesky(g_ss + jitter * eye)
-
-    log_w = k_s.pow(2).sum(-1) / 2  # e^{|k~|^2/2}, in the log domain
-    w = torch.exp(log_w - log_w.amax(-1, keepdim=True))  # (..., m), max 1
-    wv = torch.cat([w.unsqueeze(-1) * v, w.unsqueeze(-1)], dim=-1)  # (..., m, d_v + 1)
-    core = torch.cholesky_solve(g_ks.transpose(-1, -2) @ wv, chol)  # (..., r, d_v + 1)
+    core, w_sum = nystrom_core(k_s, v, landmarks, valid)
+    g_qs = gaussian_kernel(q_s, landmarks) * valid.to(q_s.dtype).unsqueeze(-2)  # (..., n, r)
     full = g_qs @ core  # (..., n, d_v + 1)
-    num, den = full[..., :-1], full[..., -1:]
-
-    floor = den_floor * w.sum(-1, keepdim=True).unsqueeze(-1)
-    low = den < floor
-    out = num / torch.where(low, floor, den)
-    v_min = v.amin(-2, keepdim=True)
-    v_max = v.amax(-2, keepdim=True)
-    with torch.no_grad():
-        clamped = (out < v_min) | (out > v_max)
-    out = torch.minimum(torch.maximum(out, v_min), v_max)
-    counts = {
-        "denominator": low.sum(),
-        "rows": torch.tensor(low.numel()),
-        "clamped": clamped.sum(),
-        "entries": torch.tensor(clamped.numel()),
-    }
-    return out, counts
+    # the exact denominator lies in (0, sum_j w_j] because 0 < g <= 1
+    floor = den_floor * w_sum.unsqueeze(-1)
+    return guarded_ratio(full[..., :-1], full[..., -1:], floor, v)
 
 
 class RPKAttention(AttentionMethod):
