@@ -49,7 +49,6 @@ import torch
 from torch import Tensor
 
 from rpka.attention.base import AttentionMethod
-from rpka.attention.guards import guarded_ratio
 from rpka.attention.options import (
     check_generator,
     check_open_unit,
@@ -57,7 +56,7 @@ from rpka.attention.options import (
     reject_causal,
 )
 from rpka.attention.rpcholesky import rpcholesky
-from rpka.attention.rpka import gather_points, nystrom_core
+from rpka.attention.rpka import gather_points, nystrom_core, nystrom_readout
 
 # rho in tau = sqrt(rho * max|k| / max|q|): microsoft/wildcat, wildcat/compress_kv.py (RHO_2)
 WILDCAT_RHO = 3.94582
@@ -136,18 +135,9 @@ class KeysCoresetAttention(AttentionMethod):
         valid = pivots >= 0
         landmarks = gather_points(k_t, pivots)  # (..., r, d), differentiable in k
         v_c = v.to(compute)
-        core, _ = nystrom_core(k_t, v_c, landmarks, valid)  # (..., r, d_v + 1)
-
+        core = nystrom_core(k_t, v_c, landmarks, valid)  # (..., r, d_v + 1)
         # query side: exp(beta q.k_s) e^{-|k'_s|^2/2} = exp((tau q~).k'_s - |k'_s|^2/2)
-        logits = (tau * q_s) @ landmarks.transpose(-1, -2) - landmarks.pow(2).sum(-1).unsqueeze(
-            -2
-        ) / 2
-        logits = logits.masked_fill(~valid.unsqueeze(-2), float("-inf"))
-        a = torch.exp(logits - logits.amax(-1, keepdim=True).detach())  # (..., n, r), max 1
-        full = a @ core  # (..., n, d_v + 1)
-        tiny = torch.finfo(compute).tiny  # keeps 0/0 out if every term vanished
-        floor = (self.den_floor * (a @ core[..., -1:].abs())).clamp(min=tiny)
-        out, self._guards = guarded_ratio(full[..., :-1], full[..., -1:], floor, v_c)
+        out, self._guards = nystrom_readout(tau * q_s, landmarks, valid, core, v_c, self.den_floor)
         return out.to(q.dtype)
 
     def extra_repr(self) -> str:
