@@ -21,8 +21,11 @@ How it is computed here (same algebra, overflow-free). ``E_tau = D G D`` with th
 ``G = g(k', k')`` and ``D = diag(e^{|k'|^2/2})``, hence ``W = D_S^{-1} G_SS^{-1} G_SK D_K``.
 The key side ``G_SS^{-1} G_SK [D_K V, D_K 1]`` is :func:`rpka.attention.rpka.nystrom_core`
 (the shared Nystrom solve, log-domain key weights); the query side
-``exp(beta q.k_s) e^{-|k'_s|^2/2} = exp((tau q~).k'_s - |k'_s|^2/2)`` is formed as logits
-with the row maximum subtracted, as in a softmax, so large queries cannot underflow.
+``exp(beta q.k_s) e^{-|k'_s|^2/2} = exp((tau q~).k'_s - |k'_s|^2/2)`` is
+:func:`rpka.attention.rpka.nystrom_readout` at the points ``tau q~`` (logits with the row
+maximum subtracted, as in a softmax, so large queries cannot underflow). In other words:
+keys-coreset is RPKA's estimator with pivots from the keys only, sampled with the
+exponential weighting, after mapping ``q~ -> tau q~`` and ``k~ -> k~ / tau``.
 
 Implemented as in the paper / reference code: RPCholesky coreset of keys only, tempered
 exponential-kernel pivot distribution, Nystrom weights, keys centred by their mean (exact
