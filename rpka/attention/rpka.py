@@ -16,8 +16,9 @@ module counts how often each fired in its last call (``guard_counts``):
 
 1. keys are centred by their mean (softmax is exactly invariant to a common key shift, and
    smaller key norms mean less spread in ``w``);
-2. the denominator is floored at ``den_floor * sum_j w_j`` (the exact one lies in
-   ``(0, sum_j w_j]`` because ``0 < g <= 1``);
+2. the denominator is floored at ``den_floor * sum_s a_s |c_s|``, a fraction of the size
+   of the terms it sums (:func:`nystrom_readout`; the query factor ``e^{-|q~|^2/2}`` and
+   each row's maximum are dropped first, so the floor is scale-free);
 3. each output coordinate is clamped to ``[min_j v_j, max_j v_j]`` (the exact output is a
    convex combination of the values).
 """
