@@ -8,7 +8,7 @@ with probability ``R_ss / tr R``, removes the rank-one Schur complement
 
     E[tr R - tr R'] = sum_s (R_ss / tr R) |R[:, s]|^2 / R_ss = |R|_F^2 / tr R        (*)
 
-(Chen, Epperly, Tropp, Webber 2023, "Randomly pivoted Cholesky", section 4). For one run of
+(Chen, Epperly, Tropp, Webber 2023, "Randomly pivoted Cholesky"). For one run of
 rank r and every step t we compare, on the matrix the package actually pivots:
 
 * ``predicted``: ``|R_t|_F^2 / tr R_t`` from the explicit residual matrix ``R_t`` (float64
@@ -19,16 +19,17 @@ rank r and every step t we compare, on the matrix the package actually pivots:
   (``rpcholesky(first_pivots=prefix + [s])``) - equal to ``predicted`` to round-off when
   the package's update is the Schur complement;
 * ``observed``: the Monte Carlo mean of ``draws`` independent one-step draws by the
-  package's rule (``rpcholesky(first_pivots=prefix)``, batched copies), its standard error
-  and ``z = (observed - predicted) / SE``.
+  package's rule (``rpcholesky(first_pivots=prefix)``, batched copies; or, equivalently
+  and cheaper, the package's sampler on the replayed state - ``MechanismConfig.monte_carlo``),
+  its standard error and ``z = (observed - predicted) / SE``.
 
 **2. Approximation quality.** For ranks r (capped at the number of points N): the residual
 trace ``tr(A - A_S)`` after r pivots for the ``rpc``, ``greedy`` and ``uniform`` rules over
-several pivot seeds; the optimum over *all* rank-r PSD approximations, the sum of the
-eigenvalues beyond r (Eckart-Young-Mirsky for the trace norm); their ratio (>= 1, because a
-Nystrom residual is PSD and ``A_S`` has rank r, so ``tr A_S <= lambda_1 + ... + lambda_r`` by
-Ky Fan); the relative error of RPKA's attention output against exact SDPA and how often its
-guards fired.
+several pivot seeds; the optimum over *all* rank-r approximations, the sum of the
+eigenvalues beyond r (Eckart-Young-Mirsky in the trace norm); their ratio (>= 1: a Nystrom
+approximation satisfies ``0 <= A_S <= A`` with rank r, so by Weyl's monotonicity
+``tr A_S <= lambda_1 + ... + lambda_r``); the relative error of RPKA's attention output
+against exact SDPA and how often its guards fired.
 
 The pivoted matrix is built exactly as :class:`rpka.attention.rpka.RPKAttention` builds it:
 ``q~ = q d^{-1/4}``, keys centred then scaled, pivot set joint ``[q~; k~]`` or keys only,

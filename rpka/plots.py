@@ -283,7 +283,10 @@ def plot_trained_vs_init(
         ylabel=r"relative output error $\|\hat O - O\|_F / \|O\|_F$",
         title="RPKA output error against exact",
     )
+    ranks = sorted({row["rank"] for r in results.values() for row in _quality(r)["summary"]})
     for ax in (ax_res, ax_err):
+        ax.set_xticks(ranks, labels=ranks)
+        ax.minorticks_off()
         ax.legend(loc="best")
     save_figure(fig, save_dir, name)
     return fig
