@@ -16,8 +16,9 @@ rank r and every step t we compare, on the matrix the package actually pivots:
   factor);
 * ``exact``: ``sum_s (R_ss / tr R) * decrease_s`` over every candidate pivot ``s``, where
   ``decrease_s`` is the package's own one-step trace decrease with the pivot forced to ``s``
-  (``rpcholesky(first_pivots=prefix + [s])``) - equal to ``predicted`` to round-off when
-  the package's update is the Schur complement;
+  (``rpcholesky(first_pivots=prefix + [s])``: equal to ``predicted`` to round-off when the
+  package's update is the Schur complement) or, cheaper, the explicit Schur complement's
+  ``|R[:, s]|^2 / R_ss`` (``MechanismConfig.candidate_decreases``);
 * ``observed``: the Monte Carlo mean of ``draws`` independent one-step draws by the
   package's rule (``rpcholesky(first_pivots=prefix)``, batched copies; or, equivalently
   and cheaper, the package's sampler on the replayed state - ``MechanismConfig.monte_carlo``),
@@ -68,6 +69,7 @@ from rpka.attention.rpka import PIVOT_SETS
 
 QKV = tuple[Tensor, Tensor, Tensor]
 MONTE_CARLO = ("auto", "replay", "resample")
+CANDIDATE_DECREASES = ("auto", "package", "explicit")
 
 PREDICTION = (
     "One RPCholesky step from residual R, with pivot s drawn with probability R_ss / tr R, "
@@ -92,6 +94,12 @@ class MechanismConfig:
             check), ``"resample"`` (the package's pivot sampler on the replayed state, same
             distribution, about draws / N times cheaper; see :func:`_package_draws`) or
             ``"auto"``: replay on a GPU, resample on the CPU (the output records which).
+        candidate_decreases: the one-step decrease of every candidate pivot, for ``exact``
+            (and ``resample``'s draws): ``"package"`` (forced-pivot package runs, checks the
+            package's update at every candidate, cost O(N^2 t^2) per step), ``"explicit"``
+            (``|R[:, s]|^2 / R_ss`` of the explicit residual, O(N^2); the package's update
+            is then checked along the run, ``max_rel_error_trace``) or ``"auto"``: package on
+            a GPU, explicit on the CPU.
         z_threshold: "confirmed" means ``|z| <= z_threshold`` at every step of every head.
         pivot_set, weighting, tempering, den_floor: as :class:`RPKAttention`.
         quality_ranks: ranks of the approximation-quality study (each capped at N).
@@ -109,6 +117,7 @@ class MechanismConfig:
     rank: int = 64
     draws: int = 2000
     monte_carlo: str = "auto"
+    candidate_decreases: str = "auto"
     z_threshold: float = 4.0
     pivot_set: str = "joint"
     weighting: str = "gauss"
@@ -134,6 +143,11 @@ class MechanismConfig:
             raise ValueError(f"identity_item must be an integer >= 0, got {self.identity_item!r}")
         if self.monte_carlo not in MONTE_CARLO:
             raise ValueError(f"monte_carlo must be one of {MONTE_CARLO}, got {self.monte_carlo!r}")
+        if self.candidate_decreases not in CANDIDATE_DECREASES:
+            raise ValueError(
+                f"candidate_decreases must be one of {CANDIDATE_DECREASES}, "
+                f"got {self.candidate_decreases!r}"
+            )
         if not self.z_threshold > 0:
             raise ValueError(f"z_threshold must be > 0, got {self.z_threshold!r}")
         if self.pivot_set not in PIVOT_SETS:
@@ -168,8 +182,8 @@ def pivot_points(q: Tensor, k: Tensor, pivot_set: str = "joint") -> Tensor:
     if pivot_set not in PIVOT_SETS:
         raise ValueError(f"pivot_set must be one of {PIVOT_SETS}, got {pivot_set!r}")
     scale = q.shape[-1] ** -0.25
-    q_s = q.to(torch.float64) * scale
-    k_s = k.to(torch.float64) * scale
+    q_s = q.detach().to(torch.float64) * scale
+    k_s = k.detach().to(torch.float64) * scale
     k_s = k_s - k_s.mean(-2, keepdim=True)
     return torch.cat([q_s, k_s], dim=-2) if pivot_set == "joint" else k_s
 
@@ -248,12 +262,14 @@ def _one_step_decrease(
     return run.trace[..., t] - run.trace[..., t + 1]
 
 
-def resolve_monte_carlo(config: MechanismConfig, device: torch.device) -> MechanismConfig:
-    """Replace ``monte_carlo="auto"`` by ``"replay"`` on a GPU and ``"resample"`` on the CPU."""
-    if config.monte_carlo != "auto":
-        return config
-    mode = "replay" if torch.device(device).type == "cuda" else "resample"
-    return replace(config, monte_carlo=mode)
+def resolve_auto(config: MechanismConfig, device: torch.device) -> MechanismConfig:
+    """Resolve ``"auto"`` modes: the thorough ones on a GPU, the cheap ones on the CPU."""
+    gpu = torch.device(device).type == "cuda"
+    if config.monte_carlo == "auto":
+        config = replace(config, monte_carlo="replay" if gpu else "resample")
+    if config.candidate_decreases == "auto":
+        config = replace(config, candidate_decreases="package" if gpu else "explicit")
+    return config
 
 
 def _package_draws(
@@ -271,8 +287,8 @@ def _package_draws(
     ``"resample"``: the package's :func:`select_pivot` applied ``draws`` times to the
     package's state after the prefix (residual diagonal ``residual * e^{log_weight}``, as
     :class:`CholeskyResult` documents it), each draw's decrease looked up in ``decrease``
-    (P, N), the package's own decrease per forced pivot - the same distribution (the same
-    draws for the same generator state), cost O(draws N) per step.
+    (P, N), the decrease per candidate pivot - with the package's decreases the same
+    distribution (the same draws for the same generator state), cost O(draws N) per step.
     Returns (P, draws).
     """
     n_sets, n_pts, dim = points.shape
@@ -324,7 +340,7 @@ def trace_identity(
     """
     points = points.to(torch.float64)
     n_sets, n_pts, dim = points.shape
-    config = resolve_monte_carlo(config, points.device)
+    config = resolve_auto(config, points.device)
     rank = min(config.rank, n_pts)
     device = points.device
     generator = torch.Generator(device=device).manual_seed(config.seed)
@@ -344,15 +360,18 @@ def trace_identity(
         trace = diag.sum(-1)
         out["trace"][:, t] = trace.cpu().numpy()
         out["predicted"][:, t] = (residual.pow(2).sum((-2, -1)) / trace).cpu().numpy()
-        # exact expectation: the package's decrease for every forced pivot, weighted R_ss / tr R
-        chunk = _chunk(config.batch_budget_mb, n_sets, n_pts, t + 1 + dim)
-        decrease = torch.cat(
-            [
-                _one_step_decrease(points, prefix, idx.shape[-1], config, None, forced=idx)
-                for idx in candidates.split(chunk, -1)
-            ],
-            dim=-1,
-        )
+        # exact expectation: every candidate's one-step decrease, weighted R_ss / tr R
+        if config.candidate_decreases == "package":
+            chunk = _chunk(config.batch_budget_mb, n_sets, n_pts, t + 1 + dim)
+            decrease = torch.cat(
+                [
+                    _one_step_decrease(points, prefix, idx.shape[-1], config, None, forced=idx)
+                    for idx in candidates.split(chunk, -1)
+                ],
+                dim=-1,
+            )
+        else:  # trace of the rank-one Schur complement R[:, s] R[s, :] / R_ss
+            decrease = torch.where(diag > 0, residual.pow(2).sum(-2) / diag, 0.0)
         prob = diag / trace.unsqueeze(-1)
         exact = (prob * decrease).sum(-1)
         out["exact"][:, t] = exact.cpu().numpy()
@@ -416,7 +435,7 @@ def trace_identity_study(
     config = config or MechanismConfig()
     config.validate()
     _check_layers(qkv_per_layer)
-    config = resolve_monte_carlo(config, qkv_per_layer[0][0].device)
+    config = resolve_auto(config, qkv_per_layer[0][0].device)
     layers = _select(len(qkv_per_layer), config.layers, "layers")
     batch, n_heads = qkv_per_layer[0][0].shape[:2]
     heads = _select(n_heads, config.heads, "heads")
@@ -455,7 +474,10 @@ def trace_identity_study(
                 "max_abs_z_null": float(np.max(np.abs(arrays["z_null"]), initial=0.0)),
                 "max_rel_error_exact": float(np.max(arrays["rel_error_exact"], initial=0.0)),
                 "max_rel_error_trace": float(
-                    np.max(np.abs(arrays["trace"] - arrays["trace_package"]) / unit, initial=0.0)
+                    np.max(
+                        np.abs(arrays["trace"] - arrays["trace_package"]) / arrays["trace"],
+                        initial=0.0,
+                    )
                 ),
                 "predicted_sum": pred_sum / unit,
                 "observed_sum": obs_sum / unit,
@@ -499,7 +521,8 @@ def signature(per_head: Sequence[dict], config: MechanismConfig) -> dict[str, ob
             f"confirmed = |z| <= {threshold:g} at every step t = 0..rank-1 of every studied "
             f"head, z = (Monte Carlo mean - predicted) / sample standard error of the mean of "
             f"{config.draws} independent one-step draws by the package's rule "
-            f"(monte_carlo={config.monte_carlo!r})"
+            f"(monte_carlo={config.monte_carlo!r}, candidate_decreases="
+            f"{config.candidate_decreases!r})"
         ),
         "observed_definition": OBSERVED_DEFINITION,
         "trained_model": None,
@@ -509,6 +532,8 @@ def signature(per_head: Sequence[dict], config: MechanismConfig) -> dict[str, ob
         "max_rel_error_exact": max(h["max_rel_error_exact"] for h in per_head),
         "n_draws": config.draws,
         "monte_carlo": config.monte_carlo,
+        "candidate_decreases": config.candidate_decreases,
+        "max_rel_error_trace": max(h["max_rel_error_trace"] for h in per_head),
         "layer": worst["layer"],
         "head": worst["head"],
         "n_heads": len(per_head),
@@ -744,7 +769,7 @@ def mechanism_study(
         config = MechanismConfig(**{**asdict(config), **options})
     config.validate()
     _check_layers(qkv_per_layer)
-    config = resolve_monte_carlo(config, qkv_per_layer[0][0].device)
+    config = resolve_auto(config, qkv_per_layer[0][0].device)
     identity = trace_identity_study(qkv_per_layer, config, progress)
     quality = approximation_quality(qkv_per_layer, config, progress)
     q = qkv_per_layer[0][0]

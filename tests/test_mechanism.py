@@ -79,11 +79,14 @@ def test_pivoted_matrix_is_the_packages_matrix(weighting, tau):
 # --------------------------------------------------------------------------- trace identity
 
 
+@pytest.mark.parametrize("candidates", ["package", "explicit"])
 @pytest.mark.parametrize("weighting", ["gauss", "exp"])
-def test_exact_expectation_equals_prediction_to_round_off(weighting):
+def test_exact_expectation_equals_prediction_to_round_off(weighting, candidates):
     """Independent numpy Schur complements on the run's pivots: prediction and expectation."""
     points = points_of(n_sets=2, n=14, d=3, seed=1)
-    config = MechanismConfig(rank=8, draws=2, weighting=weighting, monte_carlo="resample")
+    config = MechanismConfig(
+        rank=8, draws=2, weighting=weighting, monte_carlo="resample", candidate_decreases=candidates
+    )
     out = trace_identity(points, config)
     tau = {"gauss": 0.0, "exp": 1.0}[weighting]
     for p in range(2):
@@ -108,7 +111,13 @@ def test_exact_expectation_equals_prediction_to_round_off(weighting):
 def test_monte_carlo_mean_within_4_standard_errors(weighting, monte_carlo):
     """Package draws match the prediction at every step."""
     points = points_of(n_sets=2, n=12, d=3, seed=2)
-    config = MechanismConfig(rank=6, draws=2000, weighting=weighting, monte_carlo=monte_carlo)
+    config = MechanismConfig(
+        rank=6,
+        draws=2000,
+        weighting=weighting,
+        monte_carlo=monte_carlo,
+        candidate_decreases="package",
+    )
     out = trace_identity(points, config)
     assert out["z"].shape == (2, 6)
     assert np.all(np.abs(out["z"]) <= 4), out["z"]
@@ -137,10 +146,11 @@ def test_monte_carlo_check_has_power_against_a_wrong_rule():
     assert abs(z) > 4, z
 
 
-def test_replay_and_resample_draw_the_same_pivots():
+@pytest.mark.parametrize("candidates", ["package", "explicit"])
+def test_replay_and_resample_draw_the_same_pivots(candidates):
     """One generator state, one chunk: both modes see the same Gumbel noise -> same draws."""
     points = points_of(n_sets=2, n=12, d=3, seed=4)
-    base = dict(rank=5, draws=400, weighting="exp")
+    base = dict(rank=5, draws=400, weighting="exp", candidate_decreases=candidates)
     replay = trace_identity(points, MechanismConfig(**base, monte_carlo="replay"))
     resample = trace_identity(points, MechanismConfig(**base, monte_carlo="resample"))
     assert np.allclose(replay["mc_mean"], resample["mc_mean"], rtol=1e-12, atol=1e-15)
@@ -227,6 +237,7 @@ def test_mechanism_study_signature_and_json(tmp_path):
     assert sig["confirmed"] and sig["max_abs_z"] <= 4 and sig["rank"] == 5
     assert sig["max_rel_error_exact"] < 1e-10 and sig["head"] == 1 and sig["n_heads"] == 2
     assert sig["monte_carlo"] == "resample"  # "auto" on the CPU
+    assert sig["candidate_decreases"] == "explicit" and sig["max_rel_error_trace"] < 1e-10
     assert sig["relative_error"] == pytest.approx(
         abs(sig["observed"] - sig["predicted"]) / sig["predicted"]
     )
@@ -241,6 +252,7 @@ def test_mechanism_study_signature_and_json(tmp_path):
         ({"rank": 0}, "rank"),
         ({"draws": 1}, "draws"),
         ({"monte_carlo": "exact"}, "monte_carlo"),
+        ({"candidate_decreases": "sampled"}, "candidate_decreases"),
         ({"pivot_set": "queries"}, "pivot_set"),
         ({"weighting": "cosine"}, "weighting"),
         ({"quality_ranks": (4, 0)}, "quality_ranks"),
