@@ -69,7 +69,7 @@ from rpka.attention.rpka import PIVOT_SETS
 
 QKV = tuple[Tensor, Tensor, Tensor]
 MONTE_CARLO = ("auto", "replay", "resample")
-CANDIDATE_DECREASES = ("auto", "package", "explicit")
+CANDIDATE_DECREASES = ("package", "explicit")
 
 PREDICTION = (
     "One RPCholesky step from residual R, with pivot s drawn with probability R_ss / tr R, "
@@ -98,8 +98,7 @@ class MechanismConfig:
             (and ``resample``'s draws): ``"package"`` (forced-pivot package runs, checks the
             package's update at every candidate, cost O(N^2 t^2) per step), ``"explicit"``
             (``|R[:, s]|^2 / R_ss`` of the explicit residual, O(N^2); the package's update
-            is then checked along the run, ``max_rel_error_trace``) or ``"auto"``: package on
-            a GPU, explicit on the CPU.
+            is then checked along the run only, ``max_rel_error_trace``).
         z_threshold: "confirmed" means ``|z| <= z_threshold`` at every step of every head.
         pivot_set, weighting, tempering, den_floor: as :class:`RPKAttention`.
         quality_ranks: ranks of the approximation-quality study (each capped at N).
@@ -117,7 +116,7 @@ class MechanismConfig:
     rank: int = 64
     draws: int = 2000
     monte_carlo: str = "auto"
-    candidate_decreases: str = "auto"
+    candidate_decreases: str = "package"
     z_threshold: float = 4.0
     pivot_set: str = "joint"
     weighting: str = "gauss"
@@ -263,13 +262,11 @@ def _one_step_decrease(
 
 
 def resolve_auto(config: MechanismConfig, device: torch.device) -> MechanismConfig:
-    """Resolve ``"auto"`` modes: the thorough ones on a GPU, the cheap ones on the CPU."""
+    """Resolve ``monte_carlo="auto"``: ``"replay"`` on a GPU, ``"resample"`` on the CPU."""
+    if config.monte_carlo != "auto":
+        return config
     gpu = torch.device(device).type == "cuda"
-    if config.monte_carlo == "auto":
-        config = replace(config, monte_carlo="replay" if gpu else "resample")
-    if config.candidate_decreases == "auto":
-        config = replace(config, candidate_decreases="package" if gpu else "explicit")
-    return config
+    return replace(config, monte_carlo="replay" if gpu else "resample")
 
 
 def _package_draws(
