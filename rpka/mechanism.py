@@ -106,7 +106,8 @@ class MechanismConfig:
         rules: pivot rules compared.
         layers, heads: indices studied (``None``: all).
         identity_item: the batch item of the trace identity.
-        quality_items: the first ``quality_items`` batch items enter the quality study.
+        quality_items: the first ``quality_items`` batch items (at most B) enter the quality
+            study.
         seed: seeds every generator of the study.
         batch_budget_mb: memory bound of one batched Monte Carlo call (chunks the draws).
         optimum_floor: the ratio to the optimum is reported only where the optimal trace
@@ -215,7 +216,16 @@ def optimal_trace_error(matrix: Tensor, ranks: Sequence[int]) -> Tensor:
     Eigenvalues by ``torch.linalg.eigvalsh`` in float64; round-off negatives count as 0.
     Returns (..., len(ranks)).
     """
-    eig = torch.linalg.eigvalsh(matrix.to(torch.float64)).flip(-1).clamp(min=0.0)  # descending
+    return _tail_sums(_eigenvalues(matrix), ranks)
+
+
+def _eigenvalues(matrix: Tensor) -> Tensor:
+    """Eigenvalues of a PSD matrix (..., N, N) in descending order, float64, negatives -> 0."""
+    return torch.linalg.eigvalsh(matrix.to(torch.float64)).flip(-1).clamp(min=0.0)
+
+
+def _tail_sums(eig: Tensor, ranks: Sequence[int]) -> Tensor:
+    """``sum_{i > r} lambda_i`` for descending eigenvalues (..., N) -> (..., len(ranks))."""
     tails = eig.flip(-1).cumsum(-1).flip(-1)  # tails[..., i] = sum_{j >= i} lambda_j
     tails = torch.cat([tails, tails.new_zeros(*tails.shape[:-1], 1)], dim=-1)
     index = torch.tensor([min(r, eig.shape[-1]) for r in ranks], device=eig.device)
@@ -567,6 +577,9 @@ def layer_quality(q: Tensor, k: Tensor, v: Tensor, config: MechanismConfig, laye
     Returns JSON-able ``rows`` (one per item, head, rule, rank: residual-trace spread over
     seeds as fractions of ``tr A``, optimum, ratio, output error), ``guards`` (one per rule
     and rank, summed over items, heads and seeds) and ``spectra`` (eigenvalues / tr A).
+    Residual traces come from one run of ``max(ranks)`` pivots per seed (nested prefixes);
+    output errors from RPKA's own independent draws at each rank, in float64 so that they
+    measure the approximation, not round-off.
     """
     seeds = config.quality_seeds
     points = pivot_points(q, k, config.pivot_set)  # (I, H, N, d)
@@ -574,8 +587,9 @@ def layer_quality(q: Tensor, k: Tensor, v: Tensor, config: MechanismConfig, laye
     ranks = sorted({min(r, n_pts) for r in config.quality_ranks})
     matrix = pivoted_matrix(points, config.weighting, config.tempering)
     trace0 = matrix.diagonal(dim1=-2, dim2=-1).sum(-1)  # (I, H)
-    optimum = optimal_trace_error(matrix, ranks)  # (I, H, R)
-    eig = torch.linalg.eigvalsh(matrix).flip(-1).clamp(min=0.0) / trace0.unsqueeze(-1)
+    eig = _eigenvalues(matrix)  # (I, H, N)
+    optimum = _tail_sums(eig, ranks)  # (I, H, R)
+    spectrum = eig / trace0.unsqueeze(-1)
 
     q64, k64, v64 = (x.to(torch.float64) for x in (q, k, v))
     exact = build("exact")(q64, k64, v64)  # (I, H, n, d_v), torch SDPA
@@ -651,7 +665,7 @@ def layer_quality(q: Tensor, k: Tensor, v: Tensor, config: MechanismConfig, laye
                         }
                     )
     spectra = [
-        {"layer": layer, "head": head, "item": item, "eigenvalues": eig[item, head].tolist()}
+        {"layer": layer, "head": head, "item": item, "eigenvalues": spectrum[item, head].tolist()}
         for item in range(n_items)
         for head in range(n_heads)
     ]
