@@ -665,7 +665,13 @@ def layer_quality(q: Tensor, k: Tensor, v: Tensor, config: MechanismConfig, laye
                         }
                     )
     spectra = [
-        {"layer": layer, "head": head, "item": item, "eigenvalues": spectrum[item, head].tolist()}
+        {
+            "layer": layer,
+            "head": head,
+            "item": item,
+            **spectrum_summary(spectrum[item, head]),
+            "eigenvalues": spectrum[item, head].tolist(),
+        }
         for item in range(n_items)
         for head in range(n_heads)
     ]
@@ -737,6 +743,43 @@ def approximation_quality(
     }
 
 
+def spectrum_summary(fractions: Tensor, mass: float = 0.9) -> dict[str, float]:
+    """Two numbers for a spectrum ``lambda_i / tr A`` (descending, summing to 1).
+
+    ``effective_rank``: ``1 / sum_i p_i^2`` (the participation ratio, ``(tr A)^2 / |A|_F^2``);
+    ``rank_90``: the fewest eigenvalues holding ``mass`` (90 %) of the trace - the rank an
+    optimal approximation needs for a 10 % residual trace.
+    """
+    p = fractions.to(torch.float64)
+    held = torch.cumsum(p, -1)
+    return {
+        "effective_rank": float(1.0 / p.pow(2).sum()),
+        f"rank_{round(100 * mass)}": int((held < mass - 1e-12).sum()) + 1,
+    }
+
+
+def compare_models(results: dict[str, dict], rule: str = "rpc") -> pd.DataFrame:
+    """What training does, one row per model and rank (e.g. ``{"trained": .., "init": ..}``).
+
+    Columns: mean effective rank and ``rank_90`` over heads, and at each rank the optimal
+    and the ``rule``'s residual trace (fractions of tr A), the median ratio to the optimum
+    and the mean output error.
+    """
+    frames = []
+    for label, result in results.items():
+        quality = result["quality"] if "quality" in result else result
+        spectra = pd.DataFrame(quality["spectra"])
+        summary = pd.DataFrame(quality["summary"])
+        part = summary[summary["rule"] == rule][
+            ["rank", "rel_optimum_mean", "rel_residual_mean", "ratio_median", "output_error_mean"]
+        ].copy()
+        part.insert(0, "model", label)
+        part.insert(1, "effective_rank_mean", spectra["effective_rank"].mean())
+        part.insert(2, "rank_90_mean", spectra["rank_90"].mean())
+        frames.append(part)
+    return pd.concat(frames, ignore_index=True)
+
+
 def quality_frames(quality: dict[str, object]) -> dict[str, pd.DataFrame]:
     """The quality result's tables as DataFrames: rows, summary, by_layer, guards."""
     return {key: pd.DataFrame(quality[key]) for key in ("rows", "summary", "by_layer", "guards")}
@@ -801,6 +844,7 @@ __all__ = [
     "MechanismConfig",
     "PREDICTION",
     "approximation_quality",
+    "compare_models",
     "layer_quality",
     "mechanism_study",
     "optimal_trace_error",
@@ -809,6 +853,7 @@ __all__ = [
     "quality_frames",
     "schur_step",
     "signature",
+    "spectrum_summary",
     "summarise",
     "trace_identity",
     "trace_identity_study",

@@ -14,6 +14,7 @@ from rpka.io import read_json, write_json
 from rpka.mechanism import (
     MechanismConfig,
     approximation_quality,
+    compare_models,
     mechanism_study,
     optimal_trace_error,
     pivot_points,
@@ -219,7 +220,10 @@ def test_approximation_quality_tables():
     assert len(summary) == 9 and (summary["n_heads"] == 4).all()
     assert set(frames["guards"]["layer"]) == {0, 1}
     for spectrum in quality["spectra"]:
-        assert sum(spectrum["eigenvalues"]) == pytest.approx(1.0, rel=1e-10)
+        eig = np.asarray(spectrum["eigenvalues"])
+        assert eig.sum() == pytest.approx(1.0, rel=1e-10)
+        assert spectrum["effective_rank"] == pytest.approx(1 / (eig**2).sum())
+        assert eig[: spectrum["rank_90"]].sum() >= 0.9 > eig[: spectrum["rank_90"] - 1].sum()
     json.dumps(quality)
 
 
@@ -288,6 +292,8 @@ def test_plots_write_pngs(tmp_path):
     study = dict(rank=4, draws=50, quality_ranks=(2, 4, 8), quality_seeds=2, progress=False)
     trained = mechanism_study(model_qkv(seed=1), **study)
     init = json.loads(json.dumps(mechanism_study(model_qkv(seed=2), **study)))  # via JSON
+    table = compare_models({"trained": trained, "init": init})
+    assert list(table["model"].unique()) == ["trained", "init"] and len(table) == 6
     figures = {
         "mechanism_trace_identity": plots.plot_trace_identity(trained, save_dir=tmp_path),
         "mechanism_residual_trace": plots.plot_residual_trace(trained, save_dir=tmp_path),
