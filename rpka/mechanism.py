@@ -92,7 +92,7 @@ class MechanismConfig:
         draws: independent one-step Monte Carlo draws per step.
         monte_carlo: ``"replay"`` (batched package runs replaying the prefix, the literal
             check), ``"resample"`` (the package's pivot sampler on the replayed state, same
-            distribution, about draws / N times cheaper; see :func:`_package_draws`) or
+            distribution, about (draws + N) / N times cheaper; see :func:`_package_draws`) or
             ``"auto"``: replay on a GPU, resample on the CPU (the output records which).
         candidate_decreases: the one-step decrease of every candidate pivot, for ``exact``
             (and ``resample``'s draws): ``"package"`` (forced-pivot package runs, checks the
@@ -271,7 +271,7 @@ def _one_step_decrease(
     return run.trace[..., t] - run.trace[..., t + 1]
 
 
-def resolve_auto(config: MechanismConfig, device: torch.device) -> MechanismConfig:
+def resolve_monte_carlo(config: MechanismConfig, device: torch.device) -> MechanismConfig:
     """Resolve ``monte_carlo="auto"``: ``"replay"`` on a GPU, ``"resample"`` on the CPU."""
     if config.monte_carlo != "auto":
         return config
@@ -347,7 +347,7 @@ def trace_identity(
     """
     points = points.to(torch.float64)
     n_sets, n_pts, dim = points.shape
-    config = resolve_auto(config, points.device)
+    config = resolve_monte_carlo(config, points.device)
     rank = min(config.rank, n_pts)
     device = points.device
     generator = torch.Generator(device=device).manual_seed(config.seed)
@@ -442,7 +442,7 @@ def trace_identity_study(
     config = config or MechanismConfig()
     config.validate()
     _check_layers(qkv_per_layer)
-    config = resolve_auto(config, qkv_per_layer[0][0].device)
+    config = resolve_monte_carlo(config, qkv_per_layer[0][0].device)
     layers = _select(len(qkv_per_layer), config.layers, "layers")
     batch, n_heads = qkv_per_layer[0][0].shape[:2]
     heads = _select(n_heads, config.heads, "heads")
@@ -823,7 +823,7 @@ def mechanism_study(
         config = MechanismConfig(**{**asdict(config), **options})
     config.validate()
     _check_layers(qkv_per_layer)
-    config = resolve_auto(config, qkv_per_layer[0][0].device)
+    config = resolve_monte_carlo(config, qkv_per_layer[0][0].device)
     identity = trace_identity_study(qkv_per_layer, config, progress)
     quality = approximation_quality(qkv_per_layer, config, progress)
     q = qkv_per_layer[0][0]
