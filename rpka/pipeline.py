@@ -23,4 +23,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     out = f"data/results/scaling/latency_cpu_{args.preset}.json"
     print("The notebook report is not built yet; running the CPU latency benchmark instead.")
-    scaling.main(["--lengths", *lengths, "--ranks", "16", "64", "--out", out])
+    scaling.main(
+        ["--lengths", *lengths, "--ranks", "16", "64", "--control-ranks", "--no-backward"]
+        + ["--no-memory", "--out", out]
+    )

@@ -28,9 +28,20 @@ import torch
 from torch import Tensor
 
 from rpka.attention.base import AttentionMethod
-from rpka.attention.rpcholesky import PIVOT_RULES, gaussian_kernel, rpcholesky, weighting_power
+from rpka.attention.rpcholesky import (
+    FAST,
+    PIVOT_RULES,
+    PivotState,
+    PointSet,
+    accelerated_pivots,
+    check_fast_options,
+    gaussian_kernel,
+    rpcholesky,
+    weighting_power,
+)
 
 PIVOT_SETS = ("joint", "keys")
+SELECTION_METHODS = ("auto", "plain", "accelerated")
 
 
 def gather_points(points: Tensor, index: Tensor) -> Tensor:
@@ -96,6 +107,86 @@ def nystrom_softmax(
     return out, counts
 
 
+@torch.no_grad()
+def nystrom_softmax_chunked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    state: PivotState,
+    scale: float,
+    key_shift: Tensor,
+    den_floor: float = 1e-6,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`nystrom_softmax` for inference: chunked, on the selection's own factor.
+
+    Same estimate and guards, but (i) it reuses the pivot selection's Cholesky factor
+    ``L`` of ``G(Z_S, Z_S)`` instead of rebuilding it, (ii) it never holds an (n x r) or an
+    (n x d) float32 copy of the whole sequence: keys stream through
+    ``F_K^T [w v, w]`` (r x (d_v + 1)) with a running max of the log weights (rescaled as
+    in online softmax), then queries stream through ``F_Q`` into the output. Peak memory is
+    the output plus one chunk (``FAST.chunk_bytes``).
+
+    Args:
+        q: (B, H, n, d), k: (B, H, m, d), v: (B, H, m, d_v), any float dtype.
+        state: pivots of the scaled points (batch flattened to B*H), from
+            :func:`accelerated_pivots` on ``[q * scale; k * scale - key_shift]`` or keys.
+        scale: ``d^{-1/4}``; key_shift: (B, H, 1, d) the mean of the scaled keys.
+
+    Returns:
+        out (B, H, n, d_v) in q's dtype and the guard counts (as :func:`nystrom_softmax`).
+    """
+    compute = state.landmarks.dtype
+    batch_shape, n, m, d_v = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
+    q, k, v = (x.reshape(-1, x.shape[-2], x.shape[-1]) for x in (q, k, v))
+    shift = key_shift.to(compute).reshape(-1, 1, k.shape[-1])
+    valid = state.valid.unsqueeze(-2).to(compute)  # (B, 1, r)
+    rank = state.pivots.shape[-1]
+    per_row = q.shape[0] * max(rank, d_v + 1, q.shape[-1]) * torch.finfo(compute).bits // 8
+    rows = max(1, FAST.chunk_bytes // per_row)
+
+    # keys: core = F_K^T [w v, w] with F_K = g(K~, Z_S) L^{-T}, w = e^{|k~|^2/2 - max}
+    acc = q.new_zeros(q.shape[0], rank, d_v + 1, dtype=compute)
+    w_sum = q.new_zeros(q.shape[0], 1, 1, dtype=compute)  # sum of w: guard 2's scale
+    run_max = q.new_full((q.shape[0], 1, 1), float("-inf"), dtype=compute)
+    for start in range(0, m, rows):
+        k_c = k[:, start : start + rows].to(compute) * scale - shift
+        log_w = k_c.pow(2).sum(-1, keepdim=True) / 2  # (B, c, 1)
+        new_max = torch.maximum(run_max, log_w.amax(-2, keepdim=True))
+        w = torch.exp(log_w - new_max)
+        wv = torch.cat([w * v[:, start : start + rows].to(compute), w], dim=-1)
+        g_ks = gaussian_kernel(k_c, state.landmarks) * valid  # (B, c, r)
+        rescale = torch.exp(run_max - new_max)
+        acc = acc * rescale + g_ks.transpose(-1, -2) @ wv
+        w_sum = w_sum * rescale + w.sum(-2, keepdim=True)
+        run_max = new_max
+    core = torch.cholesky_solve(acc, state.chol)  # G_SS^{-1} g_SK [w v, w]: (B, r, d_v + 1)
+
+    # queries: out = F_Q core[:, :d_v] / F_Q core[:, d_v], guarded
+    floor = den_floor * w_sum
+    v_min = v.amin(-2, keepdim=True).to(compute)
+    v_max = v.amax(-2, keepdim=True).to(compute)
+    out = torch.empty(q.shape[0], n, d_v, dtype=q.dtype, device=q.device)
+    low_total = q.new_zeros((), dtype=torch.long)
+    clamped_total = q.new_zeros((), dtype=torch.long)
+    for start in range(0, n, rows):
+        q_c = q[:, start : start + rows].to(compute) * scale
+        full = (gaussian_kernel(q_c, state.landmarks) * valid) @ core  # (B, c, d_v + 1)
+        num, den = full[..., :-1], full[..., -1:]
+        low = den < floor
+        o = num / torch.where(low, floor, den)
+        clamped = (o < v_min) | (o > v_max)
+        out[:, start : start + rows] = torch.minimum(torch.maximum(o, v_min), v_max)
+        low_total += low.sum()
+        clamped_total += clamped.sum()
+    counts = {
+        "denominator": low_total,
+        "rows": torch.tensor(q.shape[0] * n),
+        "clamped": clamped_total,
+        "entries": torch.tensor(q.shape[0] * n * d_v),
+    }
+    return out.reshape(*batch_shape, n, d_v), counts
+
+
 class RPKAttention(AttentionMethod):
     """Residual-pivoted kernel attention.
 
@@ -109,6 +200,17 @@ class RPKAttention(AttentionMethod):
         tempering: the exponent tau in (0, 1) of the tempered weighting.
         den_floor: relative denominator floor (guard 2), in (0, 1).
         generator: optional ``torch.Generator`` for the pivot draws.
+        pivot_method: ``"accelerated"`` (block + rejection RPCholesky, rules rpc and
+            uniform), ``"plain"`` (one pivot per step, the reference) or ``"auto"``
+            (accelerated where it applies, plain for greedy). Same pivot law either way.
+        block_size: candidates per round of the accelerated method (None: adaptive).
+        refresh: proposal refresh of the accelerated method, ``"auto"`` or ``"round"``.
+
+    Without gradients (inference) the accelerated path never materialises the joint set
+    or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
+    streamed in chunks on the selection's own Cholesky factor
+    (:func:`nystrom_softmax_chunked`). With gradients the factor is rebuilt differentiably
+    from the landmarks (:func:`nystrom_softmax`).
     """
 
     name = "rpka"
@@ -122,6 +224,9 @@ class RPKAttention(AttentionMethod):
         tempering: float = 0.5,
         den_floor: float = 1e-6,
         generator: torch.Generator | None = None,
+        pivot_method: str = "auto",
+        block_size: int | None = None,
+        refresh: str = "auto",
         causal: bool = False,
         check_inputs: bool = True,
     ) -> None:
@@ -137,8 +242,20 @@ class RPKAttention(AttentionMethod):
             raise ValueError(f"den_floor must lie in (0, 1), got {den_floor!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError("generator must be a torch.Generator or None")
+        if pivot_method not in SELECTION_METHODS:
+            raise ValueError(
+                f"pivot_method must be one of {SELECTION_METHODS}, got {pivot_method!r}"
+            )
+        method = pivot_method
+        if method == "auto":
+            method = "plain" if pivot_rule == "greedy" else "accelerated"
+        check_fast_options(method, pivot_rule, block_size, refresh)
         if causal:
             raise ValueError("causal=True is not supported by rpka yet")
+        self.pivot_method = pivot_method
+        self.method = method  # the one in use ("auto" resolved)
+        self.block_size = block_size
+        self.refresh = refresh
         self.rank = rank
         self.pivot_rule = pivot_rule
         self.pivot_set = pivot_set
@@ -153,21 +270,58 @@ class RPKAttention(AttentionMethod):
         """How often each guard fired in the last forward call (host sync on a GPU)."""
         return {key: int(value) for key, value in self._guards.items()}
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def _scaled(self, q: Tensor, k: Tensor) -> tuple[torch.dtype, float, Tensor]:
+        """Compute dtype, the scale d^{-1/4} and the mean of the scaled keys (guard 1)."""
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         scale = q.shape[-1] ** -0.25
-        q_s = q.to(compute) * scale
-        k_s = k.to(compute) * scale
-        k_s = k_s - k_s.mean(-2, keepdim=True)  # guard 1: exact invariance of softmax
-        points = torch.cat([q_s, k_s], dim=-2) if self.pivot_set == "joint" else k_s
-        pivots = rpcholesky(
+        key_shift = k.mean(-2, keepdim=True, dtype=compute) * scale
+        return compute, scale, key_shift
+
+    def point_set(self, q: Tensor, k: Tensor) -> PointSet:
+        """The pivoted points ``[q~; k~ - mean]`` (or the keys), read in place."""
+        compute, scale, key_shift = self._scaled(q, k)
+        if self.pivot_set == "joint":
+            return PointSet([q, k], scale, [None, key_shift], compute)
+        return PointSet([k], scale, [key_shift], compute)
+
+    def select(self, points: PointSet) -> PivotState:
+        """Accelerated pivot selection on ``points`` (batch flattened) - no gradient."""
+        tau = weighting_power(self.weighting, self.tempering)
+        return accelerated_pivots(
             points,
             self.rank,
             self.pivot_rule,
             self.generator,
-            weighting=self.weighting,
-            tempering=self.tempering,
-        ).pivots
+            log_weight=tau * points.sq_norms() if tau > 0 else None,
+            block_size=self.block_size,
+            refresh=self.refresh,
+        )
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        if self.method == "accelerated" and not needs_grad:
+            _, scale, key_shift = self._scaled(q, k)
+            state = self.select(self.point_set(q, k))
+            out, self._guards = nystrom_softmax_chunked(
+                q, k, v, state, scale, key_shift, self.den_floor
+            )
+            return out
+        compute, scale, key_shift = self._scaled(q, k)
+        q_s = q.to(compute) * scale
+        k_s = k.to(compute) * scale - key_shift  # guard 1: exact invariance of softmax
+        points = torch.cat([q_s, k_s], dim=-2) if self.pivot_set == "joint" else k_s
+        if self.method == "accelerated":
+            flat = PointSet([points], dtype=compute)
+            pivots = self.select(flat).pivots.reshape(*points.shape[:-2], -1)
+        else:
+            pivots = rpcholesky(
+                points,
+                self.rank,
+                self.pivot_rule,
+                self.generator,
+                weighting=self.weighting,
+                tempering=self.tempering,
+            ).pivots
         landmarks = gather_points(points, pivots)  # differentiable in q and k
         out, self._guards = nystrom_softmax(
             q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor
@@ -177,5 +331,5 @@ class RPKAttention(AttentionMethod):
     def extra_repr(self) -> str:
         return (
             f"rank={self.rank}, pivot_rule={self.pivot_rule!r}, pivot_set={self.pivot_set!r}, "
-            f"weighting={self.weighting!r}"
+            f"weighting={self.weighting!r}, pivot_method={self.method!r}"
         )
