@@ -41,7 +41,11 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from tqdm.auto import tqdm
+
+try:
+    from tqdm.auto import tqdm
+except ImportError:  # pragma: no cover - a bare GPU box with torch only: no progress bar
+    tqdm = None
 
 from rpka.attention import build
 from rpka.io import write_json
@@ -374,7 +378,7 @@ def run_scaling(
     phases = [["forward", "pivot"] + (["memory"] if config.memory else [])]
     phases += [["fwd_bwd"]] if config.backward else []
     jobs = [(kinds, int(n)) for kinds in phases for n in config.lengths]
-    bar = tqdm(total=len(jobs) * len(arms(config)), desc="scaling", disable=not progress)
+    bar = _progress(len(jobs) * len(arms(config)), progress)
     for kinds, n in jobs:
         inputs = _inputs(config, n)
         repeats = config.long_repeats if n >= config.long_length else config.repeats
@@ -410,6 +414,18 @@ def run_scaling(
     if out is not None:
         write_json(out, result)
     return result
+
+
+class _NoBar:
+    def update(self, *_: object) -> None: ...
+    def set_postfix(self, **_: object) -> None: ...
+    def close(self) -> None: ...
+
+
+def _progress(total: int, enabled: bool) -> object:
+    if tqdm is None:
+        return _NoBar()
+    return tqdm(total=total, desc="scaling", disable=not enabled)
 
 
 def summary_lines(result: dict) -> list[str]:
