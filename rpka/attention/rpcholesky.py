@@ -377,24 +377,56 @@ class PointSet:
 class PivotState:
     """Output of :func:`accelerated_pivots` (batch flattened to B).
 
+    The buffers carry one extra slot (index r) that absorbs the writes of rejected
+    candidates, so a round updates them in place with fixed-shape scatters; the
+    properties below are the r real slots.
+
     Attributes:
-        pivots: (B, r) long, in the order drawn; ``-1`` in unused slots (at the end).
-        landmarks: (B, r, d) the pivot points (zeros in unused slots).
-        chol: (B, r, r) lower Cholesky factor of ``G(Z_S, Z_S)`` on the used slots,
-            identity on unused ones, so ``L^{-1} g(Z_S, x)`` is zero there.
+        pivots_ext: (B, r + 1) long; ``pivots`` (B, r): indices in the order drawn, ``-1``
+            in unused slots (at the end).
+        landmarks_ext: (B, r + 1, d); ``landmarks`` (B, r, d): the pivot points (zeros in
+            unused slots).
+        chol_ext: (B, r + 1, r + 1); ``chol`` (B, r, r): lower Cholesky factor of
+            ``G(Z_S, Z_S)`` on the used slots, identity on unused ones, so
+            ``L^{-1} g(Z_S, x)`` is zero there.
         count: (B,) long, pivots drawn.
         rounds: rounds run (each holds one block of candidates).
         refreshes: how many times the proposal was refreshed.
         candidates: candidates drawn in all (the sequential sweep length).
     """
 
-    pivots: Tensor
-    landmarks: Tensor
-    chol: Tensor
+    pivots_ext: Tensor
+    landmarks_ext: Tensor
+    chol_ext: Tensor
     count: Tensor
     rounds: int = 0
     refreshes: int = 0
     candidates: int = 0
+
+    @classmethod
+    def empty(cls, batch: int, rank: int, dim: int, like: Tensor) -> PivotState:
+        return cls(
+            pivots_ext=torch.full((batch, rank + 1), -1, dtype=torch.long, device=like.device),
+            landmarks_ext=like.new_zeros(batch, rank + 1, dim),
+            chol_ext=torch.eye(rank + 1, dtype=like.dtype, device=like.device).repeat(batch, 1, 1),
+            count=torch.zeros(batch, dtype=torch.long, device=like.device),
+        )
+
+    @property
+    def rank(self) -> int:
+        return self.pivots_ext.shape[-1] - 1
+
+    @property
+    def pivots(self) -> Tensor:
+        return self.pivots_ext[:, :-1]
+
+    @property
+    def landmarks(self) -> Tensor:
+        return self.landmarks_ext[:, :-1]
+
+    @property
+    def chol(self) -> Tensor:
+        return self.chol_ext[:, :-1, :-1]
 
     @property
     def valid(self) -> Tensor:
@@ -482,33 +514,27 @@ def _absorb_block(
 
     Returns accept (B, b) bool and the rank-truncated ``keep`` mask.
     """
-    rank = state.pivots.shape[-1]
+    rank = state.rank
     z_c = points.take(cand)  # (B, b, d)
     used = torch.arange(rank, device=cand.device) < state.count.unsqueeze(-1)  # (B, r)
-    k_sc = gaussian_kernel(state.landmarks, z_c) * used.unsqueeze(-1)  # (B, r, b)
+    # one kernel call for g(Z_C, [Z_S; Z_C]): (B, b, r + b)
+    kern = gaussian_kernel(z_c, torch.cat([state.landmarks, z_c], dim=-2))
+    k_sc = kern[..., :rank].transpose(-1, -2) * used.unsqueeze(-1)  # (B, r, b)
     w = torch.linalg.solve_triangular(state.chol, k_sc, upper=False)  # zero on unused slots
-    gram = gaussian_kernel(z_c, z_c) - w.transpose(-1, -2) @ w  # (B, b, b)
+    gram = kern[..., rank:] - w.transpose(-1, -2) @ w  # (B, b, b)
     accept, cols = rejection_sweep(gram, threshold)
     # accepted candidates fill slots count, count+1, ... in the order drawn; a sequence cut
     # at rank is still the sequential rule's sequence, so extra acceptances are dropped
     pos = state.count.unsqueeze(-1) + accept.cumsum(-1) - 1
     keep = accept & (pos < rank)
-    slot = torch.where(keep, pos, rank)  # rank = a trash slot
+    slot = torch.where(keep, pos, rank)  # rank = the trash slot
     b = cand.shape[-1]
     # new rows of L: old slots from W^T, new slots from the sweep's (lower) Cholesky block
     rows = torch.cat([w.transpose(-1, -2), w.new_zeros(*w.shape[:-2], b, 1)], dim=-1)
-    block = cols.tril() * keep.unsqueeze(-2)
-    rows.scatter_add_(-1, slot.unsqueeze(-2).expand(-1, b, b), block)
-    chol = torch.cat([state.chol, rows.new_zeros(rows.shape[0], 1, rank)], dim=-2)
-    chol = torch.cat([chol, chol.new_zeros(rows.shape[0], rank + 1, 1)], dim=-1)
-    chol.scatter_(-2, slot.unsqueeze(-1).expand(-1, -1, rank + 1), rows)
-    state.chol = chol[:, :rank, :rank].contiguous()
-    landmarks = torch.cat([state.landmarks, z_c.new_zeros(z_c.shape[0], 1, z_c.shape[-1])], -2)
-    landmarks.scatter_(-2, slot.unsqueeze(-1).expand(-1, -1, z_c.shape[-1]), z_c)
-    state.landmarks = landmarks[:, :rank].contiguous()
-    pivots = torch.cat([state.pivots, state.pivots.new_full((cand.shape[0], 1), -1)], -1)
-    pivots.scatter_(-1, slot, cand)
-    state.pivots = pivots[:, :rank].contiguous()
+    rows.scatter_add_(-1, slot.unsqueeze(-2).expand(-1, b, b), cols.tril() * keep.unsqueeze(-2))
+    state.chol_ext.scatter_(-2, slot.unsqueeze(-1).expand(-1, -1, rank + 1), rows)
+    state.landmarks_ext.scatter_(-2, slot.unsqueeze(-1).expand(-1, -1, z_c.shape[-1]), z_c)
+    state.pivots_ext.scatter_(-1, slot, cand)
     state.count = state.count + keep.sum(-1)
     state.rounds += 1
     state.candidates += b
@@ -520,7 +546,7 @@ def residual_diagonal(points: PointSet, state: PivotState) -> Tensor:
 
     One pass over the points in chunks; picked points are set to exactly 0.
     """
-    rank = state.pivots.shape[-1]
+    rank = state.rank
     out = torch.empty(points.batch, points.n_points, dtype=points.dtype, device=points.device)
     for start, z in points.chunks(points.chunk_rows(max(rank, points.dim))):
         k = gaussian_kernel(state.landmarks, z) * state.valid.unsqueeze(-1)  # (B, r, c)
@@ -590,12 +616,8 @@ def accelerated_pivots(
     rank = min(rank, n_points)
     eps = torch.finfo(points.dtype).eps
     round_off = FAST.round_off * eps
-    state = PivotState(
-        pivots=torch.full((batch, rank), -1, dtype=torch.long, device=device),
-        landmarks=torch.zeros(batch, rank, points.dim, dtype=points.dtype, device=device),
-        chol=torch.eye(rank, dtype=points.dtype, device=device).repeat(batch, 1, 1),
-        count=torch.zeros(batch, dtype=torch.long, device=device),
-    )
+    like = torch.empty(0, dtype=points.dtype, device=device)
+    state = PivotState.empty(batch, rank, points.dim, like)
     if first_pivots is not None:
         forced = torch.broadcast_to(first_pivots.to(device).long(), (batch, first_pivots.shape[-1]))
         _absorb_block(points, state, forced, torch.full(forced.shape, round_off, device=device))
@@ -659,7 +681,7 @@ def factor_from_pivots(points: PointSet, state: PivotState) -> Tensor:
 
     Columns of unused slots are zero. One pass over the points.
     """
-    rank = state.pivots.shape[-1]
+    rank = state.rank
     out = torch.empty(points.batch, points.n_points, rank, dtype=points.dtype, device=points.device)
     for start, z in points.chunks(points.chunk_rows(max(rank, points.dim))):
         k = gaussian_kernel(state.landmarks, z) * state.valid.unsqueeze(-1)  # (B, r, c)

@@ -23,6 +23,7 @@ except Exception:  # pragma: no cover - depends on the install
     triton = None
 
 _broken = False
+_verified = False
 
 
 def available() -> bool:
@@ -55,10 +56,17 @@ if triton is not None:
 
 
 def sweep(gram: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
-    """Same contract as ``_sweep_torch``: gram (B, b, b), threshold (B, b) -> accept, cols."""
-    global _broken
+    """Same contract as ``_sweep_torch``: gram (B, b, b), threshold (B, b) -> accept, cols.
+
+    float32 only (float64 goes to the PyTorch sweep). The first call in a process also
+    runs the PyTorch sweep and checks that both agree; on any disagreement or error the
+    kernel is switched off for the process, with a warning.
+    """
+    global _broken, _verified
     from rpka.attention.rpcholesky import _sweep_torch
 
+    if gram.dtype != torch.float32:
+        return _sweep_torch(gram, threshold)
     try:
         gram = gram.contiguous()
         threshold = threshold.to(gram.dtype).contiguous()
