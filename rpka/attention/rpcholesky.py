@@ -68,7 +68,7 @@ class FastPathDefaults:
     # refresh="auto": refresh the proposal after a round that accepted less than this fraction
     refresh_below: float = 0.5
     # working-set budget of one chunk of points in the passes over all N points (bytes)
-    chunk_bytes: int = 64 * 2**20
+    chunk_bytes: int = 32 * 2**20
 
 
 FAST = FastPathDefaults()
@@ -119,6 +119,24 @@ def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
     sq_x = x.pow(2).sum(-1, keepdim=True) / 2
     sq_y = y.pow(2).sum(-1).unsqueeze(-2) / 2
     return torch.exp((x @ y.transpose(-1, -2) - sq_x - sq_y).clamp(max=0.0))
+
+
+def gaussian_kernel_(x: Tensor, y: Tensor) -> Tensor:
+    """:func:`gaussian_kernel` without autograd, in place: one (..., n, m) buffer.
+
+    Same operations in the same order, so the same values.
+    """
+    sq_x = x.pow(2).sum(-1, keepdim=True) / 2
+    sq_y = y.pow(2).sum(-1).unsqueeze(-2) / 2
+    return (x @ y.transpose(-1, -2)).sub_(sq_x).sub_(sq_y).clamp_(max=0.0).exp_()
+
+
+def chunk_bounds(n: int, row_bytes: int) -> list[tuple[int, int]]:
+    """Split n rows into equal chunks of at most ``FAST.chunk_bytes // row_bytes`` rows."""
+    most = max(1, FAST.chunk_bytes // max(row_bytes, 1))
+    count = -(-n // most)
+    size = -(-n // count)
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
 
 
 def _gumbel(shape: torch.Size, like: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -352,23 +370,23 @@ class PointSet:
             offset += size
         return out
 
-    def chunk_rows(self, width: int) -> int:
-        """Rows per chunk so that a (B, rows, width) float buffer fits ``FAST.chunk_bytes``."""
-        per_row = self.batch * max(width, self.dim) * torch.finfo(self.dtype).bits // 8
-        return max(1, FAST.chunk_bytes // per_row)
+    def row_bytes(self, width: int) -> int:
+        """Bytes of one row of a (B, rows, width) buffer in ``dtype``."""
+        return self.batch * max(width, self.dim) * torch.finfo(self.dtype).bits // 8
 
-    def chunks(self, rows: int) -> Iterator[tuple[int, Tensor]]:
-        """Yield ``(start, Z[:, start:start + rows'])`` over all N points, part by part."""
+    def chunks(self, width: int) -> Iterator[tuple[int, Tensor]]:
+        """Yield ``(start, Z[:, start:stop])`` over all N points, part by part, in chunks
+        whose (B, rows, width) buffers fit ``FAST.chunk_bytes``."""
         offset = 0
         for part, shift, size in zip(self.parts, self.shifts, self.sizes, strict=True):
-            for start in range(0, size, rows):
-                yield offset + start, self._convert(part[:, start : start + rows], shift)
+            for start, stop in chunk_bounds(size, self.row_bytes(width)):
+                yield offset + start, self._convert(part[:, start:stop], shift)
             offset += size
 
     def sq_norms(self) -> Tensor:
         """``|z_i|^2`` for all points, (B, N)."""
         out = torch.empty(self.batch, self.n_points, dtype=self.dtype, device=self.device)
-        for start, z in self.chunks(self.chunk_rows(self.dim)):
+        for start, z in self.chunks(self.dim):
             out[:, start : start + z.shape[-2]] = z.pow(2).sum(-1)
         return out
 
@@ -548,8 +566,8 @@ def residual_diagonal(points: PointSet, state: PivotState) -> Tensor:
     """
     rank = state.rank
     out = torch.empty(points.batch, points.n_points, dtype=points.dtype, device=points.device)
-    for start, z in points.chunks(points.chunk_rows(max(rank, points.dim))):
-        k = gaussian_kernel(state.landmarks, z) * state.valid.unsqueeze(-1)  # (B, r, c)
+    for start, z in points.chunks(rank):
+        k = gaussian_kernel_(state.landmarks, z).mul_(state.valid.unsqueeze(-1))  # (B, r, c)
         y = torch.linalg.solve_triangular(state.chol, k, upper=False)
         out[:, start : start + z.shape[-2]] = (1 - y.pow(2).sum(-2)).clamp(min=0.0)
     picked = torch.zeros(points.batch, points.n_points + 1, dtype=torch.bool, device=out.device)
@@ -683,8 +701,8 @@ def factor_from_pivots(points: PointSet, state: PivotState) -> Tensor:
     """
     rank = state.rank
     out = torch.empty(points.batch, points.n_points, rank, dtype=points.dtype, device=points.device)
-    for start, z in points.chunks(points.chunk_rows(max(rank, points.dim))):
-        k = gaussian_kernel(state.landmarks, z) * state.valid.unsqueeze(-1)  # (B, r, c)
+    for start, z in points.chunks(rank):
+        k = gaussian_kernel_(state.landmarks, z).mul_(state.valid.unsqueeze(-1))  # (B, r, c)
         y = torch.linalg.solve_triangular(state.chol, k, upper=False)
         out[:, start : start + z.shape[-2]] = y.transpose(-1, -2)
     return out

@@ -29,13 +29,14 @@ from torch import Tensor
 
 from rpka.attention.base import AttentionMethod
 from rpka.attention.rpcholesky import (
-    FAST,
     PIVOT_RULES,
     PivotState,
     PointSet,
     accelerated_pivots,
     check_fast_options,
+    chunk_bounds,
     gaussian_kernel,
+    gaussian_kernel_,
     rpcholesky,
     weighting_power,
 )
@@ -140,44 +141,45 @@ def nystrom_softmax_chunked(
     q, k, v = (x.reshape(-1, x.shape[-2], x.shape[-1]) for x in (q, k, v))
     shift = key_shift.to(compute).reshape(-1, 1, k.shape[-1])
     valid = state.valid.unsqueeze(-2).to(compute)  # (B, 1, r)
-    rank = state.pivots.shape[-1]
-    per_row = q.shape[0] * max(rank, d_v + 1, q.shape[-1]) * torch.finfo(compute).bits // 8
-    rows = max(1, FAST.chunk_bytes // per_row)
+    landmarks, rank = state.landmarks, state.rank
+    row_bytes = q.shape[0] * max(rank, d_v + 1, q.shape[-1]) * torch.finfo(compute).bits // 8
 
-    # keys: core = F_K^T [w v, w] with F_K = g(K~, Z_S) L^{-T}, w = e^{|k~|^2/2 - max}
+    def scaled(x: Tensor) -> Tensor:  # a fresh float copy (never the input itself)
+        return x.to(compute, copy=True).mul_(scale)
+
+    # keys: acc = g(K~, Z_S)^T [w v, w] with w = e^{|k~|^2/2 - max}, max kept running
     acc = q.new_zeros(q.shape[0], rank, d_v + 1, dtype=compute)
     w_sum = q.new_zeros(q.shape[0], 1, 1, dtype=compute)  # sum of w: guard 2's scale
     run_max = q.new_full((q.shape[0], 1, 1), float("-inf"), dtype=compute)
-    for start in range(0, m, rows):
-        k_c = k[:, start : start + rows].to(compute) * scale - shift
-        log_w = k_c.pow(2).sum(-1, keepdim=True) / 2  # (B, c, 1)
+    for start, stop in chunk_bounds(m, row_bytes):
+        k_c = scaled(k[:, start:stop]).sub_(shift)
+        log_w = k_c.pow(2).sum(-1, keepdim=True).div_(2)  # (B, c, 1)
         new_max = torch.maximum(run_max, log_w.amax(-2, keepdim=True))
-        w = torch.exp(log_w - new_max)
-        wv = torch.cat([w * v[:, start : start + rows].to(compute), w], dim=-1)
-        g_ks = gaussian_kernel(k_c, state.landmarks) * valid  # (B, c, r)
+        w = log_w.sub_(new_max).exp_()
+        wv = torch.cat([v[:, start:stop] * w, w], dim=-1)  # (B, c, d_v + 1), float
+        g_ks = gaussian_kernel_(k_c, landmarks).mul_(valid)  # (B, c, r)
         rescale = torch.exp(run_max - new_max)
-        acc = acc * rescale + g_ks.transpose(-1, -2) @ wv
+        acc = torch.baddbmm(acc * rescale, g_ks.transpose(-1, -2), wv)
         w_sum = w_sum * rescale + w.sum(-2, keepdim=True)
         run_max = new_max
     core = torch.cholesky_solve(acc, state.chol)  # G_SS^{-1} g_SK [w v, w]: (B, r, d_v + 1)
 
-    # queries: out = F_Q core[:, :d_v] / F_Q core[:, d_v], guarded
+    # queries: out = g(Q~, Z_S) core[:, :d_v] / g(Q~, Z_S) core[:, d_v], guarded
     floor = den_floor * w_sum
     v_min = v.amin(-2, keepdim=True).to(compute)
     v_max = v.amax(-2, keepdim=True).to(compute)
     out = torch.empty(q.shape[0], n, d_v, dtype=q.dtype, device=q.device)
     low_total = q.new_zeros((), dtype=torch.long)
     clamped_total = q.new_zeros((), dtype=torch.long)
-    for start in range(0, n, rows):
-        q_c = q[:, start : start + rows].to(compute) * scale
-        full = (gaussian_kernel(q_c, state.landmarks) * valid) @ core  # (B, c, d_v + 1)
+    for start, stop in chunk_bounds(n, row_bytes):
+        full = gaussian_kernel_(scaled(q[:, start:stop]), landmarks).mul_(valid) @ core
         num, den = full[..., :-1], full[..., -1:]
         low = den < floor
         o = num / torch.where(low, floor, den)
-        clamped = (o < v_min) | (o > v_max)
-        out[:, start : start + rows] = torch.minimum(torch.maximum(o, v_min), v_max)
+        guarded = torch.clamp(o, v_min, v_max)
+        out[:, start:stop] = guarded
         low_total += low.sum()
-        clamped_total += clamped.sum()
+        clamped_total += (guarded != o).sum()
     counts = {
         "denominator": low_total,
         "rows": torch.tensor(q.shape[0] * n),
