@@ -470,14 +470,17 @@ def _sweep_torch(gram: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
     """
     h = gram.clone()
     cols = []
-    for j in range(gram.shape[-1]):
-        pivot = h[:, j, j]
-        ok = pivot > threshold[:, j]
+    # (B, 1, 1) views throughout: few dispatcher calls per step (the loop is launch-bound)
+    limits = threshold.unsqueeze(-1).split(1, dim=-2)
+    for j, limit in enumerate(limits):
+        col = h.narrow(2, j, 1)  # (B, b, 1): column j (h is symmetric)
+        pivot = col.narrow(1, j, 1)
+        ok = pivot > limit
         # rsqrt(inf) = 0: a rejected candidate's column is zero and the update a no-op
-        col = h[:, :, j] * torch.where(ok, pivot, float("inf")).rsqrt().unsqueeze(-1)
-        h.addcmul_(col.unsqueeze(-1), col.unsqueeze(-2), value=-1.0)
+        col = col * torch.where(ok, pivot, float("inf")).rsqrt()
+        h.addcmul_(col, col.transpose(1, 2), value=-1.0)
         cols.append(col)
-    cols = torch.stack(cols, dim=-1)
+    cols = torch.cat(cols, dim=-1)
     return cols.diagonal(dim1=-2, dim2=-1) > 0, cols
 
 

@@ -279,9 +279,9 @@ class RPKAttention(AttentionMethod):
         key_shift = k.mean(-2, keepdim=True, dtype=compute) * scale
         return compute, scale, key_shift
 
-    def point_set(self, q: Tensor, k: Tensor) -> PointSet:
+    def point_set(self, q: Tensor, k: Tensor, scaled: tuple | None = None) -> PointSet:
         """The pivoted points ``[q~; k~ - mean]`` (or the keys), read in place."""
-        compute, scale, key_shift = self._scaled(q, k)
+        compute, scale, key_shift = scaled or self._scaled(q, k)
         if self.pivot_set == "joint":
             return PointSet([q, k], scale, [None, key_shift], compute)
         return PointSet([k], scale, [key_shift], compute)
@@ -301,14 +301,13 @@ class RPKAttention(AttentionMethod):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        compute, scale, key_shift = scaled = self._scaled(q, k)
         if self.method == "accelerated" and not needs_grad:
-            _, scale, key_shift = self._scaled(q, k)
-            state = self.select(self.point_set(q, k))
+            state = self.select(self.point_set(q, k, scaled))
             out, self._guards = nystrom_softmax_chunked(
                 q, k, v, state, scale, key_shift, self.den_floor
             )
             return out
-        compute, scale, key_shift = self._scaled(q, k)
         q_s = q.to(compute) * scale
         k_s = k.to(compute) * scale - key_shift  # guard 1: exact invariance of softmax
         points = torch.cat([q_s, k_s], dim=-2) if self.pivot_set == "joint" else k_s
