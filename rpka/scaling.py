@@ -20,7 +20,8 @@ the control ``nystrom-uniform`` = ``rpka`` with ``pivot_rule="uniform"``) it rec
 Timing: CUDA events around each call after warm-up (the events bracket the whole call on
 the stream, host synchronisations inside it included); CPU: ``time.perf_counter``. A
 measurement that runs out of memory is recorded as ``"oom"`` (and the larger lengths of
-that measurement are ``"skipped"``); one past the time budget as ``"skipped"``. The JSON is
+that measurement are ``"skipped"``), one that fails otherwise as ``"error: ..."`` (likewise),
+one past the time budget as ``"skipped"``. The JSON is
 rewritten after every measurement, so an interrupted run keeps what it measured.
 
     python -m rpka scaling --preset cpu          # -> data/results/scaling/cpu.json
@@ -234,6 +235,19 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _fused_sweep_status(device: str) -> str:
+    """Whether the Triton rejection sweep ran (CUDA) or the PyTorch one."""
+    from rpka.attention import triton_sweep
+
+    if device != "cuda":
+        return "pytorch (not CUDA)"
+    if triton_sweep.triton is None:
+        return "pytorch (Triton not importable)"
+    if triton_sweep._broken:
+        return "pytorch (Triton sweep failed or disagreed; see warnings)"
+    return "triton" if triton_sweep.available() else "pytorch (disabled)"
+
+
 def device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name()
@@ -396,9 +410,8 @@ def run_scaling(
                     row.update(_measure(kind, attn, inputs, config, repeats))
                     row[f"{kind}_status"] = "ok"
                 except Exception as err:  # noqa: BLE001 - recorded, the sweep goes on
-                    if not _is_oom(err):
-                        raise
-                    row[f"{kind}_status"] = "oom"
+                    oom = _is_oom(err)
+                    row[f"{kind}_status"] = "oom" if oom else f"error: {err!r}"[:300]
                     failed.add((label, rank, kind))
                 _free(config.device)
             bar.update(1)
@@ -411,6 +424,7 @@ def run_scaling(
         _free(config.device)
     bar.close()
     result["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    result["fused_sweep"] = _fused_sweep_status(config.device)
     if out is not None:
         write_json(out, result)
     return result

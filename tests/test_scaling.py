@@ -60,6 +60,23 @@ def test_time_budget_marks_skipped(tmp_path):
     assert statuses == {"skipped"}
 
 
+def test_out_of_memory_is_recorded_and_larger_lengths_skipped(monkeypatch):
+    real = scaling._measure
+
+    def fake(kind, attn, inputs, config, repeats):
+        if kind == "forward" and attn.name == "rpka" and inputs[0].shape[-2] >= 64:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(kind, attn, inputs, config, repeats)
+
+    monkeypatch.setattr(scaling, "_measure", fake)
+    result = scaling.run_scaling(tiny(lengths=(32, 64, 128), backward=False), progress=False)
+    status = {(r["method"], r["n"]): r["forward_status"] for r in result["rows"]}
+    assert status[("rpka", 32)] == "ok" and status[("rpka", 64)] == "oom"
+    assert status[("rpka", 128)] == "skipped" and status[("exact", 128)] == "ok"
+    row = next(r for r in result["rows"] if (r["method"], r["n"]) == ("rpka", 64))
+    assert row["speedup_vs_exact"] is None and "forward_ms" not in row
+
+
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
