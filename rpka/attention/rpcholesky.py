@@ -121,14 +121,26 @@ def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
     return torch.exp((x @ y.transpose(-1, -2) - sq_x - sq_y).clamp(max=0.0))
 
 
-def gaussian_kernel_(x: Tensor, y: Tensor) -> Tensor:
+def gaussian_kernel_(
+    x: Tensor, y: Tensor, x_half_sq: Tensor | None = None, y_half_sq: Tensor | None = None
+) -> Tensor:
     """:func:`gaussian_kernel` without autograd, in place: one (..., n, m) buffer.
 
-    Same operations in the same order, so the same values.
+    ``x_half_sq`` (..., n, 1) and ``y_half_sq`` (..., 1, m) may pass ``|x|^2/2`` and
+    ``|y|^2/2`` when they are known already (same values as computed here); a ``+inf`` in
+    ``y_half_sq`` masks that column to exactly 0.
     """
-    sq_x = x.pow(2).sum(-1, keepdim=True) / 2
-    sq_y = y.pow(2).sum(-1).unsqueeze(-2) / 2
-    return (x @ y.transpose(-1, -2)).sub_(sq_x).sub_(sq_y).clamp_(max=0.0).exp_()
+    if x_half_sq is None:
+        x_half_sq = x.pow(2).sum(-1, keepdim=True) / 2
+    if y_half_sq is None:
+        y_half_sq = half_sq_norms(y)
+    return (x @ y.transpose(-1, -2)).sub_(x_half_sq).sub_(y_half_sq).clamp_(max=0.0).exp_()
+
+
+def half_sq_norms(y: Tensor, valid: Tensor | None = None) -> Tensor:
+    """``|y_j|^2 / 2`` as (..., 1, m) for :func:`gaussian_kernel_`; ``+inf`` where not valid."""
+    out = y.pow(2).sum(-1).unsqueeze(-2) / 2
+    return out if valid is None else out.masked_fill(~valid.unsqueeze(-2), float("inf"))
 
 
 def chunk_bounds(n: int, row_bytes: int) -> list[tuple[int, int]]:
@@ -569,8 +581,10 @@ def residual_diagonal(points: PointSet, state: PivotState) -> Tensor:
     """
     rank = state.rank
     out = torch.empty(points.batch, points.n_points, dtype=points.dtype, device=points.device)
+    # g(Z, Z_S)^T with masked (exactly zero) rows for unused slots
+    lm_half_sq = half_sq_norms(state.landmarks, state.valid).transpose(-1, -2)  # (B, r, 1)
     for start, z in points.chunks(rank):
-        k = gaussian_kernel_(state.landmarks, z).mul_(state.valid.unsqueeze(-1))  # (B, r, c)
+        k = gaussian_kernel_(state.landmarks, z, x_half_sq=lm_half_sq)  # (B, r, c)
         y = torch.linalg.solve_triangular(state.chol, k, upper=False)
         out[:, start : start + z.shape[-2]] = (1 - y.pow(2).sum(-2)).clamp(min=0.0)
     picked = torch.zeros(points.batch, points.n_points + 1, dtype=torch.bool, device=out.device)
@@ -656,7 +670,7 @@ def accelerated_pivots(
     cdf = None if weight is None else weight.to(torch.float64).cumsum(-1)
     envelope = None
     missing, acceptance = rank - (0 if first_pivots is None else forced.shape[-1]), 1.0
-    exhausted = torch.zeros(batch, dtype=torch.bool, device=device)
+    alive = torch.ones(batch, dtype=torch.bool, device=device)  # residual not exhausted
     refresh_now = refresh == "round" and first_pivots is not None
     # each round draws >= 1 pivot right after a refresh unless the residual is exhausted,
     # so this bound is never reached; it only guards against an endless loop
@@ -672,7 +686,7 @@ def accelerated_pivots(
                 log_mass = log_weight + torch.log(envelope)
                 mass = torch.exp(log_mass - log_mass.amax(-1, keepdim=True).clamp(min=-1e30))
             cdf = mass.to(torch.float64).cumsum(-1)
-            exhausted = cdf[:, -1] <= 0
+            alive = cdf[:, -1] > 0
             state.refreshes += 1
         if block_size is not None:
             b = block_size
@@ -682,15 +696,14 @@ def accelerated_pivots(
         cand, env = _draw_candidates(state, n_points, b, cdf, envelope, generator)
         u = torch.rand(batch, b, generator=generator, device=device, dtype=points.dtype)
         threshold = (u if env is None else u * env).clamp(min=round_off)
-        short = (state.count < rank) & ~exhausted
+        short = (state.count < rank) & alive
         accept, _ = _absorb_block(points, state, cand, threshold)
-        rate = (accept.sum(-1) * short).sum() / (short.sum().clamp(min=1) * b)
-        still = (state.count < rank) & ~exhausted
+        still = (state.count < rank) & alive
         # the one host synchronisation of the round
-        missing_t, rate_t = torch.stack(
-            [(rank - state.count).masked_fill(~still, 0).amax().to(rate.dtype), rate]
+        missing_t, accepted_t, short_t = torch.stack(
+            [((rank - state.count) * still).amax(), (accept.sum(-1) * short).sum(), short.sum()]
         ).tolist()
-        missing, acceptance = int(missing_t), rate_t
+        missing, acceptance = int(missing_t), accepted_t / max(short_t * b, 1)
         refresh_now = refresh == "round" or acceptance < FAST.refresh_below
         if refresh_now:  # a fresh proposal is the target itself for its first candidate
             acceptance = 1.0
@@ -704,8 +717,10 @@ def factor_from_pivots(points: PointSet, state: PivotState) -> Tensor:
     """
     rank = state.rank
     out = torch.empty(points.batch, points.n_points, rank, dtype=points.dtype, device=points.device)
+    # g(Z, Z_S)^T with masked (exactly zero) rows for unused slots
+    lm_half_sq = half_sq_norms(state.landmarks, state.valid).transpose(-1, -2)  # (B, r, 1)
     for start, z in points.chunks(rank):
-        k = gaussian_kernel_(state.landmarks, z).mul_(state.valid.unsqueeze(-1))  # (B, r, c)
+        k = gaussian_kernel_(state.landmarks, z, x_half_sq=lm_half_sq)  # (B, r, c)
         y = torch.linalg.solve_triangular(state.chol, k, upper=False)
         out[:, start : start + z.shape[-2]] = y.transpose(-1, -2)
     return out

@@ -37,6 +37,7 @@ from rpka.attention.rpcholesky import (
     chunk_bounds,
     gaussian_kernel,
     gaussian_kernel_,
+    half_sq_norms,
     rpcholesky,
     weighting_power,
 )
@@ -140,8 +141,8 @@ def nystrom_softmax_chunked(
     batch_shape, n, m, d_v = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
     q, k, v = (x.reshape(-1, x.shape[-2], x.shape[-1]) for x in (q, k, v))
     shift = key_shift.to(compute).reshape(-1, 1, k.shape[-1])
-    valid = state.valid.unsqueeze(-2).to(compute)  # (B, 1, r)
     landmarks, rank = state.landmarks, state.rank
+    lm_half_sq = half_sq_norms(landmarks, state.valid)  # (B, 1, r), +inf masks unused slots
     row_bytes = q.shape[0] * max(rank, d_v + 1, q.shape[-1]) * torch.finfo(compute).bits // 8
 
     def scaled(x: Tensor) -> Tensor:  # a fresh float copy (never the input itself)
@@ -153,11 +154,11 @@ def nystrom_softmax_chunked(
     run_max = q.new_full((q.shape[0], 1, 1), float("-inf"), dtype=compute)
     for start, stop in chunk_bounds(m, row_bytes):
         k_c = scaled(k[:, start:stop]).sub_(shift)
-        log_w = k_c.pow(2).sum(-1, keepdim=True).div_(2)  # (B, c, 1)
-        new_max = torch.maximum(run_max, log_w.amax(-2, keepdim=True))
-        w = log_w.sub_(new_max).exp_()
+        half_sq = k_c.pow(2).sum(-1, keepdim=True) / 2  # (B, c, 1): log w before the max
+        g_ks = gaussian_kernel_(k_c, landmarks, half_sq, lm_half_sq)  # (B, c, r)
+        new_max = torch.maximum(run_max, half_sq.amax(-2, keepdim=True))
+        w = half_sq.sub_(new_max).exp_()
         wv = torch.cat([v[:, start:stop] * w, w], dim=-1)  # (B, c, d_v + 1), float
-        g_ks = gaussian_kernel_(k_c, landmarks).mul_(valid)  # (B, c, r)
         rescale = torch.exp(run_max - new_max)
         acc = torch.baddbmm(acc * rescale, g_ks.transpose(-1, -2), wv)
         w_sum = w_sum * rescale + w.sum(-2, keepdim=True)
@@ -169,17 +170,17 @@ def nystrom_softmax_chunked(
     v_min = v.amin(-2, keepdim=True).to(compute)
     v_max = v.amax(-2, keepdim=True).to(compute)
     out = torch.empty(q.shape[0], n, d_v, dtype=q.dtype, device=q.device)
-    low_total = q.new_zeros((), dtype=torch.long)
-    clamped_total = q.new_zeros((), dtype=torch.long)
+    low_count, clamped_count = [], []
     for start, stop in chunk_bounds(n, row_bytes):
-        full = gaussian_kernel_(scaled(q[:, start:stop]), landmarks).mul_(valid) @ core
+        full = gaussian_kernel_(scaled(q[:, start:stop]), landmarks, y_half_sq=lm_half_sq) @ core
         num, den = full[..., :-1], full[..., -1:]
         low = den < floor
         o = num / torch.where(low, floor, den)
         guarded = torch.clamp(o, v_min, v_max)
         out[:, start:stop] = guarded
-        low_total += low.sum()
-        clamped_total += (guarded != o).sum()
+        low_count.append(low.sum())
+        clamped_count.append((guarded != o).sum())
+    low_total, clamped_total = torch.stack(low_count).sum(), torch.stack(clamped_count).sum()
     counts = {
         "denominator": low_total,
         "rows": torch.tensor(q.shape[0] * n),
