@@ -11,6 +11,13 @@ and the Gaussian ``g`` is replaced by its Nystrom approximation on landmarks ``Z
 in O(n r d). Landmarks are RPCholesky pivots of the joint set ``[Q~; K~]`` (or of the keys
 only), picked without gradient; the factor is rebuilt differentiably from them.
 
+Fast path (the default, ``pivot_method="auto"``): pivots come from the accelerated
+(block + rejection) RPCholesky, which reads the points only at candidate indices, and
+without gradients the output is streamed in chunks on the selection's own Cholesky factor
+(:func:`nystrom_softmax_chunked`) - no (n x r) matrix and no float32 copy of the whole
+sequence is ever held. The plain one-pivot-per-step loop stays available
+(``pivot_method="plain"``) as the reference; both draw pivots from the same law.
+
 The approximation is not entrywise positive, so three guards keep the output sane, and the
 module counts how often each fired in its last call (``guard_counts``):
 
@@ -126,7 +133,7 @@ def nystrom_softmax_chunked(
     (n x d) float32 copy of the whole sequence: keys stream through
     ``F_K^T [w v, w]`` (r x (d_v + 1)) with a running max of the log weights (rescaled as
     in online softmax), then queries stream through ``F_Q`` into the output. Peak memory is
-    the output plus one chunk (``FAST.chunk_bytes``).
+    the output plus a few chunk-sized buffers (``FAST.chunk_bytes`` each).
 
     Args:
         q: (B, H, n, d), k: (B, H, m, d), v: (B, H, m, d_v), any float dtype.
