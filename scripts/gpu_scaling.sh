@@ -22,10 +22,10 @@ PY=${PYTHON:-python}
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-# 1. CUDA correctness checks + breakdown (hard limit 100 s)
-timeout 100 $PY scripts/gpu_check.py "$OUT/gpu_check.json" || echo "gpu_check exited with $?"
+# 1. CUDA correctness checks + breakdown (hard limit 90 s)
+timeout 90 $PY scripts/gpu_check.py "$OUT/gpu_check.json" || echo "gpu_check exited with $?"
 
-# 2. the sweep: its own budget (--max-seconds, default 300) + a hard limit
-timeout 390 $PY -m rpka scaling --preset gpu --max-seconds "${SWEEP_SECONDS:-300}" \
+# 2. the sweep: its own budget (--max-seconds, default 270 s) + a hard limit (330 s)
+timeout 330 $PY -m rpka scaling --preset gpu --max-seconds "${SWEEP_SECONDS:-270}" \
   --out "$OUT/gpu_h200.json" ${SCALING_ARGS:-} || echo "scaling exited with $?"
 ls -la "$OUT"
