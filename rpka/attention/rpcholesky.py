@@ -587,6 +587,7 @@ def residual_diagonal(points: PointSet, state: PivotState) -> Tensor:
         k = gaussian_kernel_(state.landmarks, z, x_half_sq=lm_half_sq)  # (B, r, c)
         y = torch.linalg.solve_triangular(state.chol, k, upper=False)
         out[:, start : start + z.shape[-2]] = (1 - y.pow(2).sum(-2)).clamp(min=0.0)
+        del z, k, y  # free this chunk before the next one is allocated
     picked = torch.zeros(points.batch, points.n_points + 1, dtype=torch.bool, device=out.device)
     picked.scatter_(-1, torch.where(state.valid, state.pivots, points.n_points), True)
     return out.masked_fill(picked[:, :-1], 0.0)
@@ -723,6 +724,7 @@ def factor_from_pivots(points: PointSet, state: PivotState) -> Tensor:
         k = gaussian_kernel_(state.landmarks, z, x_half_sq=lm_half_sq)  # (B, r, c)
         y = torch.linalg.solve_triangular(state.chol, k, upper=False)
         out[:, start : start + z.shape[-2]] = y.transpose(-1, -2)
+        del z, k, y
     return out
 
 

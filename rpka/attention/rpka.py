@@ -165,11 +165,14 @@ def nystrom_softmax_chunked(
         g_ks = gaussian_kernel_(k_c, landmarks, half_sq, lm_half_sq)  # (B, c, r)
         new_max = torch.maximum(run_max, half_sq.amax(-2, keepdim=True))
         w = half_sq.sub_(new_max).exp_()
-        wv = torch.cat([v[:, start:stop] * w, w], dim=-1)  # (B, c, d_v + 1), float
+        wv = torch.empty(*w.shape[:-1], d_v + 1, dtype=compute, device=w.device)
+        torch.mul(v[:, start:stop], w, out=wv[..., :-1])  # [w v, w]: (B, c, d_v + 1)
+        wv[..., -1:] = w
         rescale = torch.exp(run_max - new_max)
         acc = torch.baddbmm(acc * rescale, g_ks.transpose(-1, -2), wv)
         w_sum = w_sum * rescale + w.sum(-2, keepdim=True)
         run_max = new_max
+        del k_c, g_ks, wv, w  # free this chunk before the next one is allocated
     core = torch.cholesky_solve(acc, state.chol)  # G_SS^{-1} g_SK [w v, w]: (B, r, d_v + 1)
 
     # queries: out = g(Q~, Z_S) core[:, :d_v] / g(Q~, Z_S) core[:, d_v], guarded
@@ -182,11 +185,11 @@ def nystrom_softmax_chunked(
         full = gaussian_kernel_(scaled(q[:, start:stop]), landmarks, y_half_sq=lm_half_sq) @ core
         num, den = full[..., :-1], full[..., -1:]
         low = den < floor
-        o = num / torch.where(low, floor, den)
-        guarded = torch.clamp(o, v_min, v_max)
-        out[:, start:stop] = guarded
+        o = num.div_(torch.where(low, floor, den))  # in place: one (B, c, d_v + 1) buffer
         low_count.append(low.sum())
-        clamped_count.append((guarded != o).sum())
+        clamped_count.append(((o < v_min) | (o > v_max)).sum())
+        out[:, start:stop] = o.clamp_(v_min, v_max)
+        del full, num, den, o, low
     low_total, clamped_total = torch.stack(low_count).sum(), torch.stack(clamped_count).sum()
     counts = {
         "denominator": low_total,
