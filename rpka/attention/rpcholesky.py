@@ -370,7 +370,7 @@ class PointSet:
         out = None
         offset = 0
         for part, shift, size in zip(self.parts, self.shifts, self.sizes, strict=True):
-            local = index - offset
+            local = index - offset if offset else index
             rows = torch.gather(
                 part, -2, local.clamp(0, size - 1).unsqueeze(-1).expand(*index.shape, self.dim)
             )
@@ -549,12 +549,16 @@ def _absorb_block(
     """
     rank = state.rank
     z_c = points.take(cand)  # (B, b, d)
-    used = torch.arange(rank, device=cand.device) < state.count.unsqueeze(-1)  # (B, r)
-    # one kernel call for g(Z_C, [Z_S; Z_C]): (B, b, r + b)
-    kern = gaussian_kernel(z_c, torch.cat([state.landmarks, z_c], dim=-2))
-    k_sc = kern[..., :rank].transpose(-1, -2) * used.unsqueeze(-1)  # (B, r, b)
-    w = torch.linalg.solve_triangular(state.chol, k_sc, upper=False)  # zero on unused slots
-    gram = kern[..., rank:] - w.transpose(-1, -2) @ w  # (B, b, b)
+    if state.candidates == 0:  # nothing absorbed yet (known on the host): W = 0
+        gram = gaussian_kernel(z_c, z_c)
+        w = gram.new_zeros(gram.shape[0], rank, gram.shape[-1])
+    else:
+        used = torch.arange(rank, device=cand.device) < state.count.unsqueeze(-1)  # (B, r)
+        # one kernel call for g(Z_C, [Z_S; Z_C]): (B, b, r + b)
+        kern = gaussian_kernel(z_c, torch.cat([state.landmarks, z_c], dim=-2))
+        k_sc = kern[..., :rank].transpose(-1, -2) * used.unsqueeze(-1)  # (B, r, b)
+        w = torch.linalg.solve_triangular(state.chol, k_sc, upper=False)  # 0 on unused slots
+        gram = kern[..., rank:] - w.transpose(-1, -2) @ w  # (B, b, b)
     accept, cols = rejection_sweep(gram, threshold)
     # accepted candidates fill slots count, count+1, ... in the order drawn; a sequence cut
     # at rank is still the sequential rule's sequence, so extra acceptances are dropped
