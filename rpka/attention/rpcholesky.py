@@ -34,7 +34,7 @@ Two implementations draw from the same distribution (``method=``):
 * ``"plain"``: the loop above, one pivot per step - the reference;
 * ``"accelerated"``: block + rejection sampling (Epperly, Tropp, Webber 2024, "Embrace
   rejection: kernel matrix approximation by accelerated randomly pivoted Cholesky",
-  arXiv:2410.03969, Alg. 2). See :func:`accelerated_pivots`.
+  arXiv:2410.03969). See :func:`accelerated_pivots`.
 """
 
 from __future__ import annotations
@@ -613,7 +613,7 @@ def accelerated_pivots(
 
     Target: the sequential rule draws pivot t with probability ``p_i ∝ w_i r_i`` where
     ``w_i = exp(log_weight_i)`` (the weighting, ``tau |z_i|^2``; uniform when None) and
-    ``r_i`` is the Gaussian residual after t-1 pivots. Rejection sampling (ETW24, Alg. 2):
+    ``r_i`` is the Gaussian residual after t-1 pivots. Rejection sampling (ETW 2024):
     draw a candidate from a proposal ``q_i ∝ w_i e_i`` with an *envelope* ``e_i >= r_i``
     and accept it with probability ``r_i / e_i``; an accepted candidate is an exact draw
     from ``p``, and proposals are i.i.d., so a whole block of b candidates can be drawn at
