@@ -185,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "--ranks",
                 "16",
                 "64",
+                "--control-ranks",
+                "--no-backward",
+                "--no-memory",
                 "--out",
                 f"data/results/scaling/latency_cpu_{args.preset}.json",
             ]

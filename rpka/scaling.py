@@ -1,79 +1,195 @@
-"""Attention latency against sequence length and rank (DESIGN.md section 7).
+"""Attention latency and peak memory against sequence length and rank (DESIGN.md section 7).
 
-Every method is timed in the same process on the same inputs, so the ratios against
-``exact`` are within one run. CPU timing uses ``time.perf_counter``; CUDA timing uses
-CUDA events after warm-up. The result is one JSON file.
+Every method is measured in one process on the same inputs, so the ratios against
+``exact`` are within one run. For each length n and arm (``exact``; ``rpka`` at each rank;
+the control ``nystrom-uniform`` = ``rpka`` with ``pivot_rule="uniform"``) it records:
 
-    python -m rpka scaling --lengths 256 1024 4096 --ranks 16 64 --out data/results/scaling/cpu.json
+* ``forward_ms``: median forward latency after warm-up, without gradients (inference);
+* ``fwd_bwd_ms``: median latency of forward + backward (``torch.autograd.grad`` of the
+  output against a fixed random cotangent, w.r.t. q, k and v);
+* ``pivot_ms``: for RPKA arms, the pivot selection alone (median), and
+  ``pivot_fraction = pivot_ms / forward_ms``;
+* ``peak_mib`` / ``fwd_bwd_peak_mib``: peak memory of one call above what was allocated
+  before it (the inputs). CUDA: ``torch.cuda.max_memory_allocated()`` after
+  ``reset_peak_memory_stats()``, minus ``torch.cuda.memory_allocated()`` just before the
+  call. CPU: the running sum of the tensor allocations and frees that
+  ``torch.profiler`` records (``profile_memory=True``), at operator granularity - it
+  counts PyTorch tensors only and misses a buffer that lives and dies inside one operator,
+  so it is a lower bound of the true peak (not RSS).
+
+Timing: CUDA events around each call after warm-up (the events bracket the whole call on
+the stream, host synchronisations inside it included); CPU: ``time.perf_counter``. A
+measurement that runs out of memory is recorded as ``"oom"`` (and the larger lengths of
+that measurement are ``"skipped"``), one that fails otherwise as ``"error: ..."`` (likewise),
+one past the time budget as ``"skipped"``. The JSON is
+rewritten after every measurement, so an interrupted run keeps what it measured.
+
+    python -m rpka scaling --preset cpu          # -> data/results/scaling/cpu.json
+    python -m rpka scaling --preset gpu          # -> data/results/scaling/gpu_h200.json
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from functools import partial
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
+from torch.profiler import ProfilerActivity, profile
+
+try:
+    from tqdm.auto import tqdm
+except ImportError:  # pragma: no cover - a bare GPU box with torch only: no progress bar
+    tqdm = None
 
 from rpka.attention import build
 from rpka.io import write_json
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+CONTROL = "nystrom-uniform"  # rpka with uniform landmarks (Skyformer-like control)
+MiB = 2**20
 
 
 @dataclass
 class ScalingConfig:
-    """One latency sweep: every (method, rank) at every length."""
+    """One sweep: every arm at every length. See the module docstring for the measures."""
 
     lengths: Sequence[int] = (256, 1024, 4096)
-    ranks: Sequence[int] = (16, 64)
+    ranks: Sequence[int] = (4, 16, 32, 64, 128)
+    control_ranks: Sequence[int] = (16, 64)
     batch_heads: int = 8
     head_dim: int = 64
     device: str = "cpu"
     dtype: str = "float32"
     warmup: int = 2
     repeats: int = 5
+    # fewer repeats from this length on (long sequences are slow and stable)
+    long_length: int = 32768
+    long_repeats: int = 3
+    backward: bool = True
+    memory: bool = True
     seed: int = 0
-    methods: Sequence[str] = field(default_factory=lambda: ("exact", "rpka"))
+    # SDPA backend pinned for exact (None: SDPA's own choice; "flash" on CUDA)
+    exact_backend: str | None = None
+    # wall-clock budget in seconds for the whole sweep; later measurements are "skipped"
+    max_seconds: float | None = None
 
     def validate(self) -> None:
-        if not self.lengths or any(int(n) < 2 for n in self.lengths):
+        if not self.lengths or any(_bad_int(n, 2) for n in self.lengths):
             raise ValueError(f"lengths must be integers >= 2, got {list(self.lengths)}")
-        if any(int(r) < 1 for r in self.ranks):
-            raise ValueError(f"ranks must be positive integers, got {list(self.ranks)}")
-        for name, value, low in (
-            ("batch_heads", self.batch_heads, 1),
-            ("head_dim", self.head_dim, 1),
-            ("warmup", self.warmup, 0),
-            ("repeats", self.repeats, 1),
+        for name in ("ranks", "control_ranks"):
+            if any(_bad_int(r, 1) for r in getattr(self, name)):
+                raise ValueError(f"{name} must be positive integers, got {getattr(self, name)}")
+        for name, low in (
+            ("batch_heads", 1),
+            ("head_dim", 1),
+            ("warmup", 0),
+            ("repeats", 1),
+            ("long_length", 2),
+            ("long_repeats", 1),
         ):
-            if int(value) < low:
-                raise ValueError(f"{name} must be >= {low}, got {value}")
+            if _bad_int(getattr(self, name), low):
+                raise ValueError(f"{name} must be an integer >= {low}, got {getattr(self, name)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' requested but CUDA is not available")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ValueError(f"max_seconds must be None or > 0, got {self.max_seconds!r}")
+        build("exact", backend=self.exact_backend)  # validates the backend name
+
+
+def _bad_int(value: object, low: int) -> bool:
+    return not isinstance(value, int) or isinstance(value, bool) or value < low
+
+
+PRESETS = {
+    # this project's 2-core CPU machine
+    "cpu": ScalingConfig(
+        lengths=(256, 512, 1024, 2048, 4096, 8192),
+        control_ranks=(4, 16, 32, 64, 128),
+        batch_heads=8,
+        head_dim=64,
+        warmup=2,
+        repeats=5,
+        long_length=4096,
+        long_repeats=3,
+    ),
+    # one H200 (or any CUDA GPU): B*H = 16, d = 64, inputs in bf16, SDPA pinned to flash
+    "gpu": ScalingConfig(
+        lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
+        control_ranks=(4, 16, 32, 64, 128),
+        batch_heads=16,
+        head_dim=64,
+        device="cuda",
+        dtype="bfloat16",
+        warmup=3,
+        repeats=20,
+        long_length=32768,
+        long_repeats=7,
+        exact_backend="flash",
+        max_seconds=360.0,
+    ),
+    # seconds, for tests and smoke runs
+    "tiny": ScalingConfig(
+        lengths=(64, 128),
+        ranks=(4, 8),
+        control_ranks=(4,),
+        batch_heads=2,
+        head_dim=16,
+        warmup=1,
+        repeats=2,
+    ),
+}
+DEFAULT_OUT = {
+    "cpu": "data/results/scaling/cpu.json",
+    "gpu": "data/results/scaling/gpu_h200.json",
+    "tiny": "data/results/scaling/tiny.json",
+}
+
+
+def arms(config: ScalingConfig) -> list[tuple[str, int | None, dict]]:
+    """(label, rank, build options) of every arm, exact first."""
+    out: list[tuple[str, int | None, dict]] = [("exact", None, {"backend": config.exact_backend})]
+    out += [("rpka", int(r), {"rank": int(r)}) for r in config.ranks]
+    out += [
+        (CONTROL, int(r), {"rank": int(r), "pivot_rule": "uniform"}) for r in config.control_ranks
+    ]
+    return out
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def time_call(fn: Callable[[], object], device: str, warmup: int, repeats: int) -> list[float]:
-    """Wall time of ``fn`` in milliseconds, ``repeats`` times after ``warmup`` calls."""
+    """Latency of ``fn`` in milliseconds, ``repeats`` times after ``warmup`` calls."""
     for _ in range(warmup):
         fn()
+    _sync(device)
     times = []
     for _ in range(repeats):
         if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
-            torch.cuda.synchronize()
+            end.synchronize()
             times.append(start.elapsed_time(end))
         else:
             t0 = time.perf_counter()
@@ -82,54 +198,270 @@ def time_call(fn: Callable[[], object], device: str, warmup: int, repeats: int) 
     return times
 
 
+def peak_memory_mib(fn: Callable[[], object], device: str) -> float:
+    """Peak memory of one call of ``fn`` above what was allocated before it, in MiB."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / MiB
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    deltas = sorted(
+        (
+            e.time_range.start,
+            e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage,
+        )
+        for e in prof.events()
+    )
+    running = peak = 0
+    for _, delta in deltas:
+        running += delta
+        peak = max(peak, running)
+    return peak / MiB
+
+
+def _is_oom(err: BaseException) -> bool:
+    if isinstance(err, torch.cuda.OutOfMemoryError | MemoryError):
+        return True
+    text = str(err).lower()
+    return "out of memory" in text or "can't allocate memory" in text
+
+
+def _free(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _fused_sweep_status(device: str) -> str:
+    """Whether the Triton rejection sweep ran (CUDA) or the PyTorch one."""
+    from rpka.attention import triton_sweep
+
+    if device != "cuda":
+        return "pytorch (not CUDA)"
+    if triton_sweep.triton is None:
+        return "pytorch (Triton not importable)"
+    if triton_sweep._broken:
+        return "pytorch (Triton sweep failed or disagreed; see warnings)"
+    return "triton" if triton_sweep.available() else "pytorch (disabled)"
+
+
 def device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name()
     return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
-def run_scaling(config: ScalingConfig, progress: bool = True) -> dict:
-    """Forward latency (median ms) of each method at each length; ratios vs exact."""
-    config.validate()
+def _inputs(config: ScalingConfig, n: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device=config.device).manual_seed(config.seed + n)
+    shape = (1, config.batch_heads, n, config.head_dim)
     dtype = DTYPES[config.dtype]
-    arms = [("exact", {})] + [
-        (m, {"rank": int(r)}) for m in config.methods if m != "exact" for r in config.ranks
-    ]
-    rows = []
-    jobs = [(n, arm) for n in config.lengths for arm in arms]
-    gen = torch.Generator(device=config.device).manual_seed(config.seed)
-    for n, (name, options) in tqdm(jobs, desc="scaling", disable=not progress):
-        shape = (1, config.batch_heads, int(n), config.head_dim)
-        q, k, v = (
-            torch.randn(shape, generator=gen, device=config.device).to(dtype) for _ in range(3)
-        )
-        attn = build(name, check_inputs=False, **options).to(config.device)
+    return tuple(
+        torch.randn(shape, generator=gen, device=config.device).to(dtype) for _ in range(4)
+    )  # q, k, v and the backward cotangent
+
+
+def _measure(
+    kind: str, attn: torch.nn.Module, inputs: tuple, config: ScalingConfig, repeats: int
+) -> dict:
+    """One measurement of one arm at one length -> the row fields it fills."""
+    q, k, v, cotangent = inputs
+    device = config.device
+    if kind == "forward":
+
+        def call() -> None:
+            with torch.no_grad():
+                attn(q, k, v)
+
+        times = time_call(call, device, config.warmup, repeats)
+        return {"forward_ms": statistics.median(times), "forward_ms_all": times}
+    if kind == "pivot":
+        if not hasattr(attn, "select"):
+            return {}
+
+        def call() -> object:
+            with torch.no_grad():
+                return attn.select(attn.point_set(q, k))
+
+        times = time_call(call, device, config.warmup, repeats)
+        state = call()
+        return {
+            "pivot_ms": statistics.median(times),
+            "pivot_ms_all": times,
+            "rounds": state.rounds,
+            "candidates": state.candidates,
+            "refreshes": state.refreshes,
+        }
+    if kind == "memory":
+        fields = {}
         with torch.no_grad():
-            times = time_call(partial(attn, q, k, v), config.device, config.warmup, config.repeats)
-        rows.append(
-            {
-                "method": name,
-                "rank": options.get("rank"),
-                "n": int(n),
-                "forward_ms": statistics.median(times),
-                "forward_ms_all": times,
-            }
-        )
-    exact_ms = {r["n"]: r["forward_ms"] for r in rows if r["method"] == "exact"}
-    for r in rows:
-        r["speedup_vs_exact"] = exact_ms[r["n"]] / r["forward_ms"]
+            fields["peak_mib"] = peak_memory_mib(lambda: attn(q, k, v), device)
+        if config.backward:
+            leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+            fields["fwd_bwd_peak_mib"] = peak_memory_mib(
+                lambda: torch.autograd.grad(attn(*leaves), leaves, cotangent), device
+            )
+        return fields
+    leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+    times = time_call(
+        lambda: torch.autograd.grad(attn(*leaves), leaves, cotangent),
+        device,
+        config.warmup,
+        repeats,
+    )
+    return {"fwd_bwd_ms": statistics.median(times), "fwd_bwd_ms_all": times}
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    """Ratios against exact at the same length, within this run."""
+    exact = {r["n"]: r for r in rows if r["method"] == "exact"}
+    for row in rows:
+        ref = exact.get(row["n"], {})
+        for key, field_, inverse in (
+            ("speedup_vs_exact", "forward_ms", True),
+            ("fwd_bwd_speedup_vs_exact", "fwd_bwd_ms", True),
+            ("memory_vs_exact", "peak_mib", False),
+            ("fwd_bwd_memory_vs_exact", "fwd_bwd_peak_mib", False),
+        ):
+            mine, theirs = row.get(field_), ref.get(field_)
+            ok = isinstance(mine, float) and isinstance(theirs, float) and mine > 0 and theirs > 0
+            row[key] = (theirs / mine if inverse else mine / theirs) if ok else None
+        if isinstance(row.get("pivot_ms"), float) and isinstance(row.get("forward_ms"), float):
+            row["pivot_fraction"] = row["pivot_ms"] / row["forward_ms"]
+
+
+def _header(config: ScalingConfig, preset: str | None) -> dict:
     return {
+        "preset": preset,
         "config": asdict(config)
-        | {
-            "lengths": list(config.lengths),
-            "ranks": list(config.ranks),
-            "methods": list(config.methods),
-        },
+        | {k: list(getattr(config, k)) for k in ("lengths", "ranks", "control_ranks")},
         "device": device_name(config.device),
+        "device_type": config.device,
+        "dtype": config.dtype,
+        "rpka_compute_dtype": "float64" if config.dtype == "float64" else "float32",
+        "shapes": (
+            f"q, k, v: (B=1, H={config.batch_heads}, n, d={config.head_dim}), {config.dtype}; "
+            f"B*H = {config.batch_heads}"
+        ),
+        "exact": f"torch SDPA, backend {config.exact_backend or 'auto'}",
+        "control": f"{CONTROL}: rpka with pivot_rule='uniform' (uniform landmarks)",
+        "rpka_options": "defaults of RPKAttention (pivot_method auto -> accelerated)",
+        "timing": (
+            "CUDA events after warm-up, median"
+            if config.device == "cuda"
+            else "time.perf_counter after warm-up, median"
+        ),
+        "memory_definition": (
+            "max_memory_allocated during one call minus memory_allocated just before it"
+            if config.device == "cuda"
+            else "peak of torch.profiler tensor allocations during one call, op granularity "
+            "(PyTorch tensors only; transient buffers inside one op are missed)"
+        ),
         "torch": torch.__version__,
-        "shape": f"B=1, H={config.batch_heads}, d={config.head_dim}, {config.dtype}",
-        "rows": rows,
+        "python": sys.version.split()[0],
+        "threads": torch.get_num_threads(),
+        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "rows": [],
     }
+
+
+def run_scaling(
+    config: ScalingConfig,
+    progress: bool = True,
+    out: str | os.PathLike | None = None,
+    preset: str | None = None,
+) -> dict:
+    """Measure every arm at every length; write ``out`` after each measurement.
+
+    The forward measures (forward, pivot selection, memory) of all lengths come first and
+    forward + backward last, so a time budget cuts the least important part.
+    """
+    config.validate()
+    result = _header(config, preset)
+    started = time.perf_counter()
+    rows = {
+        (label, rank, int(n)): {"method": label, "rank": rank, "n": int(n)}
+        for n in config.lengths
+        for label, rank, _ in arms(config)
+    }
+    result["rows"] = list(rows.values())
+    # "oom" in a measurement of an arm skips that measurement at larger n
+    failed: set[tuple[str, int | None, str]] = set()
+    phases = [["forward", "pivot"] + (["memory"] if config.memory else [])]
+    phases += [["fwd_bwd"]] if config.backward else []
+    jobs = [(kinds, int(n)) for kinds in phases for n in config.lengths]
+    bar = _progress(len(jobs) * len(arms(config)), progress)
+    for kinds, n in jobs:
+        inputs = _inputs(config, n)
+        repeats = config.long_repeats if n >= config.long_length else config.repeats
+        for label, rank, options in arms(config):
+            row = rows[(label, rank, n)]
+            attn = build("exact" if label == "exact" else "rpka", check_inputs=False, **options)
+            for kind in kinds:
+                if kind == "pivot" and label == "exact":
+                    continue
+                over = config.max_seconds and time.perf_counter() - started > config.max_seconds
+                if over or (label, rank, kind) in failed:
+                    row[f"{kind}_status"] = "skipped"
+                    continue
+                try:
+                    row.update(_measure(kind, attn, inputs, config, repeats))
+                    row[f"{kind}_status"] = "ok"
+                except Exception as err:  # noqa: BLE001 - recorded, the sweep goes on
+                    oom = _is_oom(err)
+                    row[f"{kind}_status"] = "oom" if oom else f"error: {err!r}"[:300]
+                    failed.add((label, rank, kind))
+                _free(config.device)
+            bar.update(1)
+            bar.set_postfix(n=n, arm=f"{label}{'' if rank is None else rank}", refresh=False)
+            _add_ratios(result["rows"])
+            result["elapsed_s"] = time.perf_counter() - started
+            if out is not None:
+                write_json(out, result)
+        del inputs
+        _free(config.device)
+    bar.close()
+    result["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    result["fused_sweep"] = _fused_sweep_status(config.device)
+    if out is not None:
+        write_json(out, result)
+    return result
+
+
+class _NoBar:
+    def update(self, *_: object) -> None: ...
+    def set_postfix(self, **_: object) -> None: ...
+    def close(self) -> None: ...
+
+
+def _progress(total: int, enabled: bool) -> object:
+    if tqdm is None:
+        return _NoBar()
+    return tqdm(total=total, desc="scaling", disable=not enabled)
+
+
+def summary_lines(result: dict) -> list[str]:
+    """A plain-text table of the forward figures."""
+    lines = [
+        f"{'method':>16} {'rank':>5} {'n':>6} {'fwd ms':>9} {'vs exact':>9} {'pivot %':>8} "
+        f"{'peak MiB':>9} {'fwd+bwd ms':>11}"
+    ]
+    for r in result["rows"]:
+
+        def fmt(value: object, spec: str) -> str:
+            return format(value, spec) if isinstance(value, float) else "-"
+
+        pivot = r.get("pivot_fraction")
+        lines.append(
+            f"{r['method']:>16} {r['rank'] or '-':>5} {r['n']:>6} "
+            f"{fmt(r.get('forward_ms'), '9.2f'):>9} {fmt(r.get('speedup_vs_exact'), '8.2f'):>9} "
+            f"{fmt(None if pivot is None else 100 * pivot, '7.1f'):>8} "
+            f"{fmt(r.get('peak_mib'), '9.1f'):>9} {fmt(r.get('fwd_bwd_ms'), '10.2f'):>11}"
+        )
+    lines.append(f"device: {result['device']}; {result['shapes']}")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -138,38 +470,49 @@ def main(argv: Sequence[str] | None = None) -> dict:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    defaults = ScalingConfig()
-    parser.add_argument("--lengths", type=int, nargs="+", default=list(defaults.lengths))
-    parser.add_argument("--ranks", type=int, nargs="+", default=list(defaults.ranks))
-    parser.add_argument("--batch-heads", type=int, default=defaults.batch_heads)
-    parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
-    parser.add_argument("--device", default=defaults.device)
-    parser.add_argument("--dtype", default=defaults.dtype)
-    parser.add_argument("--warmup", type=int, default=defaults.warmup)
-    parser.add_argument("--repeats", type=int, default=defaults.repeats)
-    parser.add_argument("--out", default="data/results/scaling/latency_cpu.json")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--lengths", type=int, nargs="+")
+    parser.add_argument("--ranks", type=int, nargs="+")
+    parser.add_argument("--control-ranks", type=int, nargs="*")
+    parser.add_argument("--batch-heads", type=int)
+    parser.add_argument("--head-dim", type=int)
+    parser.add_argument("--device")
+    parser.add_argument("--dtype")
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--max-seconds", type=float)
+    parser.add_argument("--no-backward", action="store_true")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--out", help="JSON path (default: by preset, under data/results/scaling)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    config = ScalingConfig(
-        lengths=args.lengths,
-        ranks=args.ranks,
-        batch_heads=args.batch_heads,
-        head_dim=args.head_dim,
-        device=args.device,
-        dtype=args.dtype,
-        warmup=args.warmup,
-        repeats=args.repeats,
-    )
+    overrides = {
+        key: getattr(args, key)
+        for key in (
+            "lengths",
+            "ranks",
+            "control_ranks",
+            "batch_heads",
+            "head_dim",
+            "device",
+            "dtype",
+            "warmup",
+            "repeats",
+            "max_seconds",
+        )
+        if getattr(args, key) is not None
+    }
+    if args.no_backward:
+        overrides["backward"] = False
+    if args.no_memory:
+        overrides["memory"] = False
+    config = replace(PRESETS[args.preset], **overrides)
     try:
         config.validate()
     except ValueError as err:
         parser.error(str(err))
-    result = run_scaling(config)
-    write_json(args.out, result)
-    print(f"{'method':>8} {'rank':>5} {'n':>6} {'forward ms':>11} {'vs exact':>9}")
-    for r in result["rows"]:
-        print(
-            f"{r['method']:>8} {r['rank'] or '-':>5} {r['n']:>6} {r['forward_ms']:>11.2f} "
-            f"{r['speedup_vs_exact']:>8.2f}x"
-        )
-    print(f"device: {result['device']}; {result['shape']}; written to {args.out}")
+    out = Path(args.out or DEFAULT_OUT[args.preset])
+    result = run_scaling(config, progress=not args.quiet, out=out, preset=args.preset)
+    print("\n".join(summary_lines(result)))
+    print(f"written to {out}")
     return result

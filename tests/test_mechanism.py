@@ -56,7 +56,13 @@ def numpy_pivoted(z: np.ndarray, tau: float) -> np.ndarray:
 def test_pivot_points_are_the_points_rpka_pivots(pivot_set):
     """Same generator seed: RPKA's output equals Nystrom softmax on our points' pivots."""
     q, k, v = (x.double() for x in model_qkv(layers=1, n=16)[0])
-    attn = build("rpka", rank=6, pivot_set=pivot_set, generator=torch.Generator().manual_seed(3))
+    attn = build(
+        "rpka",
+        rank=6,
+        pivot_set=pivot_set,
+        pivot_method="plain",
+        generator=torch.Generator().manual_seed(3),
+    )
     points = pivot_points(q, k, pivot_set)
     pivots = rpcholesky(
         points, 6, "rpc", torch.Generator().manual_seed(3), weighting="gauss"

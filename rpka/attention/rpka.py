@@ -11,6 +11,13 @@ and the Gaussian ``g`` is replaced by its Nystrom approximation on landmarks ``Z
 in O(n r d). Landmarks are RPCholesky pivots of the joint set ``[Q~; K~]`` (or of the keys
 only), picked without gradient; the factor is rebuilt differentiably from them.
 
+Fast path (the default, ``pivot_method="auto"``): pivots come from the accelerated
+(block + rejection) RPCholesky, which reads the points only at candidate indices, and
+without gradients the output is streamed in chunks on the selection's own Cholesky factor
+(:func:`nystrom_softmax_chunked`) - no (n x r) matrix and no float32 copy of the whole
+sequence is ever held. The plain one-pivot-per-step loop stays available
+(``pivot_method="plain"``) as the reference; both draw pivots from the same law.
+
 The approximation is not entrywise positive, so three guards keep the output sane, and the
 module counts how often each fired in its last call (``guard_counts``):
 
@@ -30,9 +37,22 @@ from torch import Tensor
 
 from rpka.attention.base import AttentionMethod
 from rpka.attention.guards import guarded_ratio
-from rpka.attention.rpcholesky import PIVOT_RULES, gaussian_kernel, rpcholesky, weighting_power
+from rpka.attention.rpcholesky import (
+    PIVOT_RULES,
+    PivotState,
+    PointSet,
+    accelerated_pivots,
+    check_fast_options,
+    chunk_bounds,
+    gaussian_kernel,
+    gaussian_kernel_,
+    half_sq_norms,
+    rpcholesky,
+    weighting_power,
+)
 
 PIVOT_SETS = ("joint", "keys")
+SELECTION_METHODS = ("auto", "plain", "accelerated")
 
 
 def gather_points(points: Tensor, index: Tensor) -> Tensor:
@@ -130,6 +150,93 @@ def nystrom_softmax(
     return nystrom_readout(q_s, landmarks, valid, core, v, den_floor)
 
 
+@torch.no_grad()
+def nystrom_softmax_chunked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    state: PivotState,
+    scale: float,
+    key_shift: Tensor,
+    den_floor: float = 1e-6,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`nystrom_softmax` for inference: chunked, on the selection's own factor.
+
+    Same estimate and guards, but (i) it reuses the pivot selection's Cholesky factor
+    ``L`` of ``G(Z_S, Z_S)`` instead of rebuilding it, (ii) it never holds an (n x r) or an
+    (n x d) float32 copy of the whole sequence: keys stream through
+    ``F_K^T [w v, w]`` (r x (d_v + 1)) with a running max of the log weights (rescaled as
+    in online softmax), then queries stream through ``F_Q`` into the output. Peak memory is
+    the output plus a few chunk-sized buffers (``FAST.chunk_bytes`` each).
+
+    Args:
+        q: (B, H, n, d), k: (B, H, m, d), v: (B, H, m, d_v), any float dtype.
+        state: pivots of the scaled points (batch flattened to B*H), from
+            :func:`accelerated_pivots` on ``[q * scale; k * scale - key_shift]`` or keys.
+        scale: ``d^{-1/4}``; key_shift: (B, H, 1, d) the mean of the scaled keys.
+
+    Returns:
+        out (B, H, n, d_v) in q's dtype and the guard counts (as :func:`nystrom_softmax`).
+    """
+    compute = state.landmarks.dtype
+    batch_shape, n, m, d_v = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
+    q, k, v = (x.reshape(-1, x.shape[-2], x.shape[-1]) for x in (q, k, v))
+    shift = key_shift.to(compute).reshape(-1, 1, k.shape[-1])
+    landmarks, rank = state.landmarks, state.rank
+    lm_half_sq = half_sq_norms(landmarks, state.valid)  # (B, 1, r), +inf masks unused slots
+    row_bytes = q.shape[0] * max(rank, d_v + 1, q.shape[-1]) * torch.finfo(compute).bits // 8
+
+    def scaled(x: Tensor) -> Tensor:  # a fresh float copy (never the input itself)
+        return x.to(compute, copy=True).mul_(scale)
+
+    # keys: acc = g(K~, Z_S)^T [w v, w] with w = e^{|k~|^2/2 - max}, max kept running
+    acc = q.new_zeros(q.shape[0], rank, d_v + 1, dtype=compute)
+    run_max = q.new_full((q.shape[0], 1, 1), float("-inf"), dtype=compute)
+    for start, stop in chunk_bounds(m, row_bytes):
+        k_c = scaled(k[:, start:stop]).sub_(shift)
+        half_sq = k_c.pow(2).sum(-1, keepdim=True) / 2  # (B, c, 1): log w before the max
+        g_ks = gaussian_kernel_(k_c, landmarks, half_sq, lm_half_sq)  # (B, c, r)
+        new_max = torch.maximum(run_max, half_sq.amax(-2, keepdim=True))
+        w = half_sq.sub_(new_max).exp_()
+        wv = torch.empty(*w.shape[:-1], d_v + 1, dtype=compute, device=w.device)
+        torch.mul(v[:, start:stop], w, out=wv[..., :-1])  # [w v, w]: (B, c, d_v + 1)
+        wv[..., -1:] = w
+        rescale = torch.exp(run_max - new_max)
+        acc = torch.baddbmm(acc * rescale, g_ks.transpose(-1, -2), wv)
+        run_max = new_max
+        del k_c, g_ks, wv, w  # free this chunk before the next one is allocated
+    core = torch.cholesky_solve(acc, state.chol)  # G_SS^{-1} g_SK [w v, w]: (B, r, d_v + 1)
+
+    # queries: out = a core[:, :d_v] / a core[:, d_v] with a = g(Q~, Z_S) up to each row's
+    # common factor, in the log domain as in nystrom_readout; guard 2 relative to the terms
+    v_min = v.amin(-2, keepdim=True).to(compute)
+    v_max = v.amax(-2, keepdim=True).to(compute)
+    core_abs_w = core[..., -1:].abs()
+    tiny = torch.finfo(compute).tiny
+    out = torch.empty(q.shape[0], n, d_v, dtype=q.dtype, device=q.device)
+    low_count, clamped_count = [], []
+    for start, stop in chunk_bounds(n, row_bytes):
+        logits = torch.baddbmm(-lm_half_sq, scaled(q[:, start:stop]), landmarks.transpose(-1, -2))
+        a = logits.sub_(logits.amax(-1, keepdim=True)).exp_()  # (B, c, r), row max 1
+        full = a @ core
+        floor = (a @ core_abs_w).mul_(den_floor).clamp_(min=tiny)
+        num, den = full[..., :-1], full[..., -1:]
+        low = den < floor
+        o = num.div_(torch.where(low, floor, den))  # in place: one (B, c, d_v + 1) buffer
+        low_count.append(low.sum())
+        clamped_count.append(((o < v_min) | (o > v_max)).sum())
+        out[:, start:stop] = o.clamp_(v_min, v_max)
+        del logits, a, full, floor, num, den, o, low
+    low_total, clamped_total = torch.stack(low_count).sum(), torch.stack(clamped_count).sum()
+    counts = {
+        "denominator": low_total,
+        "rows": torch.tensor(q.shape[0] * n),
+        "clamped": clamped_total,
+        "entries": torch.tensor(q.shape[0] * n * d_v),
+    }
+    return out.reshape(*batch_shape, n, d_v), counts
+
+
 class RPKAttention(AttentionMethod):
     """Residual-pivoted kernel attention.
 
@@ -143,6 +250,17 @@ class RPKAttention(AttentionMethod):
         tempering: the exponent tau in (0, 1) of the tempered weighting.
         den_floor: relative denominator floor (guard 2), in (0, 1).
         generator: optional ``torch.Generator`` for the pivot draws.
+        pivot_method: ``"accelerated"`` (block + rejection RPCholesky, rules rpc and
+            uniform), ``"plain"`` (one pivot per step, the reference) or ``"auto"``
+            (accelerated where it applies, plain for greedy). Same pivot law either way.
+        block_size: candidates per round of the accelerated method (None: adaptive).
+        refresh: proposal refresh of the accelerated method, ``"auto"`` or ``"round"``.
+
+    Without gradients (inference) the accelerated path never materialises the joint set
+    or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
+    streamed in chunks on the selection's own Cholesky factor
+    (:func:`nystrom_softmax_chunked`). With gradients the factor is rebuilt differentiably
+    from the landmarks (:func:`nystrom_softmax`).
     """
 
     name = "rpka"
@@ -156,6 +274,9 @@ class RPKAttention(AttentionMethod):
         tempering: float = 0.5,
         den_floor: float = 1e-6,
         generator: torch.Generator | None = None,
+        pivot_method: str = "auto",
+        block_size: int | None = None,
+        refresh: str = "auto",
         causal: bool = False,
         check_inputs: bool = True,
     ) -> None:
@@ -171,8 +292,20 @@ class RPKAttention(AttentionMethod):
             raise ValueError(f"den_floor must lie in (0, 1), got {den_floor!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError("generator must be a torch.Generator or None")
+        if pivot_method not in SELECTION_METHODS:
+            raise ValueError(
+                f"pivot_method must be one of {SELECTION_METHODS}, got {pivot_method!r}"
+            )
+        method = pivot_method
+        if method == "auto":
+            method = "plain" if pivot_rule == "greedy" else "accelerated"
+        check_fast_options(method, pivot_rule, block_size, refresh)
         if causal:
             raise ValueError("causal=True is not supported by rpka yet")
+        self.pivot_method = pivot_method
+        self.method = method  # the one in use ("auto" resolved)
+        self.block_size = block_size
+        self.refresh = refresh
         self.rank = rank
         self.pivot_rule = pivot_rule
         self.pivot_set = pivot_set
@@ -187,21 +320,57 @@ class RPKAttention(AttentionMethod):
         """How often each guard fired in the last forward call (host sync on a GPU)."""
         return {key: int(value) for key, value in self._guards.items()}
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def _scaled(self, q: Tensor, k: Tensor) -> tuple[torch.dtype, float, Tensor]:
+        """Compute dtype, the scale d^{-1/4} and the mean of the scaled keys (guard 1)."""
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         scale = q.shape[-1] ** -0.25
-        q_s = q.to(compute) * scale
-        k_s = k.to(compute) * scale
-        k_s = k_s - k_s.mean(-2, keepdim=True)  # guard 1: exact invariance of softmax
-        points = torch.cat([q_s, k_s], dim=-2) if self.pivot_set == "joint" else k_s
-        pivots = rpcholesky(
+        key_shift = k.mean(-2, keepdim=True, dtype=compute) * scale
+        return compute, scale, key_shift
+
+    def point_set(self, q: Tensor, k: Tensor, scaled: tuple | None = None) -> PointSet:
+        """The pivoted points ``[q~; k~ - mean]`` (or the keys), read in place."""
+        compute, scale, key_shift = scaled or self._scaled(q, k)
+        if self.pivot_set == "joint":
+            return PointSet([q, k], scale, [None, key_shift], compute)
+        return PointSet([k], scale, [key_shift], compute)
+
+    def select(self, points: PointSet) -> PivotState:
+        """Accelerated pivot selection on ``points`` (batch flattened) - no gradient."""
+        tau = weighting_power(self.weighting, self.tempering)
+        return accelerated_pivots(
             points,
             self.rank,
             self.pivot_rule,
             self.generator,
-            weighting=self.weighting,
-            tempering=self.tempering,
-        ).pivots
+            log_weight=tau * points.sq_norms() if tau > 0 else None,
+            block_size=self.block_size,
+            refresh=self.refresh,
+        )
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        compute, scale, key_shift = scaled = self._scaled(q, k)
+        if self.method == "accelerated" and not needs_grad:
+            state = self.select(self.point_set(q, k, scaled))
+            out, self._guards = nystrom_softmax_chunked(
+                q, k, v, state, scale, key_shift, self.den_floor
+            )
+            return out
+        q_s = q.to(compute) * scale
+        k_s = k.to(compute) * scale - key_shift  # guard 1: exact invariance of softmax
+        points = torch.cat([q_s, k_s], dim=-2) if self.pivot_set == "joint" else k_s
+        if self.method == "accelerated":
+            flat = PointSet([points], dtype=compute)
+            pivots = self.select(flat).pivots.reshape(*points.shape[:-2], -1)
+        else:
+            pivots = rpcholesky(
+                points,
+                self.rank,
+                self.pivot_rule,
+                self.generator,
+                weighting=self.weighting,
+                tempering=self.tempering,
+            ).pivots
         landmarks = gather_points(points, pivots)  # differentiable in q and k
         out, self._guards = nystrom_softmax(
             q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor
@@ -211,5 +380,5 @@ class RPKAttention(AttentionMethod):
     def extra_repr(self) -> str:
         return (
             f"rank={self.rank}, pivot_rule={self.pivot_rule!r}, pivot_set={self.pivot_set!r}, "
-            f"weighting={self.weighting!r}"
+            f"weighting={self.weighting!r}, pivot_method={self.method!r}"
         )

@@ -1,0 +1,103 @@
+"""The scaling benchmark: a tiny CPU run, the JSON it writes, and its validation."""
+
+import dataclasses
+
+import pytest
+
+from rpka import scaling
+from rpka.io import read_json
+
+
+def tiny(**changes) -> scaling.ScalingConfig:
+    base = dataclasses.replace(
+        scaling.PRESETS["tiny"], lengths=(32, 64), ranks=(4,), control_ranks=(4,), repeats=1
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def test_tiny_run_writes_every_measure(tmp_path):
+    out = tmp_path / "scaling.json"
+    result = scaling.run_scaling(tiny(), progress=False, out=out)
+    saved = read_json(out)
+    assert len(saved["rows"]) == len(result["rows"]) == 6
+    for key in ("device", "dtype", "shapes", "memory_definition", "timing", "config", "torch"):
+        assert key in saved
+    methods = {(r["method"], r["rank"], r["n"]) for r in saved["rows"]}
+    assert methods == {
+        (m, r, n)
+        for n in (32, 64)
+        for m, r in (("exact", None), ("rpka", 4), ("nystrom-uniform", 4))
+    }
+    for row in saved["rows"]:
+        assert row["forward_status"] == "ok" and row["forward_ms"] > 0
+        assert row["fwd_bwd_status"] == "ok" and row["fwd_bwd_ms"] > 0
+        assert row["memory_status"] == "ok" and row["peak_mib"] >= 0
+        assert row["fwd_bwd_peak_mib"] > 0  # gradients at least
+        if row["method"] == "exact":
+            assert row["speedup_vs_exact"] == pytest.approx(1.0)
+            assert "pivot_ms" not in row
+        else:
+            assert 0 < row["pivot_ms"] and row["pivot_fraction"] == pytest.approx(
+                row["pivot_ms"] / row["forward_ms"]
+            )
+            assert row["rounds"] >= 1 and row["candidates"] >= 4
+
+
+def test_cpu_memory_counts_the_output():
+    """The profiler-based CPU peak sees at least the output tensor (B*H*n*d floats)."""
+    import torch
+
+    q = torch.randn(1, 2, 256, 16)
+    peak = scaling.peak_memory_mib(
+        lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q), "cpu"
+    )
+    assert peak >= q.numel() * 4 / 2**20
+
+
+def test_time_budget_marks_skipped(tmp_path):
+    result = scaling.run_scaling(tiny(max_seconds=1e-9), progress=False)
+    statuses = {r.get("forward_status") for r in result["rows"]}
+    assert statuses == {"skipped"}
+
+
+def test_out_of_memory_is_recorded_and_larger_lengths_skipped(monkeypatch):
+    real = scaling._measure
+
+    def fake(kind, attn, inputs, config, repeats):
+        if kind == "forward" and attn.name == "rpka" and inputs[0].shape[-2] >= 64:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(kind, attn, inputs, config, repeats)
+
+    monkeypatch.setattr(scaling, "_measure", fake)
+    result = scaling.run_scaling(tiny(lengths=(32, 64, 128), backward=False), progress=False)
+    status = {(r["method"], r["n"]): r["forward_status"] for r in result["rows"]}
+    assert status[("rpka", 32)] == "ok" and status[("rpka", 64)] == "oom"
+    assert status[("rpka", 128)] == "skipped" and status[("exact", 128)] == "ok"
+    row = next(r for r in result["rows"] if (r["method"], r["n"]) == ("rpka", 64))
+    assert row["speedup_vs_exact"] is None and "forward_ms" not in row
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"lengths": ()}, "lengths"),
+        ({"lengths": (1,)}, "lengths"),
+        ({"ranks": (0,)}, "ranks"),
+        ({"control_ranks": (-2,)}, "control_ranks"),
+        ({"repeats": 0}, "repeats"),
+        ({"batch_heads": 0}, "batch_heads"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"device": "tpu"}, "device"),
+        ({"max_seconds": 0}, "max_seconds"),
+        ({"exact_backend": "fastest"}, "backend"),
+    ],
+)
+def test_bad_config_raises(changes, match):
+    with pytest.raises(ValueError, match=match):
+        scaling.run_scaling(tiny(**changes), progress=False)
+
+
+def test_cli_rejects_bad_values(capsys):
+    with pytest.raises(SystemExit):
+        scaling.main(["--preset", "tiny", "--repeats", "0"])
+    assert "repeats" in capsys.readouterr().err
