@@ -1,26 +1,200 @@
-"""The main job: ``python -m rpka report --preset {smoke,quick,full}``.
+"""The main job: run the numbered notebooks with papermill and render the HTML report.
 
-The notebook pipeline (papermill + nbconvert) is not built yet. Until it is, this runs
-what exists - the CPU attention-latency benchmark - and says so.
+    python -m rpka report --preset {smoke,quick,full}
+
+Each notebook in ``notebooks/`` runs in order from a fresh kernel with the preset's
+parameters (papermill), and its executed copy is kept under ``reports/<preset>/``.
+Notebooks exchange results only through files whose paths are parameters. The run stops at
+the first failing notebook, naming it and the cell. The last notebook is rendered to one
+self-contained HTML file (code hidden, images embedded) at ``reports/rpka_report.html``,
+with a copy beside the executed notebooks in ``reports/<preset>/``.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import html
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from rpka import scaling
+import nbformat
+import papermill
+from papermill.exceptions import PapermillExecutionError
 
+from rpka.paths import REPO_ROOT
+
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+REPORT_DIR = REPO_ROOT / "reports"
 PRESETS = ("smoke", "quick", "full")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rpka report")
-    parser.add_argument("--preset", choices=PRESETS, default="full")
-    args = parser.parse_args(argv)
-    lengths = {"smoke": ["256", "1024"], "quick": ["256", "1024", "4096"]}.get(
-        args.preset, ["256", "1024", "4096", "8192"]
+class PipelineError(RuntimeError):
+    """A notebook failed or was given parameters it does not declare."""
+
+
+@dataclass
+class Step:
+    """One notebook run: where it comes from, where its executed copy goes, its parameters."""
+
+    notebook: Path
+    output: Path
+    parameters: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def declared_parameters(notebook: str | Path) -> dict[str, dict]:
+    """The names (and defaults) in the notebook's cell tagged ``parameters``."""
+    return papermill.inspect_notebook(str(notebook))
+
+
+def check_parameters(notebook: str | Path, parameters: dict) -> None:
+    """Reject names the notebook does not declare (papermill itself only warns)."""
+    declared = declared_parameters(notebook)
+    unknown = sorted(set(parameters) - set(declared))
+    if unknown:
+        raise PipelineError(
+            f"{Path(notebook).name}: unknown parameter(s) {unknown}; the notebook declares "
+            f"{sorted(declared)}"
+        )
+
+
+def run_notebook(step: Step, progress: bool = True) -> Step:
+    """Execute one notebook with papermill; raise ``PipelineError`` naming the failing cell."""
+    check_parameters(step.notebook, step.parameters)
+    step.output.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(step.notebook),
+            str(step.output),
+            parameters=step.parameters,
+            kernel_name="python3",
+            progress_bar=progress,
+            cwd=str(REPO_ROOT),
+        )
+    except PapermillExecutionError as err:
+        raise PipelineError(
+            f"{step.notebook.name} failed in cell {err.cell_index} (execution count "
+            f"{err.exec_count}): {err.ename}: {err.evalue}\n"
+            f"executed copy with the traceback: {step.output}"
+        ) from None
+    step.seconds = time.perf_counter() - start
+    return step
+
+
+def render_html(executed: Path, html_path: Path, links: Sequence[tuple[str, Path]] = ()) -> Path:
+    """Render an executed notebook to one self-contained HTML file, code cells hidden.
+
+    Images are embedded (base64) and there is no external script for text, tables or
+    figures. ``links`` (title, path) are appended as a footer, relative to the HTML file.
+    """
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(
+        exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True, embed_images=True
     )
-    out = f"data/results/scaling/latency_cpu_{args.preset}.json"
-    print("The notebook report is not built yet; running the CPU latency benchmark instead.")
-    scaling.main(["--lengths", *lengths, "--ranks", "16", "64", "--out", out])
+    body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
+    if links:
+        items = "".join(
+            f'<li><a href="{html.escape(str(_relative(path, html_path.parent)))}">'
+            f"{html.escape(title)}</a></li>"
+            for title, path in links
+        )
+        footer = (
+            '<footer style="margin:2em auto;max-width:1000px;font-family:sans-serif">'
+            f"<h3>Executed notebooks</h3><ul>{items}</ul></footer>"
+        )
+        body = body.replace("</body>", footer + "</body>")
+    from rpka.io import atomic_write_text
+
+    return atomic_write_text(html_path, body)
+
+
+def _relative(path: Path, start: Path) -> Path:
+    try:
+        return path.resolve().relative_to(start.resolve())
+    except ValueError:
+        return path.resolve()
+
+
+def run_pipeline(
+    steps: Sequence[Step],
+    html_out: Path,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Run ``steps`` in order (stop at the first failure), render the last one to HTML."""
+    for step in steps:  # check every notebook's parameters before running anything
+        check_parameters(step.notebook, step.parameters)
+    total = time.perf_counter()
+    for i, step in enumerate(steps, 1):
+        log(f"[{i}/{len(steps)}] {step.notebook.name} ...")
+        run_notebook(step, progress)
+        log(f"[{i}/{len(steps)}] {step.notebook.name} done in {step.seconds:.1f} s")
+    links = [(s.notebook.stem, s.output) for s in steps]
+    render_html(steps[-1].output, html_out, links)
+    copy = steps[-1].output.parent / html_out.name
+    if copy.resolve() != html_out.resolve():
+        render_html(steps[-1].output, copy, links)
+    log(f"report: {html_out} (total {time.perf_counter() - total:.1f} s)")
+    for step in steps:
+        log(f"  {step.notebook.name:<24} {step.seconds:8.1f} s")
+    return html_out
+
+
+def preset_steps(preset: str) -> list[Step]:
+    """The notebooks of the study, in order, with the preset's parameters."""
+    from rpka.study import notebook_parameters
+
+    params = notebook_parameters(preset)
+    out_dir = REPORT_DIR / preset
+    return [
+        Step(NOTEBOOK_DIR / name, out_dir / name, parameters) for name, parameters in params.items()
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m rpka report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--preset", choices=PRESETS, default="full")
+    parser.add_argument(
+        "--html",
+        default=str(REPORT_DIR / "rpka_report.html"),
+        help="where to write the report (default: %(default)s)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument(
+        "--print-parameters", action="store_true", help="print each notebook's parameters and exit"
+    )
+    args = parser.parse_args(argv)
+    if not sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")):  # interim, until notebooks land
+        from rpka import scaling
+
+        print("No notebooks yet: running the CPU latency benchmark only (no HTML report).")
+        scaling.main(
+            [
+                "--lengths",
+                "256",
+                "1024",
+                "--ranks",
+                "16",
+                "64",
+                "--out",
+                f"data/results/scaling/latency_cpu_{args.preset}.json",
+            ]
+        )
+        return
+    steps = preset_steps(args.preset)
+    if args.print_parameters:
+        print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
+        return
+    try:
+        run_pipeline(steps, Path(args.html), progress=not args.no_progress)
+    except PipelineError as err:
+        raise SystemExit(f"report failed: {err}") from None

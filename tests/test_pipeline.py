@@ -1,0 +1,93 @@
+"""The papermill driver: parameter checks, failure reporting, HTML rendering."""
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from rpka.pipeline import PipelineError, Step, check_parameters, run_pipeline
+
+
+def write_notebook(path, cells):
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, path)
+    return path
+
+
+def params_cell(source):
+    cell = new_code_cell(source)
+    cell.metadata["tags"] = ["parameters"]
+    return cell
+
+
+@pytest.fixture
+def plotting_notebook(tmp_path):
+    return write_notebook(
+        tmp_path / "01_plot.ipynb",
+        [
+            params_cell("title = 'default'\nout_path = 'unused'"),
+            new_markdown_cell("# A report"),
+            new_code_cell(
+                "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+                "import pandas as pd\nfrom IPython.display import display\n"
+                "fig, ax = plt.subplots()\nax.plot([1, 2, 3])\nax.set_title(title)\nplt.show()\n"
+                "display(pd.DataFrame({'verdict': ['inconclusive']}))"
+            ),
+        ],
+    )
+
+
+def test_unknown_parameter_is_rejected_before_running(plotting_notebook, tmp_path):
+    with pytest.raises(PipelineError, match=r"unknown parameter\(s\) \['titel'\].*declares"):
+        check_parameters(plotting_notebook, {"titel": "x"})
+    out = tmp_path / "out" / "01_plot.ipynb"
+    with pytest.raises(PipelineError, match="titel"):
+        run_pipeline(
+            [Step(plotting_notebook, out, {"titel": "x"})],
+            tmp_path / "r.html",
+            progress=False,
+            log=lambda s: None,
+        )
+    assert not out.exists() and not (tmp_path / "r.html").exists()
+
+
+def test_failing_notebook_stops_the_run_naming_notebook_and_cell(plotting_notebook, tmp_path):
+    bad = write_notebook(
+        tmp_path / "00_bad.ipynb",
+        [
+            params_cell("x = 1"),
+            new_code_cell("y = x + 1"),
+            new_code_cell("raise RuntimeError('boom in the middle')"),
+        ],
+    )
+    steps = [
+        Step(bad, tmp_path / "o" / "00_bad.ipynb", {"x": 2}),
+        Step(plotting_notebook, tmp_path / "o" / "01_plot.ipynb", {}),
+    ]
+    with pytest.raises(PipelineError, match=r"00_bad.ipynb failed in cell \d+.*boom in the middle"):
+        run_pipeline(steps, tmp_path / "r.html", progress=False, log=lambda s: None)
+    assert not (tmp_path / "o" / "01_plot.ipynb").exists()  # the run stopped
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_html_is_self_contained_with_code_hidden(plotting_notebook, tmp_path):
+    html_out = tmp_path / "report.html"
+    lines = []
+    run_pipeline(
+        [Step(plotting_notebook, tmp_path / "o" / "01_plot.ipynb", {"title": "Injected title"})],
+        html_out,
+        progress=False,
+        log=lines.append,
+    )
+    text = html_out.read_text()
+    assert "data:image/png;base64," in text  # the figure is embedded
+    assert "inconclusive" in text  # the table is there
+    assert "ax.plot" not in text  # code is hidden
+    assert "Executed notebooks" in text and "01_plot.ipynb" in text
+    assert any("done in" in line for line in lines) and any(str(html_out) in s for s in lines)
+    executed = nbformat.read(tmp_path / "o" / "01_plot.ipynb", as_version=4)
+    assert any("Injected title" in c.source for c in executed.cells)
