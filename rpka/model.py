@@ -41,6 +41,20 @@ from rpka.presets import ModelConfig
 INIT_STD = 0.02
 
 
+def init_ensemble(module: nn.Module, seeds: list[int]) -> None:
+    """Initialise member s of every ensemble layer in ``module`` from ``seeds[s]`` alone.
+
+    Layers are visited in the module tree's fixed order, each drawing from one
+    ``torch.Generator`` per member, so a member's parameters depend only on its seed
+    (and the architecture), never on the other members or on global random state.
+    """
+    for s, seed in enumerate(seeds):
+        generator = torch.Generator().manual_seed(seed)
+        for layer in module.modules():
+            if hasattr(layer, "init_member"):
+                layer.init_member(s, generator)
+
+
 class EnsembleLinear(nn.Module):
     """S independent linear maps: (S, ..., d_in) -> (S, ..., d_out).
 
@@ -49,12 +63,18 @@ class EnsembleLinear(nn.Module):
     """
 
     def __init__(
-        self, n_members: int, d_in: int, d_out: int, bias: bool = True, init_std: float | None = None
+        self,
+        n_members: int,
+        d_in: int,
+        d_out: int,
+        bias: bool = True,
+        init_std: float | None = None,
     ) -> None:
         super().__init__()
         self.d_in, self.d_out, self.init_std = d_in, d_out, init_std
         self.weight = nn.Parameter(torch.empty(n_members, d_in, d_out))
         self.bias = nn.Parameter(torch.zeros(n_members, 1, d_out)) if bias else None
+        init_ensemble(self, list(range(n_members)))  # placeholder: the owner re-seeds it
 
     @torch.no_grad()
     def init_member(self, s: int, generator: torch.Generator) -> None:
@@ -175,7 +195,9 @@ class TransformerTiny(nn.Module):
         self.embed = EnsembleLinear(n_members, config.embed_kernel, d)
         self.position = nn.Parameter(torch.empty(n_members, context, d))
         self.blocks = nn.ModuleList(
-            Block(n_members, d, config.n_heads, config.d_ff, method, options, causal, config.dropout)
+            Block(
+                n_members, d, config.n_heads, config.d_ff, method, options, causal, config.dropout
+            )
             for _ in range(config.n_layers)
         )
         self.norm_out = EnsembleLayerNorm(n_members, d)
@@ -190,12 +212,13 @@ class TransformerTiny(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Initialise member s from ``torch.Generator().manual_seed(seeds[s])`` only."""
-        for s, seed in enumerate(self.seeds):
-            generator = torch.Generator().manual_seed(seed)
-            self.position[s].copy_(torch.randn(self.context, self.config.d_model, generator=generator) * INIT_STD)
-            for module in self.modules():  # fixed order: the module tree
-                if hasattr(module, "init_member"):
-                    module.init_member(s, generator)
+        init_ensemble(self, self.seeds)
+
+    @torch.no_grad()
+    def init_member(self, s: int, generator: torch.Generator) -> None:
+        # called first by init_ensemble (the root of the module tree), then the layers
+        shape = (self.context, self.config.d_model)
+        self.position[s].copy_(torch.randn(shape, generator=generator) * INIT_STD)
 
     def tokens(self, x: Tensor) -> Tensor:
         """(S, B, L) -> (S, B, L, d): each token embeds its ``embed_kernel`` neighbours."""

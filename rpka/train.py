@@ -118,9 +118,14 @@ def build_model(
     return model.to(device)
 
 
-def member_batches(
-    n_windows: int, batch_size: int, generators: list[torch.Generator]
-) -> Tensor:
+def lr_factor(schedule: str, step: int, total_steps: int) -> float:
+    """Learning-rate multiplier at ``step``: 1, or a half cosine from 1 to 0."""
+    if schedule == "constant":
+        return 1.0
+    return 0.5 * (1 + math.cos(math.pi * min(step, total_steps) / max(total_steps, 1)))
+
+
+def member_batches(n_windows: int, batch_size: int, generators: list[torch.Generator]) -> Tensor:
     """One epoch of window indices (steps, S, B): member s shuffles with its own generator.
 
     The last incomplete batch is dropped so every step has S x B windows.
@@ -193,7 +198,9 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     wall_start = time.perf_counter()
     device = torch.device(run_config["device"])
     track_config = TrackConfig(**run_config["track"])
-    train_config = TrainConfig(**{**run_config["train"], "betas": tuple(run_config["train"]["betas"])})
+    train_config = TrainConfig(
+        **{**run_config["train"], "betas": tuple(run_config["train"]["betas"])}
+    )
     track = get_track(track_config.name, track_config, run_config.get("data_dir"))
     seeds = list(run_config["seeds"])
     n_members = len(seeds)
@@ -207,6 +214,10 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         betas=train_config.betas,
         eps=train_config.eps,
         weight_decay=train_config.weight_decay,
+    )
+    total_steps = train_config.epochs * (len(track.train) // train_config.batch_size)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(train_config.lr_schedule, step, total_steps)
     )
     data_generators = [torch.Generator().manual_seed(derive_seed(s, STREAM_DATA)) for s in seeds]
     train_x, train_y = track.train.x.to(device), track.train.y.to(device)
@@ -253,6 +264,7 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
                 clip_per_member(params, train_config.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            schedule.step()
             if not bool(alive.all()):
                 with torch.no_grad():  # frozen at their initial values: finite forever
                     for p, p0 in zip(params, initial, strict=True):

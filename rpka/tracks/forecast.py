@@ -145,7 +145,10 @@ def generate_one(config: TrackConfig, rng: np.random.Generator) -> np.ndarray:
 def generate_series(config: TrackConfig) -> np.ndarray:
     """The raw series (n_series, T) float64; series i draws from ``default_rng([seed, i])``."""
     return np.stack(
-        [generate_one(config, np.random.default_rng([config.seed, i])) for i in range(config.n_series)]
+        [
+            generate_one(config, np.random.default_rng([config.seed, i]))
+            for i in range(config.n_series)
+        ]
     )
 
 
