@@ -106,6 +106,7 @@ class Job:
     arm: str
     lr: float
     phase: str  # "sweep" (validation) or "eval" (test)
+    group: int  # index of the seed group
     run_config: dict[str, Any]
     path: Path
 
@@ -116,7 +117,14 @@ class Job:
         return len(self.run_config["seeds"]) * (1 + rank / 8)
 
 
-def make_job(
+def seed_groups(config: BenchConfig, phase: str) -> list[tuple[int, ...]]:
+    """The phase's seeds in consecutive groups of at most ``config.seeds_per_job``."""
+    seeds = config.sweep_seeds if phase == "sweep" else config.eval_seeds
+    size = config.seeds_per_job
+    return [tuple(seeds[i : i + size]) for i in range(0, len(seeds), size)]
+
+
+def make_jobs(
     config: BenchConfig,
     arm: ArmConfig,
     lr: float,
@@ -124,13 +132,37 @@ def make_job(
     runs_dir: Path,
     data_dir: str,
     progress: bool,
-    slot: int,
-) -> Job:
-    seeds = config.sweep_seeds if phase == "sweep" else config.eval_seeds
+) -> list[Job]:
+    """One job per seed group of (arm, lr) in ``phase``."""
     split = "val" if phase == "sweep" else "test"
-    bar = {"enable": progress, "position": slot, "leave": False}
-    run_config = make_run_config(config, arm, lr, seeds, split, data_dir, bar)
-    return Job(arm.name, lr, phase, run_config, runs_dir / f"{run_id(run_config)}.json")
+    jobs = []
+    for group, seeds in enumerate(seed_groups(config, phase)):
+        bar = {"enable": progress, "position": 1, "leave": False}
+        run_config = make_run_config(config, arm, lr, seeds, split, data_dir, bar)
+        path = runs_dir / f"{run_id(run_config)}.json"
+        jobs.append(Job(arm.name, lr, phase, group, run_config, path))
+    return jobs
+
+
+def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The results of one (arm, lr)'s seed groups as one result, seeds in group order."""
+    first = parts[0]
+    step_ms = [p["step_ms_median"] for p in parts if p["step_ms_median"] is not None]
+    guards = [p["guard_counts"] for p in parts if p["guard_counts"]]
+    return {
+        "arm": first["arm"],
+        "lr": first["lr"],
+        "split": first["split"],
+        "run_ids": [p["run_id"] for p in parts],
+        "seeds": [s for p in parts for s in p["seeds"]],
+        "scores": {m: [v for p in parts for v in p["scores"][m]] for m in first["scores"]},
+        "members": [m for p in parts for m in p["members"]],
+        "n_diverged": sum(p["n_diverged"] for p in parts),
+        "step_ms_median": float(np.median(step_ms)) if step_ms else None,
+        "step_members": [len(p["seeds"]) for p in parts],
+        "guard_counts": {k: sum(g[k] for g in guards) for k in guards[0]} if guards else None,
+        "wall_s": sum(p["wall_s"] for p in parts),
+    }
 
 
 def sweep_score(result: dict[str, Any], metric: str) -> float:
@@ -183,46 +215,55 @@ def run_bench(
     own_executor = executor is None
     executor = executor or default_executor(config.n_workers)
     n_slots = max(1, config.n_workers)
-    n_jobs = len(config.arms) * (len(config.learning_rates) + 1)
+    n_jobs = len(config.arms) * (
+        len(config.learning_rates) * len(seed_groups(config, "sweep"))
+        + len(seed_groups(config, "eval"))
+    )
     bar = tqdm(total=n_jobs, desc=f"bench {config.preset}", position=0, disable=not progress)
+    parts: dict[tuple[str, str, float], dict[int, dict[str, Any]]] = {}
     sweep_of: dict[str, dict[float, dict[str, Any]]] = {arm.name: {} for arm in config.arms}
     eval_of: dict[str, dict[str, Any]] = {}
+    n_groups = {phase: len(seed_groups(config, phase)) for phase in ("sweep", "eval")}
     n_resumed = 0
     pending: dict[cf.Future, Job] = {}
     finished_at = {"sweep": t_data, "eval": t_data}
 
-    def submit(job: Job) -> None:
+    def submit(jobs: list[Job]) -> None:
         nonlocal n_resumed
-        if job.path.exists():  # resume: finished earlier
-            n_resumed += 1
-            collect(job, read_json(job.path))
-            return
-        pending[executor.submit(run_to_file, job.run_config, str(job.path))] = job
+        for job in sorted(jobs, key=lambda j: -j.cost):  # longest first: better packing
+            if job.path.exists():  # resume: finished earlier
+                n_resumed += 1
+                collect(job, read_json(job.path))
+                continue
+            job.run_config["progress"]["position"] = (len(pending) % n_slots) + 1
+            pending[executor.submit(run_to_file, job.run_config, str(job.path))] = job
 
     def collect(job: Job, result: dict[str, Any]) -> None:
         bar.update(1)
         finished_at[job.phase] = time.perf_counter()
-        if job.phase == "sweep":
-            sweep_of[job.arm][job.lr] = result
-            if len(sweep_of[job.arm]) == len(config.learning_rates):
-                ordered = {lr: sweep_of[job.arm][lr] for lr in config.learning_rates}
-                lr = best_learning_rate(ordered, config.metric)
-                slot = (len(pending) % n_slots) + 1
-                arm = config.arm(job.arm)
-                submit(make_job(config, arm, lr, "eval", runs_dir, data_dir, progress, slot))
-        else:
-            eval_of[job.arm] = result
+        key = (job.phase, job.arm, job.lr)
+        parts.setdefault(key, {})[job.group] = result
+        if len(parts[key]) < n_groups[job.phase]:
+            return
+        merged = merge_results([parts[key][g] for g in range(n_groups[job.phase])])
+        if job.phase == "eval":
+            eval_of[job.arm] = merged
+            return
+        sweep_of[job.arm][job.lr] = merged
+        if len(sweep_of[job.arm]) == len(config.learning_rates):
+            ordered = {lr: sweep_of[job.arm][lr] for lr in config.learning_rates}
+            best = best_learning_rate(ordered, config.metric)
+            arm = config.arm(job.arm)
+            submit(make_jobs(config, arm, best, "eval", runs_dir, data_dir, progress))
 
     sweep_jobs = [
-        make_job(config, arm, lr, "sweep", runs_dir, data_dir, progress, 0)
+        job
         for arm in config.arms
         for lr in config.learning_rates
+        for job in make_jobs(config, arm, lr, "sweep", runs_dir, data_dir, progress)
     ]
-    sweep_jobs.sort(key=lambda job: -job.cost)  # longest first: better packing
     try:
-        for i, job in enumerate(sweep_jobs):
-            job.run_config["progress"]["position"] = (i % n_slots) + 1
-            submit(job)
+        submit(sweep_jobs)
         while pending:
             done, _ = cf.wait(list(pending), return_when=cf.FIRST_COMPLETED)
             for future in done:
@@ -248,6 +289,7 @@ def run_bench(
             "stats_s": t_end - t_runs,
             "total_s": t_end - t_start,
         },
+        n_jobs=n_jobs,
         n_resumed=n_resumed,
         load=(load_start, _load_average()),
     )
@@ -286,7 +328,7 @@ def arm_entry(
                 "n_diverged": r["n_diverged"],
                 "diverged_at": [m["diverged_at"] for m in r["members"]],
                 "selected": lr == best_lr,
-                "run_id": r["run_id"],
+                "run_ids": r["run_ids"],
                 "wall_s": r["wall_s"],
             }
         )
@@ -323,7 +365,7 @@ def arm_entry(
         },
         "guard_counts": result["guard_counts"],
         "step_ms_median": result["step_ms_median"],
-        "run_id": result["run_id"],
+        "run_ids": result["run_ids"],
         "comparison": None,
     }
 
@@ -413,6 +455,7 @@ def timings(
     sweep_of: dict[str, dict[float, dict]],
     eval_of: dict[str, dict[str, Any]],
     phases: dict[str, float],
+    n_jobs: int,
     n_resumed: int,
     load: tuple[list[float] | None, list[float] | None],
 ) -> dict[str, Any]:
@@ -421,7 +464,7 @@ def timings(
     return {
         "phases": phases,
         "step_ms_median": step,
-        "step_members": len(config.eval_seeds),
+        "step_members": min(config.seeds_per_job, len(config.eval_seeds)),
         "step_ratio_vs_baseline": {
             name: (ms / exact_ms if ms and exact_ms else None) for name, ms in step.items()
         },
@@ -432,7 +475,7 @@ def timings(
             }
             for name in eval_of
         },
-        "n_runs": len(config.arms) * (len(config.learning_rates) + 1),
+        "n_runs": n_jobs,
         "n_runs_resumed": n_resumed,
         "n_workers": config.n_workers,
         "load_average_start": load[0],

@@ -328,7 +328,9 @@ class BenchConfig:
     sweep_seeds score every learning rate on validation; eval_seeds (disjoint from them)
     train the best learning rate of each arm and score it on test. ``primary_arm`` is the
     arm reported under ``idea`` / ``comparison``; ``baseline_arm`` is the reference.
-    ``n_workers`` processes run jobs in parallel (1 = in this process).
+    ``n_workers`` processes run jobs in parallel (1 = in this process);
+    ``seeds_per_job`` seeds are stacked in one model per job (more seeds per job: less
+    overhead; fewer: better load balance across workers).
     """
 
     preset: str
@@ -344,6 +346,7 @@ class BenchConfig:
     metric: str = "mse"
     device: str = "cpu"
     n_workers: int = 2
+    seeds_per_job: int = 4
 
     def validate(self) -> None:
         self.track.validate()
@@ -384,6 +387,12 @@ class BenchConfig:
         _require(self.device in DEVICES, "device", f"one of {DEVICES}", self.device)
         _require(
             _is_int(self.n_workers) and self.n_workers >= 1, "n_workers", ">= 1", self.n_workers
+        )
+        _require(
+            _is_int(self.seeds_per_job) and self.seeds_per_job >= 1,
+            "seeds_per_job",
+            ">= 1",
+            self.seeds_per_job,
         )
 
     def arm(self, name: str) -> ArmConfig:

@@ -117,7 +117,7 @@ def test_resume_skips_finished_runs(tmp_path, monkeypatch):
     assert calls == [] and second["timings"]["n_runs_resumed"] == 4
     assert second["arms"]["exact"]["full"] == first["arms"]["exact"]["full"]
     # delete one run: exactly that one runs again
-    victim = tmp_path / "out" / "runs" / f"{first['arms']['rpka-r4']['run_id']}.json"
+    victim = tmp_path / "out" / "runs" / f"{first['arms']['rpka-r4']['run_ids'][0]}.json"
     victim.unlink()
     run_bench(SMOKE, tmp_path / "out", **kwargs)
     assert calls == ["rpka-r4"]
@@ -192,3 +192,17 @@ def test_presets_validate_and_round_trip():
         get_preset("nope")
     with pytest.raises(ValueError, match="override"):
         get_preset("smoke", colour="red")
+
+
+def test_seed_groups_do_not_change_exact_results(tmp_path):
+    """Members never mix: exact attention gives the same per-seed results in any grouping."""
+    kwargs = dict(executor=InProcessExecutor(), progress=False, data_dir=tmp_path / "cache")
+    together = run_bench(SMOKE, tmp_path / "a", **kwargs)
+    split_up = run_bench(
+        get_preset("smoke", train={"epochs": 1}, seeds_per_job=1), tmp_path / "b", **kwargs
+    )
+    assert len(split_up["arms"]["exact"]["run_ids"]) == len(SMOKE.eval_seeds)
+    assert split_up["arms"]["exact"]["seeds"] == list(SMOKE.eval_seeds)
+    assert split_up["arms"]["exact"]["full"]["per_seed"] == pytest.approx(
+        together["arms"]["exact"]["full"]["per_seed"], rel=1e-5
+    )
