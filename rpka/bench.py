@@ -162,6 +162,7 @@ def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "step_members": [len(p["seeds"]) for p in parts],
         "guard_counts": {k: sum(g[k] for g in guards) for k in guards[0]} if guards else None,
         "wall_s": sum(p["wall_s"] for p in parts),
+        "cpu_s": sum(p.get("cpu_s", math.nan) for p in parts),
     }
 
 
@@ -472,6 +473,13 @@ def timings(
             name: {
                 "sweep": sum(r["wall_s"] for r in sweep_of[name].values()),
                 "eval": eval_of[name]["wall_s"],
+            }
+            for name in eval_of
+        },
+        "run_cpu_s": {
+            name: {
+                "sweep": sum(r["cpu_s"] for r in sweep_of[name].values()),
+                "eval": eval_of[name]["cpu_s"],
             }
             for name in eval_of
         },

@@ -196,6 +196,7 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     """
     _check_run_config(run_config)
     wall_start = time.perf_counter()
+    cpu_start = time.process_time()
     device = torch.device(run_config["device"])
     track_config = TrackConfig(**run_config["track"])
     train_config = TrainConfig(
@@ -328,6 +329,9 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         "step_ms_median": statistics.median(step_ms) if step_ms else None,
         "guard_counts": guards or None,
         "wall_s": time.perf_counter() - wall_start,
+        # CPU time of this process: on a busy machine it estimates the unloaded wall time
+        # of a single-threaded run (it counts every thread, so not for multi-threaded runs)
+        "cpu_s": time.process_time() - cpu_start,
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
     }

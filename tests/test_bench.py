@@ -27,6 +27,7 @@ OPAQUE = {
     "timings.step_ms_median",
     "timings.step_ratio_vs_baseline",
     "timings.run_wall_s",
+    "timings.run_cpu_s",
 }
 
 

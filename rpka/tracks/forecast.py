@@ -114,11 +114,11 @@ def generate_one(config: TrackConfig, rng: np.random.Generator) -> np.ndarray:
         2 * np.pi * t / config.weekly_period + rng.uniform(0, 2 * np.pi)
     )
 
-    # per-regime parameters; a persistent regime has no daily season and near-unit-root noise
+    # per-regime parameters; a seasonless regime has no daily season
     regime = _regimes(config, rng)
     n_regimes = int(regime[-1]) + 1
-    persistent = rng.random(n_regimes) < config.persistent_fraction
-    daily_amp = np.where(persistent, 0.0, rng.uniform(0.5, 1.5, n_regimes))
+    seasonless = rng.random(n_regimes) < config.seasonless_fraction
+    daily_amp = np.where(seasonless, 0.0, rng.uniform(0.5, 1.5, n_regimes))
     osc_amp = config.regime_amplitude * rng.uniform(0.3, 1.0, n_regimes)
     osc_period = rng.uniform(config.regime_period_min, config.regime_period_max, n_regimes)
     osc_phase = rng.uniform(0, 2 * np.pi, n_regimes)
@@ -134,10 +134,8 @@ def generate_one(config: TrackConfig, rng: np.random.Generator) -> np.ndarray:
     slope = _ar1(rng.normal(0, config.trend_scale, n), np.full(n, config.trend_ar))
     level = np.cumsum(slope) + jump[regime]
 
-    # AR(1) noise whose coefficient and scale depend on the regime
-    ar = np.where(persistent, config.persistent_ar, config.noise_ar)[regime]
-    scale = np.where(persistent, config.persistent_noise_scale, config.noise_scale)[regime]
-    noise = _ar1(rng.normal(0, 1, n) * scale, ar)
+    # AR(1) noise
+    noise = _ar1(rng.normal(0, config.noise_scale, n), np.full(n, config.noise_ar))
 
     return level + daily_amp[regime] * weekly * daily + oscillation + noise
 
