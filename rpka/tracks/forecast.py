@@ -1,24 +1,27 @@
-"""The ``forecast`` track: a seeded synthetic series, windowed and split (DESIGN.md section 4).
+"""The ``forecast`` track: seeded synthetic series, windowed and split (DESIGN.md section 4).
 
-The series is a sum of five parts (time t in steps, regime r(t) piecewise constant):
+Each of ``n_series`` independent series is a sum of four parts (time t in steps, regime
+r(t) piecewise constant with geometric lengths):
 
-    y_t = level_t                                     trend: random-walk slope + regime jumps
-        + a_r (1 + depth sin(2 pi t / W + phi_W)) s(t)   daily waveform s (period P, a few
-                                                     harmonics), its amplitude multiplied by
-                                                     the regime and a weekly cycle
-        + b_r sin(2 pi (t - t_r) / P_r + phi_r)       a regime's own oscillation, period P_r
-                                                     drawn from a continuum
-        + e_t,   e_t = rho e_{t-1} + sigma eta_t      AR(1) noise
+    y_t = level_t                                  trend: integrated AR(1) slope, plus a
+                                                   level jump at each regime change
+        + a_r (1 + depth sin(2 pi t / W + phi)) s(t)   daily waveform s (period P = 24, a few
+                                                   harmonics); its amplitude is multiplied
+                                                   by the regime's a_r (0 in "seasonless"
+                                                   regimes) and by a weekly cycle
+        + b_r sin(2 pi (t - t_r) / P_r + phi_r)    the regime's own oscillation, its period
+                                                   P_r drawn from a continuum
+        + e_t,   e_t = rho e_{t-1} + sigma eta_t   AR(1) noise
 
-Why it is not linearly solved: a fixed linear filter from the context to the horizon can
-extrapolate any *fixed* finite set of sinusoids exactly, but not an oscillation whose
-period is drawn anew in every regime from a continuum, nor amplitudes that multiply one
-another. A model has to read the regime's period and amplitude off the context (the kind
-of matching attention does: "find the same phase one period back") to beat the
-least-squares linear forecast.
+Why a linear forecast is not already optimal: a fixed linear filter from the context to
+the horizon can extrapolate any *fixed* finite set of sinusoids, but not an oscillation
+whose period is drawn anew in every regime from a continuum, nor a spectrum that switches
+with the regime (daily season on or off) or amplitudes that multiply one another. The
+best forecast depends on features of the context - which kind of regime, which period -
+that a linear map cannot compute.
 
 Windows: ``context`` inputs followed by ``horizon`` targets, one every ``stride`` steps.
-The series is cut chronologically into train / validation / test segments; a window lies
+Each series is cut chronologically into train / validation / test segments; a window lies
 entirely inside one segment. Each window is standardised by its *context* mean and
 standard deviation (targets too), so a model never sees the future's statistics.
 """
