@@ -121,7 +121,9 @@ class Block(nn.Module):
     """Pre-norm transformer block on (S, B, n, d): x + Attn(LN(x)), then x + MLP(LN(x)).
 
     ``method`` and ``options`` choose the attention (``rpka.attention.build``); ``causal``
-    is passed to it (a causal LM builds on these blocks).
+    is passed to it (a causal LM builds on these blocks). A block initialises itself with
+    placeholder seeds 0..S-1; a model built from blocks calls :func:`init_ensemble` with
+    its members' seeds.
     """
 
     def __init__(

@@ -495,7 +495,11 @@ def get_preset(name: str, **overrides: Any) -> BenchConfig:
     nested = {"track": TrackConfig, "model": ModelConfig, "train": TrainConfig}
     for key, value in list(overrides.items()):
         if key in nested and isinstance(value, Mapping):
-            overrides[key] = dataclasses.replace(getattr(config, key), **value)
+            current = getattr(config, key)
+            allowed = {f.name for f in fields(current)}
+            bad = sorted(set(value) - allowed)
+            _require(not bad, f"{key} override", f"among {sorted(allowed)}", bad)
+            overrides[key] = dataclasses.replace(current, **value)
         elif key in ("learning_rates", "sweep_seeds", "eval_seeds", "arms"):
             overrides[key] = tuple(value)
     config = dataclasses.replace(config, **overrides)

@@ -193,6 +193,8 @@ def test_presets_validate_and_round_trip():
         get_preset("nope")
     with pytest.raises(ValueError, match="override"):
         get_preset("smoke", colour="red")
+    with pytest.raises(ValueError, match="train override"):
+        get_preset("smoke", train={"epoch": 3})
 
 
 def test_seed_groups_do_not_change_exact_results(tmp_path):
