@@ -40,6 +40,19 @@ def test_rpka_full_rank_equals_exact(pivot_set, pivot_rule):
     assert rel_err(attn(q, k, v), reference(q, k, v)) <= 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scale", [2.0, 3.0])
+def test_full_rank_exact_for_larger_query_norms(scale, dtype):
+    # |q~|^2 ~ 16-36 here: the exact denominator carries a factor ~e^{-|q~|^2/2}, which a
+    # floor tied to sum_j w_j used to mistake for cancellation (output error ~1)
+    q, k, v = qkv(b=1, h=2, n=48, d=16, dtype=dtype, scale=scale, seed=3)
+    attn = build("rpka", rank=96, generator=torch.Generator().manual_seed(0))
+    out = attn(q, k.to(dtype), v)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert rel_err(out.double(), reference(q.double(), k.double(), v.double())) < tol
+    assert attn.guard_counts["denominator"] == 0
+
+
 def test_rank_above_points_is_capped_to_exact():
     q, k, v = qkv(n=10)
     out = build("rpka", rank=1000)(q, k, v)  # 20 joint points: capped at 20
@@ -104,9 +117,10 @@ def test_gradients_finite_and_match_exact_at_full_rank():
 
 
 def test_guards_fire_and_are_counted():
-    # rank 1 on spread-out inputs: the one-landmark estimate is crude and guards must act
-    q, k, v = qkv(b=1, h=1, n=200, d=16, dtype=torch.float32, scale=3.0, seed=4)
-    attn = build("rpka", rank=1, pivot_set="keys", generator=torch.Generator().manual_seed(0))
+    # 4 landmarks for spread-out points in d = 2: the Nystrom weights turn negative and the
+    # guards must act (one landmark cannot: its estimate is a positive weighted average)
+    q, k, v = qkv(b=1, h=1, n=200, d=2, dtype=torch.float32, scale=2.0, seed=4)
+    attn = build("rpka", rank=4, pivot_set="keys", generator=torch.Generator().manual_seed(0))
     out = attn(q, k, v)
     counts = attn.guard_counts
     assert set(counts) == {"denominator", "rows", "clamped", "entries"}

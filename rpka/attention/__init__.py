@@ -12,12 +12,21 @@ from torch import nn
 
 from rpka.attention.base import AttentionMethod, check_qkv
 from rpka.attention.exact import ExactAttention
+from rpka.attention.keys_coreset import KeysCoresetAttention
+from rpka.attention.nystrom_uniform import NystromUniformAttention
+from rpka.attention.nystromformer import NystromformerAttention
+from rpka.attention.performer import PerformerAttention
 from rpka.attention.rpcholesky import CholeskyResult, gaussian_kernel, rpcholesky
 from rpka.attention.rpka import RPKAttention, nystrom_softmax
 
 REGISTRY: dict[str, type[AttentionMethod]] = {
     "exact": ExactAttention,
     "rpka": RPKAttention,
+    # peers (DESIGN.md section 2), each citing its paper
+    "nystrom-uniform": NystromUniformAttention,
+    "keys-coreset": KeysCoresetAttention,
+    "nystromformer": NystromformerAttention,
+    "performer": PerformerAttention,
 }
 
 
@@ -54,6 +63,10 @@ __all__ = [
     "AttentionMethod",
     "CholeskyResult",
     "ExactAttention",
+    "KeysCoresetAttention",
+    "NystromUniformAttention",
+    "NystromformerAttention",
+    "PerformerAttention",
     "RPKAttention",
     "build",
     "check_qkv",

@@ -16,8 +16,9 @@ module counts how often each fired in its last call (``guard_counts``):
 
 1. keys are centred by their mean (softmax is exactly invariant to a common key shift, and
    smaller key norms mean less spread in ``w``);
-2. the denominator is floored at ``den_floor * sum_j w_j`` (the exact one lies in
-   ``(0, sum_j w_j]`` because ``0 < g <= 1``);
+2. the denominator is floored at ``den_floor * sum_s a_s |c_s|``, a fraction of the size
+   of the terms it sums (:func:`nystrom_readout`; the query factor ``e^{-|q~|^2/2}`` and
+   each row's maximum are dropped first, so the floor is scale-free);
 3. each output coordinate is clamped to ``[min_j v_j, max_j v_j]`` (the exact output is a
    convex combination of the values).
 """
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from rpka.attention.base import AttentionMethod
+from rpka.attention.guards import guarded_ratio
 from rpka.attention.rpcholesky import PIVOT_RULES, gaussian_kernel, rpcholesky, weighting_power
 
 PIVOT_SETS = ("joint", "keys")
@@ -38,6 +40,68 @@ def gather_points(points: Tensor, index: Tensor) -> Tensor:
     safe = index.clamp(min=0)
     out = torch.gather(points, -2, safe.unsqueeze(-1).expand(*safe.shape, points.shape[-1]))
     return out * (index >= 0).unsqueeze(-1).to(points.dtype)
+
+
+def nystrom_core(k_s: Tensor, v: Tensor, landmarks: Tensor, valid: Tensor) -> Tensor:
+    """Key side of the Nystrom estimate: ``G_SS^{-1} G_SK [w * V, w]``, (..., r, d_v + 1).
+
+    Args:
+        k_s: (..., m, d) scaled (and centred) keys.
+        v: (..., m, d_v) values, same dtype as k_s.
+        landmarks: (..., r, d) landmark points.
+        valid: (..., r) bool; invalid landmarks are ignored (their rows of the core are 0).
+
+    The last column carries the key weights ``w_j = exp(|k_j|^2/2 - max)`` (log domain,
+    max 1): the key factor ``e^{|k|^2/2}`` of ``exp(q.k)``.
+    """
+    g_ks = gaussian_kernel(k_s, landmarks) * valid.to(k_s.dtype).unsqueeze(-2)  # (..., m, r)
+    pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
+    eye = torch.eye(landmarks.shape[-2], dtype=k_s.dtype, device=k_s.device)
+    g_ss = torch.where(pair, gaussian_kernel(landmarks, landmarks), eye)
+    # jitter: pivots are at least round-off apart, this keeps the factorisation stable
+    jitter = 10 * torch.finfo(k_s.dtype).eps
+    chol = torch.linalg.cholesky(g_ss + jitter * eye)
+
+    log_w = k_s.pow(2).sum(-1) / 2  # e^{|k~|^2/2}, in the log domain
+    w = torch.exp(log_w - log_w.amax(-1, keepdim=True))  # (..., m), max 1
+    wv = torch.cat([w.unsqueeze(-1) * v, w.unsqueeze(-1)], dim=-1)  # (..., m, d_v + 1)
+    return torch.cholesky_solve(g_ks.transpose(-1, -2) @ wv, chol)  # (..., r, d_v + 1)
+
+
+def nystrom_readout(
+    x: Tensor,
+    landmarks: Tensor,
+    valid: Tensor,
+    core: Tensor,
+    v: Tensor,
+    den_floor: float = 1e-6,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Query side: ``g(x, Z_S) core`` as a guarded ratio, computed in the log domain.
+
+    ``g(x, s) = e^{-|x|^2/2} exp(x.s - |s|^2/2)``: the query factor is common to the
+    numerator and the denominator, so it is dropped, and so is each row's maximum of
+    ``x.s - |s|^2/2`` (as in a softmax). Nothing underflows however large |x| is, and the
+    denominator floor is relative to the size of the terms it sums,
+    ``den_floor * sum_s a_s |c_s|`` - scale-free, unlike a floor tied to ``sum_j w_j``,
+    which the exact denominator undercuts by ``e^{-|x|^2/2}``-like factors.
+
+    Args:
+        x: (..., n, d) query points.
+        landmarks: (..., r, d), valid: (..., r) bool.
+        core: (..., r, d_v + 1) from :func:`nystrom_core` (last column: weights).
+        v: (..., m, d_v) values (for the value-hull guard).
+        den_floor: relative denominator floor.
+
+    Returns:
+        out (..., n, d_v) and the guard counts of :func:`rpka.attention.guards.guarded_ratio`.
+    """
+    logits = x @ landmarks.transpose(-1, -2) - landmarks.pow(2).sum(-1).unsqueeze(-2) / 2
+    logits = logits.masked_fill(~valid.unsqueeze(-2), float("-inf"))  # (..., n, r)
+    a = torch.exp(logits - logits.amax(-1, keepdim=True).detach())  # max 1 per row
+    full = a @ core  # (..., n, d_v + 1)
+    tiny = torch.finfo(core.dtype).tiny  # keeps 0/0 out if every term vanished
+    floor = (den_floor * (a @ core[..., -1:].abs())).clamp(min=tiny)
+    return guarded_ratio(full[..., :-1], full[..., -1:], floor, v)
 
 
 def nystrom_softmax(
@@ -62,38 +126,8 @@ def nystrom_softmax(
         out (..., n, d_v) and guard counts (tensors): ``denominator`` rows floored,
         ``clamped`` output entries clamped, with totals ``rows`` and ``entries``.
     """
-    mask = valid.to(q_s.dtype)
-    g_qs = gaussian_kernel(q_s, landmarks) * mask.unsqueeze(-2)  # (..., n, r)
-    g_ks = gaussian_kernel(k_s, landmarks) * mask.unsqueeze(-2)  # (..., m, r)
-    pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
-    eye = torch.eye(landmarks.shape[-2], dtype=q_s.dtype, device=q_s.device)
-    g_ss = torch.where(pair, gaussian_kernel(landmarks, landmarks), eye)
-    # jitter: pivots are at least round-off apart, this keeps the factorisation stable
-    jitter = 10 * torch.finfo(q_s.dtype).eps
-    chol = torch.linalg.cholesky(g_ss + jitter * eye)
-
-    log_w = k_s.pow(2).sum(-1) / 2  # e^{|k~|^2/2}, in the log domain
-    w = torch.exp(log_w - log_w.amax(-1, keepdim=True))  # (..., m), max 1
-    wv = torch.cat([w.unsqueeze(-1) * v, w.unsqueeze(-1)], dim=-1)  # (..., m, d_v + 1)
-    core = torch.cholesky_solve(g_ks.transpose(-1, -2) @ wv, chol)  # (..., r, d_v + 1)
-    full = g_qs @ core  # (..., n, d_v + 1)
-    num, den = full[..., :-1], full[..., -1:]
-
-    floor = den_floor * w.sum(-1, keepdim=True).unsqueeze(-1)
-    low = den < floor
-    out = num / torch.where(low, floor, den)
-    v_min = v.amin(-2, keepdim=True)
-    v_max = v.amax(-2, keepdim=True)
-    with torch.no_grad():
-        clamped = (out < v_min) | (out > v_max)
-    out = torch.minimum(torch.maximum(out, v_min), v_max)
-    counts = {
-        "denominator": low.sum(),
-        "rows": torch.tensor(low.numel()),
-        "clamped": clamped.sum(),
-        "entries": torch.tensor(clamped.numel()),
-    }
-    return out, counts
+    core = nystrom_core(k_s, v, landmarks, valid)
+    return nystrom_readout(q_s, landmarks, valid, core, v, den_floor)
 
 
 class RPKAttention(AttentionMethod):
