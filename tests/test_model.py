@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rpka.attention import REGISTRY
+from rpka.attention import REGISTRY, options_of
 from rpka.model import Block, EnsembleLinear, TransformerTiny
 from rpka.presets import ModelConfig
 
@@ -13,7 +13,12 @@ L, H = 24, 6
 
 
 def options_for(name):
-    return {"rank": 8, "generator": torch.Generator().manual_seed(0)} if name == "rpka" else {}
+    """A small rank and a seeded generator for the methods that take them."""
+    valid = options_of(name)
+    options = {"rank": 8} if "rank" in valid else {}
+    if "generator" in valid:
+        options["generator"] = torch.Generator().manual_seed(0)
+    return options
 
 
 def make(name="exact", seeds=(0, 1), causal=False, config=CFG):
