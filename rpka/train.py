@@ -231,7 +231,7 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
 
     alive = torch.ones(n_members, dtype=torch.bool, device=device)
     diverged_at: list[dict[str, int] | None] = [None] * n_members
-    history = {"train_loss": [], "val_mse": [], "val_mae": []}
+    history: dict[str, list] = {"train_loss": [], "val_mse": [], "val_mae": []}
     step_ms: list[float] = []
     guards: dict[str, int] = {}
     progress = run_config.get("progress") or {}
@@ -244,35 +244,47 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         dynamic_ncols=True,
     )
 
-    def mark_diverged(newly: Tensor, epoch: int, step: int) -> None:
+    def mark_diverged(newly: Tensor, epoch: int, step: int, reason: str) -> None:
         for s in torch.nonzero(newly).flatten().tolist():
-            diverged_at[s] = {"epoch": epoch, "step": step}
+            diverged_at[s] = {"epoch": epoch, "step": step, "reason": reason}
 
+    def train_step(batch: Tensor) -> Tensor:
+        """One Adam step for the members still alive; returns the per-member loss (S,)."""
+        nonlocal alive
+        loss = (model(train_x[batch]) - train_y[batch]).pow(2).mean((1, 2))  # (S,)
+        newly = alive & ~torch.isfinite(loss)
+        alive = alive & ~newly
+        # sum, not mean: each member's gradient is that of its own loss
+        torch.where(alive, loss, 0.0).sum().backward()
+        for p in params:
+            p.grad = torch.where(_member_view(alive, p), p.grad, 0.0)
+        if train_config.grad_clip > 0:
+            clip_per_member(params, train_config.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+        if not bool(alive.all()):
+            with torch.no_grad():  # frozen at their initial values: finite forever
+                for p, p0 in zip(params, initial, strict=True):
+                    p.copy_(torch.where(_member_view(alive, p), p, p0))
+        if bool(newly.any()):
+            mark_diverged(newly, epoch, global_step, "non-finite training loss")
+        return torch.where(alive, loss.detach().double(), 0.0)
+
+    # A numerical failure inside the attention (torch.linalg.LinAlgError, e.g. a landmark
+    # Gram matrix that float32 cannot factorise) ends the run like a divergence of every
+    # member still training - one step mixes them all - and is recorded with its message.
+    failure: str | None = None
     global_step = 0
     for epoch in range(train_config.epochs):
         loss_sum = torch.zeros(n_members, dtype=torch.float64, device=device)
         for batch in member_batches(len(track.train), train_config.batch_size, data_generators):
             t0 = _now(device)
-            batch = batch.to(device)
-            loss = (model(train_x[batch]) - train_y[batch]).pow(2).mean((1, 2))  # (S,)
-            newly = alive & ~torch.isfinite(loss)
-            alive = alive & ~newly
-            # sum, not mean: each member's gradient is that of its own loss
-            torch.where(alive, loss, 0.0).sum().backward()
-            for p in params:
-                p.grad = torch.where(_member_view(alive, p), p.grad, 0.0)
-            if train_config.grad_clip > 0:
-                clip_per_member(params, train_config.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            schedule.step()
-            if not bool(alive.all()):
-                with torch.no_grad():  # frozen at their initial values: finite forever
-                    for p, p0 in zip(params, initial, strict=True):
-                        p.copy_(torch.where(_member_view(alive, p), p, p0))
-            if bool(newly.any()):
-                mark_diverged(newly, epoch, global_step)
-            loss_sum += torch.where(alive, loss.detach().double(), 0.0)
+            try:
+                loss_sum += train_step(batch.to(device))
+            except torch.linalg.LinAlgError as err:
+                failure = f"LinAlgError: {err}"
+                break
             step_time = (_now(device) - t0) * 1e3
             if global_step >= train_config.warmup_steps:
                 step_ms.append(step_time)
@@ -281,11 +293,19 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
                     guards[key] = guards.get(key, 0) + int(value)
             global_step += 1
             bar.update(1)
-        val = evaluate(model, track.val, train_config.eval_batch_size)
+        if failure is None:
+            try:
+                val = evaluate(model, track.val, train_config.eval_batch_size)
+            except torch.linalg.LinAlgError as err:
+                failure = f"LinAlgError: {err}"
+        if failure is not None:
+            mark_diverged(alive, epoch, global_step, failure)
+            alive = torch.zeros_like(alive)
+            break
         newly = alive & ~(torch.isfinite(val["mse"]) & torch.isfinite(val["mae"]))
         if bool(newly.any()):
             alive = alive & ~newly
-            mark_diverged(newly, epoch, global_step)
+            mark_diverged(newly, epoch, global_step, "non-finite validation error")
         history["train_loss"].append(_to_list(loss_sum / steps_per_epoch, alive))
         history["val_mse"].append(_to_list(val["mse"], alive))
         history["val_mae"].append(_to_list(val["mae"], alive))
@@ -294,10 +314,15 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
             bar.set_postfix(val_mse=f"{statistics.mean(finite_val):.3f}")
     bar.close()
 
-    final = {"val": {k: _to_list(v, alive) for k, v in val.items()}}
-    if run_config["split"] == "test":
-        test = evaluate(model, track.test, train_config.eval_batch_size)
-        final["test"] = {k: _to_list(v, alive) for k, v in test.items()}
+    final = {}
+    for name in ("val", "test") if run_config["split"] == "test" else ("val",):
+        if not bool(alive.any()):  # every member diverged or failed: nothing to score
+            final[name] = {k: [None] * n_members for k in ("mse", "mae")}
+            continue
+        metrics = (
+            val if name == "val" else evaluate(model, track.test, train_config.eval_batch_size)
+        )
+        final[name] = {k: _to_list(v, alive) for k, v in metrics.items()}
     members = []
     for s, seed in enumerate(seeds):
         members.append(

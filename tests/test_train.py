@@ -91,13 +91,37 @@ def test_a_diverging_member_does_not_stop_the_other(tmp_path, monkeypatch):
     pair = run(tmp_path, seeds=(0, 1))
     solo = run(tmp_path, seeds=(0,))
     bad, good = pair["members"][1], pair["members"][0]
-    assert bad["status"] == "diverged" and bad["diverged_at"] == {"epoch": 0, "step": 2}
+    assert bad["status"] == "diverged"
+    assert bad["diverged_at"] == {"epoch": 0, "step": 2, "reason": "non-finite training loss"}
     assert bad["final"]["val"]["mse"] is None and pair["n_diverged"] == 1
     assert good["status"] == "ok"
     assert good["final"]["val"]["mse"] == pytest.approx(
         solo["members"][0]["final"]["val"]["mse"], rel=1e-5
     )
     assert all(v is not None and math.isfinite(v) for v in good["val_mse"])
+
+
+def test_a_linalg_failure_in_the_attention_is_recorded_not_raised(tmp_path, monkeypatch):
+    """E.g. a landmark Gram matrix float32 cannot factorise: the run ends, recorded."""
+    real_forward = TransformerTiny.forward
+    calls = {"n": 0}
+
+    def failing(self, x):
+        calls["n"] += 1
+        if self.training and calls["n"] == 4:
+            raise torch.linalg.LinAlgError(
+                "linalg.cholesky: (Batch element 3): not positive-definite"
+            )
+        return real_forward(self, x)
+
+    monkeypatch.setattr(TransformerTiny, "forward", failing)
+    result = run(tmp_path, arm="rpka-r4", split="test")
+    assert result["n_diverged"] == 2 and result["scores"]["mse"] == [None, None]
+    for member in result["members"]:
+        assert member["status"] == "diverged"
+        assert member["diverged_at"]["reason"].startswith("LinAlgError: linalg.cholesky")
+        assert member["final"]["val"]["mse"] is None
+    json.dumps(result, allow_nan=False)
 
 
 def test_run_id_ignores_only_result_neutral_keys(tmp_path):
