@@ -1,0 +1,606 @@
+"""The benchmark: learning-rate sweep, evaluation seeds, paired statistics, ``bench_report.json``.
+
+    python -m rpka bench --preset {smoke,quick,full} [--out DIR] [--ranks 4 16]
+        [--seeds N] [--lrs 1e-3 3e-3] [--epochs E] [--device cpu|cuda] [--workers N]
+        [--no-progress]
+
+Protocol (DESIGN.md section 5): for every arm, each learning rate trains the sweep seeds
+and is scored on validation; the best learning rate (lowest mean validation metric; a
+configuration with a diverged seed loses) trains the evaluation seeds - disjoint from the
+sweep seeds - and is scored on test. Each non-baseline arm is compared with the baseline
+(``exact``) seed by seed (``rpka.stats.paired_comparison``), Holm-adjusted across arms.
+
+Scale-out seam (DESIGN.md section 9): a job is ``(arm, learning rate, seed group)``; its
+full configuration goes to :func:`run_to_file`, which trains it and writes one JSON file
+``<out>/runs/<run id>.json`` (atomically). The bench only submits jobs to an executor with
+the ``concurrent.futures`` interface - a local process pool by default, in-process for
+tests, ``distributed.Client(...).get_executor()`` for a cluster - and reads results back
+from their files. A job whose file exists is not run again, so an interrupted bench
+resumes where it stopped. An arm's evaluation job is submitted as soon as its sweep is
+done, so workers never wait for a phase boundary.
+
+The report's keys are documented in ``docs/bench_report.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import math
+import multiprocessing
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy
+import torch
+from tqdm.auto import tqdm
+
+import rpka
+from rpka import stats
+from rpka.io import read_json, write_json
+from rpka.paths import resolve
+from rpka.presets import DEVICES, PRESETS, ArmConfig, BenchConfig, get_preset
+from rpka.tracks import get_track, naive_baselines
+from rpka.train import make_run_config, run_id, train_run
+
+BENCH_VERSION = "2.0"
+METRIC_DIRECTION = "lower"  # MSE and MAE: lower is better
+# learnability bar (issue 3): exact attention's mean test MSE must be at most this times
+# the better of the mean and last-value forecasts, and no worse than the linear forecast
+LEARNABILITY_RATIO = 0.6
+DEFAULT_OUT = "data/results/{preset}"
+DEFAULT_DATA_DIR = "data/cache"
+
+
+# --------------------------------------------------------------------------- executors
+
+
+class InProcessExecutor(cf.Executor):
+    """A ``concurrent.futures.Executor`` that runs each job at ``submit`` (tests, debugging)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
+        future: cf.Future = cf.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as err:  # delivered through the future, as a pool would
+            future.set_exception(err)
+        return future
+
+
+def _init_worker() -> None:
+    # one thread per worker: the workers already use every core
+    torch.set_num_threads(1)
+
+
+def default_executor(n_workers: int) -> cf.Executor:
+    """In-process for one worker, else a pool of ``n_workers`` fresh (spawned) processes."""
+    if n_workers <= 1:
+        return InProcessExecutor()
+    return cf.ProcessPoolExecutor(
+        max_workers=n_workers,
+        mp_context=multiprocessing.get_context("spawn"),  # no inherited torch thread state
+        initializer=_init_worker,
+    )
+
+
+def run_to_file(run_config: dict[str, Any], path: str) -> str:
+    """Train one job (``rpka.train.train_run``) and write its result to ``path`` atomically."""
+    write_json(path, train_run(run_config))
+    return path
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@dataclass
+class Job:
+    """One (arm, learning rate, seed group) run, and where its result lives."""
+
+    arm: str
+    lr: float
+    phase: str  # "sweep" (validation) or "eval" (test)
+    group: int  # index of the seed group
+    run_config: dict[str, Any]
+    path: Path
+
+    @property
+    def cost(self) -> float:
+        """Rough relative cost, to start the longest jobs first."""
+        rank = self.run_config["arm"]["options"].get("rank", 0)
+        return len(self.run_config["seeds"]) * (1 + rank / 8)
+
+
+def seed_groups(config: BenchConfig, phase: str) -> list[tuple[int, ...]]:
+    """The phase's seeds in consecutive groups of at most ``config.seeds_per_job``."""
+    seeds = config.sweep_seeds if phase == "sweep" else config.eval_seeds
+    size = config.seeds_per_job
+    return [tuple(seeds[i : i + size]) for i in range(0, len(seeds), size)]
+
+
+def make_jobs(
+    config: BenchConfig,
+    arm: ArmConfig,
+    lr: float,
+    phase: str,
+    runs_dir: Path,
+    data_dir: str,
+    progress: bool,
+) -> list[Job]:
+    """One job per seed group of (arm, lr) in ``phase``."""
+    split = "val" if phase == "sweep" else "test"
+    jobs = []
+    for group, seeds in enumerate(seed_groups(config, phase)):
+        bar = {"enable": progress, "position": 1, "leave": False}
+        run_config = make_run_config(config, arm, lr, seeds, split, data_dir, bar)
+        path = runs_dir / f"{run_id(run_config)}.json"
+        jobs.append(Job(arm.name, lr, phase, group, run_config, path))
+    return jobs
+
+
+def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The results of one (arm, lr)'s seed groups as one result, seeds in group order."""
+    first = parts[0]
+    step_ms = [p["step_ms_median"] for p in parts if p["step_ms_median"] is not None]
+    guards = [p["guard_counts"] for p in parts if p["guard_counts"]]
+    return {
+        "arm": first["arm"],
+        "lr": first["lr"],
+        "split": first["split"],
+        "run_ids": [p["run_id"] for p in parts],
+        "seeds": [s for p in parts for s in p["seeds"]],
+        "scores": {m: [v for p in parts for v in p["scores"][m]] for m in first["scores"]},
+        "members": [m for p in parts for m in p["members"]],
+        "n_diverged": sum(p["n_diverged"] for p in parts),
+        "step_ms_median": float(np.median(step_ms)) if step_ms else None,
+        "step_members": [len(p["seeds"]) for p in parts],
+        "guard_counts": {k: sum(g[k] for g in guards) for k in guards[0]} if guards else None,
+        "wall_s": sum(p["wall_s"] for p in parts),
+        "cpu_s": sum(p.get("cpu_s", math.nan) for p in parts),
+    }
+
+
+def sweep_score(result: dict[str, Any], metric: str) -> float:
+    """Mean validation metric over the sweep seeds; +inf if any seed diverged."""
+    values = result["scores"][metric]
+    if any(v is None or not math.isfinite(v) for v in values):
+        return math.inf
+    return float(np.mean(values))
+
+
+def best_learning_rate(results: dict[float, dict[str, Any]], metric: str) -> float:
+    """The learning rate with the lowest sweep score (ties: the first in sweep order)."""
+    scores = {lr: sweep_score(result, metric) for lr, result in results.items()}
+    return min(scores, key=lambda lr: scores[lr])
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+def run_bench(
+    config: BenchConfig,
+    out_dir: str | os.PathLike | None = None,
+    executor: cf.Executor | None = None,
+    progress: bool = True,
+    data_dir: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the study ``config``; write and return ``bench_report.json``.
+
+    Args:
+        config: the study (``rpka.presets.get_preset``).
+        out_dir: results folder (default ``data/results/<preset>``); run files go to
+            ``<out_dir>/runs/``.
+        executor: where jobs run (``concurrent.futures`` interface); default
+            :func:`default_executor` with ``config.n_workers``. A given executor is not
+            shut down.
+        progress: tqdm bars (the bench's, and one per running job).
+        data_dir: the track cache (default ``data/cache``).
+    """
+    config.validate()
+    t_start = time.perf_counter()
+    load_start = _load_average()
+    out = resolve(out_dir or DEFAULT_OUT.format(preset=config.preset))
+    runs_dir = out / "runs"
+    data_dir = str(resolve(data_dir or DEFAULT_DATA_DIR))
+
+    track = get_track(config.track.name, config.track, data_dir)  # generates the cache once
+    naive = naive_baselines(track)
+    t_data = time.perf_counter()
+
+    own_executor = executor is None
+    executor = executor or default_executor(config.n_workers)
+    n_slots = max(1, config.n_workers)
+    n_jobs = len(config.arms) * (
+        len(config.learning_rates) * len(seed_groups(config, "sweep"))
+        + len(seed_groups(config, "eval"))
+    )
+    bar = tqdm(total=n_jobs, desc=f"bench {config.preset}", position=0, disable=not progress)
+    parts: dict[tuple[str, str, float], dict[int, dict[str, Any]]] = {}
+    sweep_of: dict[str, dict[float, dict[str, Any]]] = {arm.name: {} for arm in config.arms}
+    eval_of: dict[str, dict[str, Any]] = {}
+    n_groups = {phase: len(seed_groups(config, phase)) for phase in ("sweep", "eval")}
+    n_resumed = 0
+    pending: dict[cf.Future, Job] = {}
+    finished_at = {"sweep": t_data, "eval": t_data}
+
+    def submit(jobs: list[Job]) -> None:
+        nonlocal n_resumed
+        for job in sorted(jobs, key=lambda j: -j.cost):  # longest first: better packing
+            if job.path.exists():  # resume: finished earlier
+                n_resumed += 1
+                collect(job, read_json(job.path))
+                continue
+            job.run_config["progress"]["position"] = (len(pending) % n_slots) + 1
+            pending[executor.submit(run_to_file, job.run_config, str(job.path))] = job
+
+    def collect(job: Job, result: dict[str, Any]) -> None:
+        bar.update(1)
+        finished_at[job.phase] = time.perf_counter()
+        key = (job.phase, job.arm, job.lr)
+        parts.setdefault(key, {})[job.group] = result
+        if len(parts[key]) < n_groups[job.phase]:
+            return
+        merged = merge_results([parts[key][g] for g in range(n_groups[job.phase])])
+        if job.phase == "eval":
+            eval_of[job.arm] = merged
+            return
+        sweep_of[job.arm][job.lr] = merged
+        if len(sweep_of[job.arm]) == len(config.learning_rates):
+            ordered = {lr: sweep_of[job.arm][lr] for lr in config.learning_rates}
+            best = best_learning_rate(ordered, config.metric)
+            arm = config.arm(job.arm)
+            submit(make_jobs(config, arm, best, "eval", runs_dir, data_dir, progress))
+
+    sweep_jobs = [
+        job
+        for arm in config.arms
+        for lr in config.learning_rates
+        for job in make_jobs(config, arm, lr, "sweep", runs_dir, data_dir, progress)
+    ]
+    try:
+        submit(sweep_jobs)
+        while pending:
+            done, _ = cf.wait(list(pending), return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                job = pending.pop(future)
+                collect(job, read_json(future.result()))
+    finally:
+        bar.close()
+        if own_executor:
+            executor.shutdown(cancel_futures=True)
+    t_runs = time.perf_counter()
+
+    report = build_report(config, naive, sweep_of, eval_of, track)
+    t_end = time.perf_counter()
+    report["timings"] = timings(
+        config,
+        sweep_of,
+        eval_of,
+        phases={
+            "data_s": t_data - t_start,
+            "sweep_s": finished_at["sweep"] - t_data,
+            "eval_s": finished_at["eval"] - t_data,
+            "runs_s": t_runs - t_data,
+            "stats_s": t_end - t_runs,
+            "total_s": t_end - t_start,
+        },
+        n_jobs=n_jobs,
+        n_resumed=n_resumed,
+        load=(load_start, _load_average()),
+    )
+    write_json(out / "bench_report.json", report)
+    return report
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def summary(values: Sequence[float | None]) -> dict[str, Any]:
+    """``rpka.stats.summarize`` plus the earlier check's keys: mean, std (ddof=1), per_seed, n."""
+    per_seed = [math.nan if v is None else float(v) for v in values]
+    s = stats.summarize(per_seed)
+    rest = {k: v for k, v in s.items() if k not in ("mean", "sd", "n")}
+    return {"mean": s["mean"], "std": s["sd"], "per_seed": per_seed, "n": s["n"], **rest}
+
+
+def arm_entry(
+    config: BenchConfig, arm: ArmConfig, sweep: dict[float, dict], result: dict[str, Any]
+) -> dict[str, Any]:
+    """best_cfg, sweep, full (test, the primary metric) and more for one arm."""
+    metric = config.metric
+    lrs = list(config.learning_rates)
+    best_lr = result["lr"]
+    rows = []
+    for lr in lrs:
+        r = sweep[lr]
+        rows.append(
+            {
+                "lr": lr,
+                "seeds": r["seeds"],
+                "val_per_seed": r["scores"][metric],
+                "val_mae_per_seed": r["scores"]["mae"],
+                "score": _finite_or_none(sweep_score(r, metric)),
+                "n_diverged": r["n_diverged"],
+                "diverged_at": [m["diverged_at"] for m in r["members"]],
+                "selected": lr == best_lr,
+                "run_ids": r["run_ids"],
+                "wall_s": r["wall_s"],
+            }
+        )
+    tokens = config.track.context
+    options = dict(arm.options)
+    points = None
+    if arm.method == "rpka":
+        points = tokens if options.get("pivot_set", "joint") == "keys" else 2 * tokens
+    return {
+        "method": arm.method,
+        "options": options,
+        "rank": options.get("rank"),
+        "attention_tokens": tokens,
+        "pivot_points": points,
+        "best_cfg": {
+            "lr": best_lr,
+            "method": arm.method,
+            "options": options,
+            "val_score": _finite_or_none(sweep_score(sweep[best_lr], metric)),
+            "selection": f"lowest mean validation {metric} over the sweep seeds",
+        },
+        "sweep": rows,
+        "full": summary(result["scores"][metric]),
+        "full_by_metric": {m: summary(result["scores"][m]) for m in ("mse", "mae")},
+        "val_by_metric": {
+            m: summary([x["final"]["val"][m] for x in result["members"]]) for m in ("mse", "mae")
+        },
+        "seeds": result["seeds"],
+        "n_diverged": result["n_diverged"],
+        "diverged_at": [m["diverged_at"] for m in result["members"]],
+        "learning_curves": {
+            "train_loss": [m["train_loss"] for m in result["members"]],
+            "val_mse": [m["val_mse"] for m in result["members"]],
+        },
+        "guard_counts": result["guard_counts"],
+        "step_ms_median": result["step_ms_median"],
+        "run_ids": result["run_ids"],
+        "comparison": None,
+    }
+
+
+def learnability(baseline_mean: float, naive: dict[str, Any]) -> dict[str, Any]:
+    """The issue's bar: exact <= 0.6 x min(mean, last value) and <= linear (test MSE)."""
+    test = {name: f["test"]["mse"] for name, f in naive["forecasts"].items()}
+    better_naive = min(test["mean"], test["last_value"])
+    threshold = LEARNABILITY_RATIO * better_naive
+    meets_ratio = bool(baseline_mean <= threshold)
+    meets_linear = bool(baseline_mean <= test["linear"])
+    return {
+        "baseline_test_mse": baseline_mean,
+        "mean_forecast_mse": test["mean"],
+        "last_value_mse": test["last_value"],
+        "seasonal_naive_mse": test["seasonal_naive"],
+        "linear_mse": test["linear"],
+        "ratio_required": LEARNABILITY_RATIO,
+        "threshold": threshold,
+        "ratio_to_better_naive": baseline_mean / better_naive,
+        "ratio_to_linear": baseline_mean / test["linear"],
+        "meets_ratio": meets_ratio,
+        "meets_linear": meets_linear,
+        "met": meets_ratio and meets_linear,
+    }
+
+
+def build_report(
+    config: BenchConfig,
+    naive: dict[str, Any],
+    sweep_of: dict[str, dict[float, dict]],
+    eval_of: dict[str, dict[str, Any]],
+    track: Any,
+) -> dict[str, Any]:
+    """Everything but ``timings`` (see ``docs/bench_report.md``)."""
+    arms = {
+        arm.name: arm_entry(config, arm, sweep_of[arm.name], eval_of[arm.name])
+        for arm in config.arms
+    }
+    base = arms[config.baseline_arm]
+    comparisons = {
+        name: stats.paired_comparison(
+            base["full"]["per_seed"], entry["full"]["per_seed"], METRIC_DIRECTION
+        )
+        for name, entry in arms.items()
+        if name != config.baseline_arm
+    }
+    stats.apply_holm(comparisons)
+    for name, comparison in comparisons.items():
+        arms[name]["comparison"] = comparison
+    primary = arms[config.primary_arm]
+
+    def earlier_keys(entry: dict[str, Any], name: str) -> dict[str, Any]:
+        return {"arm": name, **{k: v for k, v in entry.items() if k != "comparison"}}
+
+    return {
+        "bench_version": BENCH_VERSION,
+        "track": config.track.name,
+        "model": config.model.name,
+        "metric": config.metric,
+        "metric_direction": METRIC_DIRECTION,
+        "n_seeds": len(config.eval_seeds),
+        "baseline_arm": config.baseline_arm,
+        "primary_arm": config.primary_arm,
+        "baseline": earlier_keys(base, config.baseline_arm),
+        "idea": earlier_keys(primary, config.primary_arm),
+        "comparison": primary["comparison"],
+        "mechanism_signature": None,
+        "arms": arms,
+        "naive_baselines": naive,
+        "learnability": learnability(base["full"]["mean"], naive),
+        "data": {
+            "n_train_windows": len(track.train),
+            "n_val_windows": len(track.val),
+            "n_test_windows": len(track.test),
+            "context": config.track.context,
+            "horizon": config.track.horizon,
+        },
+        "config": config.to_dict(),
+        "versions": versions(),
+        "device": device_description(config.device),
+    }
+
+
+def timings(
+    config: BenchConfig,
+    sweep_of: dict[str, dict[float, dict]],
+    eval_of: dict[str, dict[str, Any]],
+    phases: dict[str, float],
+    n_jobs: int,
+    n_resumed: int,
+    load: tuple[list[float] | None, list[float] | None],
+) -> dict[str, Any]:
+    step = {name: eval_of[name]["step_ms_median"] for name in eval_of}
+    exact_ms = step.get(config.baseline_arm)
+    return {
+        "phases": phases,
+        "step_ms_median": step,
+        "step_members": min(config.seeds_per_job, len(config.eval_seeds)),
+        "step_ratio_vs_baseline": {
+            name: (ms / exact_ms if ms and exact_ms else None) for name, ms in step.items()
+        },
+        "run_wall_s": {
+            name: {
+                "sweep": sum(r["wall_s"] for r in sweep_of[name].values()),
+                "eval": eval_of[name]["wall_s"],
+            }
+            for name in eval_of
+        },
+        "run_cpu_s": {
+            name: {
+                "sweep": sum(r["cpu_s"] for r in sweep_of[name].values()),
+                "eval": eval_of[name]["cpu_s"],
+            }
+            for name in eval_of
+        },
+        "n_runs": n_jobs,
+        "n_runs_resumed": n_resumed,
+        "n_workers": config.n_workers,
+        "load_average_start": load[0],
+        "load_average_end": load[1],
+    }
+
+
+def versions() -> dict[str, str]:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "rpka": rpka.__version__,
+    }
+
+
+def device_description(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu} CPU, {os.cpu_count()} cores ({platform.system()})"
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        return None
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def parse_config(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argparse.Namespace]:
+    """Parse the command line into a validated config; bad values exit with an error."""
+    parser = argparse.ArgumentParser(
+        prog="python -m rpka bench",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="full")
+    parser.add_argument("--out", help="results folder (default data/results/<preset>)")
+    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
+    parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
+    parser.add_argument("--lrs", type=float, nargs="+", help="learning rates to sweep")
+    parser.add_argument("--epochs", type=int, help="training epochs")
+    parser.add_argument("--device", choices=DEVICES)
+    parser.add_argument("--workers", type=int, help="parallel worker processes")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+
+    overrides: dict[str, Any] = {}
+    if args.ranks is not None:
+        overrides["ranks"] = args.ranks
+    if args.seeds is not None:
+        if args.seeds < 1:
+            parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
+        first = max(PRESETS[args.preset].sweep_seeds) + 100  # disjoint from the sweep seeds
+        overrides["eval_seeds"] = tuple(range(first, first + args.seeds))
+    if args.lrs is not None:
+        overrides["learning_rates"] = tuple(args.lrs)
+    if args.epochs is not None:
+        overrides["train"] = {"epochs": args.epochs}
+    if args.device is not None:
+        overrides["device"] = args.device
+    if args.workers is not None:
+        overrides["n_workers"] = args.workers
+    try:
+        config = get_preset(args.preset, **overrides)
+    except ValueError as err:
+        parser.error(str(err))
+    if config.device == "cuda" and not torch.cuda.is_available():
+        parser.error("argument --device: cuda requested but CUDA is not available")
+    return config, args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    config, args = parse_config(argv)
+    out = resolve(args.out or DEFAULT_OUT.format(preset=config.preset))
+    report = run_bench(config, out, progress=not args.no_progress)
+    print_summary(report, out)
+    return report
+
+
+def print_summary(report: dict[str, Any], out: Path) -> None:
+    """A results table: every arm and the naive forecasts, test MSE."""
+    lines = [f"{'arm':<12} {'points':>6} {'best lr':>8} {'test MSE':>18} {'vs exact':>30}"]
+    for name, arm in report["arms"].items():
+        full = arm["full"]
+        points = arm["pivot_points"] or arm["attention_tokens"]
+        cmp_ = arm["comparison"]
+        versus = (
+            "-" if cmp_ is None else f"{cmp_['delta_mean']:+.4f} p_adj={cmp_['p_adjusted']:.3g}"
+        )
+        lines.append(
+            f"{name:<12} {points:>6} {arm['best_cfg']['lr']:>8.0e} "
+            f"{full['mean']:>9.4f} +- {full['std']:<6.4f} {versus:>30}"
+        )
+    for name, f in report["naive_baselines"]["forecasts"].items():
+        lines.append(f"{name:<12} {'':>6} {'':>8} {f['test']['mse']:>9.4f}")
+    learn = report["learnability"]
+    lines.append(
+        f"learnability: exact {learn['baseline_test_mse']:.4f} vs threshold "
+        f"{learn['threshold']:.4f} and linear {learn['linear_mse']:.4f} -> "
+        f"{'met' if learn['met'] else 'NOT met'}"
+    )
+    t = report["timings"]
+    lines.append(
+        f"wall {t['phases']['total_s']:.1f} s; step ms {t['step_ms_median']}; "
+        f"written to {out / 'bench_report.json'}"
+    )
+    print("\n".join(lines), file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""``transformer_tiny``: a small encoder forecaster, S seeds trained as one stacked model.
+
+Shapes: S ensemble members (one per seed), B windows, L context steps (= n tokens),
+d = d_model, h heads of size d / h, H horizon steps.
+
+    x (S, B, L)  --embed-->  (S, B, L, d)          one token per time step: a width-k
+                                                   convolution of the values (local shape)
+                 + positions (S, L, d)             learned
+                 --n_layers x Block-->             pre-norm: x + Attn(LN(x)), x + MLP(LN(x))
+                 --LN, flatten, linear-->  (S, B, H)
+                 + linear skip  x -> (S, B, H)     RLinear-style, see below
+
+**Stacked seeds.** Every parameter has a leading member dimension S
+(:class:`EnsembleLinear` multiplies with ``torch.baddbmm``), and the attention is called
+once on (S*B, h, L, d/h), so an RPKA pivot loop runs once for all seeds and heads. Members
+never mix: each one's computation reads only its own slice, so S members trained together
+give what S separate runs would (up to the RPKA pivot draws, which share one generator).
+Member s is initialised from its own seed alone (:meth:`TransformerTiny.reset_parameters`).
+
+**Linear skip.** The horizon is predicted as ``linear(x) + encoder(x)``, the linear path
+being a context -> horizon map as in RLinear / DLinear (Zeng et al. 2023, "Are transformers
+effective for time series forecasting?"). Windows are standardised by their context, so
+this is exactly the model class of the least-squares linear baseline: with it the encoder
+only has to learn what a linear forecast misses, and the model can match that baseline
+early in training instead of having to rediscover a linear filter through attention.
+``ModelConfig.linear_skip=False`` removes it (an ablation).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rpka.attention import build
+from rpka.presets import ModelConfig
+
+# standard deviation of the initial positional embeddings and of the output head (GPT-2 style)
+INIT_STD = 0.02
+
+
+def init_ensemble(module: nn.Module, seeds: list[int]) -> None:
+    """Initialise member s of every ensemble layer in ``module`` from ``seeds[s]`` alone.
+
+    Layers are visited in the module tree's fixed order, each drawing from one
+    ``torch.Generator`` per member, so a member's parameters depend only on its seed
+    (and the architecture), never on the other members or on global random state.
+    """
+    for s, seed in enumerate(seeds):
+        generator = torch.Generator().manual_seed(seed)
+        for layer in module.modules():
+            if hasattr(layer, "init_member"):
+                layer.init_member(s, generator)
+
+
+class EnsembleLinear(nn.Module):
+    """S independent linear maps: (S, ..., d_in) -> (S, ..., d_out).
+
+    weight: (S, d_in, d_out), bias: (S, 1, d_out). Initialised like ``nn.Linear``
+    (uniform in +-1/sqrt(d_in)) per member, or with normal(0, ``init_std``) if given.
+    """
+
+    def __init__(
+        self,
+        n_members: int,
+        d_in: int,
+        d_out: int,
+        bias: bool = True,
+        init_std: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.d_in, self.d_out, self.init_std = d_in, d_out, init_std
+        self.weight = nn.Parameter(torch.empty(n_members, d_in, d_out))
+        self.bias = nn.Parameter(torch.zeros(n_members, 1, d_out)) if bias else None
+        init_ensemble(self, list(range(n_members)))  # placeholder: the owner re-seeds it
+
+    @torch.no_grad()
+    def init_member(self, s: int, generator: torch.Generator) -> None:
+        if self.init_std is None:
+            bound = 1 / math.sqrt(self.d_in)
+            w = torch.rand(self.d_in, self.d_out, generator=generator) * 2 * bound - bound
+        else:
+            w = torch.randn(self.d_in, self.d_out, generator=generator) * self.init_std
+        self.weight[s].copy_(w)
+        if self.bias is not None:
+            self.bias[s].zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        n_members, *inner, d_in = x.shape
+        flat = x.reshape(n_members, -1, d_in)
+        if self.bias is None:
+            out = torch.bmm(flat, self.weight)
+        else:
+            out = torch.baddbmm(self.bias, flat, self.weight)
+        return out.reshape(n_members, *inner, self.d_out)
+
+
+class EnsembleLayerNorm(nn.Module):
+    """Layer norm over the last dimension with a per-member affine map: (S, ..., d)."""
+
+    def __init__(self, n_members: int, d: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(n_members, d))
+        self.bias = nn.Parameter(torch.zeros(n_members, d))
+
+    @torch.no_grad()
+    def init_member(self, s: int, generator: torch.Generator) -> None:
+        self.weight[s].fill_(1.0)
+        self.bias[s].zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        normed = F.layer_norm(x, x.shape[-1:], eps=self.eps)
+        return normed * self.weight.view(shape) + self.bias.view(shape)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block on (S, B, n, d): x + Attn(LN(x)), then x + MLP(LN(x)).
+
+    ``method`` and ``options`` choose the attention (``rpka.attention.build``); ``causal``
+    is passed to it (a causal LM builds on these blocks). A block initialises itself with
+    placeholder seeds 0..S-1; a model built from blocks calls :func:`init_ensemble` with
+    its members' seeds.
+    """
+
+    def __init__(
+        self,
+        n_members: int,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        method: str = "exact",
+        options: dict | None = None,
+        causal: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.causal = causal
+        self.norm_attn = EnsembleLayerNorm(n_members, d_model)
+        self.qkv = EnsembleLinear(n_members, d_model, 3 * d_model)
+        self.attention = build(method, causal=causal, check_inputs=False, **(options or {}))
+        self.proj = EnsembleLinear(n_members, d_model, d_model)
+        self.norm_mlp = EnsembleLayerNorm(n_members, d_model)
+        self.mlp_in = EnsembleLinear(n_members, d_model, d_ff)
+        self.mlp_out = EnsembleLinear(n_members, d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(S, B, n, d) -> q, k, v each (S*B, h, n, d/h), as fed to the attention."""
+        n_members, batch, n, d = x.shape
+        qkv = self.qkv(self.norm_attn(x))  # (S, B, n, 3d)
+        qkv = qkv.view(n_members * batch, n, 3, self.n_heads, d // self.n_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (S*B, h, n, d/h)
+        return q, k, v
+
+    def forward(self, x: Tensor) -> Tensor:
+        n_members, batch, n, d = x.shape
+        q, k, v = self.heads(x)
+        att = self.attention(q, k, v)  # (S*B, h, n, d/h)
+        att = att.transpose(1, 2).reshape(n_members, batch, n, d)
+        x = x + self.dropout(self.proj(att))
+        hidden = F.gelu(self.mlp_in(self.norm_mlp(x)))
+        return x + self.dropout(self.mlp_out(hidden))
+
+
+class TransformerTiny(nn.Module):
+    """The forecaster: (S, B, L) standardised contexts -> (S, B, H) standardised horizons.
+
+    Args:
+        config: the model's shape (``rpka.presets.ModelConfig``).
+        context, horizon: L and H.
+        seeds: one per member; member s is initialised from ``seeds[s]`` alone.
+        method, options: the attention method and its options, for every layer.
+        causal: passed to every block's attention.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        context: int,
+        horizon: int,
+        seeds: list[int],
+        method: str = "exact",
+        options: dict | None = None,
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+        config.validate()
+        n_members = len(seeds)
+        d = config.d_model
+        self.config, self.context, self.horizon = config, context, horizon
+        self.seeds = list(seeds)
+        self.embed = EnsembleLinear(n_members, config.embed_kernel, d)
+        self.position = nn.Parameter(torch.empty(n_members, context, d))
+        self.blocks = nn.ModuleList(
+            Block(
+                n_members, d, config.n_heads, config.d_ff, method, options, causal, config.dropout
+            )
+            for _ in range(config.n_layers)
+        )
+        self.norm_out = EnsembleLayerNorm(n_members, d)
+        self.head = EnsembleLinear(n_members, context * d, horizon, init_std=INIT_STD)
+        self.skip = EnsembleLinear(n_members, context, horizon) if config.linear_skip else None
+        self.reset_parameters()
+
+    @property
+    def n_members(self) -> int:
+        return len(self.seeds)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise member s from ``torch.Generator().manual_seed(seeds[s])`` only."""
+        init_ensemble(self, self.seeds)
+
+    @torch.no_grad()
+    def init_member(self, s: int, generator: torch.Generator) -> None:
+        # called first by init_ensemble (the root of the module tree), then the layers
+        shape = (self.context, self.config.d_model)
+        self.position[s].copy_(torch.randn(shape, generator=generator) * INIT_STD)
+
+    def tokens(self, x: Tensor) -> Tensor:
+        """(S, B, L) -> (S, B, L, d): each token embeds its ``embed_kernel`` neighbours."""
+        half = self.config.embed_kernel // 2
+        padded = F.pad(x, (half, half))  # zeros = the context mean after standardisation
+        patches = padded.unfold(-1, self.config.embed_kernel, 1)  # (S, B, L, k)
+        return self.embed(patches) + self.position.unsqueeze(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 3 or x.shape[0] != self.n_members or x.shape[-1] != self.context:
+            raise ValueError(
+                f"x must have shape (S={self.n_members}, B, L={self.context}), got {tuple(x.shape)}"
+            )
+        h = self.tokens(x)
+        for block in self.blocks:
+            h = block(h)
+        h = self.norm_out(h).flatten(-2)  # (S, B, L * d)
+        out = self.head(h)
+        if self.skip is not None:
+            out = out + self.skip(x)
+        return out
+
+    @torch.no_grad()
+    def attention_inputs(self, x: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Per layer, the (q, k, v) fed to its attention, each (S*B, h, L, d/h)."""
+        h = self.tokens(x)
+        inputs = []
+        for block in self.blocks:
+            inputs.append(block.heads(h))
+            h = block(h)
+        return inputs
+
+    def attention_modules(self) -> list[nn.Module]:
+        return [block.attention for block in self.blocks]

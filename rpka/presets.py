@@ -1,0 +1,507 @@
+"""The one source of truth for the benchmark's configuration.
+
+Five frozen dataclasses describe a study, from the data to the arms compared:
+
+* :class:`TrackConfig` - which data, how long, how it is windowed and split;
+* :class:`ModelConfig` - the ``transformer_tiny`` forecaster's shape;
+* :class:`TrainConfig` - epochs, batch size, optimiser;
+* :class:`ArmConfig` - one attention method with its options ("exact", "rpka-r16", ...);
+* :class:`BenchConfig` - all of the above plus learning rates and seeds.
+
+``PRESETS`` holds the three named studies (``smoke`` for tests and CI, ``quick`` for a
+few minutes, ``full`` for the real study); :func:`get_preset` returns one, with
+overrides, validated. Every dataclass is ``dataclasses.asdict``-able and round-trips
+through JSON (``BenchConfig.from_dict(json.loads(json.dumps(asdict(cfg)))) == cfg``), so
+notebooks take their parameters from here and run files record them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+DEVICES = ("cpu", "cuda")
+METRICS = ("mse", "mae")
+LR_SCHEDULES = ("cosine", "constant")
+
+
+def _require(ok: bool, name: str, allowed: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class TrackConfig:
+    """A forecasting track: the synthetic series, its windows and its splits.
+
+    The generator (``rpka.tracks.forecast``) draws ``n_series`` independent univariate
+    series of ``series_length`` steps; windows of ``context`` inputs and ``horizon``
+    targets start every ``stride`` steps; each series is cut chronologically into train /
+    validation / test segments and no window straddles two of them. (Several short series
+    rather than one long one: every split then holds many regimes.)
+
+    Generator parameters (all in units of the series' own scale, time in steps):
+        season_period: the dominant (daily-like) period, used by the seasonal-naive
+            forecast.
+        season_harmonics: harmonics of ``season_period`` in its (fixed) waveform.
+        weekly_period: a slow period that multiplies the daily amplitude (multiplicative
+            seasonality).
+        weekly_depth: depth of that modulation in [0, 1).
+        regime_mean_length: mean length of a regime (geometric), in steps.
+        regime_period_min, regime_period_max: each regime draws the period of its own
+            oscillation uniformly from this range (a continuum, so no fixed linear filter
+            extrapolates every regime - the nonlinear part of the task).
+        regime_amplitude: scale of that oscillation's amplitude.
+        noise_scale, noise_ar: innovation scale and lag-one coefficient of the AR(1) noise.
+        seasonless_fraction: share of regimes without the daily season (only the regime's
+            own oscillation, trend and noise). Which kind of regime a context shows is a
+            nonlinear feature of it: the best forecast switches between two spectra, while
+            a linear forecast has one filter for both.
+        jump_scale: standard deviation of the level jump at a regime change.
+        trend_scale, trend_ar: innovation scale and lag-one coefficient of the trend's slope
+            (an AR(1) process, integrated into the level).
+    """
+
+    name: str = "forecast"
+    n_series: int = 34
+    series_length: int = 1_000
+    stride: int = 8
+    context: int = 96
+    horizon: int = 24
+    val_fraction: float = 0.2
+    test_fraction: float = 0.2
+    seed: int = 0
+    season_period: int = 24
+    season_harmonics: int = 3
+    weekly_period: int = 168
+    weekly_depth: float = 0.5
+    regime_mean_length: int = 400
+    regime_period_min: float = 12.0
+    regime_period_max: float = 40.0
+    regime_amplitude: float = 1.5
+    noise_scale: float = 0.15
+    noise_ar: float = 0.5
+    seasonless_fraction: float = 0.4
+    jump_scale: float = 0.1
+    trend_scale: float = 0.0001
+    trend_ar: float = 0.998
+
+    def validate(self) -> None:
+        _require(self.name == "forecast", "track.name", "'forecast'", self.name)
+        _require(
+            _is_int(self.n_series) and self.n_series >= 1, "track.n_series", ">= 1", self.n_series
+        )
+        _require(_is_int(self.context) and self.context >= 8, "track.context", ">= 8", self.context)
+        _require(_is_int(self.horizon) and self.horizon >= 1, "track.horizon", ">= 1", self.horizon)
+        _require(_is_int(self.stride) and self.stride >= 1, "track.stride", ">= 1", self.stride)
+        for name in ("val_fraction", "test_fraction"):
+            value = getattr(self, name)
+            _require(_is_number(value) and 0 < value < 0.5, f"track.{name}", "in (0, 0.5)", value)
+        _require(_is_int(self.seed) and self.seed >= 0, "track.seed", "an integer >= 0", self.seed)
+        window = self.context + self.horizon
+        shortest = self.series_length * min(self.val_fraction, self.test_fraction)
+        _require(
+            _is_int(self.series_length) and shortest >= window,
+            "track.series_length",
+            f"long enough that the smallest split holds one window ({window} steps)",
+            self.series_length,
+        )
+        _require(
+            _is_int(self.season_period) and 2 <= self.season_period <= self.context,
+            "track.season_period",
+            f"an integer in [2, context={self.context}]",
+            self.season_period,
+        )
+        _require(
+            _is_int(self.season_harmonics) and self.season_harmonics >= 1,
+            "track.season_harmonics",
+            ">= 1",
+            self.season_harmonics,
+        )
+        _require(
+            _is_int(self.weekly_period) and self.weekly_period >= 2,
+            "track.weekly_period",
+            ">= 2",
+            self.weekly_period,
+        )
+        _require(
+            _is_number(self.weekly_depth) and 0 <= self.weekly_depth < 1,
+            "track.weekly_depth",
+            "in [0, 1)",
+            self.weekly_depth,
+        )
+        _require(
+            _is_int(self.regime_mean_length) and self.regime_mean_length >= 1,
+            "track.regime_mean_length",
+            ">= 1",
+            self.regime_mean_length,
+        )
+        _require(
+            _is_number(self.regime_period_min)
+            and _is_number(self.regime_period_max)
+            and 2 <= self.regime_period_min <= self.regime_period_max,
+            "track.regime_period_min/max",
+            "2 <= min <= max",
+            (self.regime_period_min, self.regime_period_max),
+        )
+        for name in (
+            "regime_amplitude",
+            "noise_scale",
+            "jump_scale",
+            "trend_scale",
+        ):
+            value = getattr(self, name)
+            _require(_is_number(value) and value >= 0, f"track.{name}", ">= 0", value)
+        for name in ("noise_ar", "trend_ar"):
+            value = getattr(self, name)
+            _require(_is_number(value) and -1 < value < 1, f"track.{name}", "in (-1, 1)", value)
+        _require(
+            _is_number(self.seasonless_fraction) and 0 <= self.seasonless_fraction <= 1,
+            "track.seasonless_fraction",
+            "in [0, 1]",
+            self.seasonless_fraction,
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``transformer_tiny``: one token per time step, pre-norm encoder blocks.
+
+    embed_kernel: width of the convolutional input embedding (odd; each token sees that
+        many neighbouring values, which gives attention a local shape to match).
+    linear_skip: add a linear context -> horizon path (RLinear-style) beside the encoder.
+    """
+
+    name: str = "transformer_tiny"
+    d_model: int = 32
+    n_layers: int = 2
+    n_heads: int = 2
+    d_ff: int = 64
+    embed_kernel: int = 5
+    dropout: float = 0.0
+    linear_skip: bool = True
+
+    def validate(self) -> None:
+        _require(self.name == "transformer_tiny", "model.name", "'transformer_tiny'", self.name)
+        for name in ("d_model", "n_layers", "n_heads", "d_ff"):
+            value = getattr(self, name)
+            _require(_is_int(value) and value >= 1, f"model.{name}", ">= 1", value)
+        _require(
+            self.d_model % self.n_heads == 0,
+            "model.d_model",
+            f"a multiple of n_heads={self.n_heads}",
+            self.d_model,
+        )
+        _require(
+            _is_int(self.embed_kernel) and self.embed_kernel >= 1 and self.embed_kernel % 2 == 1,
+            "model.embed_kernel",
+            "an odd integer >= 1",
+            self.embed_kernel,
+        )
+        _require(
+            _is_number(self.dropout) and 0 <= self.dropout < 1,
+            "model.dropout",
+            "in [0, 1)",
+            self.dropout,
+        )
+        _require(
+            isinstance(self.linear_skip, bool), "model.linear_skip", "a bool", self.linear_skip
+        )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Adam on the mean squared error of the standardised horizon.
+
+    lr_schedule: ``"cosine"`` (the learning rate decays to 0 along a half cosine over
+        all steps - short runs end at a settled point instead of wherever the last noisy
+        step left them) or ``"constant"``.
+    grad_clip: per-member gradient-norm clip (0 disables it).
+    warmup_steps: steps excluded from the median step time (allocations, caches).
+    eval_batch_size: windows per forward pass when scoring (no gradients).
+    """
+
+    epochs: int = 4
+    batch_size: int = 32
+    eval_batch_size: int = 256
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    lr_schedule: str = "cosine"
+    grad_clip: float = 1.0
+    warmup_steps: int = 3
+
+    def validate(self) -> None:
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            value = getattr(self, name)
+            _require(_is_int(value) and value >= 1, f"train.{name}", ">= 1", value)
+        _require(
+            len(self.betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in self.betas),
+            "train.betas",
+            "two numbers in [0, 1)",
+            self.betas,
+        )
+        _require(_is_number(self.eps) and self.eps > 0, "train.eps", "> 0", self.eps)
+        _require(
+            self.lr_schedule in LR_SCHEDULES,
+            "train.lr_schedule",
+            f"one of {LR_SCHEDULES}",
+            self.lr_schedule,
+        )
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            _require(_is_number(value) and value >= 0, f"train.{name}", ">= 0", value)
+        _require(
+            _is_int(self.warmup_steps) and self.warmup_steps >= 0,
+            "train.warmup_steps",
+            ">= 0",
+            self.warmup_steps,
+        )
+
+
+@dataclass(frozen=True)
+class ArmConfig:
+    """One arm of the comparison: an attention method and its options.
+
+    ``name`` labels the arm in results ("exact", "rpka-r16"); ``method`` is a key of
+    ``rpka.attention.REGISTRY``; ``options`` are passed to ``rpka.attention.build``.
+    """
+
+    name: str
+    method: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        from rpka.attention import options_of  # late: keeps presets importable alone
+
+        _require(isinstance(self.name, str) and self.name != "", "arm.name", "a name", self.name)
+        try:
+            valid = options_of(self.method)
+        except ValueError as err:
+            raise ValueError(f"arm {self.name!r}: {err}") from None
+        unknown = sorted(set(self.options) - set(valid) - {"generator"})
+        _require(
+            not unknown,
+            f"arm {self.name!r} options",
+            f"among {sorted(set(valid) - {'generator', 'causal', 'check_inputs'})}",
+            unknown,
+        )
+        _require(
+            "generator" not in self.options,
+            f"arm {self.name!r} options",
+            "without a generator (the run seeds it)",
+            sorted(self.options),
+        )
+        if "rank" in self.options:
+            rank = self.options["rank"]
+            _require(_is_int(rank) and rank >= 1, f"arm {self.name!r} rank", ">= 1", rank)
+
+
+def rpka_arm(rank: int, **options: Any) -> ArmConfig:
+    """The arm ``rpka-r<rank>`` (RPKA with default options unless given)."""
+    return ArmConfig(f"rpka-r{rank}", "rpka", {"rank": rank, **options})
+
+
+EXACT = ArmConfig("exact", "exact", {})
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """A whole study: track, model, training, arms, learning rates and seeds.
+
+    sweep_seeds score every learning rate on validation; eval_seeds (disjoint from them)
+    train the best learning rate of each arm and score it on test. ``primary_arm`` is the
+    arm reported under ``idea`` / ``comparison``; ``baseline_arm`` is the reference.
+    ``n_workers`` processes run jobs in parallel (1 = in this process);
+    ``seeds_per_job`` seeds are stacked in one model per job (more seeds per job: less
+    overhead; fewer: better load balance across workers).
+    """
+
+    preset: str
+    track: TrackConfig
+    model: ModelConfig
+    train: TrainConfig
+    arms: tuple[ArmConfig, ...]
+    primary_arm: str
+    baseline_arm: str = "exact"
+    learning_rates: tuple[float, ...] = (1e-3, 3e-3, 1e-2)
+    sweep_seeds: tuple[int, ...] = (0, 1)
+    eval_seeds: tuple[int, ...] = tuple(range(100, 108))
+    metric: str = "mse"
+    device: str = "cpu"
+    n_workers: int = 2
+    seeds_per_job: int = 4
+
+    def validate(self) -> None:
+        self.track.validate()
+        self.model.validate()
+        self.train.validate()
+        _require(len(self.arms) >= 1, "arms", "a non-empty list", self.arms)
+        for arm in self.arms:
+            arm.validate()
+        names = [arm.name for arm in self.arms]
+        _require(len(set(names)) == len(names), "arms", "uniquely named", names)
+        _require(self.baseline_arm in names, "baseline_arm", f"one of {names}", self.baseline_arm)
+        _require(self.primary_arm in names, "primary_arm", f"one of {names}", self.primary_arm)
+        _require(
+            len(self.learning_rates) >= 1
+            and all(_is_number(lr) and 0 < lr for lr in self.learning_rates),
+            "learning_rates",
+            "positive numbers (at least one)",
+            self.learning_rates,
+        )
+        _require(
+            len(set(self.learning_rates)) == len(self.learning_rates),
+            "learning_rates",
+            "distinct",
+            self.learning_rates,
+        )
+        for name in ("sweep_seeds", "eval_seeds"):
+            seeds = getattr(self, name)
+            _require(
+                len(seeds) >= 1 and all(_is_int(s) and s >= 0 for s in seeds),
+                name,
+                "non-negative integers (at least one)",
+                seeds,
+            )
+            _require(len(set(seeds)) == len(seeds), name, "distinct", seeds)
+        shared = sorted(set(self.sweep_seeds) & set(self.eval_seeds))
+        _require(not shared, "eval_seeds", "disjoint from sweep_seeds", shared)
+        _require(self.metric in METRICS, "metric", f"one of {METRICS}", self.metric)
+        _require(self.device in DEVICES, "device", f"one of {DEVICES}", self.device)
+        _require(
+            _is_int(self.n_workers) and self.n_workers >= 1, "n_workers", ">= 1", self.n_workers
+        )
+        _require(
+            _is_int(self.seeds_per_job) and self.seeds_per_job >= 1,
+            "seeds_per_job",
+            ">= 1",
+            self.seeds_per_job,
+        )
+
+    def arm(self, name: str) -> ArmConfig:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise ValueError(f"no arm named {name!r}; arms: {[a.name for a in self.arms]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BenchConfig:
+        """Inverse of ``dataclasses.asdict`` (also after a JSON round trip)."""
+        data = dict(data)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        _require(not unknown, "BenchConfig keys", f"among {sorted(known)}", unknown)
+        data["track"] = TrackConfig(**data["track"])
+        data["model"] = ModelConfig(**data["model"])
+        train = dict(data["train"])
+        if "betas" in train:
+            train["betas"] = tuple(train["betas"])
+        data["train"] = TrainConfig(**train)
+        data["arms"] = tuple(ArmConfig(**arm) for arm in data["arms"])
+        for key in ("learning_rates", "sweep_seeds", "eval_seeds"):
+            if key in data:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+
+def _smoke() -> BenchConfig:
+    return BenchConfig(
+        preset="smoke",
+        track=TrackConfig(n_series=8, series_length=400, context=32, horizon=8),
+        model=ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, embed_kernel=3),
+        train=TrainConfig(epochs=2, batch_size=32, warmup_steps=1),
+        arms=(EXACT, rpka_arm(4)),
+        primary_arm="rpka-r4",
+        learning_rates=(3e-3,),
+        sweep_seeds=(0,),
+        eval_seeds=(100, 101),
+        n_workers=1,
+    )
+
+
+def _quick() -> BenchConfig:
+    return BenchConfig(
+        preset="quick",
+        track=TrackConfig(n_series=16),
+        model=ModelConfig(),
+        train=TrainConfig(),
+        arms=(EXACT, rpka_arm(4), rpka_arm(16)),
+        primary_arm="rpka-r16",
+        learning_rates=(1e-3, 3e-3),
+        sweep_seeds=(0, 1),
+        eval_seeds=(100, 101, 102, 103),
+    )
+
+
+def _full() -> BenchConfig:
+    return BenchConfig(
+        preset="full",
+        track=TrackConfig(),
+        model=ModelConfig(),
+        train=TrainConfig(),
+        arms=(EXACT, rpka_arm(4), rpka_arm(16), rpka_arm(64)),
+        primary_arm="rpka-r64",
+        learning_rates=(1e-3, 3e-3, 1e-2),
+        sweep_seeds=(0, 1),
+        eval_seeds=tuple(range(100, 108)),
+    )
+
+
+PRESETS: dict[str, BenchConfig] = {"smoke": _smoke(), "quick": _quick(), "full": _full()}
+
+
+def get_preset(name: str, **overrides: Any) -> BenchConfig:
+    """The preset ``name`` with top-level fields replaced by ``overrides``, validated.
+
+    Nested configs are replaced whole (``track=TrackConfig(...)``) or field by field with
+    a dict (``train={"epochs": 3}``). ``ranks=[4, 16]`` is a shorthand that replaces the
+    RPKA arms (keeping ``exact``) and makes the largest rank the primary arm unless
+    ``primary_arm`` is given.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+    config = PRESETS[name]
+    overrides = dict(overrides)
+    ranks = overrides.pop("ranks", None)
+    if ranks is not None:
+        ranks = list(ranks)
+        _require(
+            len(ranks) >= 1 and all(_is_int(r) and r >= 1 for r in ranks),
+            "ranks",
+            "positive integers (at least one)",
+            ranks,
+        )
+        others = [a for a in config.arms if a.method != "rpka"]
+        overrides["arms"] = tuple(others) + tuple(rpka_arm(r) for r in sorted(set(ranks)))
+        overrides.setdefault("primary_arm", f"rpka-r{max(ranks)}")
+    known = {f.name for f in fields(BenchConfig)}
+    unknown = sorted(set(overrides) - known)
+    _require(not unknown, "override", f"among {sorted(known | {'ranks'})}", unknown)
+    nested = {"track": TrackConfig, "model": ModelConfig, "train": TrainConfig}
+    for key, value in list(overrides.items()):
+        if key in nested and isinstance(value, Mapping):
+            current = getattr(config, key)
+            allowed = {f.name for f in fields(current)}
+            bad = sorted(set(value) - allowed)
+            _require(not bad, f"{key} override", f"among {sorted(allowed)}", bad)
+            overrides[key] = dataclasses.replace(current, **value)
+        elif key in ("learning_rates", "sweep_seeds", "eval_seeds", "arms"):
+            overrides[key] = tuple(value)
+    config = dataclasses.replace(config, **overrides)
+    config.validate()
+    return config

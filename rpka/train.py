@@ -1,0 +1,362 @@
+"""One training run: ``train_run(run_config) -> result``, a pure function (DESIGN.md section 9).
+
+A run trains the S seeds of one configuration (arm, learning rate) as one stacked
+``TransformerTiny`` and scores it on a split. Everything it needs is in ``run_config``
+(JSON-able; see :func:`make_run_config`); everything it finds is in the returned dict. No
+global random state is read or written: member s draws its initialisation and its data
+order from ``seeds[s]`` alone, and RPKA's pivots from a generator seeded by the run.
+
+Divergence (DESIGN.md section 5): a member whose training loss (or validation error)
+becomes non-finite is recorded as ``diverged`` with the epoch and step, reset to its
+initial parameters and frozen there (its gradients are masked with ``torch.where``, since
+``nan * 0`` is ``nan``), so it can no longer disturb anything; the other members go on.
+A run never raises because a member diverged.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from rpka.attention import options_of
+from rpka.io import config_hash
+from rpka.model import TransformerTiny
+from rpka.presets import ArmConfig, BenchConfig, ModelConfig, TrackConfig, TrainConfig
+from rpka.tracks import get_track
+from rpka.tracks.forecast import Split
+
+SCORE_SPLITS = ("val", "test")
+# keys of a run configuration that do not change its result (not hashed)
+VOLATILE_KEYS = ("data_dir", "progress")
+# independent random streams derived from one seed (numpy SeedSequence spawn keys)
+STREAM_INIT, STREAM_DATA, STREAM_PIVOTS = 0, 1, 2
+
+
+def derive_seed(*entropy: int) -> int:
+    """A 63-bit seed from integers, via ``numpy.random.SeedSequence`` (stable, well mixed)."""
+    return int(np.random.SeedSequence(list(entropy)).generate_state(2, np.uint64)[0] >> 1)
+
+
+def make_run_config(
+    config: BenchConfig,
+    arm: ArmConfig,
+    lr: float,
+    seeds: list[int] | tuple[int, ...],
+    split: str,
+    data_dir: str | None = None,
+    progress: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The full, JSON-able configuration of one run (see :func:`train_run`)."""
+    return {
+        "arm": {"name": arm.name, "method": arm.method, "options": dict(arm.options)},
+        "lr": float(lr),
+        "seeds": [int(s) for s in seeds],
+        "split": split,
+        "track": _asdict(config.track),
+        "model": _asdict(config.model),
+        "train": _asdict(config.train),
+        "device": config.device,
+        "data_dir": data_dir,
+        "progress": progress or {"enable": False},
+    }
+
+
+def _asdict(obj: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(obj)
+
+
+def run_id(run_config: dict[str, Any]) -> str:
+    """Hash of everything in a run configuration that can change its result."""
+    return config_hash({k: v for k, v in run_config.items() if k not in VOLATILE_KEYS})
+
+
+def _check_run_config(run_config: dict[str, Any]) -> None:
+    missing = sorted(
+        {"arm", "lr", "seeds", "split", "track", "model", "train", "device"} - set(run_config)
+    )
+    if missing:
+        raise ValueError(f"run_config is missing {missing}")
+    lr = run_config["lr"]
+    if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
+    seeds = run_config["seeds"]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds!r}")
+    if run_config["split"] not in SCORE_SPLITS:
+        raise ValueError(f"split must be one of {SCORE_SPLITS}, got {run_config['split']!r}")
+    if run_config["device"] == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' requested but CUDA is not available")
+
+
+def build_model(
+    run_config: dict[str, Any], track_config: TrackConfig, device: torch.device
+) -> TransformerTiny:
+    """The stacked model of a run; RPKA-like methods get a generator seeded by the run."""
+    arm = ArmConfig(**run_config["arm"])
+    options = dict(arm.options)
+    if "generator" in options_of(arm.method):
+        seed = derive_seed(*run_config["seeds"], STREAM_PIVOTS)
+        options["generator"] = torch.Generator(device=device).manual_seed(seed)
+    init_seeds = [derive_seed(s, STREAM_INIT) for s in run_config["seeds"]]
+    model = TransformerTiny(
+        ModelConfig(**run_config["model"]),
+        track_config.context,
+        track_config.horizon,
+        init_seeds,
+        arm.method,
+        options,
+    )
+    return model.to(device)
+
+
+def lr_factor(schedule: str, step: int, total_steps: int) -> float:
+    """Learning-rate multiplier at ``step``: 1, or a half cosine from 1 to 0."""
+    if schedule == "constant":
+        return 1.0
+    return 0.5 * (1 + math.cos(math.pi * min(step, total_steps) / max(total_steps, 1)))
+
+
+def member_batches(n_windows: int, batch_size: int, generators: list[torch.Generator]) -> Tensor:
+    """One epoch of window indices (steps, S, B): member s shuffles with its own generator.
+
+    The last incomplete batch is dropped so every step has S x B windows.
+    """
+    steps = n_windows // batch_size
+    orders = [torch.randperm(n_windows, generator=g)[: steps * batch_size] for g in generators]
+    return torch.stack(orders).view(len(generators), steps, batch_size).transpose(0, 1)
+
+
+@torch.no_grad()
+def evaluate(model: TransformerTiny, data: Split, batch_size: int) -> dict[str, Tensor]:
+    """Per-member MSE and MAE over every window and horizon step of ``data``: each (S,)."""
+    model.eval()
+    n_members = model.n_members
+    device = model.position.device
+    sq = torch.zeros(n_members, dtype=torch.float64, device=device)
+    ab = torch.zeros_like(sq)
+    for start in range(0, len(data), batch_size):
+        x = data.x[start : start + batch_size].to(device)
+        y = data.y[start : start + batch_size].to(device)
+        diff = model(x.expand(n_members, *x.shape)) - y
+        sq += diff.double().pow(2).sum((1, 2))
+        ab += diff.double().abs().sum((1, 2))
+    model.train()
+    count = data.y.numel()
+    return {"mse": sq / count, "mae": ab / count}
+
+
+def clip_per_member(params: list[Tensor], max_norm: float) -> Tensor:
+    """Scale each member's gradient to norm <= max_norm; returns the norms (S,)."""
+    squares = sum(p.grad.pow(2).flatten(1).sum(1) for p in params)
+    norms = squares.sqrt()
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad.mul_(scale.view(-1, *([1] * (p.dim() - 1))))
+    return norms
+
+
+def _member_view(mask: Tensor, like: Tensor) -> Tensor:
+    return mask.view(-1, *([1] * (like.dim() - 1)))
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _to_list(values: Tensor, alive: Tensor | None = None) -> list[float | None]:
+    out = []
+    for i, v in enumerate(values.tolist()):
+        ok = math.isfinite(v) and (alive is None or bool(alive[i]))
+        out.append(v if ok else None)
+    return out
+
+
+def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
+    """Train the seeds of one configuration and score them; see the module docstring.
+
+    ``run_config`` keys: ``arm`` {name, method, options}, ``lr``, ``seeds`` (list),
+    ``split`` ("val" for sweep runs, "test" for evaluation runs - which also record val),
+    ``track`` / ``model`` / ``train`` (the dataclasses as dicts), ``device``, and the
+    result-neutral ``data_dir`` (track cache) and ``progress`` {enable, position, leave}.
+
+    Returns a JSON-able dict: ``run_id``, the configuration, per-member histories and
+    final metrics (``members``), ``scores`` {metric: [per seed]} on the scored split,
+    timing (``step_ms_median``, ``wall_s``) and RPKA guard counts (``guard_counts``).
+    """
+    _check_run_config(run_config)
+    wall_start = time.perf_counter()
+    cpu_start = time.process_time()
+    device = torch.device(run_config["device"])
+    track_config = TrackConfig(**run_config["track"])
+    train_config = TrainConfig(
+        **{**run_config["train"], "betas": tuple(run_config["train"]["betas"])}
+    )
+    track = get_track(track_config.name, track_config, run_config.get("data_dir"))
+    seeds = list(run_config["seeds"])
+    n_members = len(seeds)
+
+    model = build_model(run_config, track_config, device)
+    params = list(model.parameters())
+    initial = [p.detach().clone() for p in params]
+    optimizer = torch.optim.Adam(
+        params,
+        lr=run_config["lr"],
+        betas=train_config.betas,
+        eps=train_config.eps,
+        weight_decay=train_config.weight_decay,
+    )
+    total_steps = train_config.epochs * (len(track.train) // train_config.batch_size)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(train_config.lr_schedule, step, total_steps)
+    )
+    data_generators = [torch.Generator().manual_seed(derive_seed(s, STREAM_DATA)) for s in seeds]
+    train_x, train_y = track.train.x.to(device), track.train.y.to(device)
+    steps_per_epoch = len(track.train) // train_config.batch_size
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"train.batch_size={train_config.batch_size} exceeds the "
+            f"{len(track.train)} training windows"
+        )
+
+    alive = torch.ones(n_members, dtype=torch.bool, device=device)
+    diverged_at: list[dict[str, int] | None] = [None] * n_members
+    history: dict[str, list] = {"train_loss": [], "val_mse": [], "val_mae": []}
+    step_ms: list[float] = []
+    guards: dict[str, int] = {}
+    progress = run_config.get("progress") or {}
+    bar = tqdm(
+        total=train_config.epochs * steps_per_epoch,
+        desc=f"{run_config['arm']['name']} lr={run_config['lr']:g} {run_config['split']}",
+        position=progress.get("position"),
+        leave=progress.get("leave", True),
+        disable=not progress.get("enable", True),
+        dynamic_ncols=True,
+    )
+
+    def mark_diverged(newly: Tensor, epoch: int, step: int, reason: str) -> None:
+        for s in torch.nonzero(newly).flatten().tolist():
+            diverged_at[s] = {"epoch": epoch, "step": step, "reason": reason}
+
+    def train_step(batch: Tensor) -> Tensor:
+        """One Adam step for the members still alive; returns the per-member loss (S,)."""
+        nonlocal alive
+        loss = (model(train_x[batch]) - train_y[batch]).pow(2).mean((1, 2))  # (S,)
+        newly = alive & ~torch.isfinite(loss)
+        alive = alive & ~newly
+        # sum, not mean: each member's gradient is that of its own loss
+        torch.where(alive, loss, 0.0).sum().backward()
+        for p in params:
+            p.grad = torch.where(_member_view(alive, p), p.grad, 0.0)
+        if train_config.grad_clip > 0:
+            clip_per_member(params, train_config.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+        if not bool(alive.all()):
+            with torch.no_grad():  # frozen at their initial values: finite forever
+                for p, p0 in zip(params, initial, strict=True):
+                    p.copy_(torch.where(_member_view(alive, p), p, p0))
+        if bool(newly.any()):
+            mark_diverged(newly, epoch, global_step, "non-finite training loss")
+        return torch.where(alive, loss.detach().double(), 0.0)
+
+    # A numerical failure inside the attention (torch.linalg.LinAlgError, e.g. a landmark
+    # Gram matrix that float32 cannot factorise) ends the run like a divergence of every
+    # member still training - one step mixes them all - and is recorded with its message.
+    failure: str | None = None
+    global_step = 0
+    for epoch in range(train_config.epochs):
+        loss_sum = torch.zeros(n_members, dtype=torch.float64, device=device)
+        for batch in member_batches(len(track.train), train_config.batch_size, data_generators):
+            t0 = _now(device)
+            try:
+                loss_sum += train_step(batch.to(device))
+            except torch.linalg.LinAlgError as err:
+                failure = f"LinAlgError: {err}"
+                break
+            step_time = (_now(device) - t0) * 1e3
+            if global_step >= train_config.warmup_steps:
+                step_ms.append(step_time)
+            for module in model.attention_modules():
+                for key, value in getattr(module, "guard_counts", {}).items():
+                    guards[key] = guards.get(key, 0) + int(value)
+            global_step += 1
+            bar.update(1)
+        if failure is None:
+            try:
+                val = evaluate(model, track.val, train_config.eval_batch_size)
+            except torch.linalg.LinAlgError as err:
+                failure = f"LinAlgError: {err}"
+        if failure is not None:
+            mark_diverged(alive, epoch, global_step, failure)
+            alive = torch.zeros_like(alive)
+            break
+        newly = alive & ~(torch.isfinite(val["mse"]) & torch.isfinite(val["mae"]))
+        if bool(newly.any()):
+            alive = alive & ~newly
+            mark_diverged(newly, epoch, global_step, "non-finite validation error")
+        history["train_loss"].append(_to_list(loss_sum / steps_per_epoch, alive))
+        history["val_mse"].append(_to_list(val["mse"], alive))
+        history["val_mae"].append(_to_list(val["mae"], alive))
+        finite_val = [v for v in history["val_mse"][-1] if v is not None]
+        if finite_val:
+            bar.set_postfix(val_mse=f"{statistics.mean(finite_val):.3f}")
+    bar.close()
+
+    final = {}
+    for name in ("val", "test") if run_config["split"] == "test" else ("val",):
+        if not bool(alive.any()):  # every member diverged or failed: nothing to score
+            final[name] = {k: [None] * n_members for k in ("mse", "mae")}
+            continue
+        metrics = (
+            val if name == "val" else evaluate(model, track.test, train_config.eval_batch_size)
+        )
+        final[name] = {k: _to_list(v, alive) for k, v in metrics.items()}
+    members = []
+    for s, seed in enumerate(seeds):
+        members.append(
+            {
+                "seed": seed,
+                "status": "ok" if diverged_at[s] is None else "diverged",
+                "diverged_at": diverged_at[s],
+                "train_loss": [row[s] for row in history["train_loss"]],
+                "val_mse": [row[s] for row in history["val_mse"]],
+                "val_mae": [row[s] for row in history["val_mae"]],
+                "final": {split: {k: v[s] for k, v in m.items()} for split, m in final.items()},
+            }
+        )
+    clean = {k: v for k, v in run_config.items() if k not in VOLATILE_KEYS}
+    return {
+        "run_id": run_id(run_config),
+        "config": clean,
+        "arm": run_config["arm"]["name"],
+        "lr": run_config["lr"],
+        "seeds": seeds,
+        "split": run_config["split"],
+        "scores": final[run_config["split"]],
+        "members": members,
+        "n_diverged": sum(d is not None for d in diverged_at),
+        "n_train_windows": len(track.train),
+        "attention_tokens": track_config.context,
+        "steps_per_epoch": steps_per_epoch,
+        "n_steps": global_step,
+        "step_ms_median": statistics.median(step_ms) if step_ms else None,
+        "guard_counts": guards or None,
+        "wall_s": time.perf_counter() - wall_start,
+        # CPU time of this process: on a busy machine it estimates the unloaded wall time
+        # of a single-threaded run (it counts every thread, so not for multi-threaded runs)
+        "cpu_s": time.process_time() - cpu_start,
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }

@@ -1,0 +1,211 @@
+"""The bench: report keys against their documentation, resume, lr selection, CLI errors."""
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+import rpka.bench as bench
+from rpka.bench import InProcessExecutor, best_learning_rate, run_bench
+from rpka.io import read_json
+from rpka.presets import BenchConfig, get_preset
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "bench_report.md"
+SMOKE = get_preset("smoke", train={"epochs": 1})
+# dicts whose keys are data (arm names, options, configs): documented as a whole
+OPAQUE = {
+    "config.track",
+    "config.model",
+    "config.train",
+    "config.arms",
+    "arms.<arm>.options",
+    "arms.<arm>.best_cfg.options",
+    "arms.<arm>.full_by_metric",
+    "arms.<arm>.val_by_metric",
+    "naive_baselines.forecasts",
+    "timings.step_ms_median",
+    "timings.step_ratio_vs_baseline",
+    "timings.run_wall_s",
+    "timings.run_cpu_s",
+}
+
+
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    report = run_bench(
+        SMOKE, root / "out", InProcessExecutor(), progress=False, data_dir=root / "cache"
+    )
+    return report, root
+
+
+def key_paths(obj, prefix=""):
+    """Dotted key paths of a report; arm names become <arm>, list items []."""
+    paths = set()
+    if normalise(prefix) in OPAQUE:
+        return paths
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            name = "<arm>" if prefix == "arms" else key
+            path = f"{prefix}.{name}" if prefix else name
+            paths.add(path)
+            paths |= key_paths(value, path)
+    elif isinstance(obj, list) and obj and isinstance(obj[0], dict):
+        paths |= key_paths(obj[0], f"{prefix}[]")
+    return paths
+
+
+def documented_paths():
+    rows = re.findall(r"^\| `([^`]+)` \|", DOC.read_text(), flags=re.MULTILINE)
+    assert rows, "no documented keys found"
+    return set(rows)
+
+
+def normalise(path):
+    """baseline/idea share the arm entry's keys; arms.<arm>.comparison those of comparison."""
+    for head in ("baseline.", "idea."):
+        if path.startswith(head) and path not in ("baseline.arm", "idea.arm"):
+            return "arms.<arm>." + path[len(head) :]
+    if path.startswith("arms.<arm>.comparison."):
+        return path[len("arms.<arm>.") :]
+    return path
+
+
+def test_every_report_key_is_documented_and_every_documented_key_exists(smoke_report):
+    report, _ = smoke_report
+    present = {normalise(p) for p in key_paths(report)}
+    documented = documented_paths()
+    assert present - documented == set(), "undocumented keys"
+    assert documented - present == set(), "documented keys missing from the report"
+
+
+def test_report_content(smoke_report):
+    report, root = smoke_report
+    arms = report["arms"]
+    assert set(arms) == {"exact", "rpka-r4"}
+    assert report["comparison"] == arms["rpka-r4"]["comparison"]
+    assert arms["exact"]["comparison"] is None and report["mechanism_signature"] is None
+    assert report["n_seeds"] == len(SMOKE.eval_seeds) == report["comparison"]["n_pairs"]
+    full = arms["exact"]["full"]
+    assert full["n"] == len(full["per_seed"]) and full["std"] >= 0
+    diffs = [
+        b - a for a, b in zip(full["per_seed"], arms["rpka-r4"]["full"]["per_seed"], strict=True)
+    ]
+    assert report["comparison"]["per_seed_diffs"] == pytest.approx(diffs)
+    assert "Holm" in report["comparison"]["adjustment"]
+    assert BenchConfig.from_dict(report["config"]) == SMOKE
+    assert len(list((root / "out" / "runs").glob("*.json"))) == report["timings"]["n_runs"]
+    # run files are complete results, named by their hash
+    for path in (root / "out" / "runs").glob("*.json"):
+        assert read_json(path)["run_id"] == path.stem
+
+
+def test_resume_skips_finished_runs(tmp_path, monkeypatch):
+    calls = []
+    real = bench.train_run
+
+    def counting(run_config):
+        calls.append(run_config["arm"]["name"])
+        return real(run_config)
+
+    monkeypatch.setattr(bench, "train_run", counting)
+    kwargs = dict(executor=InProcessExecutor(), progress=False, data_dir=tmp_path / "cache")
+    first = run_bench(SMOKE, tmp_path / "out", **kwargs)
+    assert len(calls) == first["timings"]["n_runs"] == 4
+    calls.clear()
+    second = run_bench(SMOKE, tmp_path / "out", **kwargs)
+    assert calls == [] and second["timings"]["n_runs_resumed"] == 4
+    assert second["arms"]["exact"]["full"] == first["arms"]["exact"]["full"]
+    # delete one run: exactly that one runs again
+    victim = tmp_path / "out" / "runs" / f"{first['arms']['rpka-r4']['run_ids'][0]}.json"
+    victim.unlink()
+    run_bench(SMOKE, tmp_path / "out", **kwargs)
+    assert calls == ["rpka-r4"]
+
+
+def test_a_diverging_learning_rate_loses_the_sweep(tmp_path):
+    config = get_preset("smoke", learning_rates=(1e8, 3e-3), train={"epochs": 1, "grad_clip": 0.0})
+    report = run_bench(
+        config, tmp_path / "out", InProcessExecutor(), progress=False, data_dir=tmp_path
+    )
+    for arm in report["arms"].values():
+        rows = {row["lr"]: row for row in arm["sweep"]}
+        assert rows[1e8]["n_diverged"] == len(config.sweep_seeds) and rows[1e8]["score"] is None
+        assert arm["best_cfg"]["lr"] == 3e-3 and rows[3e-3]["selected"]
+
+
+def fake(scores):
+    return {"scores": {"mse": scores}}
+
+
+def test_best_learning_rate_rule():
+    results = {1e-3: fake([0.5, 0.7]), 3e-3: fake([0.4, 0.6]), 1e-2: fake([0.1, None])}
+    assert best_learning_rate(results, "mse") == 3e-3  # 1e-2 diverged on one seed: loses
+    assert best_learning_rate({1.0: fake([math.nan]), 2.0: fake([None])}, "mse") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--preset", "huge"], "--preset"),
+        (["--ranks", "0"], "ranks"),
+        (["--ranks", "four"], "--ranks"),
+        (["--lrs", "0"], "learning_rates"),
+        (["--seeds", "0"], "--seeds"),
+        (["--workers", "0"], "n_workers"),
+        (["--device", "tpu"], "--device"),
+        (["--epochs", "0"], "train.epochs"),
+    ],
+)
+def test_bad_cli_values_fail_before_writing_anything(tmp_path, capsys, argv, message):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--preset", "smoke", "--out", str(out), "--no-progress", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_overrides_reach_the_config():
+    config, _ = bench.parse_config(
+        ["--preset", "smoke", "--ranks", "2", "8", "--seeds", "3", "--lrs", "1e-3", "2e-3"]
+    )
+    assert [a.name for a in config.arms] == ["exact", "rpka-r2", "rpka-r8"]
+    assert config.primary_arm == "rpka-r8" and len(config.eval_seeds) == 3
+    assert not set(config.eval_seeds) & set(config.sweep_seeds)
+    assert config.learning_rates == (1e-3, 2e-3)
+
+
+def test_presets_validate_and_round_trip():
+    import dataclasses
+    import json
+
+    for name in ("smoke", "quick", "full"):
+        config = get_preset(name)
+        assert BenchConfig.from_dict(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+    full = get_preset("full")
+    assert full.track.context >= 96 and len(full.eval_seeds) == 8
+    assert {4, 16, 64} <= {a.options.get("rank") for a in full.arms}
+    with pytest.raises(ValueError, match="eval_seeds"):
+        get_preset("smoke", eval_seeds=(0, 1))  # overlaps the sweep seeds
+    with pytest.raises(ValueError, match="preset must be one of"):
+        get_preset("nope")
+    with pytest.raises(ValueError, match="override"):
+        get_preset("smoke", colour="red")
+    with pytest.raises(ValueError, match="train override"):
+        get_preset("smoke", train={"epoch": 3})
+
+
+def test_seed_groups_do_not_change_exact_results(tmp_path):
+    """Members never mix: exact attention gives the same per-seed results in any grouping."""
+    kwargs = dict(executor=InProcessExecutor(), progress=False, data_dir=tmp_path / "cache")
+    together = run_bench(SMOKE, tmp_path / "a", **kwargs)
+    split_up = run_bench(
+        get_preset("smoke", train={"epochs": 1}, seeds_per_job=1), tmp_path / "b", **kwargs
+    )
+    assert len(split_up["arms"]["exact"]["run_ids"]) == len(SMOKE.eval_seeds)
+    assert split_up["arms"]["exact"]["seeds"] == list(SMOKE.eval_seeds)
+    assert split_up["arms"]["exact"]["full"]["per_seed"] == pytest.approx(
+        together["arms"]["exact"]["full"]["per_seed"], rel=1e-5
+    )
