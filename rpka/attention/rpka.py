@@ -75,17 +75,29 @@ def nystrom_core(k_s: Tensor, v: Tensor, landmarks: Tensor, valid: Tensor) -> Te
     max 1): the key factor ``e^{|k|^2/2}`` of ``exp(q.k)``.
     """
     g_ks = gaussian_kernel(k_s, landmarks) * valid.to(k_s.dtype).unsqueeze(-2)  # (..., m, r)
-    pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
-    eye = torch.eye(landmarks.shape[-2], dtype=k_s.dtype, device=k_s.device)
-    g_ss = torch.where(pair, gaussian_kernel(landmarks, landmarks), eye)
-    # jitter: pivots are at least round-off apart, this keeps the factorisation stable
-    jitter = 10 * torch.finfo(k_s.dtype).eps
-    chol = torch.linalg.cholesky(g_ss + jitter * eye)
+    chol = landmark_cholesky(landmarks, valid)
 
     log_w = k_s.pow(2).sum(-1) / 2  # e^{|k~|^2/2}, in the log domain
     w = torch.exp(log_w - log_w.amax(-1, keepdim=True))  # (..., m), max 1
     wv = torch.cat([w.unsqueeze(-1) * v, w.unsqueeze(-1)], dim=-1)  # (..., m, d_v + 1)
-    return torch.cholesky_solve(g_ks.transpose(-1, -2) @ wv, chol)  # (..., r, d_v + 1)
+    rhs = (g_ks.transpose(-1, -2) @ wv).to(chol.dtype)
+    return torch.cholesky_solve(rhs, chol).to(k_s.dtype)  # (..., r, d_v + 1)
+
+
+def landmark_cholesky(landmarks: Tensor, valid: Tensor) -> Tensor:
+    """Cholesky factor of ``G_SS + jitter I`` (..., r, r), always in float64.
+
+    The block is tiny (r x r), and in float32 a Gram of pivots whose residuals were near
+    round-off can lose definiteness to rounding (seen in training at r = 64 of 192 points).
+    The jitter is that of the input precision (10 eps), so float32 and float64 inputs keep
+    their own accuracy; invalid landmarks get identity rows.
+    """
+    lm = landmarks.to(torch.float64)
+    eye = torch.eye(lm.shape[-2], dtype=torch.float64, device=lm.device)
+    pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
+    g_ss = torch.where(pair, gaussian_kernel(lm, lm), eye)
+    jitter = 10 * torch.finfo(landmarks.dtype).eps
+    return torch.linalg.cholesky(g_ss + jitter * eye)
 
 
 def nystrom_readout(
