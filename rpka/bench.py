@@ -45,10 +45,11 @@ from tqdm.auto import tqdm
 import rpka
 from rpka import stats
 from rpka.io import read_json, write_json
+from rpka.mechanism import mechanism_study
 from rpka.paths import resolve
-from rpka.presets import DEVICES, PRESETS, ArmConfig, BenchConfig, get_preset
+from rpka.presets import DEVICES, PRESETS, ArmConfig, BenchConfig, TrackConfig, get_preset
 from rpka.tracks import get_track, naive_baselines
-from rpka.train import make_run_config, run_id, train_run
+from rpka.train import build_model, load_trained, make_run_config, run_id, train_run
 
 BENCH_VERSION = "2.0"
 METRIC_DIRECTION = "lower"  # MSE and MAE: lower is better
@@ -57,6 +58,51 @@ METRIC_DIRECTION = "lower"  # MSE and MAE: lower is better
 LEARNABILITY_RATIO = 0.6
 DEFAULT_OUT = "data/results/{preset}"
 DEFAULT_DATA_DIR = "data/cache"
+
+
+# --------------------------------------------------------------------------- mechanism
+
+
+def study_mechanism(
+    config: BenchConfig,
+    primary: dict[str, Any],
+    runs_dir: Path,
+    out: Path,
+    track: Any,
+    progress: bool = True,
+    n_windows: int = 4,
+) -> dict[str, Any]:
+    """The trace identity and approximation quality on the primary arm's trained model.
+
+    Takes the first evaluation seed's trained weights and, for contrast, the same member
+    freshly initialised; feeds ``n_windows`` test windows; writes both studies to
+    ``out/mechanism.json`` and returns the trained model's ``mechanism_signature``.
+    """
+    trained, result = load_trained(runs_dir / f"{primary['run_ids'][0]}.json")
+    init = build_model(
+        result["config"], TrackConfig(**result["config"]["track"]), torch.device("cpu")
+    )
+    arm = config.arm(config.primary_arm)
+    options = {
+        k: arm.options[k] for k in ("pivot_set", "weighting", "tempering") if k in arm.options
+    }
+    x = track.test.x[:n_windows]
+    studies = {}
+    for name, model in (("trained", trained), ("init", init)):
+        qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
+        member0 = [tuple(t[: len(x)] for t in layer) for layer in qkv]  # member 0: first seed
+        studies[name] = mechanism_study(
+            member0, progress=progress, **{**options, **(config.mechanism or {})}
+        )
+    seed = result["seeds"][0]
+    described = (
+        f"{arm.name} (method {arm.method}, options {dict(arm.options)}), lr "
+        f"{result['lr']:g}, evaluation seed {seed}, run {result['run_id']}, "
+        f"{len(x)} test windows"
+    )
+    signature = {**studies["trained"]["mechanism_signature"], "trained_model": described}
+    write_json(out / "mechanism.json", {"model": described, **studies})
+    return signature
 
 
 # --------------------------------------------------------------------------- executors
@@ -140,6 +186,8 @@ def make_jobs(
         bar = {"enable": progress, "position": 1, "leave": False}
         run_config = make_run_config(config, arm, lr, seeds, split, data_dir, bar)
         path = runs_dir / f"{run_id(run_config)}.json"
+        if phase == "eval":  # evaluation runs keep their weights (mechanism study, notebooks)
+            run_config["state_path"] = str(path.with_suffix(".pt"))
         jobs.append(Job(arm.name, lr, phase, group, run_config, path))
     return jobs
 
@@ -277,6 +325,11 @@ def run_bench(
     t_runs = time.perf_counter()
 
     report = build_report(config, naive, sweep_of, eval_of, track)
+    t_stats = time.perf_counter()
+    if config.mechanism is not None and config.primary_arm in eval_of:
+        report["mechanism_signature"] = study_mechanism(
+            config, eval_of[config.primary_arm], runs_dir, out, track, progress
+        )
     t_end = time.perf_counter()
     report["timings"] = timings(
         config,
@@ -287,7 +340,8 @@ def run_bench(
             "sweep_s": finished_at["sweep"] - t_data,
             "eval_s": finished_at["eval"] - t_data,
             "runs_s": t_runs - t_data,
-            "stats_s": t_end - t_runs,
+            "stats_s": t_stats - t_runs,
+            "mechanism_s": t_end - t_stats,
             "total_s": t_end - t_start,
         },
         n_jobs=n_jobs,

@@ -6,12 +6,15 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file and a rename.
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[IO[Any]], None], binary: bool = False
+) -> Path:
+    """Write ``path`` through ``write(fh)`` on a temporary file, then rename it into place.
 
     A reader never sees a half-written file, and an interrupted write leaves nothing.
     """
@@ -19,13 +22,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb" if binary else "w") as fh:
+            write(fh)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Atomically write ``text`` to ``path``."""
+    return atomic_write(path, lambda fh: fh.write(text))
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:
@@ -56,17 +64,14 @@ def _finite(obj: Any) -> Any:
 
 
 def atomic_save_npz(path: str | os.PathLike, **arrays: Any) -> Path:
-    """Write numpy arrays to ``path`` (.npz) through a temporary file and a rename."""
+    """Atomically write numpy arrays to ``path`` (.npz)."""
     import numpy as np  # local: the rest of this module needs only the standard library
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda fh: np.savez(fh, **arrays), binary=True)
+
+
+def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
+    """Atomically ``torch.save`` ``obj`` to ``path``."""
+    import torch
+
+    return atomic_write(path, lambda fh: torch.save(obj, fh), binary=True)

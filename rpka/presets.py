@@ -342,6 +342,9 @@ class BenchConfig:
     device: str = "cpu"
     n_workers: int = 2
     seeds_per_job: int = 4
+    # overrides of rpka.mechanism.MechanismConfig for the study of the primary arm's
+    # trained model (empty: the full study's defaults); None skips the study
+    mechanism: dict[str, Any] | None = field(default_factory=dict)
 
     def validate(self) -> None:
         self.track.validate()
@@ -376,6 +379,12 @@ class BenchConfig:
                 seeds,
             )
             _require(len(set(seeds)) == len(seeds), name, "distinct", seeds)
+        if self.mechanism is not None:
+            from rpka.mechanism import MechanismConfig  # local: presets stay light to import
+
+            allowed = {f.name for f in fields(MechanismConfig)}
+            bad = sorted(set(self.mechanism) - allowed)
+            _require(not bad, "mechanism", f"keys among {sorted(allowed)}", bad)
         shared = sorted(set(self.sweep_seeds) & set(self.eval_seeds))
         _require(not shared, "eval_seeds", "disjoint from sweep_seeds", shared)
         _require(self.metric in METRICS, "metric", f"one of {METRICS}", self.metric)
@@ -431,6 +440,7 @@ def _smoke() -> BenchConfig:
         sweep_seeds=(0,),
         eval_seeds=(100, 101),
         n_workers=1,
+        mechanism={"rank": 4, "draws": 200, "quality_ranks": [2, 4, 8], "quality_seeds": 3},
     )
 
 
@@ -445,6 +455,7 @@ def _quick() -> BenchConfig:
         learning_rates=(1e-3, 3e-3),
         sweep_seeds=(0, 1),
         eval_seeds=(100, 101, 102, 103),
+        mechanism={"rank": 16, "draws": 500, "quality_ranks": [4, 8, 16, 32], "quality_seeds": 5},
     )
 
 

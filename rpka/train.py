@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from rpka.attention import options_of
-from rpka.io import config_hash
+from rpka.io import atomic_torch_save, config_hash, read_json
 from rpka.model import TransformerTiny
 from rpka.presets import ArmConfig, BenchConfig, ModelConfig, TrackConfig, TrainConfig
 from rpka.tracks import get_track
@@ -34,7 +35,7 @@ from rpka.tracks.forecast import Split
 
 SCORE_SPLITS = ("val", "test")
 # keys of a run configuration that do not change its result (not hashed)
-VOLATILE_KEYS = ("data_dir", "progress")
+VOLATILE_KEYS = ("data_dir", "progress", "state_path")
 # independent random streams derived from one seed (numpy SeedSequence spawn keys)
 STREAM_INIT, STREAM_DATA, STREAM_PIVOTS = 0, 1, 2
 
@@ -188,7 +189,8 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     ``run_config`` keys: ``arm`` {name, method, options}, ``lr``, ``seeds`` (list),
     ``split`` ("val" for sweep runs, "test" for evaluation runs - which also record val),
     ``track`` / ``model`` / ``train`` (the dataclasses as dicts), ``device``, and the
-    result-neutral ``data_dir`` (track cache) and ``progress`` {enable, position, leave}.
+    result-neutral ``data_dir`` (track cache), ``progress`` {enable, position, leave} and
+    ``state_path`` (if set, the trained weights are saved there; see :func:`load_trained`).
 
     Returns a JSON-able dict: ``run_id``, the configuration, per-member histories and
     final metrics (``members``), ``scores`` {metric: [per seed]} on the scored split,
@@ -336,6 +338,8 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
                 "final": {split: {k: v[s] for k, v in m.items()} for split, m in final.items()},
             }
         )
+    if run_config.get("state_path"):  # evaluation runs keep their weights for the mechanism
+        atomic_torch_save(run_config["state_path"], model.state_dict())
     clean = {k: v for k, v in run_config.items() if k not in VOLATILE_KEYS}
     return {
         "run_id": run_id(run_config),
@@ -360,3 +364,22 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
     }
+
+
+def load_trained(run_file: str | Path, device: str = "cpu") -> tuple[TransformerTiny, dict]:
+    """The trained stacked model of a finished run and its result.
+
+    ``run_file`` is the run's JSON; the weights are the ``.pt`` file beside it (written when
+    the run had a ``state_path``, as the bench's evaluation runs do).
+    """
+    run_file = Path(run_file)
+    result = read_json(run_file)
+    state_file = run_file.with_suffix(".pt")
+    if not state_file.exists():
+        raise FileNotFoundError(
+            f"{state_file} is missing: the run kept no weights (rerun it with a state_path)"
+        )
+    run_config = {**result["config"], "device": device}
+    model = build_model(run_config, TrackConfig(**run_config["track"]), torch.device(device))
+    model.load_state_dict(torch.load(state_file, map_location=device, weights_only=True))
+    return model.eval(), result

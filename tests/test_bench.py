@@ -1,5 +1,6 @@
 """The bench: report keys against their documentation, resume, lr selection, CLI errors."""
 
+import json
 import math
 import re
 from pathlib import Path
@@ -67,6 +68,8 @@ def normalise(path):
     for head in ("baseline.", "idea."):
         if path.startswith(head) and path not in ("baseline.arm", "idea.arm"):
             return "arms.<arm>." + path[len(head) :]
+    if path.startswith("config.mechanism."):  # preset-dependent overrides, documented whole
+        return "config.mechanism"
     if path.startswith("arms.<arm>.comparison."):
         return path[len("arms.<arm>.") :]
     return path
@@ -85,7 +88,12 @@ def test_report_content(smoke_report):
     arms = report["arms"]
     assert set(arms) == {"exact", "rpka-r4"}
     assert report["comparison"] == arms["rpka-r4"]["comparison"]
-    assert arms["exact"]["comparison"] is None and report["mechanism_signature"] is None
+    assert arms["exact"]["comparison"] is None
+    signature = report["mechanism_signature"]  # the trained primary arm's trace identity
+    assert isinstance(signature["confirmed"], bool) and "rpka-r4" in signature["trained_model"]
+    assert signature["max_rel_error_exact"] < 1e-10  # the exact expectation is round-off
+    mechanism = json.loads((root / "mechanism.json").read_text())
+    assert {"trained", "init"} <= set(mechanism)
     assert report["n_seeds"] == len(SMOKE.eval_seeds) == report["comparison"]["n_pairs"]
     full = arms["exact"]["full"]
     assert full["n"] == len(full["per_seed"]) and full["std"] >= 0
