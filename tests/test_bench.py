@@ -92,7 +92,7 @@ def test_report_content(smoke_report):
     signature = report["mechanism_signature"]  # the trained primary arm's trace identity
     assert isinstance(signature["confirmed"], bool) and "rpka-r4" in signature["trained_model"]
     assert signature["max_rel_error_exact"] < 1e-10  # the exact expectation is round-off
-    mechanism = json.loads((root / "mechanism.json").read_text())
+    mechanism = json.loads((root / "out" / "mechanism.json").read_text())
     assert {"trained", "init"} <= set(mechanism)
     assert report["n_seeds"] == len(SMOKE.eval_seeds) == report["comparison"]["n_pairs"]
     full = arms["exact"]["full"]

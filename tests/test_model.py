@@ -66,7 +66,8 @@ def test_attention_inputs_are_what_the_attention_sees(name):
         block.attention.register_forward_hook(lambda m, args, out: seen.append(args))
         for block in model.blocks
     ]
-    model(x)
+    with torch.no_grad():  # as attention_inputs: the same (inference) attention path
+        model(x)
     for hook in hooks:
         hook.remove()
     reseed()
