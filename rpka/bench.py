@@ -44,8 +44,9 @@ from tqdm.auto import tqdm
 
 import rpka
 from rpka import stats
+from rpka.ablations import choose_default, rpka_configuration
 from rpka.io import read_json, write_json
-from rpka.mechanism import mechanism_study
+from rpka.mechanism import mechanism_study, method_output_errors
 from rpka.paths import resolve
 from rpka.presets import DEVICES, PRESETS, ArmConfig, BenchConfig, TrackConfig, get_preset
 from rpka.tracks import get_track, naive_baselines
@@ -103,6 +104,58 @@ def study_mechanism(
     signature = {**studies["trained"]["mechanism_signature"], "trained_model": described}
     write_json(out / "mechanism.json", {"model": described, **studies})
     return signature
+
+
+OUTPUT_ERROR_SEEDS = 5  # pivot / feature draws per method and rank in the output-error study
+OUTPUT_ERROR_DEFINITION = (
+    "relative error |O_hat - O|_F / |O|_F of each arm's attention (its method and options, "
+    "rank replaced) against exact SDPA in float64, per layer, test window, head and draw, on "
+    "the attention inputs (q, k, v) of a trained model: the arm's own ('own') and the exact "
+    "arm's ('exact'), first evaluation seed (rpka.mechanism.method_output_errors)"
+)
+
+
+def study_output_errors(
+    config: BenchConfig,
+    eval_of: dict[str, dict[str, Any]],
+    runs_dir: Path,
+    track: Any,
+    n_windows: int = 4,
+) -> dict[str, Any]:
+    """Every arm's attention output error against exact on trained Q/K, at several ranks.
+
+    Ranks: ``config.output_error_ranks`` plus the arm's own. Inputs: the arm's own trained
+    model and the exact arm's (the Q/K softmax attention learned: one set for every
+    method), member 0 (the first evaluation seed), ``n_windows`` test windows.
+    """
+    x = track.test.x[:n_windows]
+
+    def inputs_of(arm_name: str) -> list:
+        model, _ = load_trained(runs_dir / f"{eval_of[arm_name]['run_ids'][0]}.json")
+        qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
+        return [tuple(t[: len(x)] for t in layer) for layer in qkv]
+
+    exact_inputs = inputs_of(config.baseline_arm)
+    rows = []
+    for arm in config.arms:
+        if arm.method == "exact" or arm.name not in eval_of:
+            continue
+        own = dict(arm.options).get("rank")
+        ranks = sorted(set(config.output_error_ranks) | ({own} if own else set()))
+        for label, qkv in (("own", inputs_of(arm.name)), ("exact", exact_inputs)):
+            for row in method_output_errors(
+                qkv, arm.method, dict(arm.options), ranks, OUTPUT_ERROR_SEEDS
+            ):
+                rows.append(
+                    {"arm": arm.name, "method": arm.method, "inputs": label, "own_rank": own, **row}
+                )
+    return {
+        "definition": OUTPUT_ERROR_DEFINITION,
+        "ranks": list(config.output_error_ranks),
+        "n_windows": len(x),
+        "seeds": OUTPUT_ERROR_SEEDS,
+        "rows": rows,
+    }
 
 
 # --------------------------------------------------------------------------- executors
@@ -330,6 +383,9 @@ def run_bench(
         report["mechanism_signature"] = study_mechanism(
             config, eval_of[config.primary_arm], runs_dir, out, track, progress
         )
+    t_mechanism = time.perf_counter()
+    if config.output_error_ranks and config.baseline_arm in eval_of:
+        report["output_error"] = study_output_errors(config, eval_of, runs_dir, track)
     t_end = time.perf_counter()
     report["timings"] = timings(
         config,
@@ -341,7 +397,8 @@ def run_bench(
             "eval_s": finished_at["eval"] - t_data,
             "runs_s": t_runs - t_data,
             "stats_s": t_stats - t_runs,
-            "mechanism_s": t_end - t_stats,
+            "mechanism_s": t_mechanism - t_stats,
+            "output_error_s": t_end - t_mechanism,
             "total_s": t_end - t_start,
         },
         n_jobs=n_jobs,
@@ -390,8 +447,9 @@ def arm_entry(
     tokens = config.track.context
     options = dict(arm.options)
     points = None
-    if arm.method == "rpka":
-        points = tokens if options.get("pivot_set", "joint") == "keys" else 2 * tokens
+    rpka_choices = rpka_configuration(arm.method, options)  # rpka and nystrom-uniform
+    if rpka_choices is not None:
+        points = tokens if rpka_choices["pivot_set"] == "keys" else 2 * tokens
     return {
         "method": arm.method,
         "options": options,
@@ -476,7 +534,7 @@ def build_report(
     def earlier_keys(entry: dict[str, Any], name: str) -> dict[str, Any]:
         return {"arm": name, **{k: v for k, v in entry.items() if k != "comparison"}}
 
-    return {
+    report = {
         "bench_version": BENCH_VERSION,
         "track": config.track.name,
         "model": config.model.name,
@@ -489,6 +547,8 @@ def build_report(
         "idea": earlier_keys(primary, config.primary_arm),
         "comparison": primary["comparison"],
         "mechanism_signature": None,
+        "output_error": None,
+        "ablation_choice": None,
         "arms": arms,
         "naive_baselines": naive,
         "learnability": learnability(base["full"]["mean"], naive),
@@ -503,6 +563,8 @@ def build_report(
         "versions": versions(),
         "device": device_description(config.device),
     }
+    report["ablation_choice"] = choose_default(report)  # validation scores only
+    return report
 
 
 def timings(
@@ -628,7 +690,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def print_summary(report: dict[str, Any], out: Path) -> None:
     """A results table: every arm and the naive forecasts, test MSE."""
-    lines = [f"{'arm':<12} {'points':>6} {'best lr':>8} {'test MSE':>18} {'vs exact':>30}"]
+    width = max(12, *(len(name) for name in report["arms"]))
+    lines = [f"{'arm':<{width}} {'points':>6} {'best lr':>8} {'test MSE':>18} {'vs exact':>30}"]
     for name, arm in report["arms"].items():
         full = arm["full"]
         points = arm["pivot_points"] or arm["attention_tokens"]
@@ -637,11 +700,18 @@ def print_summary(report: dict[str, Any], out: Path) -> None:
             "-" if cmp_ is None else f"{cmp_['delta_mean']:+.4f} p_adj={cmp_['p_adjusted']:.3g}"
         )
         lines.append(
-            f"{name:<12} {points:>6} {arm['best_cfg']['lr']:>8.0e} "
+            f"{name:<{width}} {points:>6} {arm['best_cfg']['lr']:>8.0e} "
             f"{full['mean']:>9.4f} +- {full['std']:<6.4f} {versus:>30}"
         )
     for name, f in report["naive_baselines"]["forecasts"].items():
-        lines.append(f"{name:<12} {'':>6} {'':>8} {f['test']['mse']:>9.4f}")
+        lines.append(f"{name:<{width}} {'':>6} {'':>8} {f['test']['mse']:>9.4f}")
+    choice = report.get("ablation_choice")
+    if choice is not None:
+        lines.append(
+            f"RPKA default (validation): {choice['chosen_arm']} "
+            f"({choice['chosen_val_score']:.4f} vs reference {choice['reference']} "
+            f"{choice['reference_val_score']:.4f})"
+        )
     learn = report["learnability"]
     lines.append(
         f"learnability: exact {learn['baseline_test_mse']:.4f} vs threshold "

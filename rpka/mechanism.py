@@ -794,6 +794,65 @@ def _records(frame: pd.DataFrame) -> list[dict]:
     ]
 
 
+# --------------------------------------------------------------------------- every method
+
+
+@torch.no_grad()
+def method_output_errors(
+    qkv_per_layer: Sequence[QKV],
+    method: str,
+    options: dict[str, object] | None = None,
+    ranks: Sequence[int] = (16, 64, 128),
+    seeds: int = 5,
+    seed: int = 0,
+) -> list[dict[str, object]]:
+    """Relative output error of any registered method against exact SDPA, per rank.
+
+    For each rank r the method is built from ``options`` with ``rank=r`` (for RPKA-like
+    methods: landmarks; Nystromformer: segments; Performer: random features), ``seeds``
+    times with a fresh seeded generator where it takes one (new pivots / features each time;
+    a deterministic method gives the same error every time), and applied to every layer's
+    inputs in float64, so that the error measures the approximation, not round-off. The
+    error of one (seed, item, head) is ``|O_hat - O|_F / |O|_F`` over its (n, d_v) output.
+
+    Args:
+        qkv_per_layer: one ``(q, k, v)`` per layer, each (B, H, n, d), as fed to the
+            attention (e.g. ``TransformerTiny.attention_inputs`` of a trained model).
+        method, options: the method as a bench arm has it (``rank`` is replaced).
+        ranks: ranks compared (a method caps a rank above its number of points itself).
+
+    Returns JSON-able rows, one per rank: ``rank``, ``n`` (layers x items x heads x seeds)
+    and the spread of the error (``error_mean``, ``_sd``, ``_min``, ``_q10``, ``_median``,
+    ``_q90``, ``_max``).
+    """
+    _check_layers(qkv_per_layer)
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
+    if not ranks or any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in ranks):
+        raise ValueError(f"ranks must be positive integers, got {list(ranks)}")
+    from rpka.attention import options_of  # the registry, for which options a method takes
+
+    takes = options_of(method)  # raises ValueError for an unknown method
+    base = {k: v for k, v in (options or {}).items() if k not in ("rank", "generator")}
+    inputs = [tuple(x.to(torch.float64) for x in qkv) for qkv in qkv_per_layer]
+    exact = [build("exact")(*qkv) for qkv in inputs]
+    rows = []
+    for rank in ranks:
+        errors = []
+        for s in range(seeds):
+            extra = {"rank": rank} if "rank" in takes else {}
+            if "generator" in takes:
+                extra["generator"] = torch.Generator().manual_seed(seed + 1000 * rank + s)
+            attn = build(method, **base, **extra)  # fresh: new draws, empty caches
+            for (q, k, v), ref in zip(inputs, exact, strict=True):
+                out = attn(q, k, v)
+                err = (out - ref).pow(2).sum((-2, -1)).sqrt() / ref.pow(2).sum((-2, -1)).sqrt()
+                errors.append(err.flatten())
+        values = torch.cat(errors).cpu().numpy()
+        rows.append({"rank": int(rank), "n": int(values.size), **_spread(values, "error")})
+    return rows
+
+
 # --------------------------------------------------------------------------- the study
 
 
@@ -847,6 +906,7 @@ __all__ = [
     "compare_models",
     "layer_quality",
     "mechanism_study",
+    "method_output_errors",
     "optimal_trace_error",
     "pivot_points",
     "pivoted_matrix",

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rpka.attention import build
+from rpka.attention.rpka import new_batch, share_pivot_cache
 from rpka.presets import ModelConfig
 
 # standard deviation of the initial positional embeddings and of the output head (GPT-2 style)
@@ -205,6 +206,8 @@ class TransformerTiny(nn.Module):
         self.norm_out = EnsembleLayerNorm(n_members, d)
         self.head = EnsembleLinear(n_members, context * d, horizon, init_std=INIT_STD)
         self.skip = EnsembleLinear(n_members, context, horizon) if config.linear_skip else None
+        # RPKA with pivot_refresh="batch": one pivot draw per forward, shared by the layers
+        share_pivot_cache(self.attention_modules())
         self.reset_parameters()
 
     @property
@@ -234,6 +237,7 @@ class TransformerTiny(nn.Module):
             raise ValueError(
                 f"x must have shape (S={self.n_members}, B, L={self.context}), got {tuple(x.shape)}"
             )
+        new_batch(self.attention_modules())  # a forward pass is one batch
         h = self.tokens(x)
         for block in self.blocks:
             h = block(h)
@@ -246,6 +250,7 @@ class TransformerTiny(nn.Module):
     @torch.no_grad()
     def attention_inputs(self, x: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
         """Per layer, the (q, k, v) fed to its attention, each (S*B, h, L, d/h)."""
+        new_batch(self.attention_modules())
         h = self.tokens(x)
         inputs = []
         for block in self.blocks:

@@ -1,4 +1,4 @@
-"""Figures of the study, drawn from the plain-JSON results (e.g. ``mechanism.json``).
+"""Figures of the study, drawn from plain-JSON results (``mechanism.json``, ``bench_report.json``).
 
 Every function takes result dicts as :mod:`rpka.mechanism` returns them (or as read back
 from JSON), returns the matplotlib ``Figure``, and with ``save_dir`` also writes
@@ -9,7 +9,7 @@ every figure shares one look.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -292,7 +292,200 @@ def plot_trained_vs_init(
     return fig
 
 
+# --------------------------------------------------------------------------- the bench
+
+VERDICT_COLOURS = {"win": "C2", "loss": "C3", "inconclusive": "0.35"}
+GROUP_MARKERS = {
+    "baseline": "*",
+    "RPKA rank": "o",
+    "RPKA ablation": "s",
+    "peer": "D",
+}
+
+
+def _verdict_kind(verdict: str) -> str:
+    if verdict.startswith("significant win"):
+        return "win"
+    if verdict.startswith("significant loss"):
+        return "loss"
+    return "inconclusive"
+
+
+def plot_forest(
+    report: Mapping,
+    save_dir: str | os.PathLike | None = None,
+    name: str = "bench_forest",
+) -> Figure:
+    """Every arm's paired delta against the baseline with its 95 % CI (a forest plot).
+
+    One row per non-baseline arm, in the config's order (rank sweep, ablations, peers):
+    the mean per-seed difference (arm - baseline; negative = lower error than the baseline)
+    with its paired-t 95 % CI, a zero line, and on the right the Holm-adjusted p, the wins
+    k/n and the verdict. Colour: significant win / loss / inconclusive.
+    """
+    from rpka.tables import arm_group  # tables import plots: keep the cycle local
+
+    names = [n for n, arm in report["arms"].items() if arm.get("comparison")]
+    fig, ax = plt.subplots(figsize=(9.5, 1.2 + 0.42 * len(names)), constrained_layout=True)
+    for y, arm_name in enumerate(names):
+        c = report["arms"][arm_name]["comparison"]
+        colour = VERDICT_COLOURS[_verdict_kind(c["verdict"])]
+        marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
+        low, high = c["ci_low"], c["ci_high"]
+        if np.isfinite(low) and np.isfinite(high):
+            ax.plot([low, high], [y, y], color=colour, lw=2)
+        ax.plot(c["delta_mean"], y, marker, color=colour, ms=7)
+        p_adj = c["p_adjusted"]
+        p_text = f"p_adj={p_adj:.3g}" if p_adj is not None and np.isfinite(p_adj) else "p_adj=n/a"
+        ax.annotate(
+            f"{p_text}  {c['idea_wins']}/{c['n_pairs']} wins  {_verdict_kind(c['verdict'])}",
+            xy=(1.01, y),
+            xycoords=("axes fraction", "data"),
+            va="center",
+            fontsize=8,
+        )
+    ax.axvline(0.0, color="k", lw=1)
+    ax.set_yticks(range(len(names)), labels=names)
+    ax.set_ylim(len(names) - 0.5, -0.5)  # first arm on top
+    metric = report.get("metric", "mse").upper()
+    ax.set(
+        xlabel=f"test {metric}: arm - {report['baseline_arm']} (mean over paired seeds, 95 % CI)",
+        title=f"Paired difference against {report['baseline_arm']} "
+        f"({report['n_seeds']} evaluation seeds, Holm over {len(names)} arms)",
+    )
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def plot_output_error_by_arm(
+    report: Mapping,
+    save_dir: str | os.PathLike | None = None,
+    name: str = "bench_output_error",
+) -> Figure:
+    """Each arm's relative attention output error against exact, against rank.
+
+    Two panels: on each arm's own trained Q/K, and on the exact arm's (the same inputs
+    for every method). Lines: mean over layers, windows, heads and draws; bands: 10-90 %
+    quantiles; the marker at each arm's own (training) rank is filled.
+    """
+    from rpka.tables import arm_group
+
+    frame = pd.DataFrame(report["output_error"]["rows"])
+    panels = [p for p in ("own", "exact") if p in set(frame["inputs"])]
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(6.5 * len(panels), 4.5), constrained_layout=True, squeeze=False
+    )
+    for ax, inputs in zip(axes[0], panels, strict=True):
+        part = frame[frame["inputs"] == inputs]
+        for i, arm_name in enumerate(a for a in report["arms"] if a in set(part["arm"])):
+            rows = part[part["arm"] == arm_name].sort_values("rank")
+            colour = f"C{i % 10}"
+            marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
+            ax.plot(
+                rows["rank"],
+                rows["error_mean"],
+                "-",
+                marker=marker,
+                color=colour,
+                mfc="white",
+                label=arm_name,
+            )
+            ax.fill_between(
+                rows["rank"], rows["error_q10"], rows["error_q90"], color=colour, alpha=0.08
+            )
+            own = rows[rows["rank"] == rows["own_rank"]]
+            ax.plot(own["rank"], own["error_mean"], marker, color=colour)
+        ranks = sorted(part["rank"].unique())
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="rank (landmarks / segments / features)",
+            ylabel=r"relative output error $\|\hat O - O\|_F / \|O\|_F$",
+            title=f"on the {'arm' if inputs == 'own' else 'exact arm'}'s trained Q/K",
+        )
+        ax.set_xticks(ranks, labels=ranks)
+        ax.minorticks_off()
+    axes[0][-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def pareto_front(x: Sequence[float], y: Sequence[float]) -> list[int]:
+    """Indices of the points no other point dominates (lower-or-equal x AND y, one strictly).
+
+    Sorted by x. NaN points are never on the front.
+    """
+    points = [(float(a), float(b), i) for i, (a, b) in enumerate(zip(x, y, strict=True))]
+    points = sorted(p for p in points if np.isfinite(p[0]) and np.isfinite(p[1]))
+    front, best = [], np.inf
+    for _, b, i in points:  # increasing x: on the front iff lower y than everything faster
+        if b < best:
+            front.append(i)
+            best = b
+    return front
+
+
+def plot_error_vs_time(
+    report: Mapping,
+    latency_ms: Mapping[str, float] | None = None,
+    latency_length: int | None = None,
+    save_dir: str | os.PathLike | None = None,
+    name: str = "bench_error_vs_time",
+) -> Figure:
+    """Test error against cost, with the Pareto front highlighted.
+
+    Left: each arm's mean test metric (95 % CI bars) against its median training step time
+    (``timings.step_ms_median``). Right (when ``latency_ms`` is given, e.g.
+    :func:`rpka.scaling.forward_latency` of a ``--bench-preset`` scaling run): the same
+    error against the attention's forward latency at ``latency_length`` tokens. The front
+    (no arm both faster and better) is joined by a line and its points circled.
+    """
+    from rpka.tables import arm_group
+
+    names = list(report["arms"])
+    panels = [("step", report["timings"]["step_ms_median"], "training step (ms, median)")]
+    if latency_ms:
+        length = f" at n = {latency_length}" if latency_length else ""
+        panels.append(("latency", latency_ms, f"attention forward latency{length} (ms)"))
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(7 * len(panels), 5), constrained_layout=True, squeeze=False
+    )
+    metric = report.get("metric", "mse").upper()
+    for ax, (_, times, xlabel) in zip(axes[0], panels, strict=True):
+        shown = [n for n in names if times.get(n) is not None]
+        x = [float(times[n]) for n in shown]
+        full = [report["arms"][n]["full"] for n in shown]
+        y = [f["mean"] for f in full]
+        front = set(pareto_front(x, y))
+        for j, arm_name in enumerate(shown):
+            f = full[j]
+            err = [[f["mean"] - f["ci_low"]], [f["ci_high"] - f["mean"]]]
+            if not np.all(np.isfinite(err)):
+                err = None
+            colour = f"C{names.index(arm_name) % 10}"
+            marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
+            ax.errorbar(x[j], y[j], yerr=err, fmt=marker, color=colour, ms=7, capsize=2)
+            if j in front:
+                ax.plot(x[j], y[j], "o", ms=15, mfc="none", mec="k", mew=1.2)
+            ax.annotate(
+                arm_name, (x[j], y[j]), xytext=(5, 4), textcoords="offset points", fontsize=7
+            )
+        order = sorted(front, key=lambda j: x[j])
+        ax.plot([x[j] for j in order], [y[j] for j in order], "k--", lw=1, label="Pareto front")
+        ax.set(xscale="log", xlabel=xlabel, ylabel=f"test {metric} (mean, 95 % CI)")
+        ax.legend(loc="best")
+    axes[0][0].set_title("Error against training cost")
+    if len(panels) > 1:
+        axes[0][1].set_title("Error against inference cost")
+    save_figure(fig, save_dir, name)
+    return fig
+
+
 __all__ = [
+    "pareto_front",
+    "plot_error_vs_time",
+    "plot_forest",
+    "plot_output_error_by_arm",
     "plot_output_error",
     "plot_residual_trace",
     "plot_spectra",

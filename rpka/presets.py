@@ -8,8 +8,10 @@ Five frozen dataclasses describe a study, from the data to the arms compared:
 * :class:`ArmConfig` - one attention method with its options ("exact", "rpka-r16", ...);
 * :class:`BenchConfig` - all of the above plus learning rates and seeds.
 
-``PRESETS`` holds the three named studies (``smoke`` for tests and CI, ``quick`` for a
-few minutes, ``full`` for the real study); :func:`get_preset` returns one, with
+``PRESETS`` holds the named studies (``smoke`` for tests and CI, ``quick`` for a few
+minutes, ``full`` for the real study - the rank sweep, RPKA's ablations and the peers -
+``quick-study``, the full study's arms at the quick size, and ``smoke-study``, its
+structure in miniature for tests); :func:`get_preset` returns one, with
 overrides, validated. Every dataclass is ``dataclasses.asdict``-able and round-trips
 through JSON (``BenchConfig.from_dict(json.loads(json.dumps(asdict(cfg)))) == cfg``), so
 notebooks take their parameters from here and run files record them.
@@ -308,12 +310,50 @@ class ArmConfig:
             _require(_is_int(rank) and rank >= 1, f"arm {self.name!r} rank", ">= 1", rank)
 
 
-def rpka_arm(rank: int, **options: Any) -> ArmConfig:
-    """The arm ``rpka-r<rank>`` (RPKA with default options unless given)."""
-    return ArmConfig(f"rpka-r{rank}", "rpka", {"rank": rank, **options})
+def rpka_arm(rank: int, label: str | None = None, **options: Any) -> ArmConfig:
+    """The arm ``rpka-r<rank>`` (RPKA with default options), or ``rpka-r<rank>-<label>``."""
+    name = f"rpka-r{rank}" if label is None else f"rpka-r{rank}-{label}"
+    return ArmConfig(name, "rpka", {"rank": rank, **options})
+
+
+def peer_arm(method: str, rank: int, **options: Any) -> ArmConfig:
+    """The arm ``<method>-r<rank>``: a peer method at rank (landmarks / features) ``rank``."""
+    return ArmConfig(f"{method}-r{rank}", method, {"rank": rank, **options})
 
 
 EXACT = ArmConfig("exact", "exact", {})
+
+# The ablation study varies one choice of RPKA at a time around its default configuration
+# (gauss weighting, joint pivot set, rpc rule, pivots drawn at every call) at ONE rank. At
+# the training shape (96 tokens, 192 joint pivot points) r = 16 is the cheapest rank at
+# which the approximation still matters: 16 of 192 points (1/12) is genuinely low-rank, so
+# the choice of landmarks changes the attention output, whereas at r = 64 (a third of the
+# points) trained Q/K are close to exact whatever the choices. r = 4 is cheaper still, but
+# there every configuration is dominated by the rank deficit. The default arm ``rpka-r16``
+# doubles as the ablations' reference; the peers run at the same rank (landmarks, segments
+# or random features).
+ABLATION_RANK = 16
+# (label, options) of each ablation: one factor changed from RPKA's default
+ABLATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("exp", {"weighting": "exp"}),  # pivots ~ the exponential kernel's residual (DESIGN 2)
+    ("tempered", {"weighting": "tempered", "tempering": 0.5}),  # ~ its square root
+    ("keys", {"pivot_set": "keys"}),  # pivots from the keys only (WildCat-style set)
+    ("greedy", {"pivot_rule": "greedy"}),  # argmax residual instead of sampling
+    ("batch-pivots", {"pivot_refresh": "batch"}),  # one draw per batch, shared by the layers
+)
+# The pivot-rule ablation's "uniform" level is the peer nystrom-uniform: by construction
+# RPKA with pivot_rule="uniform" (rpka.attention.nystrom_uniform), so it is not run twice.
+PEERS = ("nystrom-uniform", "keys-coreset", "nystromformer", "performer")
+
+
+def ablation_arms(rank: int = ABLATION_RANK) -> tuple[ArmConfig, ...]:
+    """The ablation arms ``rpka-r<rank>-<label>`` (the reference ``rpka-r<rank>`` excluded)."""
+    return tuple(rpka_arm(rank, label, **options) for label, options in ABLATIONS)
+
+
+def peer_arms(rank: int = ABLATION_RANK) -> tuple[ArmConfig, ...]:
+    """Every peer method at ``rank``: ``<method>-r<rank>``."""
+    return tuple(peer_arm(method, rank) for method in PEERS)
 
 
 @dataclass(frozen=True)
@@ -345,6 +385,13 @@ class BenchConfig:
     # overrides of rpka.mechanism.MechanismConfig for the study of the primary arm's
     # trained model (empty: the full study's defaults); None skips the study
     mechanism: dict[str, Any] | None = field(default_factory=dict)
+    # RPKA's default is chosen on validation among ablation_reference (the current default
+    # configuration) and ablation_arms (alternatives, one choice changed each); None: no choice
+    ablation_reference: str | None = None
+    ablation_arms: tuple[str, ...] = ()
+    # ranks at which every arm's attention is compared with exact on its trained Q/K
+    # (rpka.mechanism.method_output_errors); () skips that study
+    output_error_ranks: tuple[int, ...] = (16, 64, 128)
 
     def validate(self) -> None:
         self.track.validate()
@@ -385,6 +432,35 @@ class BenchConfig:
             allowed = {f.name for f in fields(MechanismConfig)}
             bad = sorted(set(self.mechanism) - allowed)
             _require(not bad, "mechanism", f"keys among {sorted(allowed)}", bad)
+        if self.ablation_reference is None:
+            _require(
+                not self.ablation_arms,
+                "ablation_arms",
+                "empty without an ablation_reference",
+                self.ablation_arms,
+            )
+        else:
+            _require(
+                self.ablation_reference in names,
+                "ablation_reference",
+                f"one of {names}",
+                self.ablation_reference,
+            )
+            unknown = sorted(set(self.ablation_arms) - set(names))
+            _require(not unknown, "ablation_arms", f"arms among {names}", unknown)
+            _require(
+                self.ablation_reference not in self.ablation_arms
+                and len(set(self.ablation_arms)) == len(self.ablation_arms),
+                "ablation_arms",
+                "distinct and without the ablation_reference",
+                self.ablation_arms,
+            )
+        _require(
+            all(_is_int(r) and r >= 1 for r in self.output_error_ranks),
+            "output_error_ranks",
+            "positive integers (or empty)",
+            self.output_error_ranks,
+        )
         shared = sorted(set(self.sweep_seeds) & set(self.eval_seeds))
         _require(not shared, "eval_seeds", "disjoint from sweep_seeds", shared)
         _require(self.metric in METRICS, "metric", f"one of {METRICS}", self.metric)
@@ -422,10 +498,19 @@ class BenchConfig:
             train["betas"] = tuple(train["betas"])
         data["train"] = TrainConfig(**train)
         data["arms"] = tuple(ArmConfig(**arm) for arm in data["arms"])
-        for key in ("learning_rates", "sweep_seeds", "eval_seeds"):
+        for key in TUPLE_FIELDS:
             if key in data:
                 data[key] = tuple(data[key])
         return cls(**data)
+
+
+TUPLE_FIELDS = (
+    "learning_rates",
+    "sweep_seeds",
+    "eval_seeds",
+    "ablation_arms",
+    "output_error_ranks",
+)
 
 
 def _smoke() -> BenchConfig:
@@ -441,6 +526,24 @@ def _smoke() -> BenchConfig:
         eval_seeds=(100, 101),
         n_workers=1,
         mechanism={"rank": 4, "draws": 200, "quality_ranks": [2, 4, 8], "quality_seeds": 3},
+        output_error_ranks=(4, 16),
+    )
+
+
+def _smoke_study() -> BenchConfig:
+    """The full study's structure in seconds: one ablation, the uniform rule, one peer."""
+    return dataclasses.replace(
+        _smoke(),
+        preset="smoke-study",
+        arms=(
+            EXACT,
+            rpka_arm(4),
+            rpka_arm(4, "greedy", pivot_rule="greedy"),
+            peer_arm("nystrom-uniform", 4),
+            peer_arm("performer", 4),
+        ),
+        ablation_reference="rpka-r4",
+        ablation_arms=("rpka-r4-greedy", "nystrom-uniform-r4"),
     )
 
 
@@ -460,20 +563,41 @@ def _quick() -> BenchConfig:
 
 
 def _full() -> BenchConfig:
+    ablations, peers = ablation_arms(), peer_arms()
     return BenchConfig(
         preset="full",
         track=TrackConfig(),
         model=ModelConfig(),
         train=TrainConfig(),
-        arms=(EXACT, rpka_arm(4), rpka_arm(16), rpka_arm(64)),
+        arms=(EXACT, rpka_arm(4), rpka_arm(16), rpka_arm(64), *ablations, *peers),
         primary_arm="rpka-r64",
         learning_rates=(1e-3, 3e-3, 1e-2),
         sweep_seeds=(0, 1),
         eval_seeds=tuple(range(100, 108)),
+        ablation_reference=f"rpka-r{ABLATION_RANK}",
+        ablation_arms=tuple(a.name for a in ablations) + (f"nystrom-uniform-r{ABLATION_RANK}",),
     )
 
 
-PRESETS: dict[str, BenchConfig] = {"smoke": _smoke(), "quick": _quick(), "full": _full()}
+def _quick_study() -> BenchConfig:
+    """The full study's arms at the quick preset's size (minutes): a preview of the report."""
+    return dataclasses.replace(
+        _full(),
+        preset="quick-study",
+        track=TrackConfig(n_series=16),
+        learning_rates=(1e-3, 3e-3),
+        eval_seeds=(100, 101, 102, 103),
+        mechanism=_quick().mechanism,
+    )
+
+
+PRESETS: dict[str, BenchConfig] = {
+    "smoke": _smoke(),
+    "smoke-study": _smoke_study(),
+    "quick": _quick(),
+    "quick-study": _quick_study(),
+    "full": _full(),
+}
 
 
 def get_preset(name: str, **overrides: Any) -> BenchConfig:
@@ -481,8 +605,9 @@ def get_preset(name: str, **overrides: Any) -> BenchConfig:
 
     Nested configs are replaced whole (``track=TrackConfig(...)``) or field by field with
     a dict (``train={"epochs": 3}``). ``ranks=[4, 16]`` is a shorthand that replaces the
-    RPKA arms (keeping ``exact``) and makes the largest rank the primary arm unless
-    ``primary_arm`` is given.
+    rank sweep - the arms ``rpka-r<rank>`` with default options, except the ablation
+    reference, which the ablations need - keeping every other arm, and makes the largest
+    rank the primary arm unless ``primary_arm`` is given.
     """
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
@@ -497,8 +622,12 @@ def get_preset(name: str, **overrides: Any) -> BenchConfig:
             "positive integers (at least one)",
             ranks,
         )
-        others = [a for a in config.arms if a.method != "rpka"]
-        overrides["arms"] = tuple(others) + tuple(rpka_arm(r) for r in sorted(set(ranks)))
+        reference = overrides.get("ablation_reference", config.ablation_reference)
+        swept = {a.name for a in config.arms if a == rpka_arm(a.options.get("rank", 0))}
+        others = [a for a in config.arms if a.name not in swept - {reference}]
+        kept = {a.name for a in others}
+        new = [rpka_arm(r) for r in sorted(set(ranks)) if f"rpka-r{r}" not in kept]
+        overrides["arms"] = tuple(others) + tuple(new)
         overrides.setdefault("primary_arm", f"rpka-r{max(ranks)}")
     known = {f.name for f in fields(BenchConfig)}
     unknown = sorted(set(overrides) - known)
@@ -511,7 +640,7 @@ def get_preset(name: str, **overrides: Any) -> BenchConfig:
             bad = sorted(set(value) - allowed)
             _require(not bad, f"{key} override", f"among {sorted(allowed)}", bad)
             overrides[key] = dataclasses.replace(current, **value)
-        elif key in ("learning_rates", "sweep_seeds", "eval_seeds", "arms"):
+        elif key in (*TUPLE_FIELDS, "arms"):
             overrides[key] = tuple(value)
     config = dataclasses.replace(config, **overrides)
     config.validate()

@@ -36,9 +36,10 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -48,7 +49,7 @@ try:
 except ImportError:  # pragma: no cover - a bare GPU box with torch only: no progress bar
     tqdm = None
 
-from rpka.attention import build
+from rpka.attention import build, options_of
 from rpka.io import write_json
 
 DTYPES = {
@@ -84,6 +85,9 @@ class ScalingConfig:
     exact_backend: str | None = None
     # wall-clock budget in seconds for the whole sweep; later measurements are "skipped"
     max_seconds: float | None = None
+    # more arms, any registered method by name: {"name": label, "method": ..., "options":
+    # {...}} each (e.g. a bench preset's arms, see arm_latency); measured under their name
+    extra_arms: Sequence[Mapping[str, Any]] = ()
 
     def validate(self) -> None:
         if not self.lengths or any(_bad_int(n, 2) for n in self.lengths):
@@ -110,6 +114,18 @@ class ScalingConfig:
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ValueError(f"max_seconds must be None or > 0, got {self.max_seconds!r}")
         build("exact", backend=self.exact_backend)  # validates the backend name
+        builtin = {"exact", "rpka", CONTROL}
+        names = [arm.get("name") if isinstance(arm, Mapping) else None for arm in self.extra_arms]
+        for arm, name in zip(self.extra_arms, names, strict=True):
+            if not isinstance(name, str) or name in builtin or names.count(name) > 1:
+                raise ValueError(
+                    f"extra_arms must be dicts with a unique 'name' other than {sorted(builtin)}, "
+                    f"got {arm!r}"
+                )
+            options = dict(arm.get("options", {}))
+            unknown = sorted(set(options) - set(options_of(arm.get("method", ""))))
+            if unknown:
+                raise ValueError(f"extra_arms {name!r}: unknown option(s) {unknown}")
 
 
 def _bad_int(value: object, low: int) -> bool:
@@ -161,13 +177,18 @@ DEFAULT_OUT = {
 }
 
 
-def arms(config: ScalingConfig) -> list[tuple[str, int | None, dict]]:
-    """(label, rank, build options) of every arm, exact first."""
-    out: list[tuple[str, int | None, dict]] = [("exact", None, {"backend": config.exact_backend})]
-    out += [("rpka", int(r), {"rank": int(r)}) for r in config.ranks]
+def arms(config: ScalingConfig) -> list[tuple[str, int | None, str, dict]]:
+    """(label, rank, method, build options) of every arm, exact first."""
+    exact = ("exact", None, "exact", {"backend": config.exact_backend})
+    out: list[tuple[str, int | None, str, dict]] = [exact]
+    out += [("rpka", int(r), "rpka", {"rank": int(r)}) for r in config.ranks]
     out += [
-        (CONTROL, int(r), {"rank": int(r), "pivot_rule": "uniform"}) for r in config.control_ranks
+        (CONTROL, int(r), "rpka", {"rank": int(r), "pivot_rule": "uniform"})
+        for r in config.control_ranks
     ]
+    for arm in config.extra_arms:
+        options = dict(arm.get("options", {}))
+        out.append((arm["name"], options.get("rank"), arm["method"], options))
     return out
 
 
@@ -277,8 +298,8 @@ def _measure(
 
         times = time_call(call, device, config.warmup, repeats)
         return {"forward_ms": statistics.median(times), "forward_ms_all": times}
-    if kind == "pivot":
-        if not hasattr(attn, "select"):
+    if kind == "pivot":  # the accelerated selection alone (RPKA-like methods)
+        if not hasattr(attn, "select") or getattr(attn, "method", None) != "accelerated":
             return {}
 
         def call() -> object:
@@ -336,7 +357,8 @@ def _header(config: ScalingConfig, preset: str | None) -> dict:
     return {
         "preset": preset,
         "config": asdict(config)
-        | {k: list(getattr(config, k)) for k in ("lengths", "ranks", "control_ranks")},
+        | {k: list(getattr(config, k)) for k in ("lengths", "ranks", "control_ranks")}
+        | {"extra_arms": [dict(arm) for arm in config.extra_arms]},
         "device": device_name(config.device),
         "device_type": config.device,
         "dtype": config.dtype,
@@ -384,7 +406,7 @@ def run_scaling(
     rows = {
         (label, rank, int(n)): {"method": label, "rank": rank, "n": int(n)}
         for n in config.lengths
-        for label, rank, _ in arms(config)
+        for label, rank, _, _ in arms(config)
     }
     result["rows"] = list(rows.values())
     # "oom" in a measurement of an arm skips that measurement at larger n
@@ -396,11 +418,11 @@ def run_scaling(
     for kinds, n in jobs:
         inputs = _inputs(config, n)
         repeats = config.long_repeats if n >= config.long_length else config.repeats
-        for label, rank, options in arms(config):
+        for label, rank, method, options in arms(config):
             row = rows[(label, rank, n)]
-            attn = build("exact" if label == "exact" else "rpka", check_inputs=False, **options)
+            attn = build(method, check_inputs=False, **options)
             for kind in kinds:
-                if kind == "pivot" and label == "exact":
+                if kind == "pivot" and method == "exact":
                     continue
                 over = config.max_seconds and time.perf_counter() - started > config.max_seconds
                 if over or (label, rank, kind) in failed:
@@ -428,6 +450,52 @@ def run_scaling(
     if out is not None:
         write_json(out, result)
     return result
+
+
+ARM_LENGTH = 4096  # the one long length at which a bench's arms are timed on the CPU
+
+
+def bench_arms_config(
+    bench_arms: Sequence[Any], length: int = ARM_LENGTH, base: ScalingConfig | None = None
+) -> ScalingConfig:
+    """A sweep of a bench study's arms (``ArmConfig``s or dicts) at one length, forward only.
+
+    Every non-exact arm becomes an extra arm under its bench name, with its training
+    options; ``exact`` is the sweep's own exact row. Built on ``base`` (default: the
+    ``cpu`` preset's shapes) without the default RPKA rank sweep, backward or memory.
+    """
+    extra = []
+    for arm in bench_arms:
+        arm = arm if isinstance(arm, Mapping) else asdict(arm)
+        if arm["method"] != "exact":
+            extra.append({"name": arm["name"], "method": arm["method"], "options": arm["options"]})
+    return replace(
+        base or PRESETS["cpu"],
+        lengths=(int(length),),
+        ranks=(),
+        control_ranks=(),
+        extra_arms=tuple(extra),
+        backward=False,
+        memory=False,
+    )
+
+
+def forward_latency(result: Mapping[str, Any], length: int | None = None) -> dict[str, float]:
+    """``{arm label: forward_ms}`` of a scaling result at ``length`` (default: its longest).
+
+    Labels are the methods' (``exact``, extra arms by name); rank-swept arms (``rpka``,
+    ``nystrom-uniform``) are labelled ``<method>-r<rank>``. Failed measurements are left out.
+    """
+    lengths = [row["n"] for row in result["rows"]]
+    length = max(lengths) if length is None else length
+    out = {}
+    for row in result["rows"]:
+        if row["n"] != length or not isinstance(row.get("forward_ms"), float):
+            continue
+        extra = row["method"] not in ("exact", "rpka", CONTROL)
+        label = row["method"] if extra or row["rank"] is None else f"{row['method']}-r{row['rank']}"
+        out[label] = row["forward_ms"]
+    return out
 
 
 class _NoBar:
@@ -483,6 +551,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--max-seconds", type=float)
     parser.add_argument("--no-backward", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--bench-preset",
+        help="time the arms of this bench preset (rpka.presets) at one length, forward only "
+        f"(default length {ARM_LENGTH}; no rank sweep, backward or memory unless given)",
+    )
     parser.add_argument("--out", help="JSON path (default: by preset, under data/results/scaling)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -506,12 +579,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
         overrides["backward"] = False
     if args.no_memory:
         overrides["memory"] = False
-    config = replace(PRESETS[args.preset], **overrides)
+    config = PRESETS[args.preset]
+    default_out = DEFAULT_OUT[args.preset]
     try:
+        if args.bench_preset is not None:
+            from rpka.presets import get_preset  # the bench's configuration, only when asked
+
+            bench_arms = get_preset(args.bench_preset).arms
+            config = bench_arms_config(bench_arms, base=config)
+            default_out = f"data/results/scaling/arms_{args.bench_preset}_{args.preset}.json"
+        config = replace(config, **overrides)
         config.validate()
     except ValueError as err:
         parser.error(str(err))
-    out = Path(args.out or DEFAULT_OUT[args.preset])
+    out = Path(args.out or default_out)
     result = run_scaling(config, progress=not args.quiet, out=out, preset=args.preset)
     print("\n".join(summary_lines(result)))
     print(f"written to {out}")

@@ -28,12 +28,27 @@ module counts how often each fired in its last call (``guard_counts``):
    each row's maximum are dropped first, so the floor is scale-free);
 3. each output coordinate is clamped to ``[min_j v_j, max_j v_j]`` (the exact output is a
    convex combination of the values).
+
+Pivot refresh (``pivot_refresh``). By default (``"call"``) every call draws new pivots for
+every (sequence, head) - in a model, every layer of every training step. With ``"batch"``
+the pivots are fixed for a whole batch: the *indices* drawn at the first call after
+:meth:`RPKAttention.new_batch` (in a model: the first layer of a forward pass, on that
+layer's own points) are kept in a :class:`PivotCache` and reused by every later call until
+the next ``new_batch`` - by the same module and by every module sharing the cache
+(:func:`share_pivot_cache`; ``TransformerTiny`` ties its layers and starts a batch at each
+forward). A reusing call gathers its landmarks at those token positions from its *own*
+scaled points, so the Nystrom factor and its gradient are that call's; only the random
+choice of positions is shared. One draw per batch instead of one per layer: the ablation
+asks whether re-adapting the landmarks to each layer's geometry (and drawing fresh
+randomness at each call) matters.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rpka.attention.base import AttentionMethod
 from rpka.attention.guards import guarded_ratio
@@ -53,6 +68,53 @@ from rpka.attention.rpcholesky import (
 
 PIVOT_SETS = ("joint", "keys")
 SELECTION_METHODS = ("auto", "plain", "accelerated")
+PIVOT_REFRESH = ("call", "batch")
+
+
+class PivotCache:
+    """Pivot indices shared by the calls of one batch (``pivot_refresh="batch"``).
+
+    ``pivots`` is None (no draw yet in this batch) or the (..., r') long tensor of indices
+    into the pivoted points (-1 for an unused slot) drawn by the batch's first call, and
+    ``key`` what they were drawn for: (batch shape, number of points, rank).
+    """
+
+    def __init__(self) -> None:
+        self.pivots: Tensor | None = None
+        self.key: tuple | None = None
+
+    def clear(self) -> None:
+        """Start a new batch: the next call draws."""
+        self.pivots = self.key = None
+
+    def store(self, pivots: Tensor, key: tuple) -> None:
+        self.pivots, self.key = pivots, key
+
+    def matching(self, key: tuple) -> Tensor | None:
+        """The stored indices if they were drawn for ``key``, else None.
+
+        A call with another batch shape, point count or rank cannot reuse them: it is the
+        first call of a new batch (the caller then draws and stores afresh).
+        """
+        return self.pivots if self.key == key else None
+
+
+def share_pivot_cache(modules: Sequence[nn.Module]) -> None:
+    """Make every RPKA module with ``pivot_refresh="batch"`` reuse one draw per batch.
+
+    The modules (e.g. the layers of a model, in call order) get the first such module's
+    :class:`PivotCache`; modules with ``pivot_refresh="call"`` are left alone.
+    """
+    batched = [m for m in modules if getattr(m, "pivot_refresh", None) == "batch"]
+    for module in batched[1:]:
+        module.pivot_cache = batched[0].pivot_cache
+
+
+def new_batch(modules: Sequence[nn.Module]) -> None:
+    """Start a new batch in every RPKA module of ``modules`` (clears their pivot caches)."""
+    for module in modules:
+        if isinstance(module, RPKAttention):
+            module.new_batch()
 
 
 def gather_points(points: Tensor, index: Tensor) -> Tensor:
@@ -267,6 +329,10 @@ class RPKAttention(AttentionMethod):
             (accelerated where it applies, plain for greedy). Same pivot law either way.
         block_size: candidates per round of the accelerated method (None: adaptive).
         refresh: proposal refresh of the accelerated method, ``"auto"`` or ``"round"``.
+        pivot_refresh: ``"call"`` (new pivots at every call) or ``"batch"`` (the indices
+            drawn at the first call after :meth:`new_batch` are reused until the next one,
+            also by modules sharing the :class:`PivotCache`; see the module docstring).
+            Reusing calls take the differentiable (unchunked) path.
 
     Without gradients (inference) the accelerated path never materialises the joint set
     or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
@@ -289,6 +355,7 @@ class RPKAttention(AttentionMethod):
         pivot_method: str = "auto",
         block_size: int | None = None,
         refresh: str = "auto",
+        pivot_refresh: str = "call",
         causal: bool = False,
         check_inputs: bool = True,
     ) -> None:
@@ -312,6 +379,8 @@ class RPKAttention(AttentionMethod):
         if method == "auto":
             method = "plain" if pivot_rule == "greedy" else "accelerated"
         check_fast_options(method, pivot_rule, block_size, refresh)
+        if pivot_refresh not in PIVOT_REFRESH:
+            raise ValueError(f"pivot_refresh must be one of {PIVOT_REFRESH}, got {pivot_refresh!r}")
         if causal:
             raise ValueError("causal=True is not supported by rpka yet")
         self.pivot_method = pivot_method
@@ -325,7 +394,13 @@ class RPKAttention(AttentionMethod):
         self.tempering = tempering
         self.den_floor = den_floor
         self.generator = generator
+        self.pivot_refresh = pivot_refresh
+        self.pivot_cache = PivotCache()
         self._guards: dict[str, Tensor] = {}
+
+    def new_batch(self) -> None:
+        """Start a new batch: with ``pivot_refresh="batch"`` the next call draws pivots."""
+        self.pivot_cache.clear()
 
     @property
     def guard_counts(self) -> dict[str, int]:
@@ -362,7 +437,8 @@ class RPKAttention(AttentionMethod):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
         compute, scale, key_shift = scaled = self._scaled(q, k)
-        if self.method == "accelerated" and not needs_grad:
+        per_call = self.pivot_refresh == "call"
+        if self.method == "accelerated" and not needs_grad and per_call:
             state = self.select(self.point_set(q, k, scaled))
             out, self._guards = nystrom_softmax_chunked(
                 q, k, v, state, scale, key_shift, self.den_floor
@@ -371,26 +447,36 @@ class RPKAttention(AttentionMethod):
         q_s = q.to(compute) * scale
         k_s = k.to(compute) * scale - key_shift  # guard 1: exact invariance of softmax
         points = torch.cat([q_s, k_s], dim=-2) if self.pivot_set == "joint" else k_s
-        if self.method == "accelerated":
-            flat = PointSet([points], dtype=compute)
-            pivots = self.select(flat).pivots.reshape(*points.shape[:-2], -1)
-        else:
-            pivots = rpcholesky(
-                points,
-                self.rank,
-                self.pivot_rule,
-                self.generator,
-                weighting=self.weighting,
-                tempering=self.tempering,
-            ).pivots
+        key = (tuple(points.shape[:-2]), points.shape[-2], self.rank)
+        pivots = None if per_call else self.pivot_cache.matching(key)  # this batch's draw
+        if pivots is None:
+            pivots = self.draw_pivots(points)
+            if not per_call:
+                self.pivot_cache.store(pivots, key)
         landmarks = gather_points(points, pivots)  # differentiable in q and k
         out, self._guards = nystrom_softmax(
             q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor
         )
         return out.to(q.dtype)
 
+    @torch.no_grad()
+    def draw_pivots(self, points: Tensor) -> Tensor:
+        """Pivot indices (..., min(r, N)) of the points (..., N, d) (-1: unused slot)."""
+        if self.method == "accelerated":
+            flat = PointSet([points], dtype=points.dtype)
+            return self.select(flat).pivots.reshape(*points.shape[:-2], -1)
+        return rpcholesky(
+            points,
+            self.rank,
+            self.pivot_rule,
+            self.generator,
+            weighting=self.weighting,
+            tempering=self.tempering,
+        ).pivots
+
     def extra_repr(self) -> str:
         return (
             f"rank={self.rank}, pivot_rule={self.pivot_rule!r}, pivot_set={self.pivot_set!r}, "
-            f"weighting={self.weighting!r}, pivot_method={self.method!r}"
+            f"weighting={self.weighting!r}, pivot_method={self.method!r}, "
+            f"pivot_refresh={self.pivot_refresh!r}"
         )

@@ -1,0 +1,122 @@
+"""RPKA's default configuration, chosen on validation among the ablation arms.
+
+The ablation arms change one choice of RPKA at a time around the reference (its current
+default, at one rank): pivot weighting, pivot set, pivot rule, pivot refresh
+(``rpka.presets.ABLATIONS``). :func:`choose_default` picks the configuration with the
+lowest mean **validation** error over the sweep seeds, at each arm's own best learning
+rate - the same number that chose that learning rate (``arms.<arm>.best_cfg.val_score``).
+Test scores are never read: the test split stays a clean estimate of the chosen
+configuration (DESIGN.md section 5, point 1). The evaluation seeds' validation scores
+(also validation, never test) are reported beside it as a check with more seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from rpka.attention import build
+from rpka.attention.rpka import RPKAttention
+
+# the choices an RPKA configuration is made of (what an ablation arm may change)
+FACTORS = ("rank", "pivot_rule", "pivot_set", "weighting", "pivot_refresh")
+
+RULE = (
+    "RPKA's default is the configuration, among the ablation reference (the current default) "
+    "and the ablation arms (one choice changed each, same rank), with the lowest mean "
+    "validation {metric} over the sweep seeds at its own best learning rate "
+    "(arms.<arm>.best_cfg.val_score, the score that chose that learning rate); the reference "
+    "keeps the title on a tie, an arm with a diverged sweep seed cannot win. Test scores are "
+    "never used."
+)
+
+
+def rpka_configuration(method: str, options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The RPKA choices of an arm's attention, defaults resolved; None if it is not RPKA.
+
+    Builds the module, so a peer that *is* RPKA with fixed choices (``nystrom-uniform``:
+    uniform landmarks on the joint set) is recognised as such.
+    """
+    module = build(method, **dict(options))
+    if not isinstance(module, RPKAttention):
+        return None
+    config = {factor: getattr(module, factor) for factor in FACTORS}
+    if module.weighting == "tempered":
+        config["weighting"] = f"tempered({module.tempering:g})"
+    return config
+
+
+def _finite(x: float | None) -> float:
+    return x if x is not None and math.isfinite(x) else math.inf
+
+
+def choose_default(report: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ablation choice of a bench report (``bench_report.json`` -> ``ablation_choice``).
+
+    Reads only ``config`` (metric, ablation reference and arms) and, per arm, its options
+    and validation scores (``best_cfg``, ``sweep``, ``val_by_metric``). Returns None when
+    the study has no ablation reference. See ``docs/bench_report.md`` for the keys.
+    """
+    config = report["config"]
+    reference = config.get("ablation_reference")
+    if reference is None:
+        return None
+    metric = config["metric"]
+    names = [reference, *config.get("ablation_arms", ())]
+    base = None
+    candidates = []
+    for name in names:
+        arm = report["arms"][name]
+        setup = rpka_configuration(arm["method"], arm["options"])
+        if base is None:
+            base = setup
+        changed = sorted(k for k in FACTORS if setup is None or base is None or setup[k] != base[k])
+        best_lr = arm["best_cfg"]["lr"]
+        row = next(r for r in arm["sweep"] if r["lr"] == best_lr)
+        val_eval = arm["val_by_metric"][metric]
+        candidates.append(
+            {
+                "arm": name,
+                "method": arm["method"],
+                "options": dict(arm["options"]),
+                "configuration": setup,
+                "factor": ", ".join(changed) if name != reference else None,
+                "level": (
+                    ", ".join(str(setup[k]) for k in changed)
+                    if setup is not None and name != reference
+                    else None
+                ),
+                "lr": best_lr,
+                "val_score": arm["best_cfg"]["val_score"],
+                "val_per_seed": row["val_per_seed"],
+                "eval_seeds_val_mean": val_eval["mean"],
+            }
+        )
+    # min keeps the first of equal scores: the reference (listed first) wins a tie
+    chosen = min(candidates, key=lambda c: _finite(c["val_score"]))
+    check = min(candidates, key=lambda c: _finite(c["eval_seeds_val_mean"]))
+    ref = candidates[0]
+    margin = _finite(ref["val_score"]) - _finite(chosen["val_score"])
+    return {
+        "rule": RULE.format(metric=metric),
+        "metric": metric,
+        "split": "val",
+        "reference": reference,
+        "chosen_arm": chosen["arm"],
+        "chosen_method": chosen["method"],
+        "chosen_options": chosen["options"],
+        "chosen_val_score": chosen["val_score"],
+        "reference_val_score": ref["val_score"],
+        "margin": margin if math.isfinite(margin) else None,
+        "margin_rel_pct": (
+            100 * margin / ref["val_score"] if math.isfinite(margin) and ref["val_score"] else None
+        ),
+        "changes_default": chosen["arm"] != reference,
+        "eval_seeds_val_choice": check["arm"],
+        "eval_seeds_val_agrees": check["arm"] == chosen["arm"],
+        "candidates": candidates,
+    }
+
+
+__all__ = ["FACTORS", "RULE", "choose_default", "rpka_configuration"]

@@ -1,0 +1,19 @@
+"""Shared fixtures."""
+
+import pytest
+
+from rpka.bench import InProcessExecutor, run_bench
+from rpka.presets import get_preset
+
+# the full study's structure in miniature: ablation reference, ablations, peers
+SMOKE_STUDY = get_preset("smoke-study", train={"epochs": 1})
+
+
+@pytest.fixture(scope="session")
+def smoke_study_report(tmp_path_factory):
+    """(report, out folder) of one smoke-study bench, shared by the test modules."""
+    root = tmp_path_factory.mktemp("smoke_study")
+    report = run_bench(
+        SMOKE_STUDY, root / "out", InProcessExecutor(), progress=False, data_dir=root / "cache"
+    )
+    return report, root / "out"

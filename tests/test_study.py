@@ -1,0 +1,272 @@
+"""The ablation and peer study: presets, every arm trains, the validation-only default
+choice, output errors of every method, arm latencies, figures and tables."""
+
+import copy
+import dataclasses
+import json
+import math
+
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+
+from rpka import plots, scaling, tables  # noqa: E402
+from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
+from rpka.attention import REGISTRY  # noqa: E402
+from rpka.mechanism import method_output_errors  # noqa: E402
+from rpka.presets import (  # noqa: E402
+    ABLATION_RANK,
+    PEERS,
+    PRESETS,
+    BenchConfig,
+    get_preset,
+)
+from rpka.train import make_run_config, train_run  # noqa: E402
+
+FULL = get_preset("full")
+
+
+# --------------------------------------------------------------------------- presets
+
+
+def test_every_preset_validates_and_round_trips():
+    for name in PRESETS:
+        config = get_preset(name)
+        assert BenchConfig.from_dict(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+
+
+def test_full_preset_holds_rank_sweep_ablations_and_peers():
+    names = [arm.name for arm in FULL.arms]
+    assert names[:4] == ["exact", "rpka-r4", "rpka-r16", "rpka-r64"]
+    assert FULL.ablation_reference == f"rpka-r{ABLATION_RANK}" == "rpka-r16"
+    for method in PEERS:
+        arm = FULL.arm(f"{method}-r{ABLATION_RANK}")
+        assert arm.method == method and arm.options["rank"] == ABLATION_RANK
+    assert set(REGISTRY) == {arm.method for arm in FULL.arms}  # every registered method
+    reference = rpka_configuration("rpka", FULL.arm(FULL.ablation_reference).options)
+    changed = {}
+    for name in FULL.ablation_arms:
+        arm = FULL.arm(name)
+        setup = rpka_configuration(arm.method, arm.options)
+        differs = [k for k in FACTORS if setup[k] != reference[k]]
+        assert len(differs) == 1, (name, differs)  # one choice changed per ablation
+        changed.setdefault(differs[0], set()).add(setup[differs[0]])
+    assert changed == {
+        "weighting": {"exp", "tempered(0.5)"},
+        "pivot_set": {"keys"},
+        "pivot_rule": {"greedy", "uniform"},  # uniform = the nystrom-uniform peer
+        "pivot_refresh": {"batch"},
+    }
+
+
+def test_ranks_override_keeps_the_ablations_and_their_reference():
+    config = get_preset("full", ranks=[4, 64])
+    names = {arm.name for arm in config.arms}
+    assert {"rpka-r16", *FULL.ablation_arms} <= names and config.primary_arm == "rpka-r64"
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"ablation_arms": ("rpka-r4",)}, "ablation_arms"),  # without a reference
+        ({"ablation_reference": "nope"}, "ablation_reference"),
+        ({"ablation_reference": "rpka-r4", "ablation_arms": ("ghost",)}, "ablation_arms"),
+        ({"ablation_reference": "rpka-r4", "ablation_arms": ("rpka-r4",)}, "ablation_arms"),
+        ({"output_error_ranks": (0,)}, "output_error_ranks"),
+    ],
+)
+def test_bad_ablation_settings_are_rejected(changes, match):
+    with pytest.raises(ValueError, match=match):
+        get_preset("smoke", **changes)
+
+
+@pytest.mark.parametrize("arm", FULL.arms, ids=lambda arm: arm.name)
+def test_every_full_arm_trains_on_the_smoke_track(tmp_path, arm):
+    smoke = get_preset("smoke", train={"epochs": 1}, track={"n_series": 4})
+    result = train_run(make_run_config(smoke, arm, 3e-3, [0], "val", str(tmp_path / "cache")))
+    assert result["n_diverged"] == 0 and result["n_steps"] > 0
+    assert math.isfinite(result["scores"]["mse"][0])
+
+
+# --------------------------------------------------------------------------- default choice
+
+
+def test_report_holds_holm_over_every_arm_and_the_choice(smoke_study_report):
+    report, _ = smoke_study_report
+    n_others = len(report["arms"]) - 1
+    for name, arm in report["arms"].items():
+        if name != report["baseline_arm"]:
+            assert arm["comparison"]["adjustment"] == f"Holm over {n_others} comparison(s)"
+    choice = report["ablation_choice"]
+    assert choice["reference"] == "rpka-r4" and choice["split"] == "val"
+    assert [c["arm"] for c in choice["candidates"]] == [
+        "rpka-r4",
+        "rpka-r4-greedy",
+        "nystrom-uniform-r4",
+    ]
+    uniform = choice["candidates"][2]
+    assert uniform["factor"] == "pivot_rule" and uniform["level"] == "uniform"
+    scores = {c["arm"]: c["val_score"] for c in choice["candidates"]}
+    assert choice["chosen_arm"] == min(scores, key=scores.get)
+
+
+def rigged(report, val, test):
+    """A copy of a report whose candidates score ``val`` on validation, ``test`` on test."""
+    report = copy.deepcopy(report)
+    for name, arm in report["arms"].items():
+        if name in val:
+            arm["best_cfg"]["val_score"] = val[name]
+            row = next(r for r in arm["sweep"] if r["lr"] == arm["best_cfg"]["lr"])
+            row["val_per_seed"] = [val[name]]
+            arm["full"]["mean"] = test[name]
+            arm["full"]["per_seed"] = [test[name]] * len(arm["full"]["per_seed"])
+    return report
+
+
+def test_default_choice_reads_validation_never_test(smoke_study_report):
+    report, _ = smoke_study_report
+    val = {"rpka-r4": 0.50, "rpka-r4-greedy": 0.40, "nystrom-uniform-r4": 0.45}
+    test = {"rpka-r4": 0.30, "rpka-r4-greedy": 0.90, "nystrom-uniform-r4": 0.10}  # disagrees
+    choice = choose_default(rigged(report, val, test))
+    assert choice["chosen_arm"] == "rpka-r4-greedy" and choice["changes_default"]
+    assert choice["margin"] == pytest.approx(0.10)
+    assert choice["chosen_options"] == {"rank": 4, "pivot_rule": "greedy"}
+    # whatever the test scores are (even missing), the choice stays the same
+    blind = rigged(report, val, test)
+    for arm in blind["arms"].values():
+        del arm["full"], arm["full_by_metric"]
+    assert choose_default(blind)["chosen_arm"] == "rpka-r4-greedy"
+
+
+def test_default_choice_ties_keep_the_reference_and_divergence_loses(smoke_study_report):
+    report, _ = smoke_study_report
+    same = {"rpka-r4": 0.4, "rpka-r4-greedy": 0.4, "nystrom-uniform-r4": 0.4}
+    choice = choose_default(rigged(report, same, same))
+    assert choice["chosen_arm"] == "rpka-r4" and not choice["changes_default"]
+    diverged = rigged(report, {**same, "rpka-r4-greedy": 0.1}, same)
+    diverged["arms"]["rpka-r4-greedy"]["best_cfg"]["val_score"] = None  # a diverged sweep
+    assert choose_default(diverged)["chosen_arm"] == "rpka-r4"
+
+
+def test_no_ablation_reference_no_choice(smoke_study_report):
+    report, _ = smoke_study_report
+    plain = copy.deepcopy(report)
+    plain["config"]["ablation_reference"] = None
+    assert choose_default(plain) is None
+
+
+# --------------------------------------------------------------------------- output errors
+
+
+def layers(seed=0, b=2, h=2, n=24, d=8, n_layers=2):
+    g = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randn(b, h, n, d, generator=g) for _ in range(3)) for _ in range(n_layers)]
+
+
+@pytest.mark.parametrize("method", sorted(set(REGISTRY) - {"exact"}))
+def test_output_error_of_every_method_falls_with_rank(method):
+    rows = method_output_errors(layers(), method, {}, ranks=(2, 48), seeds=2)
+    low, high = rows
+    assert low["rank"] == 2 and low["n"] == 2 * 2 * 2 * 2  # layers x items x heads x seeds
+    assert 0 < high["error_mean"] < low["error_mean"]
+    if method in ("rpka", "nystrom-uniform"):  # 48 = the 2n joint points: exact
+        assert high["error_max"] < 1e-10
+
+
+def test_output_error_of_exact_is_zero_and_bad_input_is_rejected():
+    assert method_output_errors(layers(), "exact", ranks=(4,), seeds=1)[0]["error_max"] < 1e-12
+    with pytest.raises(ValueError, match="unknown attention method"):
+        method_output_errors(layers(), "flash", ranks=(4,))
+    with pytest.raises(ValueError, match="seeds"):
+        method_output_errors(layers(), "rpka", ranks=(4,), seeds=0)
+    with pytest.raises(ValueError, match="ranks"):
+        method_output_errors(layers(), "rpka", ranks=(0,))
+
+
+def test_report_output_errors_cover_every_arm(smoke_study_report):
+    report, _ = smoke_study_report
+    rows = report["output_error"]["rows"]
+    for name, arm in report["arms"].items():
+        mine = [r for r in rows if r["arm"] == name]
+        if arm["method"] == "exact":
+            assert not mine
+            continue
+        assert {r["inputs"] for r in mine} == {"own", "exact"}
+        assert {r["rank"] for r in mine} == set(report["output_error"]["ranks"]) | {
+            arm["options"]["rank"]
+        }
+
+
+# --------------------------------------------------------------------------- latency
+
+
+def tiny_arm_latency(report):
+    base = dataclasses.replace(scaling.PRESETS["tiny"], warmup=0, repeats=1)
+    config = scaling.bench_arms_config(BenchConfig.from_dict(report["config"]).arms, 64, base)
+    return scaling.forward_latency(scaling.run_scaling(config, progress=False), 64)
+
+
+def test_scaling_times_any_registered_method_by_name(smoke_study_report):
+    report, _ = smoke_study_report
+    latency = tiny_arm_latency(report)
+    assert set(latency) == set(report["arms"])  # every arm, exact as the sweep's own row
+    assert all(ms > 0 for ms in latency.values())
+    bad = dataclasses.replace(
+        scaling.PRESETS["tiny"],
+        extra_arms=({"name": "p", "method": "performer", "options": {"x": 1}},),
+    )
+    with pytest.raises(ValueError, match="unknown option"):
+        bad.validate()
+    clash = dataclasses.replace(
+        scaling.PRESETS["tiny"], extra_arms=({"name": "rpka", "method": "rpka"},)
+    )
+    with pytest.raises(ValueError, match="extra_arms"):
+        clash.validate()
+
+
+# --------------------------------------------------------------------------- figures, tables
+
+
+def test_pareto_front():
+    x = [1.0, 2.0, 3.0, 4.0, 2.5, math.nan]
+    y = [5.0, 3.0, 3.5, 1.0, 2.0, 0.0]
+    # (3, 3.5) is dominated by (2, 3); (2.5, 2) joins the front; NaN never does
+    assert plots.pareto_front(x, y) == [0, 1, 4, 3]
+
+
+def test_tables(smoke_study_report, tmp_path):
+    report, _ = smoke_study_report
+    table = tables.arm_table(report)
+    assert list(table["arm"][: len(report["arms"])]) == list(report["arms"])
+    assert (table["group"] == "naive").sum() == len(report["naive_baselines"]["forecasts"])
+    row = table.set_index("arm").loc["performer-r4"]
+    assert row["group"] == "peer" and row["mean"] == report["arms"]["performer-r4"]["full"]["mean"]
+    cmp_ = report["arms"]["performer-r4"]["comparison"]
+    assert row["wins"] == f"{cmp_['idea_wins']}/{cmp_['n_pairs']}"
+    assert table.set_index("arm").loc["rpka-r4-greedy", "group"] == "RPKA ablation"
+    ablation = tables.ablation_table(report)
+    assert ablation["chosen"].sum() == 1 and len(ablation) == 3
+    errors = tables.output_error_table(report)
+    assert set(errors["arm"]) == {n for n, a in report["arms"].items() if a["method"] != "exact"}
+    for frame, name in ((table, "arms"), (ablation, "ablation"), (errors, "errors")):
+        path = tables.save_table(frame, tmp_path, f"bench_{name}")
+        assert path.exists() and (tmp_path / f"bench_{name}.csv").exists()
+
+
+def test_figures_write_pngs(smoke_study_report, tmp_path):
+    report, _ = smoke_study_report
+    plots.set_style()
+    latency = tiny_arm_latency(report)
+    figures = [
+        plots.plot_forest(report, tmp_path),
+        plots.plot_output_error_by_arm(report, tmp_path),
+        plots.plot_error_vs_time(report, latency, 64, tmp_path),
+    ]
+    for name in ("bench_forest", "bench_output_error", "bench_error_vs_time"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 0
+    forest = figures[0].axes[0]
+    assert len(forest.get_yticklabels()) == len(report["arms"]) - 1
+    for fig in figures:
+        matplotlib.pyplot.close(fig)
