@@ -216,9 +216,16 @@ class Job:
         return len(self.run_config["seeds"]) * (1 + rank / 8)
 
 
-def seed_groups(config: BenchConfig, phase: str) -> list[tuple[int, ...]]:
-    """The phase's seeds in consecutive groups of at most ``config.seeds_per_job``."""
+def seed_groups(
+    config: BenchConfig, phase: str, arm: ArmConfig | None = None
+) -> list[tuple[int, ...]]:
+    """The phase's seeds in consecutive groups of at most ``config.seeds_per_job``.
+
+    An arm with its own ``sweep_seeds`` sweeps with those (a subset of the study's).
+    """
     seeds = config.sweep_seeds if phase == "sweep" else config.eval_seeds
+    if phase == "sweep" and arm is not None and arm.sweep_seeds is not None:
+        seeds = arm.sweep_seeds
     size = config.seeds_per_job
     return [tuple(seeds[i : i + size]) for i in range(0, len(seeds), size)]
 
@@ -235,7 +242,7 @@ def make_jobs(
     """One job per seed group of (arm, lr) in ``phase``."""
     split = "val" if phase == "sweep" else "test"
     jobs = []
-    for group, seeds in enumerate(seed_groups(config, phase)):
+    for group, seeds in enumerate(seed_groups(config, phase, arm)):
         bar = {"enable": progress, "position": 1, "leave": False}
         run_config = make_run_config(config, arm, lr, seeds, split, data_dir, bar)
         path = runs_dir / f"{run_id(run_config)}.json"
@@ -317,15 +324,19 @@ def run_bench(
     own_executor = executor is None
     executor = executor or default_executor(config.n_workers)
     n_slots = max(1, config.n_workers)
-    n_jobs = len(config.arms) * (
-        len(config.learning_rates) * len(seed_groups(config, "sweep"))
-        + len(seed_groups(config, "eval"))
+    n_groups = {
+        (phase, arm.name): len(seed_groups(config, phase, arm))
+        for arm in config.arms
+        for phase in ("sweep", "eval")
+    }
+    n_jobs = sum(
+        len(config.learning_rates) * n_groups["sweep", arm.name] + n_groups["eval", arm.name]
+        for arm in config.arms
     )
     bar = tqdm(total=n_jobs, desc=f"bench {config.preset}", position=0, disable=not progress)
     parts: dict[tuple[str, str, float], dict[int, dict[str, Any]]] = {}
     sweep_of: dict[str, dict[float, dict[str, Any]]] = {arm.name: {} for arm in config.arms}
     eval_of: dict[str, dict[str, Any]] = {}
-    n_groups = {phase: len(seed_groups(config, phase)) for phase in ("sweep", "eval")}
     n_resumed = 0
     pending: dict[cf.Future, Job] = {}
     finished_at = {"sweep": t_data, "eval": t_data}
@@ -345,9 +356,10 @@ def run_bench(
         finished_at[job.phase] = time.perf_counter()
         key = (job.phase, job.arm, job.lr)
         parts.setdefault(key, {})[job.group] = result
-        if len(parts[key]) < n_groups[job.phase]:
+        groups = n_groups[job.phase, job.arm]
+        if len(parts[key]) < groups:
             return
-        merged = merge_results([parts[key][g] for g in range(n_groups[job.phase])])
+        merged = merge_results([parts[key][g] for g in range(groups)])
         if job.phase == "eval":
             eval_of[job.arm] = merged
             return

@@ -278,11 +278,14 @@ class ArmConfig:
 
     ``name`` labels the arm in results ("exact", "rpka-r16"); ``method`` is a key of
     ``rpka.attention.REGISTRY``; ``options`` are passed to ``rpka.attention.build``.
+    ``sweep_seeds``: this arm's learning-rate sweep uses these seeds, a subset of the
+    study's (None: all of them) - a cheaper sweep where the time budget asks for one.
     """
 
     name: str
     method: str
     options: dict[str, Any] = field(default_factory=dict)
+    sweep_seeds: tuple[int, ...] | None = None
 
     def validate(self) -> None:
         from rpka.attention import options_of  # late: keeps presets importable alone
@@ -308,6 +311,15 @@ class ArmConfig:
         if "rank" in self.options:
             rank = self.options["rank"]
             _require(_is_int(rank) and rank >= 1, f"arm {self.name!r} rank", ">= 1", rank)
+        if self.sweep_seeds is not None:
+            _require(
+                isinstance(self.sweep_seeds, tuple)
+                and len(self.sweep_seeds) >= 1
+                and len(set(self.sweep_seeds)) == len(self.sweep_seeds),
+                f"arm {self.name!r} sweep_seeds",
+                "None or a non-empty tuple of distinct seeds",
+                self.sweep_seeds,
+            )
 
 
 def rpka_arm(rank: int, label: str | None = None, **options: Any) -> ArmConfig:
@@ -402,6 +414,9 @@ class BenchConfig:
             arm.validate()
         names = [arm.name for arm in self.arms]
         _require(len(set(names)) == len(names), "arms", "uniquely named", names)
+        for arm in self.arms:
+            extra = sorted(set(arm.sweep_seeds or ()) - set(self.sweep_seeds))
+            _require(not extra, f"arm {arm.name!r} sweep_seeds", "a subset of sweep_seeds", extra)
         _require(self.baseline_arm in names, "baseline_arm", f"one of {names}", self.baseline_arm)
         _require(self.primary_arm in names, "primary_arm", f"one of {names}", self.primary_arm)
         _require(
@@ -497,11 +512,18 @@ class BenchConfig:
         if "betas" in train:
             train["betas"] = tuple(train["betas"])
         data["train"] = TrainConfig(**train)
-        data["arms"] = tuple(ArmConfig(**arm) for arm in data["arms"])
+        data["arms"] = tuple(
+            ArmConfig(**{**arm, "sweep_seeds": _tuple_or_none(arm.get("sweep_seeds"))})
+            for arm in data["arms"]
+        )
         for key in TUPLE_FIELDS:
             if key in data:
                 data[key] = tuple(data[key])
         return cls(**data)
+
+
+def _tuple_or_none(value: Any) -> tuple | None:
+    return None if value is None else tuple(value)
 
 
 TUPLE_FIELDS = (

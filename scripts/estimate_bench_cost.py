@@ -3,7 +3,7 @@
     PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/estimate_bench_cost.py --preset full \
         [--arms exact rpka-r16 ...] [--out data/results/cost_full.json]
 
-For every arm it trains one sweep-sized job (``len(sweep_seeds)`` seeds stacked, scored on
+For every arm it trains one sweep-sized job (its sweep seeds stacked, scored on
 validation) and one evaluation-sized job (``seeds_per_job`` seeds, scored on test) for ONE
 epoch, single-threaded, and reads their ``cpu_s`` (process CPU time) and training-step
 times from the run results. A job of E epochs then costs about
@@ -65,9 +65,7 @@ def main() -> None:
     config = get_preset(args.preset)
     one_epoch = get_preset(args.preset, train={"epochs": 1})
     epochs = config.train.epochs
-    sweep_seeds = seed_groups(config, "sweep")[0]
     eval_seeds = seed_groups(config, "eval")[0]
-    n_sweep_jobs = len(config.learning_rates) * len(seed_groups(config, "sweep"))
     n_eval_jobs = len(seed_groups(config, "eval"))
     get_track(config.track.name, config.track)  # generate the cache before timing anything
     warm = make_run_config(
@@ -80,11 +78,18 @@ def main() -> None:
         if args.arms and arm.name not in args.arms:
             continue
         lr = config.learning_rates[0]
+        sweep_seeds = seed_groups(config, "sweep", arm)[0]
+        n_sweep_jobs = len(config.learning_rates) * len(seed_groups(config, "sweep", arm))
         sweep = train_run(make_run_config(one_epoch, arm, lr, sweep_seeds, "val"))
         evaluation = train_run(make_run_config(one_epoch, arm, lr, eval_seeds, "test"))
         s, e = job_cost(sweep, epochs, False), job_cost(evaluation, epochs, True)
         total = n_sweep_jobs * s["estimate_s"] + n_eval_jobs * e["estimate_s"]
-        arms[arm.name] = {"sweep_job": s, "eval_job": e, "arm_cpu_s": total}
+        arms[arm.name] = {
+            "sweep_job": s,
+            "eval_job": e,
+            "sweep_jobs": n_sweep_jobs,
+            "arm_cpu_s": total,
+        }
         print(f"{arm.name:<24} step {e['step_ms_median']:7.1f} ms  arm {total:7.1f} cpu-s")
     mechanism_s = None
     if not args.no_mechanism and config.mechanism is not None:
@@ -105,7 +110,7 @@ def main() -> None:
     result = {
         "preset": args.preset,
         "epochs": epochs,
-        "jobs_per_arm": {"sweep": n_sweep_jobs, "eval": n_eval_jobs},
+        "eval_jobs_per_arm": n_eval_jobs,
         "arms": arms,
         "runs_cpu_s": runs_s,
         "mechanism_cpu_s": mechanism_s,

@@ -270,3 +270,27 @@ def test_figures_write_pngs(smoke_study_report, tmp_path):
     assert len(forest.get_yticklabels()) == len(report["arms"]) - 1
     for fig in figures:
         matplotlib.pyplot.close(fig)
+
+
+def test_an_arm_may_sweep_with_fewer_seeds(tmp_path):
+    from rpka.bench import InProcessExecutor, run_bench
+
+    smoke = get_preset("smoke")
+    cheap = dataclasses.replace(smoke.arm("rpka-r4"), sweep_seeds=(1,))
+    config = get_preset(
+        "smoke",
+        train={"epochs": 1},
+        sweep_seeds=(0, 1),
+        seeds_per_job=1,
+        arms=(smoke.arm("exact"), cheap),
+        mechanism=None,
+        output_error_ranks=(),
+    )
+    report = run_bench(config, tmp_path / "out", InProcessExecutor(), False, tmp_path / "cache")
+    assert report["arms"]["exact"]["sweep"][0]["seeds"] == [0, 1]
+    assert report["arms"]["rpka-r4"]["sweep"][0]["seeds"] == [1]
+    assert report["timings"]["n_runs"] == (2 + 2) + (1 + 2)  # sweep + eval groups per arm
+    assert BenchConfig.from_dict(json.loads(json.dumps(report["config"]))) == config
+    stray = dataclasses.replace(cheap, sweep_seeds=(7,))
+    with pytest.raises(ValueError, match="subset of sweep_seeds"):
+        dataclasses.replace(config, arms=(smoke.arm("exact"), stray)).validate()
