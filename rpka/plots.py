@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -303,6 +304,22 @@ GROUP_MARKERS = {
 }
 
 
+def _arm_colour(report: Mapping, arm_name: str) -> str:
+    """One colour per arm, the same in every bench figure (its place in the config)."""
+    return f"C{list(report['arms']).index(arm_name) % 10}"
+
+
+def _group_handles(groups: Sequence[str], **style: object) -> list:
+    """Legend entries for the marker of each arm group present."""
+    from matplotlib.lines import Line2D
+
+    present = [g for g in GROUP_MARKERS if g in set(groups)]
+    return [
+        Line2D([], [], marker=GROUP_MARKERS[g], ls="none", color="0.3", label=g, **style)
+        for g in present
+    ]
+
+
 def _verdict_kind(verdict: str) -> str:
     if verdict.startswith("significant win"):
         return "win"
@@ -345,6 +362,14 @@ def plot_forest(
             fontsize=8,
         )
     ax.axvline(0.0, color="k", lw=1)
+    from matplotlib.lines import Line2D
+
+    verdicts = [
+        Line2D([], [], color=VERDICT_COLOURS[k], lw=2, label=k)
+        for k in ("win", "loss", "inconclusive")
+    ]
+    groups = _group_handles([arm_group(report, n) for n in names])
+    ax.legend(handles=groups + verdicts, loc="lower left", fontsize=8, ncol=2)
     ax.set_yticks(range(len(names)), labels=names)
     ax.set_ylim(len(names) - 0.5, -0.5)  # first arm on top
     metric = report.get("metric", "mse").upper()
@@ -377,9 +402,9 @@ def plot_output_error_by_arm(
     )
     for ax, inputs in zip(axes[0], panels, strict=True):
         part = frame[frame["inputs"] == inputs]
-        for i, arm_name in enumerate(a for a in report["arms"] if a in set(part["arm"])):
+        for arm_name in (a for a in report["arms"] if a in set(part["arm"])):
             rows = part[part["arm"] == arm_name].sort_values("rank")
-            colour = f"C{i % 10}"
+            colour = _arm_colour(report, arm_name)
             marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
             ax.plot(
                 rows["rank"],
@@ -462,7 +487,7 @@ def plot_error_vs_time(
             err = [[f["mean"] - f["ci_low"]], [f["ci_high"] - f["mean"]]]
             if not np.all(np.isfinite(err)):
                 err = None
-            colour = f"C{names.index(arm_name) % 10}"
+            colour = _arm_colour(report, arm_name)
             marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
             ax.errorbar(x[j], y[j], yerr=err, fmt=marker, color=colour, ms=7, capsize=2)
             if j in front:
@@ -471,9 +496,14 @@ def plot_error_vs_time(
                 arm_name, (x[j], y[j]), xytext=(5, 4), textcoords="offset points", fontsize=7
             )
         order = sorted(front, key=lambda j: x[j])
-        ax.plot([x[j] for j in order], [y[j] for j in order], "k--", lw=1, label="Pareto front")
+        (line,) = ax.plot(
+            [x[j] for j in order], [y[j] for j in order], "k--", lw=1, label="Pareto front"
+        )
         ax.set(xscale="log", xlabel=xlabel, ylabel=f"test {metric} (mean, 95 % CI)")
-        ax.legend(loc="best")
+        for axis_format in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+            axis_format(matplotlib.ticker.FormatStrFormatter("%g"))
+        groups = _group_handles([arm_group(report, n) for n in shown])
+        ax.legend(handles=[line, *groups], loc="best", fontsize=8)
     axes[0][0].set_title("Error against training cost")
     if len(panels) > 1:
         axes[0][1].set_title("Error against inference cost")
