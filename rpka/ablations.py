@@ -4,10 +4,13 @@ The ablation arms change one choice of RPKA at a time around the reference (its 
 default, at one rank): pivot weighting, pivot set, pivot rule, pivot refresh
 (``rpka.presets.ABLATIONS``). :func:`choose_default` picks the configuration with the
 lowest mean **validation** error over the sweep seeds, at each arm's own best learning
-rate - the same number that chose that learning rate (``arms.<arm>.best_cfg.val_score``).
-Test scores are never read: the test split stays a clean estimate of the chosen
-configuration (DESIGN.md section 5, point 1). The evaluation seeds' validation scores
-(also validation, never test) are reported beside it as a check with more seeds.
+rate - the sweep's own numbers (``arms.<arm>.sweep``), averaged over the sweep seeds that
+every candidate ran (an arm may sweep with a subset of the study's seeds), so that every
+candidate is scored on the same seeds. Test scores are never read: the test split stays
+a clean estimate of the chosen configuration (DESIGN.md section 5, point 1), and the
+sweep seeds are disjoint from the evaluation seeds behind it. The evaluation seeds'
+validation scores (also validation, never test) are reported beside it as a check with
+more seeds.
 """
 
 from __future__ import annotations
@@ -25,10 +28,9 @@ FACTORS = ("rank", "pivot_rule", "pivot_set", "weighting", "pivot_refresh")
 RULE = (
     "RPKA's default is the configuration, among the ablation reference (the current default) "
     "and the ablation arms (one choice changed each, same rank), with the lowest mean "
-    "validation {metric} over the sweep seeds at its own best learning rate "
-    "(arms.<arm>.best_cfg.val_score, the score that chose that learning rate); the reference "
-    "keeps the title on a tie, an arm with a diverged sweep seed cannot win. Test scores are "
-    "never used."
+    "validation {metric} at its own best learning rate over the sweep seeds every candidate "
+    "ran ({seeds}; arms.<arm>.sweep[].val_per_seed); the reference keeps the title on a tie, "
+    "an arm with a diverged sweep seed cannot win. Test scores are never used."
 )
 
 
@@ -64,16 +66,25 @@ def choose_default(report: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     metric = config["metric"]
     names = [reference, *config.get("ablation_arms", ())]
+    best_rows = {}
+    for name in names:
+        arm = report["arms"][name]
+        best_rows[name] = next(r for r in arm["sweep"] if r["lr"] == arm["best_cfg"]["lr"])
+    common = set.intersection(*(set(row["seeds"]) for row in best_rows.values()))
+    seeds = [s for s in best_rows[reference]["seeds"] if s in common]  # sweep order
     base = None
     candidates = []
     for name in names:
         arm = report["arms"][name]
+        row = best_rows[name]
         setup = rpka_configuration(arm["method"], arm["options"])
         if base is None:
             base = setup
         changed = sorted(k for k in FACTORS if setup is None or base is None or setup[k] != base[k])
-        best_lr = arm["best_cfg"]["lr"]
-        row = next(r for r in arm["sweep"] if r["lr"] == best_lr)
+        values = [
+            v for seed, v in zip(row["seeds"], row["val_per_seed"], strict=True) if seed in common
+        ]
+        finite = all(v is not None and math.isfinite(v) for v in values)
         val_eval = arm["val_by_metric"][metric]
         candidates.append(
             {
@@ -87,9 +98,9 @@ def choose_default(report: Mapping[str, Any]) -> dict[str, Any] | None:
                     if setup is not None and name != reference
                     else None
                 ),
-                "lr": best_lr,
-                "val_score": arm["best_cfg"]["val_score"],
-                "val_per_seed": row["val_per_seed"],
+                "lr": row["lr"],
+                "val_score": sum(values) / len(values) if values and finite else None,
+                "val_per_seed": values,
                 "eval_seeds_val_mean": val_eval["mean"],
             }
         )
@@ -99,9 +110,10 @@ def choose_default(report: Mapping[str, Any]) -> dict[str, Any] | None:
     ref = candidates[0]
     margin = _finite(ref["val_score"]) - _finite(chosen["val_score"])
     return {
-        "rule": RULE.format(metric=metric),
+        "rule": RULE.format(metric=metric, seeds=", ".join(map(str, seeds)) or "none"),
         "metric": metric,
         "split": "val",
+        "sweep_seeds": seeds,
         "reference": reference,
         "chosen_arm": chosen["arm"],
         "chosen_method": chosen["method"],

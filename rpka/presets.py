@@ -470,6 +470,16 @@ class BenchConfig:
                 "distinct and without the ablation_reference",
                 self.ablation_arms,
             )
+            candidates = [self.arm(n) for n in (self.ablation_reference, *self.ablation_arms)]
+            shared = set(self.sweep_seeds).intersection(
+                *(set(a.sweep_seeds or self.sweep_seeds) for a in candidates)
+            )
+            _require(
+                bool(shared),
+                "ablation arms' sweep_seeds",
+                "sharing at least one seed with the reference's (the choice compares them)",
+                {a.name: a.sweep_seeds for a in candidates},
+            )
         _require(
             all(_is_int(r) and r >= 1 for r in self.output_error_ranks),
             "output_error_ranks",

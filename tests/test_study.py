@@ -120,8 +120,9 @@ def rigged(report, val, test):
             arm["best_cfg"]["val_score"] = val[name]
             row = next(r for r in arm["sweep"] if r["lr"] == arm["best_cfg"]["lr"])
             row["val_per_seed"] = [val[name]]
-            arm["full"]["mean"] = test[name]
-            arm["full"]["per_seed"] = [test[name]] * len(arm["full"]["per_seed"])
+            if name in test:
+                arm["full"]["mean"] = test[name]
+                arm["full"]["per_seed"] = [test[name]] * len(arm["full"]["per_seed"])
     return report
 
 
@@ -146,8 +147,21 @@ def test_default_choice_ties_keep_the_reference_and_divergence_loses(smoke_study
     choice = choose_default(rigged(report, same, same))
     assert choice["chosen_arm"] == "rpka-r4" and not choice["changes_default"]
     diverged = rigged(report, {**same, "rpka-r4-greedy": 0.1}, same)
-    diverged["arms"]["rpka-r4-greedy"]["best_cfg"]["val_score"] = None  # a diverged sweep
+    greedy = diverged["arms"]["rpka-r4-greedy"]
+    row = next(r for r in greedy["sweep"] if r["lr"] == greedy["best_cfg"]["lr"])
+    row["val_per_seed"] = [None]  # its sweep seed diverged
     assert choose_default(diverged)["chosen_arm"] == "rpka-r4"
+
+
+def test_default_choice_scores_every_candidate_on_the_same_sweep_seeds(smoke_study_report):
+    report, _ = smoke_study_report
+    report = rigged(report, {"rpka-r4": 0.1, "rpka-r4-greedy": 0.3, "nystrom-uniform-r4": 0.4}, {})
+    ref = report["arms"]["rpka-r4"]
+    row = next(r for r in ref["sweep"] if r["lr"] == ref["best_cfg"]["lr"])
+    row["seeds"], row["val_per_seed"] = [0, 5], [0.1, 0.9]  # one more seed: mean 0.5
+    choice = choose_default(report)
+    assert choice["sweep_seeds"] == [0]  # the seed every candidate ran
+    assert choice["chosen_arm"] == "rpka-r4" and choice["candidates"][0]["val_score"] == 0.1
 
 
 def test_no_ablation_reference_no_choice(smoke_study_report):
