@@ -308,3 +308,14 @@ def test_an_arm_may_sweep_with_fewer_seeds(tmp_path):
     stray = dataclasses.replace(cheap, sweep_seeds=(7,))
     with pytest.raises(ValueError, match="subset of sweep_seeds"):
         dataclasses.replace(config, arms=(smoke.arm("exact"), stray)).validate()
+
+
+def test_scaling_cli_times_a_bench_presets_arms(tmp_path, capsys):
+    out = tmp_path / "arms.json"
+    argv = ["--preset", "tiny", "--bench-preset", "smoke-study", "--lengths", "48"]
+    result = scaling.main([*argv, "--warmup", "0", "--repeats", "1", "--quiet", "--out", str(out)])
+    assert set(scaling.forward_latency(result)) == {a.name for a in get_preset("smoke-study").arms}
+    assert json.loads(out.read_text())["config"]["lengths"] == [48]
+    with pytest.raises(SystemExit):
+        scaling.main([*argv, "--bench-preset", "nope", "--out", str(out)])
+    assert "preset must be one of" in capsys.readouterr().err
