@@ -602,6 +602,12 @@ def _quick() -> BenchConfig:
 # all 8 evaluation seeds (so every paired comparison keeps its power), and the ablation
 # choice compares every candidate on the seed they all ran (rpka.ablations).
 REDUCED_SWEEP_SEEDS = (0,)
+# ...and rpka-r64 selects its pivots with the plain one-pivot-per-step loop: the same pivot
+# law as the accelerated (block + rejection) path, but at 64 of 192 points rejection wastes
+# most candidates - one epoch of an evaluation job measured 48 vs 60 CPU-s (-20 %; at r = 16
+# and 32 the accelerated path is as fast or faster). Long-sequence timings
+# (rpka.scaling.bench_arms_config) reset it to the default fast path.
+R64_PIVOT_METHOD = "plain"
 
 
 def _full() -> BenchConfig:
@@ -615,7 +621,14 @@ def _full() -> BenchConfig:
         track=TrackConfig(),
         model=ModelConfig(),
         train=TrainConfig(),
-        arms=(EXACT, rpka_arm(4), rpka_arm(16), rpka_arm(64), *ablations, *peers),
+        arms=(
+            EXACT,
+            rpka_arm(4),
+            rpka_arm(16),
+            rpka_arm(64, pivot_method=R64_PIVOT_METHOD),
+            *ablations,
+            *peers,
+        ),
         primary_arm="rpka-r64",
         learning_rates=(1e-3, 3e-3, 1e-2),
         sweep_seeds=(0, 1),
@@ -651,8 +664,8 @@ def get_preset(name: str, **overrides: Any) -> BenchConfig:
 
     Nested configs are replaced whole (``track=TrackConfig(...)``) or field by field with
     a dict (``train={"epochs": 3}``). ``ranks=[4, 16]`` is a shorthand that replaces the
-    rank sweep - the arms ``rpka-r<rank>`` with default options, except the ablation
-    reference, which the ablations need - keeping every other arm, and makes the largest
+    rank sweep - the arms named ``rpka-r<rank>``, except the ablation reference, which the
+    ablations need - keeping every other arm, and makes the largest
     rank the primary arm unless ``primary_arm`` is given.
     """
     if name not in PRESETS:
@@ -669,8 +682,13 @@ def get_preset(name: str, **overrides: Any) -> BenchConfig:
             ranks,
         )
         reference = overrides.get("ablation_reference", config.ablation_reference)
-        swept = {a.name for a in config.arms if a == rpka_arm(a.options.get("rank", 0))}
-        others = [a for a in config.arms if a.name not in swept - {reference}]
+        swept = {
+            a.name
+            for a in config.arms
+            if a.method == "rpka" and a.name == f"rpka-r{a.options.get('rank')}"
+        }
+        wanted = {f"rpka-r{r}" for r in ranks} | {reference}  # swept arms kept as they are
+        others = [a for a in config.arms if a.name not in swept - wanted]
         kept = {a.name for a in others}
         new = [rpka_arm(r) for r in sorted(set(ranks)) if f"rpka-r{r}" not in kept]
         overrides["arms"] = tuple(others) + tuple(new)

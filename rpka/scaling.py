@@ -50,6 +50,7 @@ except ImportError:  # pragma: no cover - a bare GPU box with torch only: no pro
     tqdm = None
 
 from rpka.attention import build, options_of
+from rpka.attention.rpka import IMPLEMENTATION_OPTIONS
 from rpka.io import write_json
 
 DTYPES = {
@@ -461,14 +462,19 @@ def bench_arms_config(
     """A sweep of a bench study's arms (``ArmConfig``s or dicts) at one length, forward only.
 
     Every non-exact arm becomes an extra arm under its bench name, with its training
-    options; ``exact`` is the sweep's own exact row. Built on ``base`` (default: the
-    ``cpu`` preset's shapes) without the default RPKA rank sweep, backward or memory.
+    options except RPKA's implementation options (``pivot_method``, ``block_size``,
+    ``refresh``: how pivots are computed, not their law), which are left at their defaults -
+    a training shape's choice (e.g. the plain pivot loop at 64 of 192 points) says nothing
+    about the implementation that scales to long sequences. ``exact`` is the sweep's own
+    exact row. Built on ``base`` (default: the ``cpu`` preset's shapes) without the
+    default RPKA rank sweep, backward or memory.
     """
     extra = []
     for arm in bench_arms:
         arm = arm if isinstance(arm, Mapping) else asdict(arm)
         if arm["method"] != "exact":
-            extra.append({"name": arm["name"], "method": arm["method"], "options": arm["options"]})
+            options = {k: v for k, v in arm["options"].items() if k not in IMPLEMENTATION_OPTIONS}
+            extra.append({"name": arm["name"], "method": arm["method"], "options": options})
     return replace(
         base or PRESETS["cpu"],
         lengths=(int(length),),

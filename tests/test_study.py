@@ -65,6 +65,16 @@ def test_ranks_override_keeps_the_ablations_and_their_reference():
     config = get_preset("full", ranks=[4, 64])
     names = {arm.name for arm in config.arms}
     assert {"rpka-r16", *FULL.ablation_arms} <= names and config.primary_arm == "rpka-r64"
+    assert config.arm("rpka-r64") == FULL.arm("rpka-r64")  # a kept rank keeps its options
+    assert get_preset("full", ranks=[8]).arm("rpka-r8").options == {"rank": 8}
+
+
+def test_long_length_timing_uses_the_default_pivot_implementation():
+    assert FULL.arm("rpka-r64").options["pivot_method"] == "plain"  # training shape's choice
+    extra = {a["name"]: a for a in scaling.bench_arms_config(FULL.arms).extra_arms}
+    assert extra["rpka-r64"]["options"] == {"rank": 64}
+    assert extra["rpka-r16-exp"]["options"] == {"rank": 16, "weighting": "exp"}
+    assert "exact" not in extra
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,8 @@ from rpka.attention.rpcholesky import (
 PIVOT_SETS = ("joint", "keys")
 SELECTION_METHODS = ("auto", "plain", "accelerated")
 PIVOT_REFRESH = ("call", "batch")
+# options that choose how pivots are computed, not their law (the same estimator either way)
+IMPLEMENTATION_OPTIONS = ("pivot_method", "block_size", "refresh")
 
 
 class PivotCache:
