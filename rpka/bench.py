@@ -9,6 +9,9 @@ and is scored on validation; the best learning rate (lowest mean validation metr
 configuration with a diverged seed loses) trains the evaluation seeds - disjoint from the
 sweep seeds - and is scored on test. Each non-baseline arm is compared with the baseline
 (``exact``) seed by seed (``rpka.stats.paired_comparison``), Holm-adjusted across arms.
+An arm with ``lr_from`` does not sweep: it takes the learning rate chosen for that arm
+(the ablations take their reference's) and trains only it with the sweep seeds, which
+still score it on validation.
 
 Scale-out seam (DESIGN.md section 9): a job is ``(arm, learning rate, seed group)``; its
 full configuration goes to :func:`run_to_file`, which trains it and writes one JSON file
@@ -252,6 +255,11 @@ def make_jobs(
     return jobs
 
 
+def n_swept_rates(config: BenchConfig, arm: ArmConfig) -> int:
+    """Learning rates the arm's sweep trains: all, or one with ``lr_from``."""
+    return 1 if arm.lr_from is not None else len(config.learning_rates)
+
+
 def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The results of one (arm, lr)'s seed groups as one result, seeds in group order."""
     first = parts[0]
@@ -330,9 +338,12 @@ def run_bench(
         for phase in ("sweep", "eval")
     }
     n_jobs = sum(
-        len(config.learning_rates) * n_groups["sweep", arm.name] + n_groups["eval", arm.name]
+        n_swept_rates(config, arm) * n_groups["sweep", arm.name] + n_groups["eval", arm.name]
         for arm in config.arms
     )
+    # learning rates each arm sweeps: all of them, or (lr_from) the one its source arm chose,
+    # known once that arm's sweep is done
+    swept_lrs = {arm.name: config.learning_rates for arm in config.arms if arm.lr_from is None}
     bar = tqdm(total=n_jobs, desc=f"bench {config.preset}", position=0, disable=not progress)
     parts: dict[tuple[str, str, float], dict[int, dict[str, Any]]] = {}
     sweep_of: dict[str, dict[float, dict[str, Any]]] = {arm.name: {} for arm in config.arms}
@@ -364,15 +375,19 @@ def run_bench(
             eval_of[job.arm] = merged
             return
         sweep_of[job.arm][job.lr] = merged
-        if len(sweep_of[job.arm]) == len(config.learning_rates):
-            ordered = {lr: sweep_of[job.arm][lr] for lr in config.learning_rates}
+        if len(sweep_of[job.arm]) == len(swept_lrs[job.arm]):
+            ordered = {lr: sweep_of[job.arm][lr] for lr in swept_lrs[job.arm]}
             best = best_learning_rate(ordered, config.metric)
             arm = config.arm(job.arm)
             submit(make_jobs(config, arm, best, "eval", runs_dir, data_dir, progress))
+            for dependant in (a for a in config.arms if a.lr_from == job.arm):
+                swept_lrs[dependant.name] = (best,)
+                submit(make_jobs(config, dependant, best, "sweep", runs_dir, data_dir, progress))
 
     sweep_jobs = [
         job
         for arm in config.arms
+        if arm.lr_from is None
         for lr in config.learning_rates
         for job in make_jobs(config, arm, lr, "sweep", runs_dir, data_dir, progress)
     ]
@@ -437,7 +452,7 @@ def arm_entry(
 ) -> dict[str, Any]:
     """best_cfg, sweep, full (test, the primary metric) and more for one arm."""
     metric = config.metric
-    lrs = list(config.learning_rates)
+    lrs = [lr for lr in config.learning_rates if lr in sweep]  # lr_from: the one inherited
     best_lr = result["lr"]
     rows = []
     for lr in lrs:
@@ -473,7 +488,12 @@ def arm_entry(
             "method": arm.method,
             "options": options,
             "val_score": _finite_or_none(sweep_score(sweep[best_lr], metric)),
-            "selection": f"lowest mean validation {metric} over the sweep seeds",
+            "selection": (
+                f"lowest mean validation {metric} over the sweep seeds"
+                if arm.lr_from is None
+                else f"the learning rate chosen for {arm.lr_from} (lr_from: no sweep of its "
+                f"own; its sweep seeds score it on validation)"
+            ),
         },
         "sweep": rows,
         "full": summary(result["scores"][metric]),

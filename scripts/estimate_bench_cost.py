@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from rpka.bench import seed_groups
+from rpka.bench import n_swept_rates, seed_groups
 from rpka.io import write_json
 from rpka.mechanism import mechanism_study
 from rpka.presets import PRESETS, TrackConfig, get_preset
@@ -79,7 +79,7 @@ def main() -> None:
             continue
         lr = config.learning_rates[0]
         sweep_seeds = seed_groups(config, "sweep", arm)[0]
-        n_sweep_jobs = len(config.learning_rates) * len(seed_groups(config, "sweep", arm))
+        n_sweep_jobs = n_swept_rates(config, arm) * len(seed_groups(config, "sweep", arm))
         sweep = train_run(make_run_config(one_epoch, arm, lr, sweep_seeds, "val"))
         evaluation = train_run(make_run_config(one_epoch, arm, lr, eval_seeds, "test"))
         s, e = job_cost(sweep, epochs, False), job_cost(evaluation, epochs, True)

@@ -296,6 +296,33 @@ def test_figures_write_pngs(smoke_study_report, tmp_path):
         matplotlib.pyplot.close(fig)
 
 
+def test_ablations_take_their_references_learning_rate(tmp_path):
+    from rpka.bench import InProcessExecutor, run_bench
+
+    config = get_preset(
+        "smoke-study",
+        train={"epochs": 1},
+        learning_rates=(1e-3, 3e-3),
+        mechanism=None,
+        output_error_ranks=(),
+    )
+    report = run_bench(config, tmp_path / "out", InProcessExecutor(), False, tmp_path / "cache")
+    chosen = report["arms"]["rpka-r4"]["best_cfg"]["lr"]
+    for name in ("rpka-r4-greedy", "nystrom-uniform-r4"):
+        arm = report["arms"][name]
+        assert [row["lr"] for row in arm["sweep"]] == [chosen] == [arm["best_cfg"]["lr"]]
+        assert "rpka-r4" in arm["best_cfg"]["selection"]
+    assert len(report["arms"]["performer-r4"]["sweep"]) == 2  # a peer sweeps itself
+    assert len(config.eval_seeds) <= config.seeds_per_job  # one evaluation run per arm
+    assert report["timings"]["n_runs"] == 3 * 2 + 2 * 1 + 5  # sweeps: 3 arms x 2 lrs, 2 x 1
+    assert set(report["ablation_choice"]["sweep_seeds"]) == set(config.sweep_seeds)
+    # every full-preset ablation takes rpka-r16's rate; lr_from must name a sweeping arm
+    assert {FULL.arm(n).lr_from for n in FULL.ablation_arms} == {"rpka-r16"}
+    bad = dataclasses.replace(config.arm("performer-r4"), lr_from="rpka-r4-greedy")
+    with pytest.raises(ValueError, match="lr_from"):
+        dataclasses.replace(config, arms=(*config.arms[:-1], bad)).validate()
+
+
 def test_an_arm_may_sweep_with_fewer_seeds(tmp_path):
     from rpka.bench import InProcessExecutor, run_bench
 

@@ -463,7 +463,7 @@ class RPKAttention(AttentionMethod):
 
     @torch.no_grad()
     def draw_pivots(self, points: Tensor) -> Tensor:
-        """Pivot indices (..., min(r, N)) of the points (..., N, d) (-1: unused slot)."""
+        """Pivot indices (..., r') into the points (..., N, d), -1 in unused slots (no gradient)."""
         if self.method == "accelerated":
             flat = PointSet([points], dtype=points.dtype)
             return self.select(flat).pivots.reshape(*points.shape[:-2], -1)
