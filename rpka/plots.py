@@ -295,6 +295,7 @@ def plot_trained_vs_init(
 
 # --------------------------------------------------------------------------- the bench
 
+OUTPUT_ERROR_FLOOR = 1e-6  # relative errors below this are round-off (drawn at the floor)
 VERDICT_COLOURS = {"win": "C2", "loss": "C3", "inconclusive": "0.35"}
 GROUP_MARKERS = {
     "baseline": "*",
@@ -304,9 +305,16 @@ GROUP_MARKERS = {
 }
 
 
-def _arm_colour(report: Mapping, arm_name: str) -> str:
-    """One colour per arm, the same in every bench figure (its place in the config)."""
-    return f"C{list(report['arms']).index(arm_name) % 10}"
+def _arm_colour(report: Mapping, arm_name: str) -> object:
+    """One colour per arm, the same in every bench figure (its place in the config).
+
+    The style's palette for up to 10 arms, ``tab20`` beyond (a full study has 13).
+    """
+    names = list(report["arms"])
+    index = names.index(arm_name)
+    if len(names) <= 10:
+        return f"C{index}"
+    return matplotlib.colormaps["tab20"](index % 20)
 
 
 def _group_handles(groups: Sequence[str], **style: object) -> list:
@@ -369,7 +377,7 @@ def plot_forest(
         for k in ("win", "loss", "inconclusive")
     ]
     groups = _group_handles([arm_group(report, n) for n in names])
-    ax.legend(handles=groups + verdicts, loc="lower left", fontsize=8, ncol=2)
+    fig.legend(handles=groups + verdicts, loc="outside lower center", fontsize=8, ncol=6)
     ax.set_yticks(range(len(names)), labels=names)
     ax.set_ylim(len(names) - 0.5, -0.5)  # first arm on top
     metric = report.get("metric", "mse").upper()
@@ -391,11 +399,15 @@ def plot_output_error_by_arm(
 
     Two panels: on each arm's own trained Q/K, and on the exact arm's (the same inputs
     for every method). Lines: mean over layers, windows, heads and draws; bands: 10-90 %
-    quantiles; the marker at each arm's own (training) rank is filled.
+    quantiles; the marker at each arm's own (training) rank is filled. Errors below
+    ``OUTPUT_ERROR_FLOOR`` (a rank that covers every point: exact to round-off) are drawn
+    at the floor.
     """
     from rpka.tables import arm_group
 
     frame = pd.DataFrame(report["output_error"]["rows"])
+    for column in ("error_mean", "error_q10", "error_q90"):  # exact to round-off: at the floor
+        frame[column] = frame[column].clip(lower=OUTPUT_ERROR_FLOOR)
     panels = [p for p in ("own", "exact") if p in set(frame["inputs"])]
     fig, axes = plt.subplots(
         1, len(panels), figsize=(6.5 * len(panels), 4.5), constrained_layout=True, squeeze=False
@@ -489,21 +501,20 @@ def plot_error_vs_time(
                 err = None
             colour = _arm_colour(report, arm_name)
             marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
-            ax.errorbar(x[j], y[j], yerr=err, fmt=marker, color=colour, ms=7, capsize=2)
-            if j in front:
-                ax.plot(x[j], y[j], "o", ms=15, mfc="none", mec="k", mew=1.2)
-            ax.annotate(
-                arm_name, (x[j], y[j]), xytext=(5, 4), textcoords="offset points", fontsize=7
+            ax.errorbar(
+                x[j], y[j], yerr=err, fmt=marker, color=colour, ms=7, capsize=2, label=arm_name
             )
+            if j in front:  # circled and named: the arms worth their cost
+                ax.plot(x[j], y[j], "o", ms=15, mfc="none", mec="k", mew=1.2)
+                ax.annotate(
+                    arm_name, (x[j], y[j]), xytext=(8, 6), textcoords="offset points", fontsize=8
+                )
         order = sorted(front, key=lambda j: x[j])
-        (line,) = ax.plot(
-            [x[j] for j in order], [y[j] for j in order], "k--", lw=1, label="Pareto front"
-        )
+        ax.plot([x[j] for j in order], [y[j] for j in order], "k--", lw=1, label="Pareto front")
         ax.set(xscale="log", xlabel=xlabel, ylabel=f"test {metric} (mean, 95 % CI)")
         for axis_format in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
             axis_format(matplotlib.ticker.FormatStrFormatter("%g"))
-        groups = _group_handles([arm_group(report, n) for n in shown])
-        ax.legend(handles=[line, *groups], loc="best", fontsize=8)
+    axes[0][-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
     axes[0][0].set_title("Error against training cost")
     if len(panels) > 1:
         axes[0][1].set_title("Error against inference cost")

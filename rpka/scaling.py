@@ -478,6 +478,7 @@ def bench_arms_config(
     return replace(
         base or PRESETS["cpu"],
         lengths=(int(length),),
+        long_length=int(length) + 1,  # one length: every arm gets the full ``repeats``
         ranks=(),
         control_ranks=(),
         extra_arms=tuple(extra),
