@@ -37,7 +37,8 @@ from torch import Tensor, nn
 from rpka.attention import build
 from rpka.presets import ModelConfig
 
-# standard deviation of the initial positional embeddings and of the output head (GPT-2 style)
+# standard deviation of the initial positional embeddings (GPT-2 style; the output head's is
+# ModelConfig.head_init_std)
 INIT_STD = 0.02
 
 
@@ -203,7 +204,7 @@ class TransformerTiny(nn.Module):
             for _ in range(config.n_layers)
         )
         self.norm_out = EnsembleLayerNorm(n_members, d)
-        self.head = EnsembleLinear(n_members, context * d, horizon, init_std=INIT_STD)
+        self.head = EnsembleLinear(n_members, context * d, horizon, init_std=config.head_init_std)
         self.skip = EnsembleLinear(n_members, context, horizon) if config.linear_skip else None
         self.reset_parameters()
 

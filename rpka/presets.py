@@ -181,6 +181,12 @@ class ModelConfig:
     embed_kernel: width of the convolutional input embedding (odd; each token sees that
         many neighbouring values, which gives attention a local shape to match).
     linear_skip: add a linear context -> horizon path (RLinear-style) beside the encoder.
+    head_init_std: standard deviation of the flatten head's initial weights (GPT-2's 0.02
+        by default). Its fan-in is context x d_model, so the initial output's scale grows
+        like the square root of the context: at 2,048 tokens 0.02 starts every forecast
+        with a standard deviation of ~3.6 (MSE ~13 on standardised targets) that a short
+        run cannot unlearn. 0 starts the model as its linear skip (a zero-initialised
+        output layer, as in ReZero / Fixup); the long-context presets use it.
     """
 
     name: str = "transformer_tiny"
@@ -191,6 +197,7 @@ class ModelConfig:
     embed_kernel: int = 5
     dropout: float = 0.0
     linear_skip: bool = True
+    head_init_std: float = 0.02
 
     def validate(self) -> None:
         _require(self.name == "transformer_tiny", "model.name", "'transformer_tiny'", self.name)
@@ -217,6 +224,12 @@ class ModelConfig:
         )
         _require(
             isinstance(self.linear_skip, bool), "model.linear_skip", "a bool", self.linear_skip
+        )
+        _require(
+            _is_number(self.head_init_std) and self.head_init_std >= 0,
+            "model.head_init_std",
+            ">= 0",
+            self.head_init_std,
         )
 
 
@@ -486,7 +499,11 @@ def get_preset(name: str, **overrides: Any) -> BenchConfig:
     """
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
-    config = PRESETS[name]
+    return apply_overrides(PRESETS[name], **overrides)
+
+
+def apply_overrides(config: BenchConfig, **overrides: Any) -> BenchConfig:
+    """``config`` with overrides as :func:`get_preset` takes them, validated."""
     overrides = dict(overrides)
     ranks = overrides.pop("ranks", None)
     if ranks is not None:
@@ -514,5 +531,186 @@ def get_preset(name: str, **overrides: Any) -> BenchConfig:
         elif key in ("learning_rates", "sweep_seeds", "eval_seeds", "arms"):
             overrides[key] = tuple(value)
     config = dataclasses.replace(config, **overrides)
+    config.validate()
+    return config
+
+
+# --------------------------------------------------------------------------- long context
+# The long-context training study (issue 6, item 4; ``rpka.longctx``): one bench per
+# context length, every context sharing the template ``BenchConfig`` of its preset.
+
+
+def sized_track(
+    track: TrackConfig, context: int, train_windows: int, eval_windows: int
+) -> TrackConfig:
+    """``track`` at ``context``, its series just long enough for the windows asked for.
+
+    Every series holds exactly ``train_windows`` training windows and ``eval_windows``
+    windows in each of validation and test (one every ``track.stride`` steps), whatever
+    the context: a split of ``w + (k - 1) * stride`` steps holds k windows of
+    ``w = context + horizon`` steps, and the series is the three splits end to end.
+    """
+    for name, value in (("train_windows", train_windows), ("eval_windows", eval_windows)):
+        _require(_is_int(value) and value >= 1, name, ">= 1", value)
+    _require(_is_int(context) and context >= 8, "context", ">= 8", context)
+    window = context + track.horizon
+    train_steps = window + (train_windows - 1) * track.stride
+    eval_steps = window + (eval_windows - 1) * track.stride
+    length = train_steps + 2 * eval_steps
+    # split_bounds rounds length * fraction back to eval_steps exactly (the error is ~1e-12)
+    fraction = eval_steps / length
+    return dataclasses.replace(
+        track,
+        context=context,
+        series_length=length,
+        val_fraction=fraction,
+        test_fraction=fraction,
+    )
+
+
+@dataclass(frozen=True)
+class LongContextConfig:
+    """Exact against RPKA when training at long context: one bench per context length.
+
+    ``bench`` is the template every context shares - model, training, arms, learning
+    rates, seeds, workers (its ``mechanism`` study is off: the long-context study measures
+    cost and accuracy only). :meth:`bench_for` sets the track's context and sizes its
+    series (:func:`sized_track`) so every context trains on the same number of windows,
+    hence the same number of steps. ``memory_probe`` measures the peak memory of one
+    training step of every arm (``rpka.longctx.training_step_peak_mib``).
+    """
+
+    preset: str
+    contexts: tuple[int, ...]
+    bench: BenchConfig
+    train_windows: int
+    eval_windows: int
+    memory_probe: bool = True
+
+    def validate(self) -> None:
+        _require(
+            len(self.contexts) >= 1
+            and all(_is_int(c) and c >= 8 for c in self.contexts)
+            and len(set(self.contexts)) == len(self.contexts),
+            "contexts",
+            "distinct integers >= 8 (at least one)",
+            self.contexts,
+        )
+        _require(isinstance(self.memory_probe, bool), "memory_probe", "a bool", self.memory_probe)
+        for context in self.contexts:
+            self.bench_for(context)  # validates the sized track and the whole bench
+
+    def bench_for(self, context: int) -> BenchConfig:
+        """The bench at ``context`` (validated)."""
+        track = sized_track(self.bench.track, context, self.train_windows, self.eval_windows)
+        config = dataclasses.replace(self.bench, track=track)
+        config.validate()
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LongContextConfig:
+        """Inverse of ``dataclasses.asdict`` (also after a JSON round trip)."""
+        data = dict(data)
+        data["bench"] = BenchConfig.from_dict(data["bench"])
+        data["contexts"] = tuple(data["contexts"])
+        return cls(**data)
+
+
+def _longctx(
+    preset: str,
+    contexts: tuple[int, ...],
+    train_windows: int,
+    eval_windows: int,
+    **bench: Any,
+) -> LongContextConfig:
+    """A long-context preset: the full bench preset with the reduced protocol's overrides."""
+    template = apply_overrides(
+        PRESETS["full"],
+        preset=f"longctx-{preset}",
+        mechanism=None,
+        **{"track": sized_track(TrackConfig(**bench.pop("track", {})), contexts[0], 1, 1)},
+        **bench,
+    )
+    config = LongContextConfig(preset, contexts, template, train_windows, eval_windows)
+    config.validate()
+    return config
+
+
+# Reduced protocol (the CPU cannot afford the main study's at 2,048 tokens): one encoder
+# layer of width 16 with one head, 4 series, 2 epochs, one learning rate (the main sweep's
+# best, 3e-3, for every arm) and 4 evaluation seeds. ``full`` takes about 5 minutes on
+# the 2-core machine.
+_LONGCTX_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 1, "d_ff": 32, "head_init_std": 0.0}
+LONGCTX_PRESETS: dict[str, LongContextConfig] = {
+    "smoke": _longctx(
+        "smoke",
+        contexts=(32, 64),
+        train_windows=8,
+        eval_windows=2,
+        track={"n_series": 2, "stride": 8},
+        model={**_LONGCTX_MODEL, "d_model": 8, "d_ff": 16, "embed_kernel": 3},
+        train={"epochs": 1, "batch_size": 8, "warmup_steps": 0},
+        ranks=(4, 8),
+        learning_rates=(3e-3,),
+        sweep_seeds=(0,),
+        eval_seeds=(100, 101),
+        n_workers=1,
+        seeds_per_job=2,
+    ),
+    "quick": _longctx(
+        "quick",
+        contexts=(512, 2048),
+        train_windows=48,
+        eval_windows=8,
+        track={"n_series": 2, "stride": 32},
+        model=_LONGCTX_MODEL,
+        train={"epochs": 1, "batch_size": 16, "warmup_steps": 1},
+        ranks=(16, 64, 128),
+        primary_arm="rpka-r64",  # the main study's primary arm
+        learning_rates=(1e-4, 3e-4),
+        sweep_seeds=(0,),
+        eval_seeds=(100, 101),
+        seeds_per_job=2,
+    ),
+    "full": _longctx(
+        "full",
+        contexts=(512, 2048),
+        train_windows=96,
+        eval_windows=16,
+        track={"n_series": 4, "stride": 32},
+        model=_LONGCTX_MODEL,
+        train={"epochs": 2, "batch_size": 16, "warmup_steps": 2},
+        ranks=(16, 64, 128),
+        primary_arm="rpka-r64",  # the main study's primary arm
+        learning_rates=(1e-4, 3e-4),
+        sweep_seeds=(0,),
+        eval_seeds=(100, 101, 102, 103),
+        seeds_per_job=2,
+    ),
+}
+LONGCTX_FIELDS = ("contexts", "train_windows", "eval_windows", "memory_probe")
+
+
+def get_longctx_preset(name: str, **overrides: Any) -> LongContextConfig:
+    """The long-context preset ``name`` with overrides, validated.
+
+    ``contexts``, ``train_windows``, ``eval_windows`` and ``memory_probe`` replace the
+    study's own fields; every other override goes to the bench template as in
+    :func:`get_preset` (e.g. ``ranks=[16]``, ``eval_seeds=(100, 101)``,
+    ``train={"epochs": 1}``).
+    """
+    if name not in LONGCTX_PRESETS:
+        raise ValueError(f"preset must be one of {sorted(LONGCTX_PRESETS)}, got {name!r}")
+    config = LONGCTX_PRESETS[name]
+    own = {
+        k: (tuple(v) if k == "contexts" else v) for k, v in overrides.items() if k in LONGCTX_FIELDS
+    }
+    bench = {k: v for k, v in overrides.items() if k not in LONGCTX_FIELDS}
+    config = dataclasses.replace(config, **own)
+    if bench:
+        config = dataclasses.replace(config, bench=apply_overrides(config.bench, **bench))
     config.validate()
     return config
