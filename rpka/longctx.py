@@ -178,14 +178,17 @@ def header(config: LongContextConfig) -> dict[str, Any]:
         "contexts": list(config.contexts),
         "protocol": (
             f"reduced: {model.n_layers} encoder layer(s) of width {model.d_model} with "
-            f"{model.n_heads} head(s); per context {bench.track.n_series} series with "
+            f"{model.n_heads} head(s), linear skip {'on' if model.linear_skip else 'off'}, "
+            f"head initialised with std {model.head_init_std:g}; per context "
+            f"{bench.track.n_series} series with "
             f"{config.train_windows} training and {config.eval_windows} validation / test "
             f"windows each (stride {bench.track.stride}); {bench.train.epochs} epoch(s) of "
             f"batch {bench.train.batch_size}; learning rate(s) "
             f"{', '.join(f'{lr:g}' for lr in bench.learning_rates)} on "
             f"{len(bench.sweep_seeds)} sweep seed(s); {len(bench.eval_seeds)} evaluation "
-            "seeds. The main study trains 2 layers of width 32 with 2 heads on 34 series for "
-            "4 epochs and sweeps 3 learning rates with 8 evaluation seeds."
+            "seeds. The main study trains 2 layers of width 32 with 2 heads, linear skip on, head "
+            "std 0.02, on 34 series for 4 epochs and sweeps 3 learning rates with 8 evaluation "
+            "seeds."
         ),
         "step_time_definition": (
             "median wall time of the evaluation runs' training steps after "

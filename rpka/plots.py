@@ -483,7 +483,9 @@ def plot_decode_latency(
     from rpka.tables import decode_frame, device_tag, fit_loglog_slope
 
     frame = decode_frame(decode)
-    fig, ax = _figure(ax)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8, 5.5), constrained_layout=True)
+    fig = ax.figure
     colours = {"exact": EXACT_COLOUR, "rpka": sns.color_palette("colorblind")[0]}
     rank = decode.get("config", {}).get("rank")
     for i, (method, part) in enumerate(frame.groupby("method", sort=True)):
@@ -514,7 +516,7 @@ def plot_decode_latency(
     )
     ax.set_xticks(contexts, labels=[f"{n:,}" for n in contexts])
     ax.minorticks_off()
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small", frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize="small", frameon=False)
     if decode.get("shape"):
         ax.set_title(f"{ax.get_title()}\n{decode['shape']}", fontsize="small")
     save_figure(fig, save_dir, name or f"decode_latency_{device_tag(decode)}")
