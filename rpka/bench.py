@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import scipy
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 import rpka
 from rpka import stats
