@@ -109,6 +109,8 @@ class RPKAttention(AttentionMethod):
         tempering: the exponent tau in (0, 1) of the tempered weighting.
         den_floor: relative denominator floor (guard 2), in (0, 1).
         generator: optional ``torch.Generator`` for the pivot draws.
+        block_size: with ``causal=True``, the block length b >= 1: exact attention inside
+            a block, Nystrom attention to earlier blocks (``causal.py``).
     """
 
     name = "rpka"
@@ -122,6 +124,7 @@ class RPKAttention(AttentionMethod):
         tempering: float = 0.5,
         den_floor: float = 1e-6,
         generator: torch.Generator | None = None,
+        block_size: int = 64,
         causal: bool = False,
         check_inputs: bool = True,
     ) -> None:
@@ -137,8 +140,8 @@ class RPKAttention(AttentionMethod):
             raise ValueError(f"den_floor must lie in (0, 1), got {den_floor!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError("generator must be a torch.Generator or None")
-        if causal:
-            raise ValueError("causal=True is not supported by rpka yet")
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         self.rank = rank
         self.pivot_rule = pivot_rule
         self.pivot_set = pivot_set
@@ -146,6 +149,7 @@ class RPKAttention(AttentionMethod):
         self.tempering = tempering
         self.den_floor = den_floor
         self.generator = generator
+        self.block_size = block_size
         self._guards: dict[str, Tensor] = {}
 
     @property
@@ -154,6 +158,11 @@ class RPKAttention(AttentionMethod):
         return {key: int(value) for key, value in self._guards.items()}
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.causal:
+            from rpka.attention import causal  # imported here: causal.py imports this module
+
+            out, self._guards = causal.attend(self, q, k, v)
+            return out
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         scale = q.shape[-1] ** -0.25
         q_s = q.to(compute) * scale
@@ -173,6 +182,21 @@ class RPKAttention(AttentionMethod):
             q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor
         )
         return out.to(q.dtype)
+
+    def attend_prefix(self, q: Tensor, k: Tensor, v: Tensor, capacity: int | None):
+        from rpka.attention import causal
+
+        out, state = causal.prefill(self, q, k, v, capacity)
+        self._guards = state.guards
+        return out, state
+
+    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, state: object):
+        """One decoding step; ``guard_counts`` then totals the decode so far."""
+        from rpka.attention import causal
+
+        out, state = causal.step(self, q, k, v, state)
+        self._guards = state.guards
+        return out, state
 
     def extra_repr(self) -> str:
         return (
