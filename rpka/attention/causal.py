@@ -164,7 +164,9 @@ class LandmarkSet:
 
     def per_block(self) -> LandmarkSet:
         """The same landmarks with a block dimension (size 1) before the point dimension."""
-        return LandmarkSet(self.points.unsqueeze(-3), self.valid.unsqueeze(-2), self.chol.unsqueeze(-3))
+        return LandmarkSet(
+            self.points.unsqueeze(-3), self.valid.unsqueeze(-2), self.chol.unsqueeze(-3)
+        )
 
     def features(self, x: Tensor) -> Tensor:
         """``g(x, Z)``: x (..., m, d) -> (..., m, r), zero columns for invalid landmarks."""
@@ -358,9 +360,7 @@ def causal_forward(
     landmarks = moments = None
     draws = draw_blocks(n_blocks, b, sampler.rank, sampler.points_per_position)
     for start, stop in itertools.pairwise([*draws, n_blocks]):  # one landmark epoch each
-        landmarks = LandmarkSet.draw(
-            sampler, q_s[..., : start * b, :], k_c[..., : start * b, :]
-        )
+        landmarks = LandmarkSet.draw(sampler, q_s[..., : start * b, :], k_c[..., : start * b, :])
         moments = epoch_moments(landmarks, k_c, v, start, stop, b)  # block s: keys < sb
         blocks = landmarks.per_block()
         values = blocks.features(q_b[..., start:stop, :, :]) @ blocks.solve(moments)
@@ -494,9 +494,7 @@ def causal_step(
         values = state.landmarks.features(q_s) @ state.core
         moments = state.moments
         past = (values, moments.weight[..., None, None], moments.rho[..., None, None])
-        out, floored, clamped = combine(
-            scores, v_local, state.v_low, state.v_high, den_floor, past
-        )
+        out, floored, clamped = combine(scores, v_local, state.v_low, state.v_high, den_floor, past)
         count_guards(state.guards, floored, clamped)
     if offset == b - 1:
         close_block(state, block, b, sampler)
@@ -571,7 +569,5 @@ def step(
 ) -> tuple[Tensor, CausalState]:
     if not isinstance(state, CausalState):
         raise ValueError(f"state must be the CausalState from prefill, got {type(state).__name__}")
-    out = causal_step(
-        *scaled(q, k, v), state, attn.block_size, sampler_of(attn), attn.den_floor
-    )
+    out = causal_step(*scaled(q, k, v), state, attn.block_size, sampler_of(attn), attn.den_floor)
     return out.to(q.dtype), state
