@@ -8,6 +8,7 @@ from collections.abc import Sequence
 COMMANDS = {
     "report": ("rpka.pipeline", "run the study and render the HTML report"),
     "scaling": ("rpka.scaling", "attention latency against length and rank"),
+    "decode": ("rpka.decoding", "per-token decoding latency against context length"),
 }
 
 
