@@ -107,6 +107,10 @@ def decode_once(name: str, n: int, config: DecodeConfig, qkv: list[torch.Tensor]
     """Prefill ``n`` tokens of q, k, v, then time single steps; one result row."""
     attn = build_method(name, config).to(config.device)
     total = n + config.warmup + config.steps
+    if config.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
     prompt = [x[..., :n, :] for x in qkv]
     (_, state), prefill_ms = timed(lambda: attn.prefill(*prompt, capacity=total), config.device)
     times = []
@@ -125,6 +129,10 @@ def decode_once(name: str, n: int, config: DecodeConfig, qkv: list[torch.Tensor]
         "per_token_mean_ms": statistics.fmean(times),
         "per_token_max_ms": max(times),
         "per_token_ms_all": times,
+        # CUDA only: peak memory of prefill + steps beyond the inputs already allocated
+        "peak_mib": (torch.cuda.max_memory_allocated() - before) / 2**20
+        if config.device == "cuda"
+        else None,
     }
     if name == "rpka":
         row["redraw_ms"] = redraw_ms(attn, state, config.device)
