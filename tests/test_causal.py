@@ -124,7 +124,7 @@ def test_half_precision_and_huge_norms_finite(pivot_set, dtype):
 
 @pytest.mark.parametrize("pivot_set", ["joint", "keys"])
 def test_huge_norms_finite_gradients_and_guard_totals(pivot_set):
-    q, k, v = qkv(n=48, d=16, dtype=torch.float32, scale=30.0)
+    q, k, v = qkv(n=45, d=16, dtype=torch.float32, scale=30.0)  # last block partial
     for x in (q, k, v):
         x.requires_grad_(True)
     attn = causal_rpka(rank=8, block_size=16, pivot_set=pivot_set)
@@ -135,7 +135,7 @@ def test_huge_norms_finite_gradients_and_guard_totals(pivot_set):
         assert torch.isfinite(x.grad).all()
     counts = attn.guard_counts
     # only rows with a past part (blocks >= 1) can be guarded, and only they are counted
-    assert counts["rows"] == 2 * 3 * (48 - 16) and counts["entries"] == counts["rows"] * 16
+    assert counts["rows"] == 2 * 3 * (45 - 16) and counts["entries"] == counts["rows"] * 16
 
 
 def test_gradients_match_exact_at_full_rank():
