@@ -183,14 +183,16 @@ class RPKAttention(AttentionMethod):
         )
         return out.to(q.dtype)
 
-    def attend_prefix(self, q: Tensor, k: Tensor, v: Tensor, capacity: int | None):
+    def attend_prefix(
+        self, q: Tensor, k: Tensor, v: Tensor, capacity: int | None
+    ) -> tuple[Tensor, object]:
         from rpka.attention import causal
 
         out, state = causal.prefill(self, q, k, v, capacity)
         self._guards = state.guards
         return out, state
 
-    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, state: object):
+    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, state: object) -> tuple[Tensor, object]:
         """One decoding step; ``guard_counts`` then totals the decode so far."""
         from rpka.attention import causal
 
