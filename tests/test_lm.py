@@ -136,6 +136,10 @@ def test_floor_sits_below_a_model_without_long_context():
     assert (track.train < track.config.n_tokens).all() and (track.train >= 0).all()
 
 
+def test_lags_given_as_a_list_are_the_same_config():
+    assert LMConfig(lags=[16, 32, 64, 128]) == LMConfig()
+
+
 def test_arrays_are_deterministic_per_seed():
     a, b = build_arrays(SMALL), build_arrays(SMALL)
     assert all(np.array_equal(a[key], b[key]) for key in a)
@@ -146,7 +150,8 @@ def test_arrays_are_deterministic_per_seed():
     [
         ({"vocab_size": 1}, "vocab_size"),
         ({"lags": ()}, "lags"),
-        ({"lags": [16, 32]}, "lags"),
+        ({"lags": "16"}, "lags"),
+        ({"lags": (16, 2.0)}, "lag"),
         ({"lags": (16, 0)}, "lag"),
         ({"copy_length": 0}, "copy_length"),
         ({"marker_prob": 1.0}, "marker_prob"),

@@ -74,6 +74,10 @@ class LMConfig:
     seed: int = 0
     name: str = field(default="lm", repr=False)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.lags, list):  # e.g. from JSON: store the hashable form
+            object.__setattr__(self, "lags", tuple(self.lags))
+
     @property
     def n_tokens(self) -> int:
         """Vocabulary size of a model: content tokens plus markers."""
