@@ -15,6 +15,7 @@ file, with the device, dtype and shapes stated.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -157,6 +158,7 @@ def redraw_ms(attn: torch.nn.Module, state: Any, device: str) -> float:
 def run_decoding(config: DecodeConfig, progress: bool = True) -> dict:
     """Per-token decode latency of each method at each context length."""
     config.validate()
+    load_start = os.getloadavg()  # CPU timings mean little on a busy machine: record it
     dtype = DTYPES[config.dtype]
     gen = torch.Generator(device=config.device).manual_seed(config.seed)
     longest = max(config.contexts) + config.warmup + config.steps
@@ -176,6 +178,7 @@ def run_decoding(config: DecodeConfig, progress: bool = True) -> dict:
             f"rank={config.rank}, block_size={config.block_size}, pivot_set={config.pivot_set}, "
             "computing in float32"
         ),
+        "host_loadavg_1_5_15min": {"start": load_start, "end": os.getloadavg()},
         "rows": rows,
         "summary": summarise(rows, config.target_ratio),
     }
