@@ -144,3 +144,12 @@ def latency_table(
     speedup = wide.rdiv(wide["exact"], axis=0).drop(columns="exact")
     speedup.columns = [f"{c} speed-up" for c in speedup.columns]
     return pd.concat([wide.add_suffix(" ms"), speedup], axis=1)
+
+
+# --------------------------------------------------------------------------- display
+
+
+def styled(frame: pd.DataFrame, precision: int = 4):
+    """A DataFrame for the report: no index column, blanks for missing values, fixed
+    precision (a pandas ``Styler``; notebooks render it as an HTML table)."""
+    return frame.style.format(precision=precision, na_rep="").hide(axis="index")
