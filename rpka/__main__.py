@@ -10,6 +10,7 @@ COMMANDS = {
     "longctx": ("rpka.longctx", "long-context training: exact vs rpka at contexts 512 and 2,048"),
     "report": ("rpka.pipeline", "run the study and render the HTML report"),
     "scaling": ("rpka.scaling", "attention latency against length and rank"),
+    "decode": ("rpka.decoding", "per-token decoding latency against context length"),
 }
 
 

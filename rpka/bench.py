@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import scipy
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 import rpka
 from rpka import stats
@@ -87,21 +87,25 @@ def study_mechanism(
         k: arm.options[k] for k in ("pivot_set", "weighting", "tempering") if k in arm.options
     }
     x = track.test.x[:n_windows]
-    studies = {}
-    for name, model in (("trained", trained), ("init", init)):
-        qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
-        member0 = [tuple(t[: len(x)] for t in layer) for layer in qkv]  # member 0: first seed
-        studies[name] = mechanism_study(
-            member0, progress=progress, **{**options, **(config.mechanism or {})}
-        )
+    study_options = {**options, **(config.mechanism or {})}
     seed = result["seeds"][0]
     described = (
         f"{arm.name} (method {arm.method}, options {dict(arm.options)}), lr "
         f"{result['lr']:g}, evaluation seed {seed}, run {result['run_id']}, "
         f"{len(x)} test windows"
     )
+    path = out / "mechanism.json"
+    if path.exists():  # resume: this model was studied with these options already
+        previous = read_json(path)
+        if previous.get("model") == described and previous.get("options") == study_options:
+            return {**previous["trained"]["mechanism_signature"], "trained_model": described}
+    studies = {}
+    for name, model in (("trained", trained), ("init", init)):
+        qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
+        member0 = [tuple(t[: len(x)] for t in layer) for layer in qkv]  # member 0: first seed
+        studies[name] = mechanism_study(member0, progress=progress, **study_options)
     signature = {**studies["trained"]["mechanism_signature"], "trained_model": described}
-    write_json(out / "mechanism.json", {"model": described, **studies})
+    write_json(path, {"model": described, "options": study_options, **studies})
     return signature
 
 

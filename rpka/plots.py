@@ -18,6 +18,9 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
+from rpka.io import atomic_write
+from rpka.paths import resolve
+
 RULE_ORDER = ("rpc", "greedy", "uniform")
 Z_95 = 1.959963984540054  # two-sided 95 % normal quantile, for error bars
 EIGEN_FLOOR = 1e-16  # eigenvalues below this (round-off) are drawn at the floor on log axes
@@ -31,13 +34,12 @@ def set_style() -> None:
 
 
 def save_figure(fig: Figure, save_dir: str | os.PathLike | None, name: str) -> Path | None:
-    """Write ``fig`` to ``save_dir/name.png`` (the folder is created); no-op without a folder."""
+    """Write ``fig`` to ``save_dir/name.png`` atomically (the folder is created); no-op
+    without a folder. Relative folders are taken from the repository root."""
     if save_dir is None:
         return None
-    path = Path(save_dir) / f"{name}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    path = resolve(save_dir) / f"{name}.png"
+    return atomic_write(path, lambda fh: fig.savefig(fh, format="png"), binary=True)
 
 
 def _quality(result: Mapping) -> Mapping:
@@ -292,7 +294,192 @@ def plot_trained_vs_init(
     return fig
 
 
-# =========================================================================== scaling
+# --------------------------------------------------------------------------- bench
+
+
+def _arm_colors(names: list[str]) -> dict[str, str]:
+    return {name: f"C{i % 10}" for i, name in enumerate(names)}
+
+
+def plot_sweep(
+    report: Mapping, save_dir: str | os.PathLike | None = None, name: str = "bench_sweep"
+) -> Figure:
+    """Validation error against learning rate per arm (each sweep seed a dot, the mean a
+    line), the naive forecasts' validation error as horizontal references."""
+    metric = report["metric"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), constrained_layout=True)
+    colors = _arm_colors(list(report["arms"]))
+    for arm, entry in report["arms"].items():
+        lrs = [cell["lr"] for cell in entry["sweep"]]
+        means = [
+            cell["score"] if np.isfinite(cell["score"] or np.inf) else np.nan
+            for cell in entry["sweep"]
+        ]
+        ax.plot(lrs, means, "-", color=colors[arm], label=arm, lw=1.5)
+        for cell in entry["sweep"]:
+            values = [v for v in cell["val_per_seed"] if v is not None]
+            ax.plot([cell["lr"]] * len(values), values, "o", ms=3, alpha=0.5, color=colors[arm])
+    for key, ls in (("mean", ":"), ("linear", "--")):
+        value = report["naive_baselines"]["forecasts"][key]["val"][metric]
+        ax.axhline(value, color="0.4", ls=ls, lw=1, label=f"naive {key} (val)")
+    ax.set(
+        xscale="log",
+        xlabel="learning rate (log scale)",
+        ylabel=f"validation {metric.upper()} (standardised units)",
+        title="Learning-rate sweep on validation (dots: sweep seeds)",
+    )
+    ax.legend(fontsize=8, ncol=2, loc="best")
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def plot_learning_curves(
+    report: Mapping,
+    save_dir: str | os.PathLike | None = None,
+    name: str = "bench_learning_curves",
+) -> Figure:
+    """Training loss and validation error per epoch at each arm's best learning rate
+    (mean over the evaluation seeds, band: min-max)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True, sharex=True)
+    colors = _arm_colors(list(report["arms"]))
+    for arm, entry in report["arms"].items():
+        for ax, key in zip(axes, ("train_loss", "val_mse"), strict=True):
+            curves = np.array(
+                [
+                    [np.nan if v is None else v for v in seed]
+                    for seed in entry["learning_curves"][key]
+                ],
+                dtype=float,
+            )
+            if curves.size == 0:
+                continue
+            epochs = np.arange(1, curves.shape[1] + 1)
+            ax.plot(epochs, np.nanmean(curves, 0), color=colors[arm], label=arm)
+            ax.fill_between(
+                epochs, np.nanmin(curves, 0), np.nanmax(curves, 0), color=colors[arm], alpha=0.15
+            )
+    axes[0].set(
+        xlabel="epoch",
+        ylabel="training MSE (standardised units)",
+        title="Training loss (best lr, evaluation seeds)",
+    )
+    axes[1].set(
+        xlabel="epoch",
+        ylabel="validation MSE (standardised units)",
+        title="Validation error (best lr, evaluation seeds)",
+    )
+    axes[1].legend(fontsize=8)
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def plot_paired_seeds(
+    report: Mapping, save_dir: str | os.PathLike | None = None, name: str = "bench_paired_seeds"
+) -> Figure:
+    """Test error of every evaluation seed under the baseline and under each other arm,
+    one line per seed (the pair shares data order and initialisation)."""
+    base = report["baseline_arm"]
+    others = [a for a in report["arms"] if a != base]
+    metric = report["metric"]
+    base_values = report["arms"][base]["full"]["per_seed"]
+    fig, ax = plt.subplots(
+        figsize=(max(5.0, 1.4 * (len(others) + 1)), 4.2), constrained_layout=True
+    )
+    for i, arm in enumerate(others):
+        values = report["arms"][arm]["full"]["per_seed"]
+        for b, v in zip(base_values, values, strict=True):
+            if b is None or v is None:
+                continue
+            color = "C2" if v < b else "C3"
+            ax.plot([2 * i, 2 * i + 1], [b, v], "-o", color=color, ms=3, lw=1, alpha=0.7)
+    ax.set_xticks([x for i in range(len(others)) for x in (2 * i, 2 * i + 1)])
+    ax.set_xticklabels([lab for a in others for lab in (base, a)], rotation=45, ha="right")
+    ax.set(
+        ylabel=f"test {metric.upper()} (standardised units)",
+        title="Per-seed pairs (green: the arm beats exact on that seed)",
+    )
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def plot_deltas(
+    report: Mapping, save_dir: str | os.PathLike | None = None, name: str = "bench_deltas"
+) -> Figure:
+    """Per-seed differences (arm - baseline) as dots, the mean with its 95 % t-interval,
+    and the zero line; the verdict (Holm-adjusted) in the label."""
+    rows = [(arm, e["comparison"]) for arm, e in report["arms"].items() if e.get("comparison")]
+    fig, ax = plt.subplots(figsize=(8, 0.9 * len(rows) + 1.6), constrained_layout=True)
+    for i, (_, c) in enumerate(rows):
+        diffs = np.asarray(c["per_seed_diffs"], dtype=float)
+        jitter = np.linspace(-0.15, 0.15, len(diffs)) if len(diffs) > 1 else np.zeros(1)
+        ax.plot(diffs, i + jitter, "o", ms=4, alpha=0.6, color="C0")
+        if c["ci_low"] is not None and np.isfinite(c["ci_low"]):
+            ax.plot([c["ci_low"], c["ci_high"]], [i, i], color="k", lw=2)
+        ax.plot([c["delta_mean"]], [i], "D", color="k", ms=6)
+    ax.axvline(0, color="C3", lw=1, ls="--")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(
+        [f"{arm}\n{c['verdict'].split(' (')[0]}, Holm p={c['p_adjusted']:.2g}" for arm, c in rows],
+        fontsize=8,
+    )
+    ax.set(
+        xlabel=f"test {report['metric'].upper()} difference, arm - {report['baseline_arm']} "
+        "(negative: arm better)",
+        title="Paired differences: seeds (dots), mean and 95% CI (black)",
+    )
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def plot_train_curves(
+    results: Mapping[str, Mapping],
+    save_dir: str | os.PathLike | None = None,
+    name: str = "train_curves",
+) -> Figure:
+    """Learning curves of single training runs: ``results`` maps a label to a run result
+    (``rpka.train.train_run``); its first member's curves are drawn."""
+    fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    for i, (label, result) in enumerate(results.items()):
+        member = result["members"][0]
+        epochs = np.arange(1, len(member["train_loss"]) + 1)
+        ax.plot(epochs, member["train_loss"], "--", color=f"C{i}", label=f"{label}: train")
+        ax.plot(epochs, member["val_mse"], "-o", ms=3, color=f"C{i}", label=f"{label}: validation")
+    ax.set(xlabel="epoch", ylabel="MSE (standardised units)", title="Learning curves")
+    ax.legend(fontsize=8)
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def plot_forecasts(
+    context: np.ndarray,
+    truth: np.ndarray,
+    forecasts: Mapping[str, np.ndarray],
+    save_dir: str | os.PathLike | None = None,
+    name: str = "train_forecasts",
+) -> Figure:
+    """Forecasts against the truth for a few windows: context (W, L), truth (W, H),
+    forecasts {label: (W, H)}; all in the window's standardised units."""
+    n_windows, length = context.shape
+    horizon = truth.shape[1]
+    fig, axes = plt.subplots(
+        n_windows, 1, figsize=(9, 2.3 * n_windows), squeeze=False, constrained_layout=True
+    )
+    t_ctx = np.arange(-length, 0)
+    t_hor = np.arange(horizon)
+    for w, ax in enumerate(axes[:, 0]):
+        ax.plot(t_ctx, context[w], color="0.5", lw=1, label="context")
+        ax.plot(t_hor, truth[w], color="k", lw=1.5, label="truth")
+        for i, (label, pred) in enumerate(forecasts.items()):
+            ax.plot(t_hor, pred[w], lw=1.3, color=f"C{i}", label=label)
+        ax.axvline(-0.5, color="0.7", lw=0.8)
+        ax.set(ylabel="value (std. units)")
+    axes[0, 0].legend(fontsize=8, ncol=len(forecasts) + 2, loc="upper left")
+    axes[-1, 0].set(xlabel="time step relative to the forecast origin")
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+# --------------------------------------------------------------------------- scaling
 # Attention latency and memory against sequence length (``rpka.scaling`` JSON, CPU or
 # GPU), decoding latency (``rpka.decoding`` JSON). The numbers come from ``rpka.tables``.
 
@@ -523,7 +710,7 @@ def plot_decode_latency(
     return fig
 
 
-# =========================================================================== long-context training
+# --------------------------------------------------------------------------- long-context training
 
 
 def plot_longctx(
@@ -578,13 +765,19 @@ def plot_longctx(
 
 __all__ = [
     "plot_decode_latency",
+    "plot_deltas",
+    "plot_forecasts",
+    "plot_learning_curves",
     "plot_longctx",
     "plot_output_error",
+    "plot_paired_seeds",
     "plot_residual_trace",
     "plot_scaling_latency",
     "plot_scaling_memory",
     "plot_spectra",
     "plot_speedup",
+    "plot_sweep",
+    "plot_train_curves",
     "plot_trace_identity",
     "plot_trained_vs_init",
     "save_figure",

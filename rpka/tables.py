@@ -1,16 +1,13 @@
-"""Tables of the study as pandas DataFrames, computed from the plain-JSON results.
+"""Tables of the study, as pandas DataFrames built from the result files.
 
-Every function takes a result dict as the module that wrote it returns it (or as read
-back from JSON) and returns a ``DataFrame``; the figures in :mod:`rpka.plots` draw from
-the same functions, so a table and its figure never disagree.
+Every function takes a plain dict read from a result JSON (``bench_report.json``, ...) and
+returns a DataFrame ready to display; numbers are rounded only by the caller's display.
+:mod:`rpka.plots` draws from the same functions, so a table and its figure never disagree.
 
-Sections (each owned by one part of the study; keep them separate):
-
-* scaling - attention latency and peak memory against sequence length
-  (``rpka.scaling`` JSON, CPU or GPU: same schema, the device named in it): log-log
-  slopes, speed-ups against exact, crossover lengths; per-token decoding latency
-  (``rpka.decoding`` JSON);
-* long-context training - exact against RPKA at long context (``rpka.longctx`` JSON).
+Sections: bench; scaling (captions and latency tables); display; scaling analysis
+(``rpka.scaling`` JSON of a CPU or a GPU - same schema, the device named in it - and
+``rpka.decoding`` JSON: log-log slopes, speed-ups, crossover lengths, per-token decoding);
+long-context training (``rpka.longctx`` JSON).
 """
 
 from __future__ import annotations
@@ -25,7 +22,154 @@ from scipy import stats as scipy_stats
 
 from rpka import stats
 
-# =========================================================================== scaling
+NAIVE_NAMES = {
+    "mean": "naive: context mean",
+    "last_value": "naive: last value",
+    "seasonal_naive": "naive: seasonal",
+    "linear": "naive: linear (least squares)",
+}
+
+# --------------------------------------------------------------------------- bench
+
+
+def _points(entry: Mapping) -> str:
+    rank = entry.get("rank")
+    points = entry.get("pivot_points") or entry.get("attention_tokens")
+    return f"r={rank} of {points}" if rank else f"{entry.get('attention_tokens')} tokens"
+
+
+def sweep_table(report: Mapping) -> pd.DataFrame:
+    """Validation score of every (arm, learning rate): mean over the sweep seeds."""
+    rows = []
+    for name, entry in report["arms"].items():
+        for cell in entry["sweep"]:
+            values = [v for v in cell["val_per_seed"] if v is not None]
+            rows.append(
+                {
+                    "arm": name,
+                    "lr": cell["lr"],
+                    f"val {report['metric']} (mean)": cell["score"],
+                    "seeds": len(cell["seeds"]),
+                    "finite": len(values),
+                    "diverged": cell["n_diverged"],
+                    "selected": "best" if cell["selected"] else "",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def results_table(report: Mapping, split: str = "test") -> pd.DataFrame:
+    """Per arm on the evaluation seeds: mean +- sd, median, IQM, 95 % CI, wins, verdict,
+    with the naive forecasts as extra rows (their error is deterministic: no spread)."""
+    metric = report["metric"]
+    rows = []
+    for name, entry in report["arms"].items():
+        full = entry["full"]
+        comparison = entry.get("comparison") or {}
+        wins = f"{comparison['idea_wins']}/{comparison['n_pairs']}" if comparison else ""
+        rows.append(
+            {
+                "arm": name,
+                "attention": _points(entry),
+                "best lr": entry["best_cfg"]["lr"],
+                f"{metric} mean": full["mean"],
+                "sd": full["std"],
+                "median": full["median"],
+                "IQM": full["iqm"],
+                "95% CI": _interval(full["ci_low"], full["ci_high"]),
+                "n": full["n"],
+                "wins vs exact": wins,
+                "verdict": comparison.get("verdict", "baseline" if not comparison else ""),
+            }
+        )
+    for key, forecast in report["naive_baselines"]["forecasts"].items():
+        rows.append(
+            {
+                "arm": NAIVE_NAMES.get(key, key),
+                "attention": "-",
+                f"{metric} mean": forecast[split][metric],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def comparison_table(report: Mapping) -> pd.DataFrame:
+    """Every arm's paired comparison with the baseline (DESIGN.md section 5)."""
+    rows = []
+    for name, entry in report["arms"].items():
+        c = entry.get("comparison")
+        if not c:
+            continue
+        rows.append(
+            {
+                "arm": name,
+                "delta mean": c["delta_mean"],
+                "95% CI": _interval(c["ci_low"], c["ci_high"]),
+                "CI half-width": c["ci_halfwidth"],
+                "MDE (80% power)": c["mde"],
+                "MDE % of exact": c["mde_rel_pct"],
+                "d_z": c["d_z"],
+                "wins": f"{c['idea_wins']}/{c['n_pairs']}",
+                "wins 95% CI": _interval(c["wins_ci_low"], c["wins_ci_high"]),
+                "sign-flip p": c["p_value"],
+                "Wilcoxon p": c["wilcoxon_p"],
+                "paired t p": c["ttest_p"],
+                "Holm p": c["p_adjusted"],
+                "verdict": c["verdict"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    if low is None or high is None:
+        return "n/a"
+    return f"[{low:+.4f}, {high:+.4f}]" if low < 0 or high < 0 else f"[{low:.4f}, {high:.4f}]"
+
+
+# --------------------------------------------------------------------------- scaling
+
+
+def scaling_caption(scaling: Mapping) -> str:
+    """Device, dtype and shapes of a scaling JSON, in one Markdown line."""
+    load = scaling.get("load_average_start")
+    load_text = f"; load average at start {load[0]:.2f}" if load else ""
+    return (
+        f"**{scaling['device']}**, torch {scaling.get('torch', '?')}; "
+        f"{scaling.get('shapes', '')}; inputs {scaling.get('dtype', '?')}{load_text}."
+    )
+
+
+def latency_table(
+    scaling: Mapping, column: str = "forward_ms", methods: tuple[str, ...] = ("exact", "rpka")
+) -> pd.DataFrame:
+    """Median latency (ms) per length (rows) and method/rank (columns) for ``methods``,
+    then the speed-up of each against exact in the same run."""
+    frame = pd.DataFrame(scaling["rows"])
+    frame = frame[frame[column].notna() & frame["method"].isin(methods)]
+    frame["arm"] = [
+        m if r is None or r != r else f"{m} r={int(r)}"
+        for m, r in zip(frame["method"], frame["rank"], strict=True)
+    ]
+    wide = frame.pivot_table(index="n", columns="arm", values=column, aggfunc="first")
+    order = ["exact"] + [c for c in wide.columns if c != "exact"]
+    wide = wide[order]
+    speedup = wide.rdiv(wide["exact"], axis=0).drop(columns="exact")
+    speedup.columns = [f"{c} speed-up" for c in speedup.columns]
+    return pd.concat([wide.add_suffix(" ms"), speedup], axis=1)
+
+
+# --------------------------------------------------------------------------- display
+
+
+def styled(frame: pd.DataFrame, precision: int = 4):
+    """A DataFrame for the report: no index column, blanks for missing values, fixed
+    precision (a pandas ``Styler``; notebooks render it as an HTML table)."""
+    return frame.style.format(precision=precision, na_rep="").hide(axis="index")
+
+
+# --------------------------------------------------------------------------- scaling analysis
+# (issue 6: slopes, speed-ups, crossover lengths, decoding)
 
 EXACT = "exact"
 # the measures of a scaling row, with their axis labels
@@ -263,7 +407,8 @@ def _check_measure(measure: str) -> None:
         raise ValueError(f"measure must be one of {sorted(SCALING_MEASURES)}, got {measure!r}")
 
 
-# =========================================================================== long-context training
+# --------------------------------------------------------------------------- long-context training
+# (issue 6: rpka.longctx)
 
 
 def longctx_table(longctx: Mapping[str, Any], confidence_level: float = 0.95) -> pd.DataFrame:
@@ -331,19 +476,3 @@ def _floats(values: Sequence[float | None]) -> np.ndarray:
 
 def _num(value: float | None) -> float:
     return math.nan if value is None else float(value)
-
-
-__all__ = [
-    "SCALING_MEASURES",
-    "arm_label",
-    "crossover_table",
-    "decode_frame",
-    "device_tag",
-    "find_crossover",
-    "fit_loglog_slope",
-    "longctx_table",
-    "scaling_frame",
-    "scaling_slopes",
-    "speedup_frame",
-    "upper_half",
-]

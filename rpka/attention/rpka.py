@@ -267,6 +267,8 @@ class RPKAttention(AttentionMethod):
             (accelerated where it applies, plain for greedy). Same pivot law either way.
         block_size: candidates per round of the accelerated method (None: adaptive).
         refresh: proposal refresh of the accelerated method, ``"auto"`` or ``"round"``.
+        causal_block: with ``causal=True``, the block length b >= 1: exact attention inside
+            a block, Nystrom attention to earlier blocks (``causal.py``).
 
     Without gradients (inference) the accelerated path never materialises the joint set
     or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
@@ -289,6 +291,7 @@ class RPKAttention(AttentionMethod):
         pivot_method: str = "auto",
         block_size: int | None = None,
         refresh: str = "auto",
+        causal_block: int = 64,
         causal: bool = False,
         check_inputs: bool = True,
     ) -> None:
@@ -312,8 +315,9 @@ class RPKAttention(AttentionMethod):
         if method == "auto":
             method = "plain" if pivot_rule == "greedy" else "accelerated"
         check_fast_options(method, pivot_rule, block_size, refresh)
-        if causal:
-            raise ValueError("causal=True is not supported by rpka yet")
+        if not isinstance(causal_block, int) or isinstance(causal_block, bool) or causal_block < 1:
+            raise ValueError(f"causal_block must be a positive integer, got {causal_block!r}")
+        self.causal_block = causal_block
         self.pivot_method = pivot_method
         self.method = method  # the one in use ("auto" resolved)
         self.block_size = block_size
@@ -360,6 +364,11 @@ class RPKAttention(AttentionMethod):
         )
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.causal:
+            from rpka.attention import causal  # imported here: causal.py imports this module
+
+            out, self._guards = causal.attend(self, q, k, v)
+            return out
         needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
         compute, scale, key_shift = scaled = self._scaled(q, k)
         if self.method == "accelerated" and not needs_grad:
@@ -388,6 +397,23 @@ class RPKAttention(AttentionMethod):
             q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor
         )
         return out.to(q.dtype)
+
+    def attend_prefix(
+        self, q: Tensor, k: Tensor, v: Tensor, capacity: int | None
+    ) -> tuple[Tensor, object]:
+        from rpka.attention import causal
+
+        out, state = causal.prefill(self, q, k, v, capacity)
+        self._guards = state.guards
+        return out, state
+
+    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, state: object) -> tuple[Tensor, object]:
+        """One decoding step; ``guard_counts`` then totals the decode so far."""
+        from rpka.attention import causal
+
+        out, state = causal.step(self, q, k, v, state)
+        self._guards = state.guards
+        return out, state
 
     def extra_repr(self) -> str:
         return (
