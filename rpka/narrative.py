@@ -92,8 +92,11 @@ def scaling_summary(scaling: Mapping, rank: int = 64) -> str:
     """Forward latency of rpka at ``rank`` against exact, per length, from a scaling JSON."""
     rows = scaling["rows"]
     exact = {r["n"]: r for r in rows if r["method"] == "exact" and r.get("forward_ms")}
-    ours = {r["n"]: r for r in rows if r["method"] == "rpka" and r.get("rank") == rank
-            and r.get("forward_ms")}
+    ours = {
+        r["n"]: r
+        for r in rows
+        if r["method"] == "rpka" and r.get("rank") == rank and r.get("forward_ms")
+    }
     lengths = sorted(set(exact) & set(ours))
     if not lengths:
         return f"No rpka r={rank} forward measurements in this file."

@@ -189,7 +189,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     from rpka.study import compute_steps
 
     try:
-        run_pipeline(steps, Path(args.html), progress=not args.no_progress,
-                     compute=compute_steps(args.preset, progress=not args.no_progress))
+        run_pipeline(
+            steps,
+            Path(args.html),
+            progress=not args.no_progress,
+            compute=compute_steps(args.preset, progress=not args.no_progress),
+        )
     except PipelineError as err:
         raise SystemExit(f"report failed: {err}") from None

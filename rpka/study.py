@@ -46,15 +46,20 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
     results, figures = results_dir(preset), figures_dir(preset)
     report = f"{results}/bench_report.json"
     return {
-        "01_train.ipynb": {"preset": preset, "run_dir": f"{results}/train",
-                           "figures_dir": figures},
+        "01_train.ipynb": {"preset": preset, "run_dir": f"{results}/train", "figures_dir": figures},
         "02_sweep.ipynb": {"preset": preset, "results_dir": results, "figures_dir": figures},
         "03_deltas.ipynb": {"bench_report": report, "figures_dir": figures},
-        "04_mechanism.ipynb": {"mechanism_json": f"{results}/mechanism.json",
-                               "figures_dir": figures},
-        "05_scaling.ipynb": {"scaling_cpu_json": f"{results}/scaling_cpu.json",
-                             "scaling_gpu_json": "data/results/scaling/gpu_h200.json",
-                             "figures_dir": figures},
+        "04_mechanism.ipynb": {
+            "mechanism_json": f"{results}/mechanism.json",
+            "figures_dir": figures,
+        },
+        "05_scaling.ipynb": {
+            "scaling_cpu_json": f"{results}/scaling_cpu.json",
+            "scaling_gpu_json": "data/results/scaling/gpu_h200.json",
+            "decode_json": "data/results/scaling/decode_cpu.json",
+            "longctx_json": f"{results}/longctx.json",
+            "figures_dir": figures,
+        },
         "06_report.ipynb": {"preset": preset, "results_dir": results, "figures_dir": figures},
     }
 
@@ -76,13 +81,27 @@ def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callabl
     notebooks, which load what these wrote (and compute it themselves if it is missing).
     """
     from rpka import scaling
+    from rpka.longctx import run_longctx
+    from rpka.presets import get_longctx_preset
 
     return [
-        ("bench", lambda: bench.run_bench(get_preset(preset), results_dir(preset),
-                                          progress=progress)),
-        ("scaling (CPU)", lambda: scaling.run_scaling(
-            scaling.PRESETS[SCALING_PRESET[preset]], progress=progress,
-            out=resolve(scaling_json(preset)), preset=SCALING_PRESET[preset])),
+        (
+            "bench",
+            lambda: bench.run_bench(get_preset(preset), results_dir(preset), progress=progress),
+        ),
+        (
+            "scaling (CPU)",
+            lambda: scaling.run_scaling(
+                scaling.PRESETS[SCALING_PRESET[preset]],
+                progress=progress,
+                out=resolve(scaling_json(preset)),
+                preset=SCALING_PRESET[preset],
+            ),
+        ),
+        (
+            "long-context training",
+            lambda: run_longctx(get_longctx_preset(preset), results_dir(preset), progress=progress),
+        ),
     ]
 
 
@@ -100,8 +119,13 @@ def train_demo(preset: str, run_dir: str | Path, progress: bool = False) -> dict
     out = {}
     for name in (config.baseline_arm, config.primary_arm):
         run_config = make_run_config(
-            config, config.arm(name), lr, [config.eval_seeds[0]], "test",
-            str(resolve("data/cache")), {"enable": progress},
+            config,
+            config.arm(name),
+            lr,
+            [config.eval_seeds[0]],
+            "test",
+            str(resolve("data/cache")),
+            {"enable": progress},
         )
         path = resolve(run_dir) / f"{run_id(run_config)}.json"
         run_config["state_path"] = str(path.with_suffix(".pt"))

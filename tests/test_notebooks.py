@@ -52,8 +52,13 @@ def smoke_html(tmp_path_factory):
         step.output = out / step.notebook.name
     from rpka.study import compute_steps
 
-    html = run_pipeline(steps, out / "rpka_report.html", progress=False, log=lambda s: None,
-                        compute=compute_steps("smoke", progress=False))
+    html = run_pipeline(
+        steps,
+        out / "rpka_report.html",
+        progress=False,
+        log=lambda s: None,
+        compute=compute_steps("smoke", progress=False),
+    )
     return Path(html).read_text()
 
 
