@@ -37,6 +37,11 @@ def results_dir(preset: str) -> str:
     return f"data/results/{preset}"
 
 
+def lm_results_dir(preset: str) -> str:
+    """Where the study's lm bench writes: ``data/results/<preset>/lm``."""
+    return bench.default_out(get_preset(preset, "lm"))
+
+
 def figures_dir(preset: str) -> str:
     return f"figures/{preset}"
 
@@ -80,6 +85,8 @@ def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callabl
     return [
         ("bench", lambda: bench.run_bench(get_preset(preset), results_dir(preset),
                                           progress=progress)),
+        ("bench (lm)", lambda: bench.run_bench(get_preset(preset, "lm"), lm_results_dir(preset),
+                                               progress=progress)),
         ("scaling (CPU)", lambda: scaling.run_scaling(
             scaling.PRESETS[SCALING_PRESET[preset]], progress=progress,
             out=resolve(scaling_json(preset)), preset=SCALING_PRESET[preset])),

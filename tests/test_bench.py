@@ -14,6 +14,7 @@ from rpka.presets import BenchConfig, get_preset
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bench_report.md"
 SMOKE = get_preset("smoke", train={"epochs": 1})
+LM_SMOKE = get_preset("smoke", "lm", train={"epochs": 1})
 # dicts whose keys are data (arm names, options, configs): documented as a whole
 OPAQUE = {
     "config.track",
@@ -25,6 +26,8 @@ OPAQUE = {
     "arms.<arm>.full_by_metric",
     "arms.<arm>.val_by_metric",
     "naive_baselines.forecasts",
+    "naive_baselines.predictors",
+    "data.tokens_per_split",
     "timings.step_ms_median",
     "timings.step_ratio_vs_baseline",
     "timings.run_wall_s",
@@ -37,6 +40,15 @@ def smoke_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     report = run_bench(
         SMOKE, root / "out", InProcessExecutor(), progress=False, data_dir=root / "cache"
+    )
+    return report, root
+
+
+@pytest.fixture(scope="module")
+def lm_smoke_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench_lm")
+    report = run_bench(
+        LM_SMOKE, root / "out", InProcessExecutor(), progress=False, data_dir=root / "cache"
     )
     return report, root
 
@@ -57,10 +69,19 @@ def key_paths(obj, prefix=""):
     return paths
 
 
-def documented_paths():
-    rows = re.findall(r"^\| `([^`]+)` \|", DOC.read_text(), flags=re.MULTILINE)
-    assert rows, "no documented keys found"
-    return set(rows)
+def documented_paths(track):
+    """Keys documented for ``track``: every table row outside sections whose heading names
+    another track ("(track `lm`)")."""
+    keys, section_track = set(), None
+    for line in DOC.read_text().splitlines():
+        if line.startswith("#"):
+            tagged = re.search(r"\(track `(\w+)`\)", line)
+            section_track = tagged.group(1) if tagged else None
+        row = re.match(r"^\| `([^`]+)` \|", line)
+        if row and section_track in (None, track):
+            keys.add(row.group(1))
+    assert keys, "no documented keys found"
+    return keys
 
 
 def normalise(path):
@@ -75,10 +96,14 @@ def normalise(path):
     return path
 
 
-def test_every_report_key_is_documented_and_every_documented_key_exists(smoke_report):
-    report, _ = smoke_report
+@pytest.mark.parametrize("track", ["forecast", "lm"])
+def test_every_report_key_is_documented_and_every_documented_key_exists(
+    track, smoke_report, lm_smoke_report
+):
+    report, _ = smoke_report if track == "forecast" else lm_smoke_report
+    assert report["track"] == track
     present = {normalise(p) for p in key_paths(report)}
-    documented = documented_paths()
+    documented = documented_paths(track)
     assert present - documented == set(), "undocumented keys"
     assert documented - present == set(), "documented keys missing from the report"
 
