@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 import rpka.bench as bench
+from rpka import tables
 from rpka.bench import InProcessExecutor, best_learning_rate, run_bench
 from rpka.io import read_json
 from rpka.presets import BenchConfig, get_preset
+from rpka.tracks.lm import MarkovCopySource
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bench_report.md"
 SMOKE = get_preset("smoke", train={"epochs": 1})
@@ -132,6 +134,51 @@ def test_report_content(smoke_report):
     # run files are complete results, named by their hash
     for path in (root / "out" / "runs").glob("*.json"):
         assert read_json(path)["run_id"] == path.stem
+
+
+def test_lm_report_has_the_floor_and_the_gaps(lm_smoke_report, capsys):
+    report, root = lm_smoke_report
+    assert report["track"] == "lm" and report["metric"] == "perplexity"
+    assert report["metric_direction"] == "lower"
+    naive = report["naive_baselines"]
+    source = MarkovCopySource(LM_SMOKE.track)  # the floor, recomputed from the source
+    assert naive["floor"]["nll"] == pytest.approx(source.floor(LM_SMOKE.track.seq_len))
+    assert naive["floor"]["perplexity"] == pytest.approx(math.exp(naive["floor"]["nll"]))
+    assert naive["entropy_rate"]["nll"] < naive["floor"]["nll"]
+    ngram = naive["predictors"]["ngram_1"]["test"]["nll"]
+    assert ngram > naive["predictors"]["source_optimal"]["test"]["nll"]
+    for arm in report["arms"].values():
+        by_metric = arm["full_by_metric"]
+        assert arm["full"] == by_metric["perplexity"]
+        nll, ppl = by_metric["nll"]["per_seed"], by_metric["perplexity"]["per_seed"]
+        assert ppl == pytest.approx([math.exp(v) for v in nll], rel=1e-9)
+        gap = arm["floor_gap"]
+        assert gap["perplexity_gap"] == pytest.approx(
+            arm["full"]["mean"] - naive["floor"]["perplexity"]
+        )
+        assert gap["nll_gap"] == pytest.approx(by_metric["nll"]["mean"] - naive["floor"]["nll"])
+        assert gap["nll_gap_per_seed"] == pytest.approx([v - naive["floor"]["nll"] for v in nll])
+        assert len(arm["learning_curves"]["val_perplexity"]) == len(LM_SMOKE.eval_seeds)
+    learn = report["learnability"]
+    closed = (ngram - report["arms"]["exact"]["floor_gap"]["nll_mean"]) / (
+        ngram - naive["floor"]["nll"]
+    )
+    assert learn["best_ngram"] == "ngram_1" and learn["gap_closed"] == pytest.approx(closed)
+    assert report["comparison"]["n_pairs"] == len(LM_SMOKE.eval_seeds)
+    assert report["mechanism_signature"]["max_rel_error_exact"] < 1e-10
+    assert BenchConfig.from_dict(report["config"]) == LM_SMOKE
+    assert len(list((root / "out" / "runs").glob("*.json"))) == report["timings"]["n_runs"]
+    # the results table shows the reference predictors beside the arms, with their gaps
+    table = tables.results_table(report).set_index("arm")
+    floor_row = table.loc[tables.LM_NAMES["floor"]]
+    assert floor_row["perplexity mean"] == pytest.approx(naive["floor"]["perplexity"])
+    assert floor_row["perplexity - floor"] == 0
+    assert table.loc["exact", "NLL - floor (nats)"] == pytest.approx(
+        report["arms"]["exact"]["floor_gap"]["nll_gap"]
+    )
+    assert "n-gram, 1 token of context" in table.index
+    bench.print_summary(report, root / "out")
+    assert "floor" in capsys.readouterr().out
 
 
 def test_resume_skips_finished_runs(tmp_path, monkeypatch):
