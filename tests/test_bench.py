@@ -181,6 +181,25 @@ def test_lm_report_has_the_floor_and_the_gaps(lm_smoke_report, capsys):
     assert "floor" in capsys.readouterr().out
 
 
+def test_bench_plots_draw_the_lm_report(lm_smoke_report):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rpka import plots
+
+    report, _ = lm_smoke_report
+    sweep = plots.plot_sweep(report)
+    floor = report["naive_baselines"]["floor"]["perplexity"]
+    lines = {line.get_label(): line for line in sweep.axes[0].get_lines()}
+    assert lines["exact floor"].get_ydata()[0] == pytest.approx(floor)
+    for draw in (plots.plot_learning_curves, plots.plot_paired_seeds, plots.plot_deltas):
+        fig = draw(report)
+        assert "perplexity" in " ".join(ax.get_ylabel() + ax.get_xlabel() for ax in fig.axes)
+    plt.close("all")
+
+
 def test_resume_skips_finished_runs(tmp_path, monkeypatch):
     calls = []
     real = bench.train_run
