@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS = {
-    "bench": ("rpka.bench", "forecast benchmark: lr sweep, evaluation seeds, bench_report.json"),
+    "bench": ("rpka.bench", "benchmark (--track forecast|lm): lr sweep, seeds, bench_report.json"),
     "report": ("rpka.pipeline", "run the study and render the HTML report"),
     "scaling": ("rpka.scaling", "attention latency against length and rank"),
     "decode": ("rpka.decoding", "per-token decoding latency against context length"),

@@ -141,13 +141,15 @@ def bench_config(preset: str) -> BenchConfig:
     return get_preset(preset)
 
 
-def load_or_run_bench(preset: str, out_dir: str | Path, progress: bool = False) -> dict:
+def load_or_run_bench(preset: str, out_dir: str | Path, progress: bool = False,
+                      track_name: str = "forecast") -> dict:
     """``out_dir/bench_report.json`` if it exists (``python -m rpka report`` runs the bench
-    first), else the bench of ``preset`` run (or resumed from its run files) now."""
+    first), else the bench of ``preset`` (on ``track_name``: ``forecast`` or ``lm``, whose
+    folder is :func:`lm_results_dir`) run (or resumed from its run files) now."""
     path = resolve(out_dir) / "bench_report.json"
     if path.exists():
         return read_json(path)
-    return bench.run_bench(get_preset(preset), out_dir, progress=progress)
+    return bench.run_bench(get_preset(preset, track_name), out_dir, progress=progress)
 
 
 # --------------------------------------------------------------------------- 04 mechanism
