@@ -301,11 +301,35 @@ def _arm_colors(names: list[str]) -> dict[str, str]:
     return {name: f"C{i % 10}" for i, name in enumerate(names)}
 
 
+def _metric_label(report: Mapping, metric: str | None = None) -> str:
+    """e.g. "MSE (standardised units)" (forecast) or "perplexity" (lm)."""
+    metric = metric or report["metric"]
+    if report["track"] == "lm":
+        return "NLL (nats/token)" if metric == "nll" else metric
+    return f"{metric.upper()} (standardised units)"
+
+
+def _reference_lines(report: Mapping, split: str) -> list[tuple[str, float, str]]:
+    """(label, value, line style) of the track's references in the report's metric:
+    forecast: the mean and linear forecasts; lm: the exact floor and the bigram model."""
+    metric, naive = report["metric"], report["naive_baselines"]
+    if report["track"] == "lm":
+        return [
+            ("exact floor", naive["floor"][metric], ":"),
+            ("n-gram, 1 token", naive["predictors"]["ngram_1"][split][metric], "--"),
+        ]
+    return [
+        (f"naive {key} ({split})", naive["forecasts"][key][split][metric], ls)
+        for key, ls in (("mean", ":"), ("linear", "--"))
+    ]
+
+
 def plot_sweep(
     report: Mapping, save_dir: str | os.PathLike | None = None, name: str = "bench_sweep"
 ) -> Figure:
     """Validation error against learning rate per arm (each sweep seed a dot, the mean a
-    line), the naive forecasts' validation error as horizontal references."""
+    line), the track's references (naive forecasts; lm: floor and bigram) as horizontal
+    lines."""
     metric = report["metric"]
     fig, ax = plt.subplots(figsize=(7.5, 4.2), constrained_layout=True)
     colors = _arm_colors(list(report["arms"]))
@@ -319,13 +343,12 @@ def plot_sweep(
         for cell in entry["sweep"]:
             values = [v for v in cell["val_per_seed"] if v is not None]
             ax.plot([cell["lr"]] * len(values), values, "o", ms=3, alpha=0.5, color=colors[arm])
-    for key, ls in (("mean", ":"), ("linear", "--")):
-        value = report["naive_baselines"]["forecasts"][key]["val"][metric]
-        ax.axhline(value, color="0.4", ls=ls, lw=1, label=f"naive {key} (val)")
+    for label, value, ls in _reference_lines(report, "val"):
+        ax.axhline(value, color="0.4", ls=ls, lw=1, label=label)
     ax.set(
         xscale="log",
         xlabel="learning rate (log scale)",
-        ylabel=f"validation {metric.upper()} (standardised units)",
+        ylabel=f"validation {_metric_label(report, metric)}",
         title="Learning-rate sweep on validation (dots: sweep seeds)",
     )
     ax.legend(fontsize=8, ncol=2, loc="best")
@@ -343,7 +366,7 @@ def plot_learning_curves(
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True, sharex=True)
     colors = _arm_colors(list(report["arms"]))
     for arm, entry in report["arms"].items():
-        for ax, key in zip(axes, ("train_loss", "val_mse"), strict=True):
+        for ax, key in zip(axes, ("train_loss", f"val_{report['metric']}"), strict=True):
             curves = np.array(
                 [
                     [np.nan if v is None else v for v in seed]
@@ -358,14 +381,13 @@ def plot_learning_curves(
             ax.fill_between(
                 epochs, np.nanmin(curves, 0), np.nanmax(curves, 0), color=colors[arm], alpha=0.15
             )
+    loss = "cross-entropy (nats/token)" if report["track"] == "lm" else "MSE (standardised units)"
     axes[0].set(
-        xlabel="epoch",
-        ylabel="training MSE (standardised units)",
-        title="Training loss (best lr, evaluation seeds)",
+        xlabel="epoch", ylabel=f"training {loss}", title="Training loss (best lr, evaluation seeds)"
     )
     axes[1].set(
         xlabel="epoch",
-        ylabel="validation MSE (standardised units)",
+        ylabel=f"validation {_metric_label(report)}",
         title="Validation error (best lr, evaluation seeds)",
     )
     axes[1].legend(fontsize=8)
@@ -395,7 +417,7 @@ def plot_paired_seeds(
     ax.set_xticks([x for i in range(len(others)) for x in (2 * i, 2 * i + 1)])
     ax.set_xticklabels([lab for a in others for lab in (base, a)], rotation=45, ha="right")
     ax.set(
-        ylabel=f"test {metric.upper()} (standardised units)",
+        ylabel=f"test {_metric_label(report, metric)}",
         title="Per-seed pairs (green: the arm beats exact on that seed)",
     )
     save_figure(fig, save_dir, name)
@@ -422,8 +444,9 @@ def plot_deltas(
         [f"{arm}\n{c['verdict'].split(' (')[0]}, Holm p={c['p_adjusted']:.2g}" for arm, c in rows],
         fontsize=8,
     )
+    metric_name = report["metric"] if report["track"] == "lm" else report["metric"].upper()
     ax.set(
-        xlabel=f"test {report['metric'].upper()} difference, arm - {report['baseline_arm']} "
+        xlabel=f"test {metric_name} difference, arm - {report['baseline_arm']} "
         "(negative: arm better)",
         title="Paired differences: seeds (dots), mean and 95% CI (black)",
     )

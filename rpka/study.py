@@ -37,6 +37,11 @@ def results_dir(preset: str) -> str:
     return f"data/results/{preset}"
 
 
+def lm_results_dir(preset: str) -> str:
+    """Where the study's lm bench writes: ``data/results/<preset>/lm``."""
+    return bench.default_out(get_preset(preset, "lm"))
+
+
 def figures_dir(preset: str) -> str:
     return f"figures/{preset}"
 
@@ -88,6 +93,12 @@ def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callabl
         (
             "bench",
             lambda: bench.run_bench(get_preset(preset), results_dir(preset), progress=progress),
+        ),
+        (
+            "bench (lm)",
+            lambda: bench.run_bench(
+                get_preset(preset, "lm"), lm_results_dir(preset), progress=progress
+            ),
         ),
         (
             "scaling (CPU)",
@@ -158,13 +169,16 @@ def bench_config(preset: str) -> BenchConfig:
     return get_preset(preset)
 
 
-def load_or_run_bench(preset: str, out_dir: str | Path, progress: bool = False) -> dict:
+def load_or_run_bench(
+    preset: str, out_dir: str | Path, progress: bool = False, track_name: str = "forecast"
+) -> dict:
     """``out_dir/bench_report.json`` if it exists (``python -m rpka report`` runs the bench
-    first), else the bench of ``preset`` run (or resumed from its run files) now."""
+    first), else the bench of ``preset`` (on ``track_name``: ``forecast`` or ``lm``, whose
+    folder is :func:`lm_results_dir`) run (or resumed from its run files) now."""
     path = resolve(out_dir) / "bench_report.json"
     if path.exists():
         return read_json(path)
-    return bench.run_bench(get_preset(preset), out_dir, progress=progress)
+    return bench.run_bench(get_preset(preset, track_name), out_dir, progress=progress)
 
 
 # --------------------------------------------------------------------------- 04 mechanism

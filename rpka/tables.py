@@ -29,6 +29,11 @@ NAIVE_NAMES = {
     "linear": "naive: linear (least squares)",
 }
 
+LM_NAMES = {
+    "floor": "floor: exact entropy of the source",
+    "source_optimal": "source-optimal predictor (realised)",
+}
+
 # --------------------------------------------------------------------------- bench
 
 
@@ -58,38 +63,72 @@ def sweep_table(report: Mapping) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def naive_rows(report: Mapping, split: str = "test") -> list[tuple[str, dict[str, float]]]:
+    """The track's reference predictors as (label, {metric: value}) on ``split``.
+
+    forecast: the four naive forecasts. lm: the exact floor (a number of the source, the
+    same on every split), the source-optimal predictor's realised loss and the n-gram
+    models - each with ``nll`` (nats) and ``perplexity``.
+    """
+    naive = report["naive_baselines"]
+    if report["track"] == "forecast":
+        return [(NAIVE_NAMES.get(k, k), dict(f[split])) for k, f in naive["forecasts"].items()]
+    rows = [(LM_NAMES["floor"], dict(naive["floor"]))]
+    for key, predictor in naive["predictors"].items():
+        if key.startswith("ngram_"):
+            order = int(key.split("_")[1])
+            label = f"n-gram, {order} token{'s' if order > 1 else ''} of context"
+        else:
+            label = LM_NAMES.get(key, key)
+        rows.append((label, dict(predictor[split])))
+    return rows
+
+
 def results_table(report: Mapping, split: str = "test") -> pd.DataFrame:
     """Per arm on the evaluation seeds: mean +- sd, median, IQM, 95 % CI, wins, verdict,
-    with the naive forecasts as extra rows (their error is deterministic: no spread)."""
+    with the track's reference predictors as extra rows (deterministic: no spread).
+
+    Track lm adds the mean NLL (nats) and the gaps to the exact floor: perplexity - floor
+    perplexity and NLL - floor NLL (nats), for the arms and the reference rows alike.
+    """
     metric = report["metric"]
+    lm = report["track"] == "lm"
+    floor = report["naive_baselines"]["floor"] if lm else None
     rows = []
     for name, entry in report["arms"].items():
         full = entry["full"]
         comparison = entry.get("comparison") or {}
         wins = f"{comparison['idea_wins']}/{comparison['n_pairs']}" if comparison else ""
-        rows.append(
-            {
-                "arm": name,
-                "attention": _points(entry),
-                "best lr": entry["best_cfg"]["lr"],
-                f"{metric} mean": full["mean"],
-                "sd": full["std"],
-                "median": full["median"],
-                "IQM": full["iqm"],
-                "95% CI": _interval(full["ci_low"], full["ci_high"]),
-                "n": full["n"],
-                "wins vs exact": wins,
-                "verdict": comparison.get("verdict", "baseline" if not comparison else ""),
+        row = {
+            "arm": name,
+            "attention": _points(entry),
+            "best lr": entry["best_cfg"]["lr"],
+            f"{metric} mean": full["mean"],
+            "sd": full["std"],
+            "median": full["median"],
+            "IQM": full["iqm"],
+            "95% CI": _interval(full["ci_low"], full["ci_high"]),
+            "n": full["n"],
+            "wins vs exact": wins,
+            "verdict": comparison.get("verdict", "baseline" if not comparison else ""),
+        }
+        if lm:
+            gap = entry["floor_gap"]
+            row |= {
+                "NLL (nats)": gap["nll_mean"],
+                "perplexity - floor": gap["perplexity_gap"],
+                "NLL - floor (nats)": gap["nll_gap"],
             }
-        )
-    for key, forecast in report["naive_baselines"]["forecasts"].items():
-        rows.append(
-            {
-                "arm": NAIVE_NAMES.get(key, key),
-                "attention": "-",
-                f"{metric} mean": forecast[split][metric],
+        rows.append(row)
+    for label, values in naive_rows(report, split):
+        row = {"arm": label, "attention": "-", f"{metric} mean": values[metric]}
+        if lm:
+            row |= {
+                "NLL (nats)": values["nll"],
+                "perplexity - floor": values["perplexity"] - floor["perplexity"],
+                "NLL - floor (nats)": values["nll"] - floor["nll"],
             }
-        )
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

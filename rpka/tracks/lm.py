@@ -40,68 +40,19 @@ have fewer markers available). Perplexity floor: ``exp(floor)``.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import scipy.linalg
 
 from rpka.io import atomic_save_npz, config_hash
+from rpka.presets import LMConfig  # the one source of truth for configurations
 
 SPLITS = ("train", "val", "test")
 DEFAULT_DATA_DIR = Path("data/cache")
 MODES = {"init": 0, "fresh": 1, "copy": 2}
-
-
-@dataclass(frozen=True)
-class LMConfig:
-    """The source and the splits of track ``lm`` (defaults: 52 tokens, 256 per sequence)."""
-
-    vocab_size: int = 48  # content tokens V (markers come on top)
-    lags: tuple[int, ...] = (16, 32, 64, 128)  # one copy marker per lag
-    copy_length: int = 8  # s
-    marker_prob: float = 0.05  # p
-    order: int = 1  # context length of the content Markov chain
-    concentration: float = 0.3  # Dirichlet concentration of the base distribution b
-    seq_len: int = 256
-    n_train: int = 2048
-    n_val: int = 256
-    n_test: int = 256
-    seed: int = 0
-    name: str = field(default="lm", repr=False)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.lags, list):  # e.g. from JSON: store the hashable form
-            object.__setattr__(self, "lags", tuple(self.lags))
-
-    @property
-    def n_tokens(self) -> int:
-        """Vocabulary size of a model: content tokens plus markers."""
-        return self.vocab_size + len(self.lags)
-
-    def validate(self) -> None:
-        def positive_int(name: str, value: Any, low: int = 1) -> None:
-            if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-        positive_int("vocab_size", self.vocab_size, 2)
-        positive_int("copy_length", self.copy_length)
-        positive_int("seq_len", self.seq_len, 2)
-        for name in ("n_train", "n_val", "n_test"):
-            positive_int(name, getattr(self, name))
-        positive_int("seed", self.seed, 0)
-        if not isinstance(self.order, int) or not 1 <= self.order <= 3:
-            raise ValueError(f"order must be 1, 2 or 3, got {self.order!r}")
-        if not isinstance(self.lags, tuple) or not self.lags:
-            raise ValueError(f"lags must be a non-empty tuple of integers, got {self.lags!r}")
-        for lag in self.lags:
-            positive_int("each lag", lag)
-        if not 0.0 <= self.marker_prob < 1.0:
-            raise ValueError(f"marker_prob must lie in [0, 1), got {self.marker_prob!r}")
-        if not self.concentration > 0:
-            raise ValueError(f"concentration must be > 0, got {self.concentration!r}")
 
 
 def entropy(probs: np.ndarray) -> np.ndarray:
