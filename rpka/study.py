@@ -65,7 +65,14 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "longctx_json": f"{results}/longctx.json",
             "figures_dir": figures,
         },
-        "06_report.ipynb": {"preset": preset, "results_dir": results, "figures_dir": figures},
+        "06_report.ipynb": {
+            "preset": preset,
+            "results_dir": results,
+            "lm_results_dir": f"{results}/lm",
+            "decode_json": "data/results/scaling/decode_cpu.json",
+            "scaling_gpu_json": "data/results/scaling/gpu_h200.json",
+            "figures_dir": figures,
+        },
     }
 
 
