@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 setup: $(STAMP)
 
 test: setup
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 	$(BIN)/ruff check .
 
 lint: setup

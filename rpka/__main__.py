@@ -6,9 +6,11 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS = {
-    "bench": ("rpka.bench", "forecast benchmark: lr sweep, evaluation seeds, bench_report.json"),
+    "bench": ("rpka.bench", "benchmark (--track forecast|lm): lr sweep, seeds, bench_report.json"),
+    "longctx": ("rpka.longctx", "long-context training: exact vs rpka at contexts 512 and 2,048"),
     "report": ("rpka.pipeline", "run the study and render the HTML report"),
     "scaling": ("rpka.scaling", "attention latency against length and rank"),
+    "decode": ("rpka.decoding", "per-token decoding latency against context length"),
 }
 
 

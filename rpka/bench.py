@@ -1,8 +1,14 @@
 """The benchmark: learning-rate sweep, evaluation seeds, paired statistics, ``bench_report.json``.
 
-    python -m rpka bench --preset {smoke,quick,full} [--out DIR] [--ranks 4 16]
-        [--seeds N] [--lrs 1e-3 3e-3] [--epochs E] [--device cpu|cuda] [--workers N]
-        [--no-progress]
+    python -m rpka bench --preset {smoke,quick,full} [--track forecast|lm] [--out DIR]
+        [--ranks 4 16] [--seeds N] [--lrs 1e-3 3e-3] [--epochs E] [--device cpu|cuda]
+        [--workers N] [--no-progress]
+
+Every track runs through the same bench: ``--track forecast`` (the default; results in
+``data/results/<preset>/``) or ``--track lm`` (the causal language model of issue 7, its
+perplexity next to the exact floor; results in ``data/results/<preset>/lm/``). What differs
+between tracks - model, loss, metrics, naive baselines, learnability bar - is the track's
+``rpka.tasks.Task``.
 
 Protocol (DESIGN.md section 5): for every arm, each learning rate trains the sweep seeds
 and is scored on validation; the best learning rate (lowest mean validation metric; a
@@ -43,25 +49,37 @@ from typing import Any
 import numpy as np
 import scipy
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 import rpka
-from rpka import stats
+from rpka import narrative, stats
 from rpka.ablations import choose_default, rpka_configuration
 from rpka.io import read_json, write_json
 from rpka.mechanism import mechanism_study, method_output_errors
 from rpka.paths import resolve
-from rpka.presets import DEVICES, PRESETS, ArmConfig, BenchConfig, TrackConfig, get_preset
-from rpka.tracks import get_track, naive_baselines
-from rpka.train import build_model, load_trained, make_run_config, run_id, train_run
+from rpka.presets import DEVICES, PRESETS_BY_TRACK, ArmConfig, BenchConfig, get_preset
+from rpka.tables import naive_rows
+from rpka.tasks import task_of
+from rpka.tracks import get_track
+from rpka.train import (
+    build_model,
+    load_trained,
+    make_run_config,
+    run_id,
+    track_config_of,
+    train_run,
+)
 
 BENCH_VERSION = "2.0"
-METRIC_DIRECTION = "lower"  # MSE and MAE: lower is better
-# learnability bar (issue 3): exact attention's mean test MSE must be at most this times
-# the better of the mean and last-value forecasts, and no worse than the linear forecast
-LEARNABILITY_RATIO = 0.6
-DEFAULT_OUT = "data/results/{preset}"
+METRIC_DIRECTION = "lower"  # every metric (MSE, MAE, perplexity, NLL): lower is better
 DEFAULT_DATA_DIR = "data/cache"
+
+
+def default_out(config: BenchConfig) -> str:
+    """``data/results/<preset>`` for the forecast track, ``data/results/<preset>/<track>``
+    for the others (the study ``full`` keeps its lm report in ``data/results/full/lm``)."""
+    base = f"data/results/{config.preset}"
+    return base if config.track_name == "forecast" else f"{base}/{config.track_name}"
 
 
 # --------------------------------------------------------------------------- mechanism
@@ -83,29 +101,31 @@ def study_mechanism(
     ``out/mechanism.json`` and returns the trained model's ``mechanism_signature``.
     """
     trained, result = load_trained(runs_dir / f"{primary['run_ids'][0]}.json")
-    init = build_model(
-        result["config"], TrackConfig(**result["config"]["track"]), torch.device("cpu")
-    )
+    init = build_model(result["config"], track_config_of(result["config"]), torch.device("cpu"))
     arm = config.arm(config.primary_arm)
     options = {
         k: arm.options[k] for k in ("pivot_set", "weighting", "tempering") if k in arm.options
     }
-    x = track.test.x[:n_windows]
-    studies = {}
-    for name, model in (("trained", trained), ("init", init)):
-        qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
-        member0 = [tuple(t[: len(x)] for t in layer) for layer in qkv]  # member 0: first seed
-        studies[name] = mechanism_study(
-            member0, progress=progress, **{**options, **(config.mechanism or {})}
-        )
+    x = task_of(config.track_name).inputs_targets(track, "test")[0][:n_windows]
+    study_options = {**options, **(config.mechanism or {})}
     seed = result["seeds"][0]
     described = (
         f"{arm.name} (method {arm.method}, options {dict(arm.options)}), lr "
         f"{result['lr']:g}, evaluation seed {seed}, run {result['run_id']}, "
-        f"{len(x)} test windows"
+        f"{len(x)} test {'windows' if config.track_name == 'forecast' else 'sequences'}"
     )
+    path = out / "mechanism.json"
+    if path.exists():  # resume: this model was studied with these options already
+        previous = read_json(path)
+        if previous.get("model") == described and previous.get("options") == study_options:
+            return {**previous["trained"]["mechanism_signature"], "trained_model": described}
+    studies = {}
+    for name, model in (("trained", trained), ("init", init)):
+        qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
+        member0 = [tuple(t[: len(x)] for t in layer) for layer in qkv]  # member 0: first seed
+        studies[name] = mechanism_study(member0, progress=progress, **study_options)
     signature = {**studies["trained"]["mechanism_signature"], "trained_model": described}
-    write_json(out / "mechanism.json", {"model": described, **studies})
+    write_json(path, {"model": described, "options": study_options, **studies})
     return signature
 
 
@@ -131,7 +151,7 @@ def study_output_errors(
     model and the exact arm's (the Q/K softmax attention learned: one set for every
     method), member 0 (the first evaluation seed), ``n_windows`` test windows.
     """
-    x = track.test.x[:n_windows]
+    x = task_of(config.track_name).inputs_targets(track, "test")[0][:n_windows]
 
     def inputs_of(arm_name: str) -> list:
         model, _ = load_trained(runs_dir / f"{eval_of[arm_name]['run_ids'][0]}.json")
@@ -321,12 +341,13 @@ def run_bench(
     config.validate()
     t_start = time.perf_counter()
     load_start = _load_average()
-    out = resolve(out_dir or DEFAULT_OUT.format(preset=config.preset))
+    out = resolve(out_dir or default_out(config))
     runs_dir = out / "runs"
     data_dir = str(resolve(data_dir or DEFAULT_DATA_DIR))
 
-    track = get_track(config.track.name, config.track, data_dir)  # generates the cache once
-    naive = naive_baselines(track)
+    task = task_of(config.track_name)
+    track = get_track(config.track_name, config.track, data_dir)  # generates the cache once
+    naive = task.naive_baselines(track)
     t_data = time.perf_counter()
 
     own_executor = executor is None
@@ -452,6 +473,8 @@ def arm_entry(
 ) -> dict[str, Any]:
     """best_cfg, sweep, full (test, the primary metric) and more for one arm."""
     metric = config.metric
+    metrics = task_of(config.track_name).metrics
+    others = [m for m in metrics if m != metric]
     lrs = [lr for lr in config.learning_rates if lr in sweep]  # lr_from: the one inherited
     best_lr = result["lr"]
     rows = []
@@ -462,7 +485,7 @@ def arm_entry(
                 "lr": lr,
                 "seeds": r["seeds"],
                 "val_per_seed": r["scores"][metric],
-                "val_mae_per_seed": r["scores"]["mae"],
+                **{f"val_{m}_per_seed": r["scores"][m] for m in others},
                 "score": _finite_or_none(sweep_score(r, metric)),
                 "n_diverged": r["n_diverged"],
                 "diverged_at": [m["diverged_at"] for m in r["members"]],
@@ -471,7 +494,7 @@ def arm_entry(
                 "wall_s": r["wall_s"],
             }
         )
-    tokens = config.track.context
+    tokens = config.track.attention_tokens
     options = dict(arm.options)
     points = None
     rpka_choices = rpka_configuration(arm.method, options)  # rpka and nystrom-uniform
@@ -497,44 +520,21 @@ def arm_entry(
         },
         "sweep": rows,
         "full": summary(result["scores"][metric]),
-        "full_by_metric": {m: summary(result["scores"][m]) for m in ("mse", "mae")},
+        "full_by_metric": {m: summary(result["scores"][m]) for m in metrics},
         "val_by_metric": {
-            m: summary([x["final"]["val"][m] for x in result["members"]]) for m in ("mse", "mae")
+            m: summary([x["final"]["val"][m] for x in result["members"]]) for m in metrics
         },
         "seeds": result["seeds"],
         "n_diverged": result["n_diverged"],
         "diverged_at": [m["diverged_at"] for m in result["members"]],
         "learning_curves": {
             "train_loss": [m["train_loss"] for m in result["members"]],
-            "val_mse": [m["val_mse"] for m in result["members"]],
+            f"val_{metric}": [m[f"val_{metric}"] for m in result["members"]],
         },
         "guard_counts": result["guard_counts"],
         "step_ms_median": result["step_ms_median"],
         "run_ids": result["run_ids"],
         "comparison": None,
-    }
-
-
-def learnability(baseline_mean: float, naive: dict[str, Any]) -> dict[str, Any]:
-    """The issue's bar: exact <= 0.6 x min(mean, last value) and <= linear (test MSE)."""
-    test = {name: f["test"]["mse"] for name, f in naive["forecasts"].items()}
-    better_naive = min(test["mean"], test["last_value"])
-    threshold = LEARNABILITY_RATIO * better_naive
-    meets_ratio = bool(baseline_mean <= threshold)
-    meets_linear = bool(baseline_mean <= test["linear"])
-    return {
-        "baseline_test_mse": baseline_mean,
-        "mean_forecast_mse": test["mean"],
-        "last_value_mse": test["last_value"],
-        "seasonal_naive_mse": test["seasonal_naive"],
-        "linear_mse": test["linear"],
-        "ratio_required": LEARNABILITY_RATIO,
-        "threshold": threshold,
-        "ratio_to_better_naive": baseline_mean / better_naive,
-        "ratio_to_linear": baseline_mean / test["linear"],
-        "meets_ratio": meets_ratio,
-        "meets_linear": meets_linear,
-        "met": meets_ratio and meets_linear,
     }
 
 
@@ -546,10 +546,13 @@ def build_report(
     track: Any,
 ) -> dict[str, Any]:
     """Everything but ``timings`` (see ``docs/bench_report.md``)."""
+    task = task_of(config.track_name)
     arms = {
         arm.name: arm_entry(config, arm, sweep_of[arm.name], eval_of[arm.name])
         for arm in config.arms
     }
+    for entry in arms.values():  # e.g. track lm: the gap to the perplexity floor
+        entry.update(task.arm_extras(entry, naive))
     base = arms[config.baseline_arm]
     comparisons = {
         name: stats.paired_comparison(
@@ -568,7 +571,7 @@ def build_report(
 
     report = {
         "bench_version": BENCH_VERSION,
-        "track": config.track.name,
+        "track": config.track_name,
         "model": config.model.name,
         "metric": config.metric,
         "metric_direction": METRIC_DIRECTION,
@@ -583,14 +586,8 @@ def build_report(
         "ablation_choice": None,
         "arms": arms,
         "naive_baselines": naive,
-        "learnability": learnability(base["full"]["mean"], naive),
-        "data": {
-            "n_train_windows": len(track.train),
-            "n_val_windows": len(track.val),
-            "n_test_windows": len(track.test),
-            "context": config.track.context,
-            "horizon": config.track.horizon,
-        },
+        "learnability": task.learnability(base, naive),
+        "data": task.data_summary(track),
         "config": config.to_dict(),
         "versions": versions(),
         "device": device_description(config.device),
@@ -676,8 +673,16 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpar
         prog="python -m rpka bench",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="full")
-    parser.add_argument("--out", help="results folder (default data/results/<preset>)")
+    names = sorted({name for presets in PRESETS_BY_TRACK.values() for name in presets})
+    parser.add_argument("--preset", choices=names, default="full")
+    parser.add_argument(
+        "--track", choices=sorted(PRESETS_BY_TRACK), default="forecast", help="the track"
+    )
+    parser.add_argument(
+        "--out",
+        help="results folder (default data/results/<preset>, data/results/<preset>/<track> "
+        "for tracks other than forecast)",
+    )
     parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
     parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
     parser.add_argument("--lrs", type=float, nargs="+", help="learning rates to sweep")
@@ -693,7 +698,11 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpar
     if args.seeds is not None:
         if args.seeds < 1:
             parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
-        first = max(PRESETS[args.preset].sweep_seeds) + 100  # disjoint from the sweep seeds
+        try:
+            base = get_preset(args.preset, args.track)
+        except ValueError as err:
+            parser.error(str(err))
+        first = max(base.sweep_seeds) + 100  # disjoint from the sweep seeds
         overrides["eval_seeds"] = tuple(range(first, first + args.seeds))
     if args.lrs is not None:
         overrides["learning_rates"] = tuple(args.lrs)
@@ -704,7 +713,7 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpar
     if args.workers is not None:
         overrides["n_workers"] = args.workers
     try:
-        config = get_preset(args.preset, **overrides)
+        config = get_preset(args.preset, args.track, **overrides)
     except ValueError as err:
         parser.error(str(err))
     if config.device == "cuda" and not torch.cuda.is_available():
@@ -714,16 +723,19 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpar
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config, args = parse_config(argv)
-    out = resolve(args.out or DEFAULT_OUT.format(preset=config.preset))
+    out = resolve(args.out or default_out(config))
     report = run_bench(config, out, progress=not args.no_progress)
     print_summary(report, out)
     return report
 
 
 def print_summary(report: dict[str, Any], out: Path) -> None:
-    """A results table: every arm and the naive forecasts, test MSE."""
+    """A results table: every arm and the naive baselines, the primary test metric."""
+    metric = report["metric"]
     width = max(12, *(len(name) for name in report["arms"]))
-    lines = [f"{'arm':<{width}} {'points':>6} {'best lr':>8} {'test MSE':>18} {'vs exact':>30}"]
+    lines = [
+        f"{'arm':<{width}} {'points':>6} {'best lr':>8} {'test ' + metric:>18} {'vs exact':>30}"
+    ]
     for name, arm in report["arms"].items():
         full = arm["full"]
         points = arm["pivot_points"] or arm["attention_tokens"]
@@ -735,8 +747,8 @@ def print_summary(report: dict[str, Any], out: Path) -> None:
             f"{name:<{width}} {points:>6} {arm['best_cfg']['lr']:>8.0e} "
             f"{full['mean']:>9.4f} +- {full['std']:<6.4f} {versus:>30}"
         )
-    for name, f in report["naive_baselines"]["forecasts"].items():
-        lines.append(f"{name:<{width}} {'':>6} {'':>8} {f['test']['mse']:>9.4f}")
+    for label, values in naive_rows(report, "test"):
+        lines.append(f"{label:<{width}} {'':>6} {'':>8} {values[metric]:>9.4f}")
     choice = report.get("ablation_choice")
     if choice is not None:
         lines.append(
@@ -744,12 +756,7 @@ def print_summary(report: dict[str, Any], out: Path) -> None:
             f"({choice['chosen_val_score']:.4f} vs reference {choice['reference']} "
             f"{choice['reference_val_score']:.4f})"
         )
-    learn = report["learnability"]
-    lines.append(
-        f"learnability: exact {learn['baseline_test_mse']:.4f} vs threshold "
-        f"{learn['threshold']:.4f} and linear {learn['linear_mse']:.4f} -> "
-        f"{'met' if learn['met'] else 'NOT met'}"
-    )
+    lines.append(narrative.learnability(report).replace("**", ""))
     t = report["timings"]
     lines.append(
         f"wall {t['phases']['total_s']:.1f} s; step ms {t['step_ms_median']}; "

@@ -10,6 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def atomic_write(
     path: str | os.PathLike, write: Callable[[IO[Any]], None], binary: bool = False
@@ -24,6 +27,7 @@ def atomic_write(
     try:
         with os.fdopen(fd, "wb" if binary else "w") as fh:
             write(fh)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

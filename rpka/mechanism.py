@@ -55,7 +55,7 @@ import pandas as pd
 import torch
 from scipy import stats
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 from rpka.attention import build
 from rpka.attention.rpcholesky import (

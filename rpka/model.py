@@ -1,4 +1,5 @@
-"""``transformer_tiny``: a small encoder forecaster, S seeds trained as one stacked model.
+"""``transformer_tiny``: a small encoder forecaster (and, in causal mode, a decoder LM), S
+seeds trained as one stacked model.
 
 Shapes: S ensemble members (one per seed), B windows, L context steps (= n tokens),
 d = d_model, h heads of size d / h, H horizon steps.
@@ -24,6 +25,16 @@ this is exactly the model class of the least-squares linear baseline: with it th
 only has to learn what a linear forecast misses, and the model can match that baseline
 early in training instead of having to rediscover a linear filter through attention.
 ``ModelConfig.linear_skip=False`` removes it (an ablation).
+
+**Causal mode** (:class:`TransformerLM`, track ``lm``): the same blocks with causal
+attention as a decoder, tokens (S, B, n) -> next-token logits (S, B, n, V):
+
+    tokens (S, B, n) --embedding E (S, V, d)--> (S, B, n, d) + positions (S, n, d)
+                     --n_layers x causal Block--> --LN--> h
+                     logits = h E^T + bias        tied output head (Press & Wolf 2017)
+
+Tying the head to the embedding means a layer that copies a token's embedding forward
+scores that token - the copy half of the Markov-copy source needs exactly that.
 """
 
 from __future__ import annotations
@@ -38,7 +49,8 @@ from rpka.attention import build
 from rpka.attention.rpka import new_batch, share_pivot_cache
 from rpka.presets import ModelConfig
 
-# standard deviation of the initial positional embeddings and of the output head (GPT-2 style)
+# standard deviation of the initial positional embeddings (GPT-2 style; the output head's is
+# ModelConfig.head_init_std)
 INIT_STD = 0.02
 
 
@@ -204,7 +216,7 @@ class TransformerTiny(nn.Module):
             for _ in range(config.n_layers)
         )
         self.norm_out = EnsembleLayerNorm(n_members, d)
-        self.head = EnsembleLinear(n_members, context * d, horizon, init_std=INIT_STD)
+        self.head = EnsembleLinear(n_members, context * d, horizon, init_std=config.head_init_std)
         self.skip = EnsembleLinear(n_members, context, horizon) if config.linear_skip else None
         # RPKA with pivot_refresh="batch": one pivot draw per forward, shared by the layers
         share_pivot_cache(self.attention_modules())
@@ -251,6 +263,127 @@ class TransformerTiny(nn.Module):
     def attention_inputs(self, x: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
         """Per layer, the (q, k, v) fed to its attention, each (S*B, h, L, d/h)."""
         new_batch(self.attention_modules())
+        h = self.tokens(x)
+        inputs = []
+        for block in self.blocks:
+            inputs.append(block.heads(h))
+            h = block(h)
+        return inputs
+
+    def attention_modules(self) -> list[nn.Module]:
+        return [block.attention for block in self.blocks]
+
+
+class EnsembleEmbedding(nn.Module):
+    """S independent token embeddings: tokens (S, ...) int -> (S, ..., d); weight (S, V, d).
+
+    Initialised normal(0, ``INIT_STD``) per member (GPT-2 style).
+    """
+
+    def __init__(self, n_members: int, n_tokens: int, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_members, n_tokens, d))
+        init_ensemble(self, list(range(n_members)))  # placeholder: the owner re-seeds it
+
+    @torch.no_grad()
+    def init_member(self, s: int, generator: torch.Generator) -> None:
+        shape = self.weight.shape[1:]
+        self.weight[s].copy_(torch.randn(shape, generator=generator) * INIT_STD)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        members = torch.arange(tokens.shape[0], device=tokens.device)
+        members = members.view(-1, *([1] * (tokens.dim() - 1)))
+        return self.weight[members, tokens]
+
+
+class TransformerLM(nn.Module):
+    """``transformer_tiny`` in causal mode: (S, B, n) tokens -> (S, B, n, V) logits.
+
+    Logit ``[s, b, t]`` is member s's prediction of token t + 1 from tokens 0..t only (every
+    block's attention is built with ``causal=True``; everything else acts per position).
+
+    Args:
+        config: the model's shape (``embed_kernel`` and ``linear_skip`` do not apply).
+        n_tokens: vocabulary size V.
+        max_len: the longest input n (learned positions).
+        seeds: one per member; member s is initialised from ``seeds[s]`` alone.
+        method, options: the attention method and its options, for every layer; the method
+            must support ``causal=True`` (``exact``, ``rpka``).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        n_tokens: int,
+        max_len: int,
+        seeds: list[int],
+        method: str = "exact",
+        options: dict | None = None,
+    ) -> None:
+        super().__init__()
+        config.validate()
+        for name, value in (("n_tokens", n_tokens), ("max_len", max_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        n_members = len(seeds)
+        d = config.d_model
+        self.config, self.n_tokens, self.max_len = config, n_tokens, max_len
+        self.seeds = list(seeds)
+        self.embed = EnsembleEmbedding(n_members, n_tokens, d)
+        self.position = nn.Parameter(torch.empty(n_members, max_len, d))
+        self.blocks = nn.ModuleList(
+            Block(n_members, d, config.n_heads, config.d_ff, method, options, True, config.dropout)
+            for _ in range(config.n_layers)
+        )
+        self.norm_out = EnsembleLayerNorm(n_members, d)
+        self.head_bias = nn.Parameter(torch.zeros(n_members, 1, n_tokens))
+        self.reset_parameters()
+
+    @property
+    def n_members(self) -> int:
+        return len(self.seeds)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise member s from ``torch.Generator().manual_seed(seeds[s])`` only."""
+        init_ensemble(self, self.seeds)
+
+    @torch.no_grad()
+    def init_member(self, s: int, generator: torch.Generator) -> None:
+        # called first by init_ensemble (the root of the module tree), then the layers
+        shape = (self.max_len, self.config.d_model)
+        self.position[s].copy_(torch.randn(shape, generator=generator) * INIT_STD)
+        self.head_bias[s].zero_()
+
+    def tokens(self, x: Tensor) -> Tensor:
+        """(S, B, n) token ids -> (S, B, n, d): embedding plus learned position."""
+        n = x.shape[-1]
+        return self.embed(x) + self.position[:, :n].unsqueeze(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if (
+            x.dim() != 3
+            or x.shape[0] != self.n_members
+            or not 1 <= x.shape[-1] <= self.max_len
+            or x.dtype not in (torch.int64, torch.int32)
+        ):
+            raise ValueError(
+                f"x must be integer tokens of shape (S={self.n_members}, B, n <= "
+                f"{self.max_len}), got {tuple(x.shape)} {x.dtype}"
+            )
+        h = self.tokens(x)
+        for block in self.blocks:
+            h = block(h)
+        h = self.norm_out(h)  # (S, B, n, d)
+        n_members, batch, n, d = h.shape
+        logits = torch.baddbmm(  # tied head: h E^T + bias, (S, B*n, V)
+            self.head_bias, h.reshape(n_members, batch * n, d), self.embed.weight.transpose(1, 2)
+        )
+        return logits.view(n_members, batch, n, self.n_tokens)
+
+    @torch.no_grad()
+    def attention_inputs(self, x: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Per layer, the (q, k, v) fed to its attention, each (S*B, h, n, d/h)."""
         h = self.tokens(x)
         inputs = []
         for block in self.blocks:

@@ -125,11 +125,20 @@ def run_pipeline(
     html_out: Path,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    compute: Sequence[tuple[str, Callable[[], object]]] = (),
 ) -> Path:
-    """Run ``steps`` in order (stop at the first failure), render the last one to HTML."""
+    """Run the ``compute`` stages, then the notebook ``steps`` in order (stop at the first
+    failure), and render the last notebook to HTML."""
     for step in steps:  # check every notebook's parameters before running anything
         check_parameters(step.notebook, step.parameters)
     total = time.perf_counter()
+    timings = []
+    for i, (name, stage) in enumerate(compute, 1):
+        log(f"[compute {i}/{len(compute)}] {name} ...")
+        start = time.perf_counter()
+        stage()
+        timings.append((name, time.perf_counter() - start))
+        log(f"[compute {i}/{len(compute)}] {name} done in {timings[-1][1]:.1f} s")
     for i, step in enumerate(steps, 1):
         log(f"[{i}/{len(steps)}] {step.notebook.name} ...")
         run_notebook(step, progress)
@@ -140,8 +149,8 @@ def run_pipeline(
     if copy.resolve() != html_out.resolve():
         render_html(steps[-1].output, copy, links)
     log(f"report: {html_out} (total {time.perf_counter() - total:.1f} s)")
-    for step in steps:
-        log(f"  {step.notebook.name:<24} {step.seconds:8.1f} s")
+    for name, seconds in timings + [(s.notebook.name, s.seconds) for s in steps]:
+        log(f"  {name:<24} {seconds:8.1f} s")
     return html_out
 
 
@@ -173,31 +182,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--print-parameters", action="store_true", help="print each notebook's parameters and exit"
     )
     args = parser.parse_args(argv)
-    if not sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")):  # interim, until notebooks land
-        from rpka import scaling
-
-        print("No notebooks yet: running the CPU latency benchmark only (no HTML report).")
-        scaling.main(
-            [
-                "--lengths",
-                "256",
-                "1024",
-                "--ranks",
-                "16",
-                "64",
-                "--control-ranks",
-                "--no-backward",
-                "--no-memory",
-                "--out",
-                f"data/results/scaling/latency_cpu_{args.preset}.json",
-            ]
-        )
-        return
     steps = preset_steps(args.preset)
     if args.print_parameters:
         print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
         return
+    from rpka.study import compute_steps
+
     try:
-        run_pipeline(steps, Path(args.html), progress=not args.no_progress)
+        run_pipeline(
+            steps,
+            Path(args.html),
+            progress=not args.no_progress,
+            compute=compute_steps(args.preset, progress=not args.no_progress),
+        )
     except PipelineError as err:
         raise SystemExit(f"report failed: {err}") from None

@@ -1,4 +1,4 @@
-"""Figures of the study, drawn from plain-JSON results (``mechanism.json``, ``bench_report.json``).
+"""Figures of the study, drawn from the plain-JSON results (e.g. ``mechanism.json``).
 
 Every function takes result dicts as :mod:`rpka.mechanism` returns them (or as read back
 from JSON), returns the matplotlib ``Figure``, and with ``save_dir`` also writes
@@ -19,6 +19,9 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
+from rpka.io import atomic_write
+from rpka.paths import resolve
+
 RULE_ORDER = ("rpc", "greedy", "uniform")
 Z_95 = 1.959963984540054  # two-sided 95 % normal quantile, for error bars
 EIGEN_FLOOR = 1e-16  # eigenvalues below this (round-off) are drawn at the floor on log axes
@@ -32,13 +35,12 @@ def set_style() -> None:
 
 
 def save_figure(fig: Figure, save_dir: str | os.PathLike | None, name: str) -> Path | None:
-    """Write ``fig`` to ``save_dir/name.png`` (the folder is created); no-op without a folder."""
+    """Write ``fig`` to ``save_dir/name.png`` atomically (the folder is created); no-op
+    without a folder. Relative folders are taken from the repository root."""
     if save_dir is None:
         return None
-    path = Path(save_dir) / f"{name}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    path = resolve(save_dir) / f"{name}.png"
+    return atomic_write(path, lambda fh: fig.savefig(fh, format="png"), binary=True)
 
 
 def _quality(result: Mapping) -> Mapping:
@@ -293,28 +295,517 @@ def plot_trained_vs_init(
     return fig
 
 
-# --------------------------------------------------------------------------- the bench
+# --------------------------------------------------------------------------- bench
+
+
+def _arm_colors(names: list[str]) -> dict[str, object]:
+    """One colour per arm, the same in every bench figure: the style's palette for up to 10
+    arms, ``tab20`` beyond (the full forecast study has 13)."""
+    if len(names) <= 10:
+        return {name: f"C{i}" for i, name in enumerate(names)}
+    tab20 = matplotlib.colormaps["tab20"]
+    return {name: tab20(i % 20) for i, name in enumerate(names)}
+
+
+def _metric_label(report: Mapping, metric: str | None = None) -> str:
+    """e.g. "MSE (standardised units)" (forecast) or "perplexity" (lm)."""
+    metric = metric or report["metric"]
+    if report["track"] == "lm":
+        return "NLL (nats/token)" if metric == "nll" else metric
+    return f"{metric.upper()} (standardised units)"
+
+
+def _reference_lines(report: Mapping, split: str) -> list[tuple[str, float, str]]:
+    """(label, value, line style) of the track's references in the report's metric:
+    forecast: the mean and linear forecasts; lm: the exact floor and the bigram model."""
+    metric, naive = report["metric"], report["naive_baselines"]
+    if report["track"] == "lm":
+        return [
+            ("exact floor", naive["floor"][metric], ":"),
+            ("n-gram, 1 token", naive["predictors"]["ngram_1"][split][metric], "--"),
+        ]
+    return [
+        (f"naive {key} ({split})", naive["forecasts"][key][split][metric], ls)
+        for key, ls in (("mean", ":"), ("linear", "--"))
+    ]
+
+
+def plot_sweep(
+    report: Mapping, save_dir: str | os.PathLike | None = None, name: str = "bench_sweep"
+) -> Figure:
+    """Validation error against learning rate per arm (each sweep seed a dot, the mean a
+    line), the track's references (naive forecasts; lm: floor and bigram) as horizontal
+    lines."""
+    metric = report["metric"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), constrained_layout=True)
+    colors = _arm_colors(list(report["arms"]))
+    for arm, entry in report["arms"].items():
+        lrs = [cell["lr"] for cell in entry["sweep"]]
+        means = [
+            cell["score"] if np.isfinite(cell["score"] or np.inf) else np.nan
+            for cell in entry["sweep"]
+        ]
+        ax.plot(lrs, means, "-", color=colors[arm], label=arm, lw=1.5)
+        for cell in entry["sweep"]:
+            values = [v for v in cell["val_per_seed"] if v is not None]
+            ax.plot([cell["lr"]] * len(values), values, "o", ms=3, alpha=0.5, color=colors[arm])
+    for label, value, ls in _reference_lines(report, "val"):
+        ax.axhline(value, color="0.4", ls=ls, lw=1, label=label)
+    ax.set(
+        xscale="log",
+        xlabel="learning rate (log scale)",
+        ylabel=f"validation {_metric_label(report, metric)}",
+        title="Learning-rate sweep on validation (dots: sweep seeds)",
+    )
+    ax.legend(fontsize=8, ncol=2, loc="best")
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def plot_learning_curves(
+    report: Mapping,
+    save_dir: str | os.PathLike | None = None,
+    name: str = "bench_learning_curves",
+) -> Figure:
+    """Training loss and validation error per epoch at each arm's best learning rate
+    (mean over the evaluation seeds, band: min-max)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True, sharex=True)
+    colors = _arm_colors(list(report["arms"]))
+    for arm, entry in report["arms"].items():
+        for ax, key in zip(axes, ("train_loss", f"val_{report['metric']}"), strict=True):
+            curves = np.array(
+                [
+                    [np.nan if v is None else v for v in seed]
+                    for seed in entry["learning_curves"][key]
+                ],
+                dtype=float,
+            )
+            if curves.size == 0:
+                continue
+            epochs = np.arange(1, curves.shape[1] + 1)
+            ax.plot(epochs, np.nanmean(curves, 0), color=colors[arm], label=arm)
+            ax.fill_between(
+                epochs, np.nanmin(curves, 0), np.nanmax(curves, 0), color=colors[arm], alpha=0.15
+            )
+    loss = "cross-entropy (nats/token)" if report["track"] == "lm" else "MSE (standardised units)"
+    axes[0].set(
+        xlabel="epoch", ylabel=f"training {loss}", title="Training loss (best lr, evaluation seeds)"
+    )
+    axes[1].set(
+        xlabel="epoch",
+        ylabel=f"validation {_metric_label(report)}",
+        title="Validation error (best lr, evaluation seeds)",
+    )
+    axes[1].legend(fontsize=8)
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def plot_paired_seeds(
+    report: Mapping, save_dir: str | os.PathLike | None = None, name: str = "bench_paired_seeds"
+) -> Figure:
+    """Test error of every evaluation seed under the baseline and under each other arm,
+    one line per seed (the pair shares data order and initialisation)."""
+    base = report["baseline_arm"]
+    others = [a for a in report["arms"] if a != base]
+    metric = report["metric"]
+    base_values = report["arms"][base]["full"]["per_seed"]
+    fig, ax = plt.subplots(
+        figsize=(max(5.0, 1.4 * (len(others) + 1)), 4.2), constrained_layout=True
+    )
+    for i, arm in enumerate(others):
+        values = report["arms"][arm]["full"]["per_seed"]
+        for b, v in zip(base_values, values, strict=True):
+            if b is None or v is None:
+                continue
+            color = "C2" if v < b else "C3"
+            ax.plot([2 * i, 2 * i + 1], [b, v], "-o", color=color, ms=3, lw=1, alpha=0.7)
+    ax.set_xticks([x for i in range(len(others)) for x in (2 * i, 2 * i + 1)])
+    ax.set_xticklabels([lab for a in others for lab in (base, a)], rotation=45, ha="right")
+    ax.set(
+        ylabel=f"test {_metric_label(report, metric)}",
+        title="Per-seed pairs (green: the arm beats exact on that seed)",
+    )
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def plot_deltas(
+    report: Mapping, save_dir: str | os.PathLike | None = None, name: str = "bench_deltas"
+) -> Figure:
+    """Per-seed differences (arm - baseline) as dots, the mean with its 95 % t-interval,
+    and the zero line; the verdict (Holm-adjusted) in the label."""
+    rows = [(arm, e["comparison"]) for arm, e in report["arms"].items() if e.get("comparison")]
+    fig, ax = plt.subplots(figsize=(8, 0.9 * len(rows) + 1.6), constrained_layout=True)
+    for i, (_, c) in enumerate(rows):
+        diffs = np.asarray(c["per_seed_diffs"], dtype=float)
+        jitter = np.linspace(-0.15, 0.15, len(diffs)) if len(diffs) > 1 else np.zeros(1)
+        ax.plot(diffs, i + jitter, "o", ms=4, alpha=0.6, color="C0")
+        if c["ci_low"] is not None and np.isfinite(c["ci_low"]):
+            ax.plot([c["ci_low"], c["ci_high"]], [i, i], color="k", lw=2)
+        ax.plot([c["delta_mean"]], [i], "D", color="k", ms=6)
+    ax.axvline(0, color="C3", lw=1, ls="--")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(
+        [
+            f"{arm}\n{c['verdict'].split(' (')[0]}, Holm p={c['p_adjusted']:.2g}, "
+            f"{c['idea_wins']}/{c['n_pairs']} wins"
+            for arm, c in rows
+        ],
+        fontsize=8,
+    )
+    metric_name = report["metric"] if report["track"] == "lm" else report["metric"].upper()
+    ax.set(
+        xlabel=f"test {metric_name} difference, arm - {report['baseline_arm']} "
+        "(negative: arm better)",
+        title="Paired differences: seeds (dots), mean and 95% CI (black)",
+    )
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def plot_train_curves(
+    results: Mapping[str, Mapping],
+    save_dir: str | os.PathLike | None = None,
+    name: str = "train_curves",
+) -> Figure:
+    """Learning curves of single training runs: ``results`` maps a label to a run result
+    (``rpka.train.train_run``); its first member's curves are drawn."""
+    fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    for i, (label, result) in enumerate(results.items()):
+        member = result["members"][0]
+        epochs = np.arange(1, len(member["train_loss"]) + 1)
+        ax.plot(epochs, member["train_loss"], "--", color=f"C{i}", label=f"{label}: train")
+        ax.plot(epochs, member["val_mse"], "-o", ms=3, color=f"C{i}", label=f"{label}: validation")
+    ax.set(xlabel="epoch", ylabel="MSE (standardised units)", title="Learning curves")
+    ax.legend(fontsize=8)
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+def plot_forecasts(
+    context: np.ndarray,
+    truth: np.ndarray,
+    forecasts: Mapping[str, np.ndarray],
+    save_dir: str | os.PathLike | None = None,
+    name: str = "train_forecasts",
+) -> Figure:
+    """Forecasts against the truth for a few windows: context (W, L), truth (W, H),
+    forecasts {label: (W, H)}; all in the window's standardised units."""
+    n_windows, length = context.shape
+    horizon = truth.shape[1]
+    fig, axes = plt.subplots(
+        n_windows, 1, figsize=(9, 2.3 * n_windows), squeeze=False, constrained_layout=True
+    )
+    t_ctx = np.arange(-length, 0)
+    t_hor = np.arange(horizon)
+    for w, ax in enumerate(axes[:, 0]):
+        ax.plot(t_ctx, context[w], color="0.5", lw=1, label="context")
+        ax.plot(t_hor, truth[w], color="k", lw=1.5, label="truth")
+        for i, (label, pred) in enumerate(forecasts.items()):
+            ax.plot(t_hor, pred[w], lw=1.3, color=f"C{i}", label=label)
+        ax.axvline(-0.5, color="0.7", lw=0.8)
+        ax.set(ylabel="value (std. units)")
+    axes[0, 0].legend(fontsize=8, ncol=len(forecasts) + 2, loc="upper left")
+    axes[-1, 0].set(xlabel="time step relative to the forecast origin")
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+# --------------------------------------------------------------------------- scaling
+# Attention latency and memory against sequence length (``rpka.scaling`` JSON, CPU or
+# GPU), decoding latency (``rpka.decoding`` JSON). The numbers come from ``rpka.tables``.
+
+EXACT_COLOUR = "black"
+
+
+def _arm_styles(frame: pd.DataFrame) -> dict[str, dict]:
+    """Line style per arm: exact black; one colour per rank (shared by every method at
+    that rank); rpka solid with filled markers, other methods dotted with open markers."""
+    ranks = sorted(int(r) for r in frame["rank"].dropna().unique())
+    colour = {rank: sns.color_palette("viridis", len(ranks))[i] for i, rank in enumerate(ranks)}
+    styles = {}
+    for arm, method, rank in (
+        frame[["arm", "method", "rank"]].drop_duplicates().itertuples(index=False)
+    ):
+        if pd.isna(rank):
+            styles[arm] = {"color": EXACT_COLOUR, "marker": "s", "ls": "-"}
+        elif method == "rpka":
+            styles[arm] = {"color": colour[int(rank)], "marker": "o", "ls": "-"}
+        else:
+            styles[arm] = {"color": colour[int(rank)], "marker": "^", "ls": ":", "mfc": "none"}
+    return styles
+
+
+def _scaling_arms(frame: pd.DataFrame, methods: Sequence[str] | None) -> pd.DataFrame:
+    if methods is None:
+        return frame
+    unknown = sorted(set(methods) - set(frame["method"]))
+    if unknown:
+        raise ValueError(f"methods {unknown} are not in the result: {sorted(set(frame['method']))}")
+    return frame[frame["method"].isin(methods)]
+
+
+def _loglog_panel(
+    ax: plt.Axes, frame: pd.DataFrame, measure: str, styles: Mapping[str, dict]
+) -> None:
+    """Measured points per arm, and the fitted power law (dashed, over the fitted range)
+    with its slope in the legend."""
+    from rpka.tables import SCALING_MEASURES, fit_loglog_slope
+
+    for arm, part in frame.groupby("arm", sort=False):
+        part = part.dropna(subset=[measure]).sort_values("n")
+        if part.empty:
+            continue
+        fit = fit_loglog_slope(part["n"], part[measure])
+        style = dict(styles[arm])
+        slope = "" if np.isnan(fit["slope"]) else f" (slope {fit['slope']:.2f})"
+        ax.plot(part["n"], part[measure], ms=4, lw=1.2, label=f"{arm}{slope}", **style)
+        if not np.isnan(fit["slope"]):
+            grid = np.geomspace(fit["n_min"], fit["n_max"], 20)
+            line = np.exp(fit["intercept"]) * grid ** fit["slope"]
+            ax.plot(grid, line, color=style["color"], lw=2.5, alpha=0.35, ls="--")
+    ax.set(xscale="log", yscale="log", xlabel="sequence length n (tokens)")
+    ax.set_ylabel(SCALING_MEASURES[measure])
+    lengths = sorted(frame["n"].unique())
+    ax.set_xticks(lengths, labels=[f"{n:,}" for n in lengths])
+    ax.minorticks_off()
+
+
+def _scaling_figure(
+    scaling: Mapping,
+    measures: Sequence[str],
+    methods: Sequence[str] | None,
+    title: str,
+) -> Figure:
+    from rpka.tables import scaling_frame
+
+    frame = _scaling_arms(scaling_frame(scaling), methods)
+    styles = _arm_styles(frame)
+    fig, axes = plt.subplots(
+        1, len(measures), figsize=(6.5 * len(measures), 4.8), constrained_layout=True
+    )
+    axes = np.atleast_1d(axes)
+    for ax, measure in zip(axes, measures, strict=True):
+        _loglog_panel(ax, frame, measure, styles)
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small", frameon=False)
+    fig.suptitle(f"{title} - {scaling.get('device', '')}; {scaling.get('shapes', '')}")
+    return fig
+
+
+def plot_scaling_latency(
+    scaling: Mapping,
+    measures: Sequence[str] = ("forward_ms", "fwd_bwd_ms"),
+    methods: Sequence[str] | None = ("exact", "rpka"),
+    save_dir: str | os.PathLike | None = None,
+    name: str | None = None,
+) -> Figure:
+    """Latency against n on log-log axes, one line per method and rank, per measure.
+
+    Dashed: the least-squares power law over the larger half of the lengths
+    (``rpka.tables.fit_loglog_slope``); the legend gives its slope (2: quadratic, 1:
+    linear). ``methods=None`` adds every method in the result (the uniform-landmark
+    control dotted). Default name ``scaling_latency_<cpu|gpu>``.
+    """
+    from rpka.tables import device_tag
+
+    fig = _scaling_figure(scaling, measures, methods, "Attention latency against length")
+    save_figure(fig, save_dir, name or f"scaling_latency_{device_tag(scaling)}")
+    return fig
+
+
+def plot_scaling_memory(
+    scaling: Mapping,
+    measures: Sequence[str] = ("peak_mib", "fwd_bwd_peak_mib"),
+    methods: Sequence[str] | None = ("exact", "rpka"),
+    save_dir: str | os.PathLike | None = None,
+    name: str | None = None,
+) -> Figure:
+    """Peak memory against n on log-log axes, as :func:`plot_scaling_latency` (the
+    result's ``memory_definition`` says what is counted). Default name
+    ``scaling_memory_<cpu|gpu>``."""
+    from rpka.tables import device_tag
+
+    fig = _scaling_figure(scaling, measures, methods, "Attention peak memory against length")
+    save_figure(fig, save_dir, name or f"scaling_memory_{device_tag(scaling)}")
+    return fig
+
+
+def plot_speedup(
+    scaling: Mapping,
+    measure: str = "forward_ms",
+    methods: Sequence[str] | None = ("rpka",),
+    save_dir: str | os.PathLike | None = None,
+    name: str | None = None,
+    ax: plt.Axes | None = None,
+) -> Figure:
+    """Speed-up against exact (exact's latency / the arm's, same run) against n.
+
+    Above the line at 1 the arm is faster. Each arm's crossover length
+    (``rpka.tables.crossover_table``: interpolated on log-log between the measured points
+    around it) is marked with a vertical tick and given in the legend. Default name
+    ``scaling_speedup_<cpu|gpu>`` (``_<measure>`` appended for another measure).
+    """
+    from rpka.tables import SCALING_MEASURES, crossover_table, device_tag, speedup_frame
+
+    ratios = speedup_frame(scaling, measure)
+    if methods is not None:
+        ratios = _scaling_arms(ratios, methods)
+    crossings = crossover_table(scaling, measure, methods=tuple(ratios["method"].unique()))
+    styles = _arm_styles(ratios)
+    fig, ax = _figure(ax)
+    for arm, part in ratios.groupby("arm", sort=False):
+        part = part.dropna(subset=["ratio"]).sort_values("n")
+        row = crossings[crossings["arm"] == arm]
+        where = row["crossover_n_interp"].iloc[0] if len(row) else None
+        status = row["status"].iloc[0] if len(row) else "never"
+        if status == "crossed":
+            label = f"{arm} (crossover n = {where:,.0f})"
+        elif status == "faster everywhere":
+            label = f"{arm} (faster from n = {row['crossover_n'].iloc[0]:,.0f})"
+        else:
+            label = f"{arm} (not faster)"
+        ax.plot(part["n"], part["ratio"], ms=4, lw=1.2, label=label, **styles[arm])
+        if status == "crossed":
+            ax.plot([where], [1.0], marker="|", ms=14, mew=2, color=styles[arm]["color"])
+    ax.axhline(1.0, color=EXACT_COLOUR, lw=1, ls="--")
+    lengths = sorted(ratios["n"].unique())
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="sequence length n (tokens)",
+        ylabel=f"speed-up vs exact ({SCALING_MEASURES[measure].split(' (')[0]})",
+        title=f"Speed-up against exact - {scaling.get('device', '')}",
+    )
+    ax.set_xticks(lengths, labels=[f"{n:,}" for n in lengths])
+    ax.minorticks_off()
+    ax.legend(loc="best", fontsize="small")
+    suffix = "" if measure == "forward_ms" else f"_{measure}"
+    save_figure(fig, save_dir, name or f"scaling_speedup_{device_tag(scaling)}{suffix}")
+    return fig
+
+
+def plot_decode_latency(
+    decode: Mapping,
+    save_dir: str | os.PathLike | None = None,
+    name: str | None = None,
+    ax: plt.Axes | None = None,
+) -> Figure:
+    """Per-token decoding latency against context length, log-log (``rpka.decoding`` JSON).
+
+    Exact attention with a KV cache reads every cached key per token (slope ~1 once the
+    context outgrows launch and cache overheads); causal RPKA updates running landmark
+    sums (slope ~0). Solid: the median step; dashed (RPKA): plus the landmark redraw
+    amortised over the context (``amortised_redraw_ms_per_token``). Slopes (least squares
+    over the larger half of the contexts) in the legend. Default name
+    ``decode_latency_<cpu|gpu>``.
+    """
+    from rpka.tables import decode_frame, device_tag, fit_loglog_slope
+
+    frame = decode_frame(decode)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8, 5.5), constrained_layout=True)
+    fig = ax.figure
+    colours = {"exact": EXACT_COLOUR, "rpka": sns.color_palette("colorblind")[0]}
+    rank = decode.get("config", {}).get("rank")
+    for i, (method, part) in enumerate(frame.groupby("method", sort=True)):
+        colour = colours.get(method, f"C{i}")
+        label = "exact (KV cache)" if method == "exact" else f"{method} causal r={rank}"
+        curves = [("per_token_ms", "-", "o", "")]
+        if part["amortised_redraw_ms_per_token"].notna().any():
+            curves.append(("per_token_with_redraw_ms", "--", "x", " + amortised redraw"))
+        for column, ls, marker, extra in curves:
+            fit = fit_loglog_slope(part["context"], part[column])
+            slope = "" if np.isnan(fit["slope"]) else f" (slope {fit['slope']:.2f})"
+            ax.plot(
+                part["context"],
+                part[column],
+                ls=ls,
+                marker=marker,
+                ms=4,
+                color=colour,
+                label=f"{label}{extra}{slope}",
+            )
+    contexts = sorted(frame["context"].unique())
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="context length (tokens)",
+        ylabel="decoding time per token (ms, median)",
+        title=f"Decoding one token - {decode.get('device', '')}",
+    )
+    ax.set_xticks(contexts, labels=[f"{n:,}" for n in contexts])
+    ax.minorticks_off()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize="small", frameon=False)
+    if decode.get("shape"):
+        ax.set_title(f"{ax.get_title()}\n{decode['shape']}", fontsize="small")
+    save_figure(fig, save_dir, name or f"decode_latency_{device_tag(decode)}")
+    return fig
+
+
+# --------------------------------------------------------------------------- long-context training
+
+
+def plot_longctx(
+    longctx: Mapping,
+    save_dir: str | os.PathLike | None = None,
+    name: str = "longctx_training",
+) -> Figure:
+    """Training at long context (``rpka.longctx`` JSON), per context and arm: the median
+    training step time, the peak memory of a step, the test MSE (mean +/- sd over the
+    evaluation seeds) and its paired difference from exact (mean, 95 % t interval).
+    Data from ``rpka.tables.longctx_table``."""
+    from rpka.tables import longctx_table
+
+    table = longctx_table(longctx)
+    arms = list(dict.fromkeys(table["arm"]))
+    contexts = sorted(table["context"].unique())
+    palette = dict(zip(arms, sns.color_palette("colorblind", len(arms)), strict=True))
+    width = 0.8 / len(arms)
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2), constrained_layout=True)
+    panels = (
+        ("step_ms", "training step (ms, median)", True),
+        ("peak_mib", "peak memory of a step (MiB)", True),
+        ("test_mse_mean", "test MSE (mean +/- sd over seeds)", False),
+        ("delta", "test MSE - exact's (paired mean, 95 % CI)", False),
+    )
+    for ax, (column, label, log) in zip(axes, panels, strict=True):
+        for i, arm in enumerate(arms):
+            part = table[table["arm"] == arm].set_index("context").reindex(contexts)
+            x = np.arange(len(contexts)) + (i - (len(arms) - 1) / 2) * width
+            if column in ("step_ms", "peak_mib"):
+                ax.bar(x, part[column], width=width, color=palette[arm], label=arm)
+                continue
+            if column == "test_mse_mean":
+                error = part["test_mse_sd"]
+            else:
+                error = np.stack(
+                    [part["delta"] - part["delta_ci_low"], part["delta_ci_high"] - part["delta"]]
+                )
+            ax.errorbar(x, part[column], yerr=error, fmt="o", capsize=3, color=palette[arm])
+        if column == "delta":
+            ax.axhline(0.0, color=EXACT_COLOUR, lw=1, ls="--")
+        ax.set_xticks(np.arange(len(contexts)), labels=[f"{c:,} tokens" for c in contexts])
+        ax.set(ylabel=label, yscale="log" if log else "linear")
+    axes[0].legend(loc="upper left", fontsize="small")
+    fig.suptitle(
+        f"Training at long context ({longctx.get('preset', '')} preset) - "
+        f"{longctx.get('device', '')}"
+    )
+    save_figure(fig, save_dir, name)
+    return fig
+
+
+# --------------------------------------------------------------------------- study of arms
+# (ablations and peers: output error against exact per arm, error against cost)
 
 OUTPUT_ERROR_FLOOR = 1e-6  # relative errors below this are round-off (drawn at the floor)
-VERDICT_COLOURS = {"win": "C2", "loss": "C3", "inconclusive": "0.35"}
 GROUP_MARKERS = {
     "baseline": "*",
     "RPKA rank": "o",
     "RPKA ablation": "s",
     "peer": "D",
 }
-
-
-def _arm_colour(report: Mapping, arm_name: str) -> object:
-    """One colour per arm, the same in every bench figure (its place in the config).
-
-    The style's palette for up to 10 arms, ``tab20`` beyond (a full study has 13).
-    """
-    names = list(report["arms"])
-    index = names.index(arm_name)
-    if len(names) <= 10:
-        return f"C{index}"
-    return matplotlib.colormaps["tab20"](index % 20)
 
 
 def _group_handles(groups: Sequence[str], **style: object) -> list:
@@ -326,68 +817,6 @@ def _group_handles(groups: Sequence[str], **style: object) -> list:
         Line2D([], [], marker=GROUP_MARKERS[g], ls="none", color="0.3", label=g, **style)
         for g in present
     ]
-
-
-def _verdict_kind(verdict: str) -> str:
-    if verdict.startswith("significant win"):
-        return "win"
-    if verdict.startswith("significant loss"):
-        return "loss"
-    return "inconclusive"
-
-
-def plot_forest(
-    report: Mapping,
-    save_dir: str | os.PathLike | None = None,
-    name: str = "bench_forest",
-) -> Figure:
-    """Every arm's paired delta against the baseline with its 95 % CI (a forest plot).
-
-    One row per non-baseline arm, in the config's order (rank sweep, ablations, peers):
-    the mean per-seed difference (arm - baseline; negative = lower error than the baseline)
-    with its paired-t 95 % CI, a zero line, and on the right the Holm-adjusted p, the wins
-    k/n and the verdict. Colour: significant win / loss / inconclusive.
-    """
-    from rpka.tables import arm_group  # tables import plots: keep the cycle local
-
-    names = [n for n, arm in report["arms"].items() if arm.get("comparison")]
-    fig, ax = plt.subplots(figsize=(9.5, 1.2 + 0.42 * len(names)), constrained_layout=True)
-    for y, arm_name in enumerate(names):
-        c = report["arms"][arm_name]["comparison"]
-        colour = VERDICT_COLOURS[_verdict_kind(c["verdict"])]
-        marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
-        low, high = c["ci_low"], c["ci_high"]
-        if np.isfinite(low) and np.isfinite(high):
-            ax.plot([low, high], [y, y], color=colour, lw=2)
-        ax.plot(c["delta_mean"], y, marker, color=colour, ms=7)
-        p_adj = c["p_adjusted"]
-        p_text = f"p_adj={p_adj:.3g}" if p_adj is not None and np.isfinite(p_adj) else "p_adj=n/a"
-        ax.annotate(
-            f"{p_text}  {c['idea_wins']}/{c['n_pairs']} wins  {_verdict_kind(c['verdict'])}",
-            xy=(1.01, y),
-            xycoords=("axes fraction", "data"),
-            va="center",
-            fontsize=8,
-        )
-    ax.axvline(0.0, color="k", lw=1)
-    from matplotlib.lines import Line2D
-
-    verdicts = [
-        Line2D([], [], color=VERDICT_COLOURS[k], lw=2, label=k)
-        for k in ("win", "loss", "inconclusive")
-    ]
-    groups = _group_handles([arm_group(report, n) for n in names])
-    fig.legend(handles=groups + verdicts, loc="outside lower center", fontsize=8, ncol=6)
-    ax.set_yticks(range(len(names)), labels=names)
-    ax.set_ylim(len(names) - 0.5, -0.5)  # first arm on top
-    metric = report.get("metric", "mse").upper()
-    ax.set(
-        xlabel=f"test {metric}: arm - {report['baseline_arm']} (mean over paired seeds, 95 % CI)",
-        title=f"Paired difference against {report['baseline_arm']} "
-        f"({report['n_seeds']} evaluation seeds, Holm over {len(names)} arms)",
-    )
-    save_figure(fig, save_dir, name)
-    return fig
 
 
 def plot_output_error_by_arm(
@@ -416,7 +845,7 @@ def plot_output_error_by_arm(
         part = frame[frame["inputs"] == inputs]
         for arm_name in (a for a in report["arms"] if a in set(part["arm"])):
             rows = part[part["arm"] == arm_name].sort_values("rank")
-            colour = _arm_colour(report, arm_name)
+            colour = _arm_colors(list(report["arms"]))[arm_name]
             marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
             ax.plot(
                 rows["rank"],
@@ -499,7 +928,7 @@ def plot_error_vs_time(
             err = [[f["mean"] - f["ci_low"]], [f["ci_high"] - f["mean"]]]
             if not np.all(np.isfinite(err)):
                 err = None
-            colour = _arm_colour(report, arm_name)
+            colour = _arm_colors(list(report["arms"]))[arm_name]
             marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
             ax.errorbar(
                 x[j], y[j], yerr=err, fmt=marker, color=colour, ms=7, capsize=2, label=arm_name
@@ -524,12 +953,22 @@ def plot_error_vs_time(
 
 __all__ = [
     "pareto_front",
+    "plot_decode_latency",
+    "plot_deltas",
     "plot_error_vs_time",
-    "plot_forest",
-    "plot_output_error_by_arm",
+    "plot_forecasts",
+    "plot_learning_curves",
+    "plot_longctx",
     "plot_output_error",
+    "plot_output_error_by_arm",
+    "plot_paired_seeds",
     "plot_residual_trace",
+    "plot_scaling_latency",
+    "plot_scaling_memory",
     "plot_spectra",
+    "plot_speedup",
+    "plot_sweep",
+    "plot_train_curves",
     "plot_trace_identity",
     "plot_trained_vs_init",
     "save_figure",

@@ -45,7 +45,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 try:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 except ImportError:  # pragma: no cover - a bare GPU box with torch only: no progress bar
     tqdm = None
 

@@ -1,7 +1,10 @@
 """One training run: ``train_run(run_config) -> result``, a pure function (DESIGN.md section 9).
 
-A run trains the S seeds of one configuration (arm, learning rate) as one stacked
-``TransformerTiny`` and scores it on a split. Everything it needs is in ``run_config``
+A run trains the S seeds of one configuration (arm, learning rate) as one stacked model
+and scores it on a split. The loop is the same for every track; the model, the loss and
+the metrics come from the track's :class:`rpka.tasks.Task` (``forecast``: ``TransformerTiny``,
+mean squared error, MSE/MAE; ``lm``: the causal ``TransformerLM``, cross-entropy,
+perplexity/NLL). Everything it needs is in ``run_config``
 (JSON-able; see :func:`make_run_config`); everything it finds is in the returned dict. No
 global random state is read or written: member s draws its initialisation and its data
 order from ``seeds[s]`` alone, and RPKA's pivots from a generator seeded by the run.
@@ -23,15 +26,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
-from tqdm.auto import tqdm
+from torch import Tensor, nn
+from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 from rpka.attention import options_of
 from rpka.io import atomic_torch_save, config_hash, read_json
-from rpka.model import TransformerTiny
-from rpka.presets import ArmConfig, BenchConfig, ModelConfig, TrackConfig, TrainConfig
+from rpka.presets import TRACK_CONFIGS, ArmConfig, BenchConfig, ModelConfig, TrainConfig
+from rpka.tasks import Task, task_of
 from rpka.tracks import get_track
-from rpka.tracks.forecast import Split
 
 SCORE_SPLITS = ("val", "test")
 # keys of a run configuration that do not change its result (not hashed)
@@ -98,23 +100,27 @@ def _check_run_config(run_config: dict[str, Any]) -> None:
         raise ValueError("device='cuda' requested but CUDA is not available")
 
 
-def build_model(
-    run_config: dict[str, Any], track_config: TrackConfig, device: torch.device
-) -> TransformerTiny:
-    """The stacked model of a run; RPKA-like methods get a generator seeded by the run."""
+def track_config_of(run_config: dict[str, Any]) -> Any:
+    """The track's configuration (``TrackConfig`` or ``LMConfig``) of a run, by its name."""
+    track = dict(run_config["track"])
+    name = track.get("name", "forecast")
+    if name not in TRACK_CONFIGS:
+        raise ValueError(f"track.name must be one of {sorted(TRACK_CONFIGS)}, got {name!r}")
+    return TRACK_CONFIGS[name](**track)
+
+
+def build_model(run_config: dict[str, Any], track_config: Any, device: torch.device) -> nn.Module:
+    """The stacked model of a run (the track's); RPKA-like methods get a generator seeded
+    by the run."""
     arm = ArmConfig(**run_config["arm"])
     options = dict(arm.options)
     if "generator" in options_of(arm.method):
         seed = derive_seed(*run_config["seeds"], STREAM_PIVOTS)
         options["generator"] = torch.Generator(device=device).manual_seed(seed)
     init_seeds = [derive_seed(s, STREAM_INIT) for s in run_config["seeds"]]
-    model = TransformerTiny(
-        ModelConfig(**run_config["model"]),
-        track_config.context,
-        track_config.horizon,
-        init_seeds,
-        arm.method,
-        options,
+    task = task_of(track_config.name)
+    model = task.build_model(
+        ModelConfig(**run_config["model"]), track_config, init_seeds, arm.method, options
     )
     return model.to(device)
 
@@ -137,22 +143,22 @@ def member_batches(n_windows: int, batch_size: int, generators: list[torch.Gener
 
 
 @torch.no_grad()
-def evaluate(model: TransformerTiny, data: Split, batch_size: int) -> dict[str, Tensor]:
-    """Per-member MSE and MAE over every window and horizon step of ``data``: each (S,)."""
+def evaluate(
+    model: nn.Module, task: Task, x: Tensor, y: Tensor, batch_size: int
+) -> dict[str, Tensor]:
+    """Per-member metrics (S,) of the task over a whole split: inputs x (N, ...), targets
+    y (N, ...) shared by the members (forecast: MSE, MAE; lm: perplexity, NLL)."""
     model.eval()
     n_members = model.n_members
     device = model.position.device
-    sq = torch.zeros(n_members, dtype=torch.float64, device=device)
-    ab = torch.zeros_like(sq)
-    for start in range(0, len(data), batch_size):
-        x = data.x[start : start + batch_size].to(device)
-        y = data.y[start : start + batch_size].to(device)
-        diff = model(x.expand(n_members, *x.shape)) - y
-        sq += diff.double().pow(2).sum((1, 2))
-        ab += diff.double().abs().sum((1, 2))
+    sums: dict[str, Tensor] = {}
+    for start in range(0, len(x), batch_size):
+        xb = x[start : start + batch_size].to(device)
+        yb = y[start : start + batch_size].to(device)
+        for key, value in task.error_sums(model(xb.expand(n_members, *xb.shape)), yb).items():
+            sums[key] = sums[key] + value if key in sums else value
     model.train()
-    count = data.y.numel()
-    return {"mse": sq / count, "mae": ab / count}
+    return task.finish(sums, task.count(y))
 
 
 def clip_per_member(params: list[Tensor], max_norm: float) -> Tensor:
@@ -200,11 +206,14 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     wall_start = time.perf_counter()
     cpu_start = time.process_time()
     device = torch.device(run_config["device"])
-    track_config = TrackConfig(**run_config["track"])
+    track_config = track_config_of(run_config)
+    task = task_of(track_config.name)
     train_config = TrainConfig(
         **{**run_config["train"], "betas": tuple(run_config["train"]["betas"])}
     )
     track = get_track(track_config.name, track_config, run_config.get("data_dir"))
+    splits = {name: task.inputs_targets(track, name) for name in ("train", "val", "test")}
+    n_train = len(splits["train"][0])
     seeds = list(run_config["seeds"])
     n_members = len(seeds)
 
@@ -218,22 +227,22 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         eps=train_config.eps,
         weight_decay=train_config.weight_decay,
     )
-    total_steps = train_config.epochs * (len(track.train) // train_config.batch_size)
+    total_steps = train_config.epochs * (n_train // train_config.batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(train_config.lr_schedule, step, total_steps)
     )
     data_generators = [torch.Generator().manual_seed(derive_seed(s, STREAM_DATA)) for s in seeds]
-    train_x, train_y = track.train.x.to(device), track.train.y.to(device)
-    steps_per_epoch = len(track.train) // train_config.batch_size
+    train_x, train_y = (t.to(device) for t in splits["train"])
+    steps_per_epoch = n_train // train_config.batch_size
     if steps_per_epoch < 1:
         raise ValueError(
-            f"train.batch_size={train_config.batch_size} exceeds the "
-            f"{len(track.train)} training windows"
+            f"train.batch_size={train_config.batch_size} exceeds the {n_train} training examples"
         )
+    metrics = task.metrics  # the first is the primary one (progress bar)
 
     alive = torch.ones(n_members, dtype=torch.bool, device=device)
     diverged_at: list[dict[str, int] | None] = [None] * n_members
-    history: dict[str, list] = {"train_loss": [], "val_mse": [], "val_mae": []}
+    history: dict[str, list] = {"train_loss": [], **{f"val_{m}": [] for m in metrics}}
     step_ms: list[float] = []
     guards: dict[str, int] = {}
     progress = run_config.get("progress") or {}
@@ -253,7 +262,7 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     def train_step(batch: Tensor) -> Tensor:
         """One Adam step for the members still alive; returns the per-member loss (S,)."""
         nonlocal alive
-        loss = (model(train_x[batch]) - train_y[batch]).pow(2).mean((1, 2))  # (S,)
+        loss = task.loss(model(train_x[batch]), train_y[batch])  # (S,)
         newly = alive & ~torch.isfinite(loss)
         alive = alive & ~newly
         # sum, not mean: each member's gradient is that of its own loss
@@ -280,7 +289,7 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     global_step = 0
     for epoch in range(train_config.epochs):
         loss_sum = torch.zeros(n_members, dtype=torch.float64, device=device)
-        for batch in member_batches(len(track.train), train_config.batch_size, data_generators):
+        for batch in member_batches(n_train, train_config.batch_size, data_generators):
             t0 = _now(device)
             try:
                 loss_sum += train_step(batch.to(device))
@@ -297,34 +306,37 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
             bar.update(1)
         if failure is None:
             try:
-                val = evaluate(model, track.val, train_config.eval_batch_size)
+                val = evaluate(model, task, *splits["val"], train_config.eval_batch_size)
             except torch.linalg.LinAlgError as err:
                 failure = f"LinAlgError: {err}"
         if failure is not None:
             mark_diverged(alive, epoch, global_step, failure)
             alive = torch.zeros_like(alive)
             break
-        newly = alive & ~(torch.isfinite(val["mse"]) & torch.isfinite(val["mae"]))
+        finite = torch.stack([torch.isfinite(val[m]) for m in metrics]).all(0)
+        newly = alive & ~finite
         if bool(newly.any()):
             alive = alive & ~newly
             mark_diverged(newly, epoch, global_step, "non-finite validation error")
         history["train_loss"].append(_to_list(loss_sum / steps_per_epoch, alive))
-        history["val_mse"].append(_to_list(val["mse"], alive))
-        history["val_mae"].append(_to_list(val["mae"], alive))
-        finite_val = [v for v in history["val_mse"][-1] if v is not None]
+        for m in metrics:
+            history[f"val_{m}"].append(_to_list(val[m], alive))
+        finite_val = [v for v in history[f"val_{metrics[0]}"][-1] if v is not None]
         if finite_val:
-            bar.set_postfix(val_mse=f"{statistics.mean(finite_val):.3f}")
+            bar.set_postfix({f"val_{metrics[0]}": f"{statistics.mean(finite_val):.3f}"})
     bar.close()
 
     final = {}
     for name in ("val", "test") if run_config["split"] == "test" else ("val",):
         if not bool(alive.any()):  # every member diverged or failed: nothing to score
-            final[name] = {k: [None] * n_members for k in ("mse", "mae")}
+            final[name] = {k: [None] * n_members for k in metrics}
             continue
-        metrics = (
-            val if name == "val" else evaluate(model, track.test, train_config.eval_batch_size)
+        scores = (
+            val
+            if name == "val"
+            else evaluate(model, task, *splits["test"], train_config.eval_batch_size)
         )
-        final[name] = {k: _to_list(v, alive) for k, v in metrics.items()}
+        final[name] = {k: _to_list(scores[k], alive) for k in metrics}
     members = []
     for s, seed in enumerate(seeds):
         members.append(
@@ -332,9 +344,7 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
                 "seed": seed,
                 "status": "ok" if diverged_at[s] is None else "diverged",
                 "diverged_at": diverged_at[s],
-                "train_loss": [row[s] for row in history["train_loss"]],
-                "val_mse": [row[s] for row in history["val_mse"]],
-                "val_mae": [row[s] for row in history["val_mae"]],
+                **{key: [row[s] for row in rows] for key, rows in history.items()},
                 "final": {split: {k: v[s] for k, v in m.items()} for split, m in final.items()},
             }
         )
@@ -351,8 +361,8 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         "scores": final[run_config["split"]],
         "members": members,
         "n_diverged": sum(d is not None for d in diverged_at),
-        "n_train_windows": len(track.train),
-        "attention_tokens": track_config.context,
+        "n_train_windows": n_train,
+        "attention_tokens": track_config.attention_tokens,
         "steps_per_epoch": steps_per_epoch,
         "n_steps": global_step,
         "step_ms_median": statistics.median(step_ms) if step_ms else None,
@@ -366,7 +376,7 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def load_trained(run_file: str | Path, device: str = "cpu") -> tuple[TransformerTiny, dict]:
+def load_trained(run_file: str | Path, device: str = "cpu") -> tuple[nn.Module, dict]:
     """The trained stacked model of a finished run and its result.
 
     ``run_file`` is the run's JSON; the weights are the ``.pt`` file beside it (written when
@@ -380,6 +390,6 @@ def load_trained(run_file: str | Path, device: str = "cpu") -> tuple[Transformer
             f"{state_file} is missing: the run kept no weights (rerun it with a state_path)"
         )
     run_config = {**result["config"], "device": device}
-    model = build_model(run_config, TrackConfig(**run_config["track"]), torch.device(device))
+    model = build_model(run_config, track_config_of(run_config), torch.device(device))
     model.load_state_dict(torch.load(state_file, map_location=device, weights_only=True))
     return model.eval(), result

@@ -8,12 +8,15 @@ from pathlib import Path
 import pytest
 
 import rpka.bench as bench
+from rpka import tables
 from rpka.bench import InProcessExecutor, best_learning_rate, run_bench
 from rpka.io import read_json
 from rpka.presets import BenchConfig, get_preset
+from rpka.tracks.lm import MarkovCopySource
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bench_report.md"
 SMOKE = get_preset("smoke", train={"epochs": 1})
+LM_SMOKE = get_preset("smoke", "lm", train={"epochs": 1})
 # dicts whose keys are data (arm names, options, configs): documented as a whole
 OPAQUE = {
     "config.track",
@@ -25,6 +28,8 @@ OPAQUE = {
     "arms.<arm>.full_by_metric",
     "arms.<arm>.val_by_metric",
     "naive_baselines.forecasts",
+    "naive_baselines.predictors",
+    "data.tokens_per_split",
     "timings.step_ms_median",
     "timings.step_ratio_vs_baseline",
     "timings.run_wall_s",
@@ -40,6 +45,15 @@ def smoke_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     report = run_bench(
         SMOKE, root / "out", InProcessExecutor(), progress=False, data_dir=root / "cache"
+    )
+    return report, root
+
+
+@pytest.fixture(scope="module")
+def lm_smoke_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench_lm")
+    report = run_bench(
+        LM_SMOKE, root / "out", InProcessExecutor(), progress=False, data_dir=root / "cache"
     )
     return report, root
 
@@ -60,10 +74,19 @@ def key_paths(obj, prefix=""):
     return paths
 
 
-def documented_paths():
-    rows = re.findall(r"^\| `([^`]+)` \|", DOC.read_text(), flags=re.MULTILINE)
-    assert rows, "no documented keys found"
-    return set(rows)
+def documented_paths(track):
+    """Keys documented for ``track``: every table row outside sections whose heading names
+    another track ("(track `lm`)")."""
+    keys, section_track = set(), None
+    for line in DOC.read_text().splitlines():
+        if line.startswith("#"):
+            tagged = re.search(r"\(track `(\w+)`\)", line)
+            section_track = tagged.group(1) if tagged else None
+        row = re.match(r"^\| `([^`]+)` \|", line)
+        if row and section_track in (None, track):
+            keys.add(row.group(1))
+    assert keys, "no documented keys found"
+    return keys
 
 
 def normalise(path):
@@ -78,10 +101,15 @@ def normalise(path):
     return path
 
 
-def test_every_report_key_is_documented_and_every_documented_key_exists(smoke_study_report):
-    report, _ = smoke_study_report  # the study's structure: ablations and peers included
+@pytest.mark.parametrize("track", ["forecast", "lm"])
+def test_every_report_key_is_documented_and_every_documented_key_exists(
+    track, smoke_study_report, lm_smoke_report
+):
+    # forecast: the study's structure in miniature (ablations, peers, output errors)
+    report, _ = smoke_study_report if track == "forecast" else lm_smoke_report
+    assert report["track"] == track
     present = {normalise(p) for p in key_paths(report)}
-    documented = documented_paths()
+    documented = documented_paths(track)
     assert present - documented == set(), "undocumented keys"
     assert documented - present == set(), "documented keys missing from the report"
 
@@ -110,6 +138,70 @@ def test_report_content(smoke_report):
     # run files are complete results, named by their hash
     for path in (root / "out" / "runs").glob("*.json"):
         assert read_json(path)["run_id"] == path.stem
+
+
+def test_lm_report_has_the_floor_and_the_gaps(lm_smoke_report, capsys):
+    report, root = lm_smoke_report
+    assert report["track"] == "lm" and report["metric"] == "perplexity"
+    assert report["metric_direction"] == "lower"
+    naive = report["naive_baselines"]
+    source = MarkovCopySource(LM_SMOKE.track)  # the floor, recomputed from the source
+    assert naive["floor"]["nll"] == pytest.approx(source.floor(LM_SMOKE.track.seq_len))
+    assert naive["floor"]["perplexity"] == pytest.approx(math.exp(naive["floor"]["nll"]))
+    assert naive["entropy_rate"]["nll"] < naive["floor"]["nll"]
+    ngram = naive["predictors"]["ngram_1"]["test"]["nll"]
+    assert ngram > naive["predictors"]["source_optimal"]["test"]["nll"]
+    for arm in report["arms"].values():
+        by_metric = arm["full_by_metric"]
+        assert arm["full"] == by_metric["perplexity"]
+        nll, ppl = by_metric["nll"]["per_seed"], by_metric["perplexity"]["per_seed"]
+        assert ppl == pytest.approx([math.exp(v) for v in nll], rel=1e-9)
+        gap = arm["floor_gap"]
+        assert gap["perplexity_gap"] == pytest.approx(
+            arm["full"]["mean"] - naive["floor"]["perplexity"]
+        )
+        assert gap["nll_gap"] == pytest.approx(by_metric["nll"]["mean"] - naive["floor"]["nll"])
+        assert gap["nll_gap_per_seed"] == pytest.approx([v - naive["floor"]["nll"] for v in nll])
+        assert len(arm["learning_curves"]["val_perplexity"]) == len(LM_SMOKE.eval_seeds)
+    learn = report["learnability"]
+    closed = (ngram - report["arms"]["exact"]["floor_gap"]["nll_mean"]) / (
+        ngram - naive["floor"]["nll"]
+    )
+    assert learn["best_ngram"] == "ngram_1" and learn["gap_closed"] == pytest.approx(closed)
+    assert report["comparison"]["n_pairs"] == len(LM_SMOKE.eval_seeds)
+    assert report["mechanism_signature"]["max_rel_error_exact"] < 1e-10
+    assert BenchConfig.from_dict(report["config"]) == LM_SMOKE
+    assert len(list((root / "out" / "runs").glob("*.json"))) == report["timings"]["n_runs"]
+    # the results table shows the reference predictors beside the arms, with their gaps
+    table = tables.results_table(report).set_index("arm")
+    floor_row = table.loc[tables.LM_NAMES["floor"]]
+    assert floor_row["perplexity mean"] == pytest.approx(naive["floor"]["perplexity"])
+    assert floor_row["perplexity - floor"] == 0
+    assert table.loc["exact", "NLL - floor (nats)"] == pytest.approx(
+        report["arms"]["exact"]["floor_gap"]["nll_gap"]
+    )
+    assert "n-gram, 1 token of context" in table.index
+    bench.print_summary(report, root / "out")
+    assert "floor" in capsys.readouterr().out
+
+
+def test_bench_plots_draw_the_lm_report(lm_smoke_report):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rpka import plots
+
+    report, _ = lm_smoke_report
+    sweep = plots.plot_sweep(report)
+    floor = report["naive_baselines"]["floor"]["perplexity"]
+    lines = {line.get_label(): line for line in sweep.axes[0].get_lines()}
+    assert lines["exact floor"].get_ydata()[0] == pytest.approx(floor)
+    for draw in (plots.plot_learning_curves, plots.plot_paired_seeds, plots.plot_deltas):
+        fig = draw(report)
+        assert "perplexity" in " ".join(ax.get_ylabel() + ax.get_xlabel() for ax in fig.axes)
+    plt.close("all")
 
 
 def test_resume_skips_finished_runs(tmp_path, monkeypatch):

@@ -82,6 +82,8 @@ def test_another_shape_starts_a_new_batch():
 def test_bad_pivot_refresh_is_rejected():
     with pytest.raises(ValueError, match="pivot_refresh"):
         build("rpka", pivot_refresh="epoch")
+    with pytest.raises(ValueError, match="causal"):  # causal RPKA draws per block itself
+        build("rpka", pivot_refresh="batch", causal=True)
 
 
 CFG = ModelConfig(d_model=16, n_layers=3, n_heads=2, d_ff=32, embed_kernel=3)

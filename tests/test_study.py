@@ -69,6 +69,20 @@ def test_ranks_override_keeps_the_ablations_and_their_reference():
     assert get_preset("full", ranks=[8]).arm("rpka-r8").options == {"rank": 8}
 
 
+def test_other_studies_built_on_full_keep_only_its_rank_sweep():
+    from rpka.presets import LONGCTX_PRESETS
+
+    for name, longctx in LONGCTX_PRESETS.items():
+        bench = longctx.bench
+        assert bench.ablation_reference is None and bench.output_error_ranks == (), name
+        assert {a.method for a in bench.arms} == {"exact", "rpka"}, name
+        assert all(set(a.options) == {"rank"} for a in bench.arms if a.method == "rpka"), name
+    lm = get_preset("full", "lm")
+    assert lm.output_error_ranks == () and lm.ablation_reference is None
+    with pytest.raises(ValueError, match="output_error_ranks"):
+        get_preset("smoke", "lm", output_error_ranks=(4,))
+
+
 def test_long_length_timing_uses_the_default_pivot_implementation():
     assert FULL.arm("rpka-r64").options["pivot_method"] == "plain"  # training shape's choice
     extra = {a["name"]: a for a in scaling.bench_arms_config(FULL.arms).extra_arms}
@@ -262,16 +276,23 @@ def test_pareto_front():
 
 def test_tables(smoke_study_report, tmp_path):
     report, _ = smoke_study_report
-    table = tables.arm_table(report)
+    table = tables.results_table(report)  # per arm, the naive forecasts as extra rows
     assert list(table["arm"][: len(report["arms"])]) == list(report["arms"])
-    assert (table["group"] == "naive").sum() == len(report["naive_baselines"]["forecasts"])
+    assert len(table) == len(report["arms"]) + len(report["naive_baselines"]["forecasts"])
     row = table.set_index("arm").loc["performer-r4"]
-    assert row["group"] == "peer" and row["mean"] == report["arms"]["performer-r4"]["full"]["mean"]
     cmp_ = report["arms"]["performer-r4"]["comparison"]
-    assert row["wins"] == f"{cmp_['idea_wins']}/{cmp_['n_pairs']}"
-    assert table.set_index("arm").loc["rpka-r4-greedy", "group"] == "RPKA ablation"
+    assert row["wins vs exact"] == f"{cmp_['idea_wins']}/{cmp_['n_pairs']}"
+    groups = {name: tables.arm_group(report, name) for name in report["arms"]}
+    assert groups == {
+        "exact": "baseline",
+        "rpka-r4": "RPKA ablation",  # the ablation reference
+        "rpka-r4-greedy": "RPKA ablation",
+        "nystrom-uniform-r4": "peer",
+        "performer-r4": "peer",
+    }
     ablation = tables.ablation_table(report)
     assert ablation["chosen"].sum() == 1 and len(ablation) == 3
+    assert ablation.set_index("arm").loc["rpka-r4-greedy", "level"] == "greedy"
     errors = tables.output_error_table(report)
     assert set(errors["arm"]) == {n for n, a in report["arms"].items() if a["method"] != "exact"}
     for frame, name in ((table, "arms"), (ablation, "ablation"), (errors, "errors")):
@@ -284,14 +305,15 @@ def test_figures_write_pngs(smoke_study_report, tmp_path):
     plots.set_style()
     latency = tiny_arm_latency(report)
     figures = [
-        plots.plot_forest(report, tmp_path),
+        plots.plot_deltas(report, tmp_path),  # the forest plot: every arm against exact
         plots.plot_output_error_by_arm(report, tmp_path),
         plots.plot_error_vs_time(report, latency, 64, tmp_path),
     ]
-    for name in ("bench_forest", "bench_output_error", "bench_error_vs_time"):
+    for name in ("bench_deltas", "bench_output_error", "bench_error_vs_time"):
         assert (tmp_path / f"{name}.png").stat().st_size > 0
     forest = figures[0].axes[0]
-    assert len(forest.get_yticklabels()) == len(report["arms"]) - 1
+    labels = [t.get_text() for t in forest.get_yticklabels()]
+    assert len(labels) == len(report["arms"]) - 1 and all("wins" in t for t in labels)
     for fig in figures:
         matplotlib.pyplot.close(fig)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from rpka.attention.cache import check_capacity, check_step
+
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, check_finite: bool = True) -> None:
     """Raise ``ValueError`` naming the offending argument for malformed q, k, v."""
@@ -64,6 +66,48 @@ class AttentionMethod(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # pragma: no cover
         raise NotImplementedError
+
+    # --- autoregressive decoding (inference only: no autograd through the state) ---
+
+    @torch.no_grad()
+    def prefill(
+        self, q: Tensor, k: Tensor, v: Tensor, capacity: int | None = None
+    ) -> tuple[Tensor, object]:
+        """Causal forward over a prompt q, k, v (B, H, n, d) and the decoding state after it.
+
+        Returns the prompt's outputs (B, H, n, d_v) - the same as ``forward`` - and a state
+        that :meth:`step` continues one token at a time. ``capacity`` (tokens) preallocates
+        the state's buffers for the whole decode; they grow by doubling otherwise.
+        """
+        check_qkv(q, k, v, check_finite=self.check_inputs)
+        if not self.causal:
+            raise ValueError("prefill/step need a causal method: build it with causal=True")
+        if q.shape[-2] != k.shape[-2]:
+            raise ValueError(f"prefill needs as many queries as keys: {q.shape[-2]}, {k.shape[-2]}")
+        check_capacity(capacity)
+        return self.attend_prefix(q, k, v, capacity)
+
+    @torch.no_grad()
+    def step(self, q: Tensor, k: Tensor, v: Tensor, state: object) -> tuple[Tensor, object]:
+        """One decoding step: q, k, v (B, H, 1, d) of the next token -> (B, H, 1, d_v), state.
+
+        The output equals row ``t`` of the causal ``forward`` over all tokens so far.
+        """
+        check_qkv(q, k, v, check_finite=self.check_inputs)
+        check_step(q, k, v)
+        if not self.causal:
+            raise ValueError("prefill/step need a causal method: build it with causal=True")
+        return self.attend_step(q, k, v, state)
+
+    def attend_prefix(
+        self, q: Tensor, k: Tensor, v: Tensor, capacity: int | None
+    ) -> tuple[Tensor, object]:  # pragma: no cover
+        raise NotImplementedError(f"{type(self).__name__} does not support decoding")
+
+    def attend_step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: object
+    ) -> tuple[Tensor, object]:  # pragma: no cover
+        raise NotImplementedError(f"{type(self).__name__} does not support decoding")
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}"

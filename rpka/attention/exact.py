@@ -9,6 +9,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rpka.attention.base import AttentionMethod
+from rpka.attention.cache import GrowingBuffer, KVCache
 
 # SDPA backends one can pin (None: let SDPA choose its fastest available one)
 SDPA_BACKENDS = {
@@ -26,6 +27,9 @@ class ExactAttention(AttentionMethod):
         backend: None (SDPA picks its fastest backend: flash / memory-efficient on a GPU)
             or one of ``"flash"``, ``"efficient"``, ``"cudnn"``, ``"math"`` to pin it with
             ``torch.nn.attention.sdpa_kernel`` (an unsupported input then raises).
+
+    Decoding keeps a KV cache: a step attends its one query to every key so far, O(t d) at
+    position t.
     """
 
     name = "exact"
@@ -44,3 +48,19 @@ class ExactAttention(AttentionMethod):
         pin = sdpa_kernel(SDPA_BACKENDS[self.backend]) if self.backend else contextlib.nullcontext()
         with pin:
             return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+    def attend_prefix(
+        self, q: Tensor, k: Tensor, v: Tensor, capacity: int | None
+    ) -> tuple[Tensor, KVCache]:
+        cache = KVCache(GrowingBuffer(k, capacity), GrowingBuffer(v, capacity))
+        return self.attend(q, k, v), cache
+
+    def attend_step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: KVCache
+    ) -> tuple[Tensor, KVCache]:
+        if not isinstance(state, KVCache):
+            raise ValueError(f"state must be the KVCache from prefill, got {type(state).__name__}")
+        state.keys.append(k)
+        state.values.append(v)
+        # the one new query sees every cached key: no mask needed
+        return F.scaled_dot_product_attention(q, state.keys.view(), state.values.view()), state

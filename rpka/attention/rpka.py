@@ -335,6 +335,8 @@ class RPKAttention(AttentionMethod):
             drawn at the first call after :meth:`new_batch` are reused until the next one,
             also by modules sharing the :class:`PivotCache`; see the module docstring).
             Reusing calls take the differentiable (unchunked) path.
+        causal_block: with ``causal=True``, the block length b >= 1: exact attention inside
+            a block, Nystrom attention to earlier blocks (``causal.py``).
 
     Without gradients (inference) the accelerated path never materialises the joint set
     or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
@@ -358,6 +360,7 @@ class RPKAttention(AttentionMethod):
         block_size: int | None = None,
         refresh: str = "auto",
         pivot_refresh: str = "call",
+        causal_block: int = 64,
         causal: bool = False,
         check_inputs: bool = True,
     ) -> None:
@@ -383,8 +386,14 @@ class RPKAttention(AttentionMethod):
         check_fast_options(method, pivot_rule, block_size, refresh)
         if pivot_refresh not in PIVOT_REFRESH:
             raise ValueError(f"pivot_refresh must be one of {PIVOT_REFRESH}, got {pivot_refresh!r}")
-        if causal:
-            raise ValueError("causal=True is not supported by rpka yet")
+        if pivot_refresh != "call" and causal:
+            raise ValueError(
+                "pivot_refresh='batch' is not supported with causal=True (the causal path "
+                "draws each block's landmarks itself); use pivot_refresh='call'"
+            )
+        if not isinstance(causal_block, int) or isinstance(causal_block, bool) or causal_block < 1:
+            raise ValueError(f"causal_block must be a positive integer, got {causal_block!r}")
+        self.causal_block = causal_block
         self.pivot_method = pivot_method
         self.method = method  # the one in use ("auto" resolved)
         self.block_size = block_size
@@ -437,6 +446,11 @@ class RPKAttention(AttentionMethod):
         )
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.causal:
+            from rpka.attention import causal  # imported here: causal.py imports this module
+
+            out, self._guards = causal.attend(self, q, k, v)
+            return out
         needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
         compute, scale, key_shift = scaled = self._scaled(q, k)
         per_call = self.pivot_refresh == "call"
@@ -475,6 +489,23 @@ class RPKAttention(AttentionMethod):
             weighting=self.weighting,
             tempering=self.tempering,
         ).pivots
+
+    def attend_prefix(
+        self, q: Tensor, k: Tensor, v: Tensor, capacity: int | None
+    ) -> tuple[Tensor, object]:
+        from rpka.attention import causal
+
+        out, state = causal.prefill(self, q, k, v, capacity)
+        self._guards = state.guards
+        return out, state
+
+    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, state: object) -> tuple[Tensor, object]:
+        """One decoding step; ``guard_counts`` then totals the decode so far."""
+        from rpka.attention import causal
+
+        out, state = causal.step(self, q, k, v, state)
+        self._guards = state.guards
+        return out, state
 
     def extra_repr(self) -> str:
         return (

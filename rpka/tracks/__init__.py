@@ -12,9 +12,11 @@ from typing import Any
 
 from rpka.tracks.baselines import NAIVE_FORECASTS, naive_baselines
 from rpka.tracks.forecast import SPLITS, Split, Track, load_forecast
+from rpka.tracks.lm import LMTrack, load_lm
 
 TRACKS: dict[str, Callable[..., Any]] = {
     "forecast": load_forecast,
+    "lm": load_lm,
 }
 
 
@@ -29,9 +31,11 @@ __all__ = [
     "NAIVE_FORECASTS",
     "SPLITS",
     "TRACKS",
+    "LMTrack",
     "Split",
     "Track",
     "get_track",
     "load_forecast",
+    "load_lm",
     "naive_baselines",
 ]

@@ -1,0 +1,573 @@
+"""Causal RPKA: exact attention inside each block, Nystrom attention to the blocks before it.
+
+DESIGN.md section 2 ("Causal use"), issue 7. Landmarks drawn from the whole sequence leak
+the future into earlier positions, so a causal mask on plain Nystrom attention is wrong.
+
+**Layout.** The sequence is cut into blocks of ``b`` positions, block ``c = [cb, (c+1)b)``.
+With ``q~ = q d^{-1/4}``, keys ``k~ = k d^{-1/4}`` shifted by a centre ``mu`` (below) to
+``k'``, and the log-terms
+
+    s_ij = q~_i . k'_j - |q~_i|^2 / 2 = log( w_j g(q~_i, k'_j) ),   w_j = e^{|k'_j|^2 / 2},
+
+row ``i`` of block ``c`` is
+
+    out_i = [ sum_{cb <= j <= i} e^{s_ij} v_j + sum_{j < cb} e^{s_ij} v_j ]
+          / [ sum_{cb <= j <= i} e^{s_ij}     + sum_{j < cb} e^{s_ij}     ]            (1)
+
+with the local sums exact and the past sums through the Nystrom approximation
+``g(q, k) ~ g(q, Z_c) G_ZZ^{-1} g(Z_c, k)`` on landmarks ``Z_c``:
+
+    past_i = g(q~_i, Z_c) G_ZZ^{-1} M_c,   M_c = sum_{j < cb} g(Z_c, k'_j) w_j [v_j, 1].    (2)
+
+Numerators and denominators add because both parts are sums of the same terms
+``w_j g(q~_i, k'_j) [v_j, 1]`` (the query factor ``e^{|q~_i|^2/2}`` of ``e^{q~.k'}`` is common
+to the whole row and cancels). Rows of block 0 have no past: exact causal softmax.
+
+**Causality, part by part** (output ``t`` reads positions ``<= t`` only):
+
+* centring: ``mu`` is the mean of the keys of block 0, applied from block 1 on; rows of
+  block 0 use uncentred keys. One shift per row is exact (softmax invariance) and ``mu``
+  reads positions ``< b <= t``.
+* landmarks of block ``c``: RPCholesky pivots of the points (joint ``[q~; k']`` or keys
+  ``k'``) at positions ``< cb``. The random draws depend on shapes only, never on values.
+* weights: ``w_j`` stays in the log domain against ``rho_c = max_{j < cb} |k'_j|^2 / 2``, a
+  running max: ``M_c`` is merged block by block as in online softmax (rescaled by
+  ``e^{rho_old - rho_new}``), never against a global max.
+* normalisation: row ``i`` uses the reference ``max(rho_c, max_{cb <= j <= i} s_ij)``.
+* guards: the past denominator is floored at ``den_floor * sum_{j < cb} w_j`` (guard 2 of
+  ``rpka.py`` on the approximate part; the local part is exact and positive), and
+  ``out_i`` is clamped to ``[min_{j <= i} v_j, max_{j <= i} v_j]`` (running min/max).
+  Guard counts: ``rows``/``entries`` count the rows with a past part (blocks >= 1; the
+  rows of block 0 are exact and never guarded), ``denominator``/``clamped`` how many of
+  those fired. In decoding the counts accumulate over prefill and steps.
+
+**Landmark schedule.** Redrawing landmarks for every block would cost ``O(cb r d)`` per
+block, ``O(n^2 r d / b)`` in all. They are redrawn at *draw blocks* only: block 1; after a
+draw at block ``c``, block ``2c`` (the prefix has doubled) - or block ``c + 1`` while the pool
+at the last draw held at most ``r`` points (the pivots were then the whole pool, Nystrom
+is exact on it, so a rank >= the number of earlier points reproduces exact causal
+attention). Between draws the landmarks stay fixed and each finished block is folded into
+``M`` (``O(b r d)``).
+
+**Cost** (``n`` positions, block ``b``, rank ``r``, head dim ``d``): local part ``O(n b d)``;
+past part ``O(n r d)``; folding ``O(n r d)``; the draws run RPCholesky on prefixes that
+double, ``O(n r (d + r))`` in all, plus ``O(n r d)`` to rebuild ``M`` for new landmarks;
+an ``O(log(n/b))``-deep prefix merge over blocks. Memory ``O(n (b + r))``.
+
+**Decoding** (``prefill`` / ``step``). The state holds the landmarks, ``G_ZZ^{-1} M_c`` of the
+current block, the reference ``rho_c`` and the running value range, so a step costs
+``O(r d + b d)`` whatever the context length; the step that finishes a block folds it into
+``M`` (``O(b r d)``). At a draw block the landmarks are redrawn from the whole prefix -
+``O(t r (d + r))`` at position ``t``, amortised ``O(r (d + r))`` per token since draws come
+when the context doubles - so the state keeps ``q~`` (joint pivot set), ``k~`` and ``v``
+of every position: the memory of a KV cache. The step path follows the same schedule and
+the same random draws as the full forward, so both agree to round-off.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rpka.attention.cache import GrowingBuffer
+from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky
+from rpka.attention.rpka import gather_points
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def next_draw(block: int, block_size: int, rank: int, points_per_position: int) -> int:
+    """The block at which landmarks are redrawn after a draw at ``block``.
+
+    ``block + 1`` while that draw's pool (``block * block_size * points_per_position``
+    points) was no larger than ``rank`` (every pool point was a pivot), else ``2 * block``.
+    """
+    pool = block * block_size * points_per_position
+    return block + 1 if pool <= rank else 2 * block
+
+
+def draw_blocks(n_blocks: int, block_size: int, rank: int, points_per_position: int) -> list[int]:
+    """The draw blocks ``< n_blocks`` in order (empty for one block)."""
+    blocks, block = [], 1
+    while block < n_blocks:
+        blocks.append(block)
+        block = next_draw(block, block_size, rank, points_per_position)
+    return blocks
+
+
+def first_draw_from(n_blocks: int, block_size: int, rank: int, points_per_position: int) -> int:
+    """The first draw block ``>= n_blocks``: where a decoder continuing ``n_blocks`` draws."""
+    block = 1
+    while block < n_blocks:
+        block = next_draw(block, block_size, rank, points_per_position)
+    return block
+
+
+# ----------------------------------------------------------------------------- landmarks
+
+
+@dataclass(frozen=True)
+class LandmarkSampler:
+    """RPCholesky options of :class:`RPKAttention`: how landmarks are drawn from a prefix."""
+
+    rank: int
+    pivot_rule: str
+    pivot_set: str
+    weighting: str
+    tempering: float
+    generator: torch.Generator | None = None
+
+    @property
+    def points_per_position(self) -> int:
+        return 2 if self.pivot_set == "joint" else 1
+
+    def __call__(self, q_s: Tensor | None, k_c: Tensor) -> tuple[Tensor, Tensor]:
+        """Pivots of the points of a prefix: q_s, k_c (..., m, d) -> (..., rank, d), (..., rank).
+
+        Validity is False for padded or skipped pivots (their landmark rows are zero).
+        """
+        points = torch.cat([q_s, k_c], dim=-2) if self.pivot_set == "joint" else k_c
+        pivots = rpcholesky(
+            points,
+            self.rank,
+            self.pivot_rule,
+            self.generator,
+            weighting=self.weighting,
+            tempering=self.tempering,
+        ).pivots
+        pivots = F.pad(pivots, (0, self.rank - pivots.shape[-1]), value=-1)  # rank capped at m
+        return gather_points(points, pivots), pivots >= 0  # differentiable in q and k
+
+
+@dataclass
+class LandmarkSet:
+    """Landmarks ``Z`` (..., r, d), validity (..., r), and the Cholesky factor of ``G_ZZ``."""
+
+    points: Tensor
+    valid: Tensor
+    chol: Tensor
+
+    @classmethod
+    def draw(cls, sampler: LandmarkSampler, q_s: Tensor | None, k_c: Tensor) -> LandmarkSet:
+        points, valid = sampler(q_s, k_c)
+        pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
+        eye = torch.eye(points.shape[-2], dtype=points.dtype, device=points.device)
+        g_ss = torch.where(pair, gaussian_kernel(points, points), eye)
+        # jitter as in rpka.nystrom_softmax: pivots are at least round-off apart
+        jitter = 10 * torch.finfo(points.dtype).eps
+        return cls(points, valid, torch.linalg.cholesky(g_ss + jitter * eye))
+
+    def per_block(self) -> LandmarkSet:
+        """The same landmarks with a block dimension (size 1) before the point dimension."""
+        return LandmarkSet(
+            self.points.unsqueeze(-3), self.valid.unsqueeze(-2), self.chol.unsqueeze(-3)
+        )
+
+    def features(self, x: Tensor) -> Tensor:
+        """``g(x, Z)``: x (..., m, d) -> (..., m, r), zero columns for invalid landmarks."""
+        return gaussian_kernel(x, self.points) * self.valid.unsqueeze(-2).to(x.dtype)
+
+    def moments(self, k_c: Tensor, v: Tensor) -> Moments:
+        """The key moments of eq. (2) over keys k_c (..., m, d) and values v (..., m, d_v)."""
+        log_w = k_c.pow(2).sum(-1) / 2  # log w_j
+        rho = log_w.amax(-1).detach()  # a reference only: out does not depend on it
+        w = torch.exp(log_w - rho.unsqueeze(-1))  # (..., m), max 1
+        wv = torch.cat([w.unsqueeze(-1) * v, w.unsqueeze(-1)], dim=-1)  # (..., m, d_v + 1)
+        return Moments(rho, self.features(k_c).transpose(-1, -2) @ wv, w.sum(-1))
+
+    def solve(self, moments: Moments) -> Tensor:
+        """``G_ZZ^{-1} M``: (..., r, d_v + 1)."""
+        return torch.cholesky_solve(moments.num, self.chol)
+
+
+# ----------------------------------------------------------------------------- moments
+
+
+@dataclass
+class Moments:
+    """Key moments against a log-domain reference ``rho``, for a set of keys ``J``:
+
+    ``num = sum_{j in J} e^{log w_j - rho} g(Z, k'_j) [v_j, 1]``  (..., r, d_v + 1),
+    ``weight = sum_{j in J} e^{log w_j - rho}``  (...),  ``rho``  (...).
+    """
+
+    rho: Tensor
+    num: Tensor
+    weight: Tensor
+
+    def merge(self, other: Moments) -> Moments:
+        """Moments of the union of two disjoint key sets (the online-softmax rescale)."""
+        rho = torch.maximum(self.rho, other.rho)
+        a, b = torch.exp(self.rho - rho), torch.exp(other.rho - rho)
+        num = a[..., None, None] * self.num + b[..., None, None] * other.num
+        return Moments(rho, num, a * self.weight + b * other.weight)
+
+    def part(self, index: slice | int) -> Moments:
+        """Index the last batch dimension (the one before ``num``'s two matrix dims)."""
+        return Moments(self.rho[..., index], self.num[..., index, :, :], self.weight[..., index])
+
+    @staticmethod
+    def cat(parts: list[Moments]) -> Moments:
+        return Moments(
+            torch.cat([p.rho for p in parts], -1),
+            torch.cat([p.num for p in parts], -3),
+            torch.cat([p.weight for p in parts], -1),
+        )
+
+    def unsqueeze(self) -> Moments:
+        return Moments(self.rho.unsqueeze(-1), self.num.unsqueeze(-3), self.weight.unsqueeze(-1))
+
+
+def prefix_merge(moments: Moments) -> Moments:
+    """Inclusive prefix merge along the last batch dimension (Hillis-Steele scan).
+
+    Entry ``s`` of the result merges entries ``0..s``; it reads no later entry, and takes
+    ``ceil(log2 S)`` vectorised rounds instead of ``S`` sequential ones.
+    """
+    size, stride = moments.rho.shape[-1], 1
+    while stride < size:
+        merged = moments.part(slice(None, -stride)).merge(moments.part(slice(stride, None)))
+        moments = Moments.cat([moments.part(slice(None, stride)), merged])
+        stride *= 2
+    return moments
+
+
+# ----------------------------------------------------------------------------- one row set
+
+
+def local_scores(q_s: Tensor, k_local: Tensor, causal: bool) -> Tensor:
+    """``s_ij = q~_i . k'_j - |q~_i|^2/2``: (..., L, d), (..., m, d) -> (..., L, m).
+
+    ``causal`` masks ``j > i`` with ``-inf`` (square blocks).
+    """
+    scores = q_s @ k_local.transpose(-1, -2) - q_s.pow(2).sum(-1, keepdim=True) / 2
+    if causal:
+        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return scores
+
+
+def combine(
+    scores: Tensor,
+    v_local: Tensor,
+    v_low: Tensor,
+    v_high: Tensor,
+    den_floor: float,
+    past: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Eq. (1) for a set of rows, with the guards.
+
+    Args:
+        scores: (..., L, m) local log-terms ``s_ij`` (``-inf`` where masked).
+        v_local: (..., m, d_v) local values.
+        v_low, v_high: (..., L, d_v) the running value range of each row (guard 3).
+        den_floor: relative floor of the past denominator (guard 2).
+        past: ``(values, weight, rho)``: values (..., L, d_v + 1) = eq. (2) ``[num, den]``
+            against the reference ``rho`` (..., 1, 1), and ``weight`` (..., 1, 1) the sum of
+            the past ``w_j`` against ``rho``. ``None`` for rows without a past (exact).
+
+    Returns:
+        out (..., L, d_v), and for rows with a past the bool masks ``floored`` (..., L, 1)
+        and ``clamped`` (..., L, d_v) (``None`` otherwise).
+    """
+    ref = scores.amax(-1, keepdim=True).detach()  # a reference only: cancels in the ratio
+    if past is None:
+        e = torch.exp(scores - ref)
+        return (e @ v_local) / e.sum(-1, keepdim=True), None, None
+    values, weight, rho = past
+    ref = torch.maximum(ref, rho)
+    e = torch.exp(scores - ref)
+    scale = torch.exp(rho - ref)  # brings the past part to the row's reference, <= 1
+    past_den = scale * values[..., -1:]
+    floor = den_floor * scale * weight  # exact past den / sum w is a mean of g in (0, 1]
+    floored = past_den < floor
+    den = e.sum(-1, keepdim=True) + torch.where(floored, floor, past_den)
+    out = (e @ v_local + scale * values[..., :-1]) / den
+    with torch.no_grad():
+        clamped = (out < v_low) | (out > v_high)
+    return torch.minimum(torch.maximum(out, v_low), v_high), floored, clamped
+
+
+def empty_guards(device: torch.device) -> dict[str, Tensor]:
+    return {key: torch.zeros((), dtype=torch.long, device=device) for key in GUARD_KEYS}
+
+
+GUARD_KEYS = ("denominator", "rows", "clamped", "entries")
+
+
+def count_guards(
+    guards: dict[str, Tensor], floored: Tensor, clamped: Tensor, rows: Tensor | None = None
+) -> None:
+    """Add the guards that fired on real rows (``rows`` (..., L, 1) bool; None = all)."""
+    if rows is None:
+        rows = torch.ones_like(floored)
+    rows = rows.expand_as(floored)
+    guards["denominator"] += (floored & rows).sum()
+    guards["rows"] += rows.sum()
+    guards["clamped"] += (clamped & rows).sum()
+    guards["entries"] += rows.sum() * clamped.shape[-1]
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+def to_blocks(x: Tensor, block_size: int) -> Tensor:
+    """(..., n, e) -> (..., ceil(n/b), b, e), zero padded at the end."""
+    pad = -x.shape[-2] % block_size
+    return F.pad(x, (0, 0, 0, pad)).unflatten(-2, (-1, block_size))
+
+
+@dataclass
+class ForwardTail:
+    """What a decoder needs from the forward: centre, last landmarks, their moments."""
+
+    centre: Tensor | None
+    landmarks: LandmarkSet | None
+    moments: Moments | None  # over the positions before the last block
+    next_draw: int
+
+
+def causal_forward(
+    q_s: Tensor,
+    k_s: Tensor,
+    v: Tensor,
+    block_size: int,
+    sampler: LandmarkSampler,
+    den_floor: float,
+) -> tuple[Tensor, dict[str, Tensor], ForwardTail]:
+    """Causal RPKA, eqs. (1)-(2), for scaled q_s, k_s (..., n, d) and v (..., n, d_v).
+
+    Returns out (..., n, d_v), guard counts and the :class:`ForwardTail`.
+    """
+    n, b = q_s.shape[-2], block_size
+    n_blocks = math.ceil(n / b)
+    centre = k_s[..., :b, :].mean(-2, keepdim=True)  # keys of block 0 only
+    k_c = k_s - centre
+    k_local = torch.cat([k_s[..., :b, :], k_c[..., b:, :]], dim=-2)
+    q_b, k_b, v_b = (to_blocks(x, b) for x in (q_s, k_local, v))
+    scores = local_scores(q_b, k_b, causal=True)  # (..., C, b, b)
+    v_low = to_blocks(torch.cummin(v, dim=-2).values, b)
+    v_high = to_blocks(torch.cummax(v, dim=-2).values, b)
+    is_real = to_blocks(torch.ones_like(v[..., :1], dtype=torch.bool), b)  # not padding
+
+    guards = empty_guards(q_s.device)
+    outs = [combine(scores[..., 0, :, :], v_b[..., 0, :, :], v_low, v_high, den_floor)[0]]
+    landmarks = moments = None
+    draws = draw_blocks(n_blocks, b, sampler.rank, sampler.points_per_position)
+    for start, stop in itertools.pairwise([*draws, n_blocks]):  # one landmark epoch each
+        landmarks = LandmarkSet.draw(sampler, q_s[..., : start * b, :], k_c[..., : start * b, :])
+        moments = epoch_moments(landmarks, k_c, v, start, stop, b)  # block s: keys < sb
+        blocks = landmarks.per_block()
+        values = blocks.features(q_b[..., start:stop, :, :]) @ blocks.solve(moments)
+        past = (values, moments.weight[..., None, None], moments.rho[..., None, None])
+        rows = slice(start, stop)
+        out, floored, clamped = combine(
+            scores[..., rows, :, :],
+            v_b[..., rows, :, :],
+            v_low[..., rows, :, :],
+            v_high[..., rows, :, :],
+            den_floor,
+            past,
+        )
+        count_guards(guards, floored, clamped, is_real[..., rows, :, :])
+        outs.append(out)
+    out = torch.cat([outs[0].unsqueeze(-3), *outs[1:]], dim=-3).flatten(-3, -2)[..., :n, :]
+    tail = ForwardTail(
+        centre if n >= b else None,
+        landmarks,
+        moments.part(-1) if moments is not None else None,
+        first_draw_from(n_blocks, b, sampler.rank, sampler.points_per_position),
+    )
+    return out, guards, tail
+
+
+def epoch_moments(
+    landmarks: LandmarkSet, k_c: Tensor, v: Tensor, start: int, stop: int, block_size: int
+) -> Moments:
+    """Moments ``M_c`` for the blocks ``c = start .. stop-1`` of one landmark epoch.
+
+    ``M_c`` covers the keys before block ``c``: the prefix before ``start`` in one piece,
+    then one block at a time, merged by :func:`prefix_merge`. Shapes (..., stop - start, ...).
+    """
+    b = block_size
+    first = landmarks.moments(k_c[..., : start * b, :], v[..., : start * b, :]).unsqueeze()
+    if stop - start == 1:
+        return first
+    later = slice(start * b, (stop - 1) * b)
+    k_blocks = k_c[..., later, :].unflatten(-2, (-1, b))
+    v_blocks = v[..., later, :].unflatten(-2, (-1, b))
+    blocks = landmarks.per_block().moments(k_blocks, v_blocks)
+    return prefix_merge(Moments.cat([first, blocks]))
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+@dataclass
+class CausalState:
+    """Decoding state of causal RPKA after ``length`` tokens (see the module docstring).
+
+    Buffers hold scaled queries (joint pivot set only), scaled uncentred keys and values
+    of every position; ``moments``/``core`` cover the positions before the current block.
+    """
+
+    queries: GrowingBuffer | None
+    keys: GrowingBuffer
+    values: GrowingBuffer
+    centre: Tensor | None
+    landmarks: LandmarkSet | None
+    moments: Moments | None
+    core: Tensor | None  # G_ZZ^{-1} M of the current block, (..., r, d_v + 1)
+    next_draw: int
+    v_low: Tensor  # (..., 1, d_v) running min of the values
+    v_high: Tensor
+    guards: dict[str, Tensor]
+
+    @property
+    def length(self) -> int:
+        return self.keys.length
+
+
+def causal_prefill(
+    q_s: Tensor,
+    k_s: Tensor,
+    v: Tensor,
+    block_size: int,
+    sampler: LandmarkSampler,
+    den_floor: float,
+    capacity: int | None = None,
+) -> tuple[Tensor, CausalState]:
+    """The causal forward over a prompt and the state that continues it."""
+    out, guards, tail = causal_forward(q_s, k_s, v, block_size, sampler, den_floor)
+    state = CausalState(
+        queries=GrowingBuffer(q_s, capacity) if sampler.pivot_set == "joint" else None,
+        keys=GrowingBuffer(k_s, capacity),
+        values=GrowingBuffer(v, capacity),
+        centre=tail.centre,
+        landmarks=tail.landmarks,
+        moments=tail.moments,
+        core=tail.landmarks.solve(tail.moments) if tail.landmarks is not None else None,
+        next_draw=tail.next_draw,
+        v_low=v.amin(-2, keepdim=True),
+        v_high=v.amax(-2, keepdim=True),
+        guards=guards,
+    )
+    if state.length % block_size == 0:  # the prompt ends a block: get the next one ready
+        close_block(state, state.length // block_size - 1, block_size, sampler)
+    return out, state
+
+
+def causal_step(
+    q_s: Tensor,
+    k_s: Tensor,
+    v: Tensor,
+    state: CausalState,
+    block_size: int,
+    sampler: LandmarkSampler,
+    den_floor: float,
+) -> Tensor:
+    """Row ``t = state.length`` of eq. (1) for one token q_s, k_s (..., 1, d), v (..., 1, d_v).
+
+    O(r d + b d); the step that ends a block also folds it into the moments.
+    """
+    b = block_size
+    block, offset = divmod(state.length, b)
+    if state.queries is not None:
+        state.queries.append(q_s)
+    state.keys.append(k_s)
+    state.values.append(v)
+    state.v_low = torch.minimum(state.v_low, v)
+    state.v_high = torch.maximum(state.v_high, v)
+    k_local = state.keys.view(block * b)
+    if block > 0:
+        k_local = k_local - state.centre
+    scores = local_scores(q_s, k_local, causal=False)  # every local key is <= t
+    v_local = state.values.view(block * b)
+    if block == 0:
+        out = combine(scores, v_local, state.v_low, state.v_high, den_floor)[0]
+    else:
+        values = state.landmarks.features(q_s) @ state.core
+        moments = state.moments
+        past = (values, moments.weight[..., None, None], moments.rho[..., None, None])
+        out, floored, clamped = combine(scores, v_local, state.v_low, state.v_high, den_floor, past)
+        count_guards(state.guards, floored, clamped)
+    if offset == b - 1:
+        close_block(state, block, b, sampler)
+    return out
+
+
+def close_block(state: CausalState, block: int, block_size: int, sampler: LandmarkSampler) -> None:
+    """Block ``block`` is complete: prepare block ``block + 1`` (fold it in, or redraw)."""
+    b = block_size
+    end = (block + 1) * b
+    if block == 0:
+        state.centre = state.keys.view(0, b).mean(-2, keepdim=True)
+    if block + 1 == state.next_draw:
+        queries = state.queries.view(0, end) if state.queries is not None else None
+        k_c = state.keys.view(0, end) - state.centre
+        state.landmarks = LandmarkSet.draw(sampler, queries, k_c)
+        state.moments = state.landmarks.moments(k_c, state.values.view(0, end))
+        state.next_draw = next_draw(block + 1, b, sampler.rank, sampler.points_per_position)
+    else:
+        k_c = state.keys.view(block * b, end) - state.centre
+        block_moments = state.landmarks.moments(k_c, state.values.view(block * b, end))
+        state.moments = state.moments.merge(block_moments)
+    state.core = state.landmarks.solve(state.moments)
+
+
+# ----------------------------------------------------------------------------- module glue
+
+
+class CausalOptions:  # the attributes of RPKAttention read here (typing aid only)
+    rank: int
+    pivot_rule: str
+    pivot_set: str
+    weighting: str
+    tempering: float
+    den_floor: float
+    block_size: int
+    generator: torch.Generator | None
+
+
+def sampler_of(attn: CausalOptions) -> LandmarkSampler:
+    return LandmarkSampler(
+        attn.rank, attn.pivot_rule, attn.pivot_set, attn.weighting, attn.tempering, attn.generator
+    )
+
+
+def scaled(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``q d^{-1/4}``, ``k d^{-1/4}``, v in the compute dtype (float64 stays, else float32)."""
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = q.shape[-1] ** -0.25
+    return q.to(compute) * scale, k.to(compute) * scale, v.to(compute)
+
+
+def attend(attn: CausalOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, dict]:
+    """Causal RPKA forward for ``RPKAttention(causal=True)``: out (B, H, n, d_v), guards."""
+    out, guards, _ = causal_forward(
+        *scaled(q, k, v), attn.causal_block, sampler_of(attn), attn.den_floor
+    )
+    return out.to(q.dtype), guards
+
+
+def prefill(
+    attn: CausalOptions, q: Tensor, k: Tensor, v: Tensor, capacity: int | None
+) -> tuple[Tensor, CausalState]:
+    out, state = causal_prefill(
+        *scaled(q, k, v), attn.causal_block, sampler_of(attn), attn.den_floor, capacity
+    )
+    return out.to(q.dtype), state
+
+
+def step(
+    attn: CausalOptions, q: Tensor, k: Tensor, v: Tensor, state: CausalState
+) -> tuple[Tensor, CausalState]:
+    if not isinstance(state, CausalState):
+        raise ValueError(f"state must be the CausalState from prefill, got {type(state).__name__}")
+    out = causal_step(*scaled(q, k, v), state, attn.causal_block, sampler_of(attn), attn.den_floor)
+    return out.to(q.dtype), state

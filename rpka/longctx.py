@@ -1,0 +1,374 @@
+"""Long-context training: exact attention against RPKA at contexts 512 and 2,048 (issue 6).
+
+    python -m rpka longctx --preset {smoke,quick,full} [--out DIR] [--contexts 512 2048]
+        [--ranks 16 64 128] [--seeds N] [--workers N] [--no-progress]
+
+The study is the forecast bench (:func:`rpka.bench.run_bench`) run once per context
+length, on the preset's template (``rpka.presets.LONGCTX_PRESETS``): the same protocol -
+learning rates chosen on validation with the sweep seeds, fresh evaluation seeds scored on
+test, each RPKA arm compared seed by seed with ``exact`` (Holm across the arms of one
+context) - at the shapes this study can afford. Per context and arm it reports:
+
+* ``step_ms``: median wall time of a training step (forward, backward, Adam update) of the
+  evaluation runs after their warm-up steps, as the bench measures it (``step_members``
+  seeds stacked in one model, each of ``batch_size`` windows; one thread per worker);
+* ``peak_mib``: peak memory of one such training step above what was allocated before it
+  (weights, Adam state, the batch), from :func:`training_step_peak_mib`: on a GPU
+  ``torch.cuda.max_memory_allocated``, on the CPU the running sum of the tensor
+  allocations ``torch.profiler`` records - ``rpka.scaling.peak_memory_mib``, whose caveats
+  (PyTorch tensors only, operator granularity) apply;
+* ``test_mse``: per evaluation seed, and the paired comparison with ``exact``.
+
+Everything is written to ``<out>/longctx.json`` (keys documented in ``docs/longctx.md``)
+after each context, atomically; each context's bench keeps its own folder
+``<out>/longctx/context-<n>/`` (``bench_report.json`` and the run files), so an
+interrupted study resumes run by run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rpka.bench import (
+    default_executor,
+    device_description,
+    run_bench,
+    seed_groups,
+    versions,
+)
+from rpka.io import write_json
+from rpka.paths import resolve
+from rpka.presets import (
+    DEVICES,
+    LONGCTX_PRESETS,
+    BenchConfig,
+    LongContextConfig,
+    TrackConfig,
+    get_longctx_preset,
+)
+from rpka.scaling import peak_memory_mib
+from rpka.tracks import get_track
+from rpka.train import build_model, make_run_config
+
+LONGCTX_VERSION = "1.0"
+DEFAULT_OUT = "data/results/{preset}"
+DEFAULT_DATA_DIR = "data/cache"
+FILE_NAME = "longctx.json"
+MiB = 2**20
+
+
+# --------------------------------------------------------------------------- peak memory
+
+
+def training_step_peak_mib(run_config: dict[str, Any]) -> dict[str, Any]:
+    """Peak memory of one training step of a run's model, above what it held before.
+
+    Builds the run's stacked model (``rpka.train.build_model``: S = ``len(seeds)``
+    members), takes one untimed step so that Adam's state exists, then measures a second
+    step - forward on S x ``batch_size`` training windows, the summed per-member MSE,
+    backward, Adam update, gradients freed - with ``rpka.scaling.peak_memory_mib``. The
+    memory held before it (weights, Adam state, batch) is not counted; activations kept for
+    backward, gradients and the attention's temporaries are. A pure function of
+    ``run_config`` (the executor seam of ``rpka.bench``).
+    """
+    device = torch.device(run_config["device"])
+    track_config = TrackConfig(**run_config["track"])
+    track = get_track(track_config.name, track_config, run_config.get("data_dir"))
+    model = build_model(run_config, track_config, device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=run_config["lr"])
+    n_members, batch = len(run_config["seeds"]), run_config["train"]["batch_size"]
+    # which windows does not change the memory: the first S x B, wrapping around
+    index = torch.arange(n_members * batch).remainder(len(track.train)).view(n_members, batch)
+    x, y = track.train.x[index].to(device), track.train.y[index].to(device)
+
+    def step() -> None:
+        loss = (model(x) - y).pow(2).mean((1, 2)).sum()  # each member's gradient is its own
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    return {
+        "peak_mib": peak_memory_mib(step, device.type),
+        "members": n_members,
+        "batch_size": batch,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def probe_run_config(bench: BenchConfig, arm_name: str, data_dir: str) -> dict[str, Any]:
+    """The memory probe's run: the arm's first evaluation seed group (as many members as a
+    timed evaluation step), at the first learning rate (the rate does not change memory)."""
+    seeds = seed_groups(bench, "eval")[0]
+    return make_run_config(
+        bench, bench.arm(arm_name), bench.learning_rates[0], seeds, "test", data_dir
+    )
+
+
+# --------------------------------------------------------------------------- the study
+
+
+def run_longctx(
+    config: LongContextConfig,
+    out_dir: str | os.PathLike | None = None,
+    executor: cf.Executor | None = None,
+    progress: bool = True,
+    data_dir: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the long-context study; write and return ``longctx.json``.
+
+    Args:
+        config: the study (``rpka.presets.get_longctx_preset``).
+        out_dir: results folder (default ``data/results/<preset>``); ``longctx.json`` goes
+            there, each context's bench to ``longctx/context-<n>/``.
+        executor: where runs and memory probes go (``concurrent.futures`` interface);
+            default ``rpka.bench.default_executor(config.bench.n_workers)``, shared by
+            every context. A given executor is not shut down.
+        progress: tqdm bars.
+        data_dir: the track cache (default ``data/cache``).
+    """
+    config.validate()
+    started = time.perf_counter()
+    out = resolve(out_dir or DEFAULT_OUT.format(preset=config.preset))
+    data_dir = str(resolve(data_dir or DEFAULT_DATA_DIR))
+    result = header(config)
+    own_executor = executor is None
+    executor = executor or default_executor(config.bench.n_workers)
+    try:
+        for context in config.contexts:
+            bench = config.bench_for(context)
+            get_track(bench.track.name, bench.track, data_dir)  # cached once, before the workers
+            probes = {}
+            if config.memory_probe:  # queued first: they run beside the bench's runs
+                for arm in bench.arms:
+                    run_config = probe_run_config(bench, arm.name, data_dir)
+                    probes[arm.name] = executor.submit(training_step_peak_mib, run_config)
+            bench_dir = out / "longctx" / f"context-{context}"
+            report = run_bench(bench, bench_dir, executor, progress, data_dir)
+            memory = {name: future.result() for name, future in probes.items()}
+            result["rows"] += context_rows(bench, report, memory)
+            result["per_context"][str(context)] = context_entry(report, bench_dir, out)
+            result["wall_s"] = time.perf_counter() - started
+            write_json(out / FILE_NAME, result)
+    finally:
+        if own_executor:
+            executor.shutdown(cancel_futures=True)
+    result["load_average_end"] = _load_average()
+    result["wall_s"] = time.perf_counter() - started
+    write_json(out / FILE_NAME, result)
+    return result
+
+
+def header(config: LongContextConfig) -> dict[str, Any]:
+    """Everything but the measurements: what was run, where, how it is measured."""
+    bench = config.bench
+    model = bench.model
+    return {
+        "longctx_version": LONGCTX_VERSION,
+        "preset": config.preset,
+        "contexts": list(config.contexts),
+        "protocol": (
+            f"reduced: {model.n_layers} encoder layer(s) of width {model.d_model} with "
+            f"{model.n_heads} head(s), linear skip {'on' if model.linear_skip else 'off'}, "
+            f"head initialised with std {model.head_init_std:g}; per context "
+            f"{bench.track.n_series} series with "
+            f"{config.train_windows} training and {config.eval_windows} validation / test "
+            f"windows each (stride {bench.track.stride}); {bench.train.epochs} epoch(s) of "
+            f"batch {bench.train.batch_size}; learning rate(s) "
+            f"{', '.join(f'{lr:g}' for lr in bench.learning_rates)} on "
+            f"{len(bench.sweep_seeds)} sweep seed(s); {len(bench.eval_seeds)} evaluation "
+            "seeds. The main study trains 2 layers of width 32 with 2 heads, linear skip on, head "
+            "std 0.02, on 34 series for 4 epochs and sweeps 3 learning rates with 8 evaluation "
+            "seeds."
+        ),
+        "step_time_definition": (
+            "median wall time of the evaluation runs' training steps after "
+            f"{bench.train.warmup_steps} warm-up step(s) (forward, backward, Adam update), "
+            "seeds stacked in one model, one thread per worker process"
+        ),
+        "memory_definition": (
+            "peak of one training step above the memory held before it (weights, Adam "
+            "state, batch): "
+            + (
+                "torch.cuda.max_memory_allocated"
+                if bench.device == "cuda"
+                else "running sum of torch.profiler tensor allocations, operator granularity "
+                "(PyTorch tensors only; transient buffers inside one operator are missed)"
+            )
+        ),
+        "config": config.to_dict(),
+        "device": device_description(bench.device),
+        "device_type": bench.device,
+        "n_workers": bench.n_workers,
+        "versions": versions(),
+        "load_average_start": _load_average(),
+        "load_average_end": None,
+        "wall_s": None,
+        "rows": [],
+        "per_context": {},
+    }
+
+
+def context_rows(
+    bench: BenchConfig, report: dict[str, Any], memory: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One row per arm of one context's bench report (and memory probe)."""
+    context = bench.track.context
+    timings = report["timings"]
+    base_name = bench.baseline_arm
+    rows = []
+    for name, arm in report["arms"].items():
+        full = arm["full"]
+        probe = memory.get(name)
+        base_probe = memory.get(base_name)
+        peak = probe["peak_mib"] if probe else None
+        base_peak = base_probe["peak_mib"] if base_probe else None
+        rows.append(
+            {
+                "context": context,
+                "arm": name,
+                "method": arm["method"],
+                "rank": arm["rank"],
+                "pivot_points": arm["pivot_points"],
+                "lr": arm["best_cfg"]["lr"],
+                "seeds": arm["seeds"],
+                "test_mse_per_seed": full["per_seed"],
+                "test_mse_mean": full["mean"],
+                "test_mse_sd": full["std"],
+                "n_diverged": arm["n_diverged"],
+                "step_ms": timings["step_ms_median"].get(name),
+                "step_ratio_vs_exact": timings["step_ratio_vs_baseline"].get(name),
+                "step_members": timings["step_members"],
+                "batch_size": bench.train.batch_size,
+                "peak_mib": peak,
+                "peak_ratio_vs_exact": peak / base_peak if peak and base_peak else None,
+                "peak_members": probe["members"] if probe else None,
+                "guard_counts": arm["guard_counts"],
+                "comparison": arm["comparison"],
+            }
+        )
+    return rows
+
+
+def context_entry(report: dict[str, Any], bench_dir: Path, out: Path) -> dict[str, Any]:
+    """What one context's bench says beyond the rows: data, naive forecasts, timings."""
+    naive = report["naive_baselines"]["forecasts"]
+    return {
+        "bench_report": str((bench_dir / "bench_report.json").relative_to(out)),
+        "data": report["data"],
+        "naive_test_mse": {name: f["test"]["mse"] for name, f in naive.items()},
+        "learnability_met": report["learnability"]["met"],
+        "wall_s": report["timings"]["phases"]["total_s"],
+        "n_runs": report["timings"]["n_runs"],
+        "n_runs_resumed": report["timings"]["n_runs_resumed"],
+        "load_average_start": report["timings"]["load_average_start"],
+        "load_average_end": report["timings"]["load_average_end"],
+    }
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        return None
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """A plain-text table: step time, peak memory and test MSE per context and arm."""
+    lines = [
+        f"{'context':>7} {'arm':<10} {'step ms':>9} {'peak MiB':>9} {'test MSE':>18} "
+        f"{'vs exact [95% CI]':>30}"
+    ]
+
+    def fmt(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    for row in result["rows"]:
+        cmp_ = row["comparison"]
+        versus = "-"
+        if cmp_ is not None and cmp_["delta_mean"] is not None:
+            versus = (
+                f"{cmp_['delta_mean']:+.4f} [{fmt(cmp_['ci_low'], '+.4f')}, "
+                f"{fmt(cmp_['ci_high'], '+.4f')}]"
+            )
+        lines.append(
+            f"{row['context']:>7} {row['arm']:<10} {fmt(row['step_ms'], '9.1f'):>9} "
+            f"{fmt(row['peak_mib'], '9.1f'):>9} {fmt(row['test_mse_mean'], '9.4f'):>9} +- "
+            f"{fmt(row['test_mse_sd'], '6.4f'):<6} {versus:>30}"
+        )
+    lines.append(f"protocol: {result['protocol']}")
+    lines.append(
+        f"device: {result['device']}; wall {result['wall_s']:.0f} s; load average "
+        f"{result['load_average_start']} -> {result['load_average_end']}"
+    )
+    return lines
+
+
+def parse_config(argv: Sequence[str] | None = None) -> tuple[LongContextConfig, argparse.Namespace]:
+    """Parse the command line into a validated config; bad values exit with an error."""
+    parser = argparse.ArgumentParser(
+        prog="python -m rpka longctx",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("--preset", choices=sorted(LONGCTX_PRESETS), default="full")
+    parser.add_argument("--out", help="results folder (default data/results/<preset>)")
+    parser.add_argument("--contexts", type=int, nargs="+", help="context lengths")
+    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
+    parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
+    parser.add_argument("--device", choices=DEVICES)
+    parser.add_argument("--workers", type=int, help="parallel worker processes")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory probes")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+
+    overrides: dict[str, Any] = {}
+    if args.contexts is not None:
+        overrides["contexts"] = args.contexts
+    if args.ranks is not None:
+        overrides["ranks"] = args.ranks
+        preset_primary = LONGCTX_PRESETS[args.preset].bench.primary_arm
+        if preset_primary in {f"rpka-r{r}" for r in args.ranks}:
+            overrides["primary_arm"] = preset_primary
+    if args.seeds is not None:
+        if args.seeds < 1:
+            parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
+        first = max(LONGCTX_PRESETS[args.preset].bench.sweep_seeds) + 100
+        overrides["eval_seeds"] = tuple(range(first, first + args.seeds))
+    if args.device is not None:
+        overrides["device"] = args.device
+    if args.workers is not None:
+        overrides["n_workers"] = args.workers
+    if args.no_memory:
+        overrides["memory_probe"] = False
+    try:
+        config = get_longctx_preset(args.preset, **overrides)
+    except ValueError as err:
+        parser.error(str(err))
+    if config.bench.device == "cuda" and not torch.cuda.is_available():
+        parser.error("argument --device: cuda requested but CUDA is not available")
+    return config, args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    config, args = parse_config(argv)
+    out = resolve(args.out or DEFAULT_OUT.format(preset=config.preset))
+    result = run_longctx(config, out, progress=not args.no_progress)
+    print("\n".join(summary_lines(result)), file=sys.stdout)
+    print(f"written to {out / FILE_NAME}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""The report's prose, written from the result files: every number here is read from a
+result dict, never typed by hand. Each function returns Markdown for ``06_report``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
+
+
+def setup(report: Mapping) -> str:
+    """Track, model, arms and protocol of a bench report."""
+    cfg = report["config"]
+    data = report["data"]
+    model, train = cfg["model"], cfg["train"]
+    arms = ", ".join(
+        f"`{a['name']}`" + (f" ({a['options']})" if a["options"] else "") for a in cfg["arms"]
+    )
+    metric = report["metric"] if report["track"] == "lm" else report["metric"].upper()
+    protocol = (
+        f"**Arms.** {arms}. Baseline `{report['baseline_arm']}` (torch SDPA); primary arm "
+        f"`{report['primary_arm']}`.\n\n"
+        f"**Protocol.** Learning rates {cfg['learning_rates']} swept on validation with seeds "
+        f"{cfg['sweep_seeds']}; each arm's best rate then trained with {report['n_seeds']} fresh "
+        f"evaluation seeds {cfg['eval_seeds']} and scored on test ({metric}, "
+        f"lower is better). A seed fixes data order and initialisation for both arms of a pair."
+    )
+    if report["track"] == "lm":
+        track = cfg["track"]
+        return (
+            f"**Track `lm`.** Token sequences from a seeded Markov source with copies: "
+            f"{track['vocab_size']} content tokens from an order-{track['order']} Markov chain, "
+            f"and copy markers (lags {data['copy_lags']}) after which the next "
+            f"{track['copy_length']} tokens repeat the token that many positions back. Its "
+            f"entropy is exact, so perplexity has a known floor. {data['n_train_sequences']} "
+            f"training, {data['n_val_sequences']} validation and {data['n_test_sequences']} "
+            f"test sequences of {data['seq_len']} tokens ({data['n_tokens']} token types).\n\n"
+            f"**Model `{report['model']}` in causal mode.** A decoder of {model['n_layers']} "
+            f"pre-norm causal layers, d_model {model['d_model']}, {model['n_heads']} heads, "
+            f"learned positions, output head tied to the token embedding; it reads tokens "
+            f"0..{data['seq_len'] - 2} and predicts 1..{data['seq_len'] - 1} (attention sees "
+            f"{data['attention_tokens']} tokens). Cross-entropy, Adam, {train['epochs']} "
+            f"epochs, batch {train['batch_size']}, {train['lr_schedule']} schedule.\n\n" + protocol
+        )
+    return (
+        f"**Track `{report['track']}`.** Synthetic univariate series from a seeded generator "
+        f"(daily season with multiplicative weekly modulation, regimes with their own "
+        f"oscillations, level jumps, AR(1) noise and trend). Windows of context "
+        f"{data['context']} and horizon {data['horizon']}, each standardised by its own "
+        f"context: {data['n_train_windows']} training, {data['n_val_windows']} validation and "
+        f"{data['n_test_windows']} test windows, split chronologically.\n\n"
+        f"**Model `{report['model']}`.** {model['n_layers']} pre-norm encoder layers, "
+        f"d_model {model['d_model']}, {model['n_heads']} heads, one token per time step "
+        f"(attention sees {data['context']} tokens), a linear context-to-horizon skip. "
+        f"Adam, {train['epochs']} epochs, batch {train['batch_size']}, "
+        f"{train['lr_schedule']} schedule.\n\n" + protocol
+    )
+
+
+def headline(report: Mapping) -> str:
+    """The primary comparison in two sentences, with its statistics."""
+    c = report["comparison"]
+    base, idea = report["baseline"], report["idea"]
+    metric = report["metric"].upper()
+    return (
+        f"**{report['primary_arm']} vs {report['baseline_arm']}:** test {metric} "
+        f"{_fmt(idea['full']['mean'])} ± {_fmt(idea['full']['std'])} against "
+        f"{_fmt(base['full']['mean'])} ± {_fmt(base['full']['std'])} (mean ± sd over "
+        f"{c['n_pairs']} seeds). Paired delta {c['delta_mean']:+.4f}, 95 % CI "
+        f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]; the idea wins {c['idea_wins']}/"
+        f"{c['n_pairs']} seeds; sign-flip p = {c['p_value']:.3g} ({c['p_value_method']}), "
+        f"Holm-adjusted p = {c['p_adjusted']:.3g}. **Verdict: {c['verdict']}.** "
+        f"With {c['n_pairs']} pairs the minimum detectable effect at α = 0.05 and 80 % power "
+        f"is {c['mde']:.4f} ({c['mde_rel_pct']:.1f} % of exact's mean); the CI half-width is "
+        f"{c['ci_halfwidth']:.4f}."
+    )
+
+
+def learnability(report: Mapping) -> str:
+    """Whether the task was learned: exact attention against the naive baselines (forecast)
+    or against the best n-gram model and the perplexity floor (lm)."""
+    le = report["learnability"]
+    met = "met" if le["met"] else "**not met**"
+    if report["track"] == "lm":
+        return (
+            f"Exact attention's test perplexity {le['baseline_test_perplexity']:.3f} "
+            f"(NLL {le['baseline_test_nll']:.4f} nats) against the best n-gram model "
+            f"(`{le['best_ngram']}`) {le['best_ngram_perplexity']:.3f} "
+            f"({le['best_ngram_nll']:.4f} nats) and the exact floor "
+            f"{le['floor_perplexity']:.3f} ({le['floor_nll']:.4f} nats): it closes "
+            f"{le['gap_closed']:.0%} of the gap between the n-gram model and the floor "
+            f"(required ≥ {le['gap_closed_required']:.0%}): the learnability bar is {met}."
+        )
+    return (
+        f"Exact attention's test MSE {le['baseline_test_mse']:.4f} is "
+        f"{le['ratio_to_better_naive']:.2f} × the better of the mean and last-value forecasts "
+        f"(required ≤ {le['ratio_required']}) and {le['ratio_to_linear']:.3f} × the "
+        f"least-squares linear forecast ({le['linear_mse']:.4f}; required ≤ 1): the "
+        f"learnability bar is {met}."
+    )
+
+
+def step_times(report: Mapping) -> str:
+    """Training step time of each arm against the baseline's, at the bench's shapes."""
+    t = report["timings"]
+    ratios = t["step_ratio_vs_baseline"]
+    parts = [
+        f"`{arm}` {t['step_ms_median'][arm]:.1f} ms ({ratios[arm]:.2f}×)"
+        for arm in t["step_ms_median"]
+    ]
+    return (
+        f"Median training step ({t['step_members']} seeds stacked, one thread per worker): "
+        + "; ".join(parts)
+        + "."
+    )
+
+
+def scaling_summary(scaling: Mapping, rank: int = 64) -> str:
+    """Forward latency of rpka at ``rank`` against exact, per length, from a scaling JSON."""
+    rows = scaling["rows"]
+    exact = {r["n"]: r for r in rows if r["method"] == "exact" and r.get("forward_ms")}
+    ours = {
+        r["n"]: r
+        for r in rows
+        if r["method"] == "rpka" and r.get("rank") == rank and r.get("forward_ms")
+    }
+    lengths = sorted(set(exact) & set(ours))
+    if not lengths:
+        return f"No rpka r={rank} forward measurements in this file."
+    cells = ", ".join(
+        f"n={n}: {ours[n]['forward_ms']:.1f} vs {exact[n]['forward_ms']:.1f} ms "
+        f"({exact[n]['forward_ms'] / ours[n]['forward_ms']:.1f}×)"
+        for n in lengths
+    )
+    return (
+        f"On {scaling['device']} ({scaling.get('shapes', '')}, {scaling.get('dtype', '')}), "
+        f"rpka r={rank} forward against exact: {cells}."
+    )
+
+
+def lm_floor_gaps(report: Mapping) -> str:
+    """Track lm: every arm's test perplexity next to the exact floor, and the gaps."""
+    floor = report["naive_baselines"]["floor"]
+    rate = report["naive_baselines"]["entropy_rate"]
+    parts = [
+        f"`{arm}` {e['floor_gap']['perplexity_mean']:.3f} "
+        f"(+{e['floor_gap']['perplexity_gap']:.3f}; NLL +{e['floor_gap']['nll_gap']:.4f} nats)"
+        for arm, e in report["arms"].items()
+    ]
+    return (
+        f"The source's exact perplexity floor for these sequences is {floor['perplexity']:.3f} "
+        f"({floor['nll']:.4f} nats/token; stationary entropy rate {rate['nll']:.4f} nats, "
+        f"perplexity {rate['perplexity']:.3f}). Mean test perplexity over "
+        f"{report['n_seeds']} seeds, with the gap to the floor: " + "; ".join(parts) + "."
+    )

@@ -1,0 +1,210 @@
+"""The study as the notebooks see it: their parameters per preset, and the steps they call.
+
+``notebook_parameters(preset)`` is the one place where a preset becomes notebook
+parameters (paths of the result files that pass between notebooks, figure folders); the
+notebooks' own ``parameters`` cells hold the smoke values of the same (a test checks it).
+The functions below keep the notebooks thin: each loads a result file, or computes it if
+it is missing (every computation resumes from its run files).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rpka import bench
+from rpka.io import read_json
+from rpka.paths import resolve
+from rpka.presets import BenchConfig, get_preset
+from rpka.tracks import get_track
+from rpka.train import load_trained, make_run_config, run_id
+
+NOTEBOOKS = (
+    "01_train.ipynb",
+    "02_sweep.ipynb",
+    "03_deltas.ipynb",
+    "04_mechanism.ipynb",
+    "05_scaling.ipynb",
+    "06_report.ipynb",
+)
+
+
+def results_dir(preset: str) -> str:
+    return f"data/results/{preset}"
+
+
+def lm_results_dir(preset: str) -> str:
+    """Where the study's lm bench writes: ``data/results/<preset>/lm``."""
+    return bench.default_out(get_preset(preset, "lm"))
+
+
+def figures_dir(preset: str) -> str:
+    return f"figures/{preset}"
+
+
+def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
+    """Each notebook's parameters for ``preset`` (all literals, relative to the repo root)."""
+    results, figures = results_dir(preset), figures_dir(preset)
+    report = f"{results}/bench_report.json"
+    return {
+        "01_train.ipynb": {"preset": preset, "run_dir": f"{results}/train", "figures_dir": figures},
+        "02_sweep.ipynb": {"preset": preset, "results_dir": results, "figures_dir": figures},
+        "03_deltas.ipynb": {"bench_report": report, "figures_dir": figures},
+        "04_mechanism.ipynb": {
+            "mechanism_json": f"{results}/mechanism.json",
+            "figures_dir": figures,
+        },
+        "05_scaling.ipynb": {
+            "scaling_cpu_json": f"{results}/scaling_cpu.json",
+            "scaling_gpu_json": "data/results/scaling/gpu_h200.json",
+            "decode_json": "data/results/scaling/decode_cpu.json",
+            "longctx_json": f"{results}/longctx.json",
+            "figures_dir": figures,
+        },
+        "06_report.ipynb": {
+            "preset": preset,
+            "results_dir": results,
+            "lm_results_dir": f"{results}/lm",
+            "decode_json": "data/results/scaling/decode_cpu.json",
+            "scaling_gpu_json": "data/results/scaling/gpu_h200.json",
+            "figures_dir": figures,
+        },
+    }
+
+
+# --------------------------------------------------------------------------- compute
+
+# the CPU latency sweep each preset re-measures (rpka.scaling presets)
+SCALING_PRESET = {"smoke": "tiny", "quick": "tiny", "full": "cpu"}
+
+
+def scaling_json(preset: str) -> str:
+    return f"{results_dir(preset)}/scaling_cpu.json"
+
+
+def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callable[[], object]]]:
+    """The study's computations for ``preset``, in order, each resumable or cheap.
+
+    ``python -m rpka report`` runs these first (progress in the terminal), then the
+    notebooks, which load what these wrote (and compute it themselves if it is missing).
+    """
+    from rpka import scaling
+    from rpka.longctx import run_longctx
+    from rpka.presets import get_longctx_preset
+
+    return [
+        (
+            "bench",
+            lambda: bench.run_bench(get_preset(preset), results_dir(preset), progress=progress),
+        ),
+        (
+            "bench (lm)",
+            lambda: bench.run_bench(
+                get_preset(preset, "lm"), lm_results_dir(preset), progress=progress
+            ),
+        ),
+        (
+            "scaling (CPU)",
+            lambda: scaling.run_scaling(
+                scaling.PRESETS[SCALING_PRESET[preset]],
+                progress=progress,
+                out=resolve(scaling_json(preset)),
+                preset=SCALING_PRESET[preset],
+            ),
+        ),
+        (
+            "long-context training",
+            lambda: run_longctx(get_longctx_preset(preset), results_dir(preset), progress=progress),
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------- 01_train
+
+
+def train_demo(preset: str, run_dir: str | Path, progress: bool = False) -> dict[str, dict]:
+    """One model per arm (the baseline and the primary arm), the preset's middle learning
+    rate and first evaluation seed, scored on test; cached in ``run_dir`` by config hash.
+
+    Returns {arm name: {"result": run result, "run_file": path}}.
+    """
+    config = get_preset(preset)
+    lr = sorted(config.learning_rates)[len(config.learning_rates) // 2]
+    out = {}
+    for name in (config.baseline_arm, config.primary_arm):
+        run_config = make_run_config(
+            config,
+            config.arm(name),
+            lr,
+            [config.eval_seeds[0]],
+            "test",
+            str(resolve("data/cache")),
+            {"enable": progress},
+        )
+        path = resolve(run_dir) / f"{run_id(run_config)}.json"
+        run_config["state_path"] = str(path.with_suffix(".pt"))
+        if not path.exists() or not path.with_suffix(".pt").exists():
+            bench.run_to_file(run_config, str(path))
+        out[name] = {"result": read_json(path), "run_file": path}
+    return out
+
+
+@torch.no_grad()
+def demo_forecasts(
+    preset: str, runs: dict[str, dict], n_windows: int = 3
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Context, truth and each run's forecast for ``n_windows`` evenly spaced test windows."""
+    config = get_preset(preset)
+    track = get_track(config.track.name, config.track, resolve("data/cache"))
+    idx = np.linspace(0, len(track.test) - 1, n_windows).round().astype(int)
+    x, y = track.test.x[idx], track.test.y[idx]
+    forecasts = {}
+    for name, run in runs.items():
+        model, _ = load_trained(run["run_file"])
+        forecasts[name] = model(x.unsqueeze(0))[0].numpy()
+    return x.numpy(), y.numpy(), forecasts
+
+
+# --------------------------------------------------------------------------- 02/03 bench
+
+
+def bench_config(preset: str) -> BenchConfig:
+    return get_preset(preset)
+
+
+def load_or_run_bench(
+    preset: str, out_dir: str | Path, progress: bool = False, track_name: str = "forecast"
+) -> dict:
+    """``out_dir/bench_report.json`` if it exists (``python -m rpka report`` runs the bench
+    first), else the bench of ``preset`` (on ``track_name``: ``forecast`` or ``lm``, whose
+    folder is :func:`lm_results_dir`) run (or resumed from its run files) now."""
+    path = resolve(out_dir) / "bench_report.json"
+    if path.exists():
+        return read_json(path)
+    return bench.run_bench(get_preset(preset, track_name), out_dir, progress=progress)
+
+
+# --------------------------------------------------------------------------- 04 mechanism
+
+
+def mechanism_summary(mechanism: dict) -> str:
+    """The trace-identity result in words (Markdown), every number from ``mechanism.json``."""
+    sig = mechanism["trained"]["mechanism_signature"]
+    verdict = "**confirmed**" if sig["confirmed"] else "**not confirmed**"
+    return (
+        f"On {sig['trained_model']}: the identity is {verdict} by the rule "
+        f"*{sig['confirmation_rule']}*. "
+        f"Over {sig['n_heads']} heads × {sig['rank']} steps = {sig['n_tests']} z-scores, the "
+        f"largest |z| is {sig['max_abs_z']:.2f}; {sig['n_exceeding']} exceed 4 "
+        f"({sig['expected_exceeding_if_true']:.3f} expected by chance if the identity holds; "
+        f"χ² test of all z-scores p = {sig['chi2_p_value']:.3g}). "
+        f"The exact expectation (a sum over every candidate pivot) matches the prediction to a "
+        f"relative error of at most {sig['max_rel_error_exact']:.1e} (round-off). "
+        f"Summed over the steps of the worst head (layer {sig['layer']}, head {sig['head']}): "
+        f"predicted {sig['predicted']:.4f}, observed {sig['observed']:.4f} ± "
+        f"{sig['observed_se']:.4f} (SE) of tr A, relative error {sig['relative_error']:.2%}."
+    )

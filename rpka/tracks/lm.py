@@ -1,0 +1,313 @@
+"""Track ``lm``: text from a seeded Markov source with copies, whose entropy is known exactly.
+
+DESIGN.md section 4 (``lm``), issue 7. A language model's perplexity has a floor: the
+entropy rate of the source. Here it is computed exactly, so every arm's perplexity can be
+reported next to the floor and the gap read off.
+
+**The source** ("Markov text with copies"). Tokens ``0 .. V-1`` are content, ``V .. V+K-1``
+are K copy markers, marker ``m`` with its own lag ``D_m``. Every position is in one of two
+*modes*, decided by the tokens before it:
+
+* fresh: the next token depends on the previous ``order`` tokens ``c``: with probability
+  ``p`` a marker, uniform over the ``K_t`` markers available at position t (those with
+  ``D_m <= t``; if none, ``p`` is 0), else a content token ``x ~ P[c, :]``;
+* copy: after marker ``m`` at position ``t0``, the next ``s`` positions repeat the token
+  ``D_m`` positions back: ``x_t = x_{t - D_m}`` (literally - a copied marker starts nothing).
+
+The first ``order`` tokens are uniform over content. Copies make the process non-Markov
+with long-range structure - predicting a copy needs the token ``D_m`` back, up to the
+longest lag, which is what attention is for - and the mode is a function of the past, so a
+perfect predictor knows it.
+
+**Exact entropy.** Every row of ``P`` is a permutation of one base distribution ``b``
+(drawn from a Dirichlet), so every fresh content step has the same entropy
+``h_P = -sum_j b_j log b_j`` whatever the context. A fresh step with markers available has
+entropy ``h_F(t) = H2(p) + p log K_t + (1 - p) h_P``; a copy step has entropy 0. The
+entropy of ``x_t`` given the past therefore depends on the mode only, and the modes form
+a Markov chain of their own - fresh -> copy_1 (probability ``p``) -> ... -> copy_s -> fresh
+- independent of the tokens. Its stationary distribution ``pi`` (from its transition
+matrix) gives the entropy rate exactly, the Markov-chain formula over mode states:
+
+    H = sum_states pi_state H(x | state) = pi_fresh h_F = h_F / (1 + p s)      [nats/token]
+
+and propagating the mode distribution from position 0 gives the exact expected entropy
+``E[h_t]`` of every position, hence the exact floor of a fixed-length sequence:
+``floor = mean_{t=1..L-1} E[h_t]`` (the loss of the Bayes-optimal predictor of
+``x_1 .. x_{L-1}``, in expectation; it sits a little above ``H`` because early positions
+have fewer markers available). Perplexity floor: ``exp(floor)``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import scipy.linalg
+
+from rpka.io import atomic_save_npz, config_hash
+from rpka.presets import LMConfig  # the one source of truth for configurations
+
+SPLITS = ("train", "val", "test")
+DEFAULT_DATA_DIR = Path("data/cache")
+MODES = {"init": 0, "fresh": 1, "copy": 2}
+
+
+def entropy(probs: np.ndarray) -> np.ndarray:
+    """Shannon entropy in nats along the last axis (0 log 0 = 0)."""
+    logs = np.log(np.where(probs > 0, probs, 1.0))
+    return -(probs * logs).sum(-1)
+
+
+class MarkovCopySource:
+    """The seeded source of the module docstring: sampling, exact log-probs and entropies."""
+
+    def __init__(self, config: LMConfig) -> None:
+        config.validate()
+        self.config = config
+        rng = np.random.default_rng(np.random.SeedSequence([config.seed, 0]))
+        v, n_ctx = config.vocab_size, config.n_tokens**config.order
+        self.base = rng.dirichlet(np.full(v, config.concentration))
+        perms = np.argsort(rng.random((n_ctx, v)), axis=1)  # a random permutation per row
+        self.transition = np.empty((n_ctx, v))
+        np.put_along_axis(self.transition, perms, np.broadcast_to(self.base, (n_ctx, v)), axis=1)
+        self.lags = np.asarray(config.lags)
+
+    # --- exact quantities -----------------------------------------------------------
+
+    @cached_property
+    def content_entropy(self) -> float:
+        """``h_P``: the entropy of every row of ``P`` (they are permutations of one row)."""
+        return float(entropy(self.base))
+
+    def markers_available(self, t: int) -> int:
+        """``K_t``: how many markers may be emitted at position t."""
+        return int((self.lags <= t).sum())
+
+    def fresh_entropy(self, t: int) -> float:
+        """``h_F(t)``: entropy of a fresh step at position t."""
+        k_t = self.markers_available(t)
+        if k_t == 0:
+            return self.content_entropy
+        p = self.config.marker_prob
+        return float(
+            entropy(np.array([p, 1 - p])) + p * np.log(k_t) + (1 - p) * self.content_entropy
+        )
+
+    def mode_transition(self, t: int) -> np.ndarray:
+        """Transition matrix of the mode chain from position t to t + 1.
+
+        States: 0 = fresh, i = the i-th copy position (1..s).
+        """
+        s = self.config.copy_length
+        p = self.config.marker_prob if self.markers_available(t) > 0 else 0.0
+        matrix = np.zeros((s + 1, s + 1))
+        matrix[0, 0], matrix[0, 1] = 1 - p, p
+        for i in range(1, s):
+            matrix[i, i + 1] = 1.0
+        matrix[s, 0] = 1.0
+        return matrix
+
+    def stationary_modes(self) -> np.ndarray:
+        """Stationary distribution of the mode chain once every marker is available."""
+        matrix = self.mode_transition(int(self.lags.max()))
+        null = scipy.linalg.null_space((matrix - np.eye(len(matrix))).T)[:, 0]
+        return null / null.sum()
+
+    def entropy_rate(self) -> float:
+        """``H = sum_states pi_state H(x | state)``: only fresh states carry entropy."""
+        return float(self.stationary_modes()[0] * self.fresh_entropy(int(self.lags.max())))
+
+    def expected_entropies(self, length: int) -> np.ndarray:
+        """``E[h_t]`` for t = 0 .. length-1: the exact expected conditional entropy of x_t."""
+        order, s = self.config.order, self.config.copy_length
+        out = np.empty(length)
+        out[: min(order, length)] = np.log(self.config.vocab_size)  # uniform start
+        modes = np.zeros(s + 1)
+        modes[0] = 1.0  # position `order` is fresh
+        for t in range(order, length):
+            out[t] = modes[0] * self.fresh_entropy(t)
+            modes = modes @ self.mode_transition(t)
+        return out
+
+    def floor(self, length: int) -> float:
+        """Exact expected mean loss (nats) of the best predictor of x_1 .. x_{length-1}."""
+        return float(self.expected_entropies(length)[1:].mean())
+
+    # --- sampling ---------------------------------------------------------------------
+
+    def context_index(self, tokens: np.ndarray) -> np.ndarray:
+        """Index of the context (N, order) in the rows of ``transition``."""
+        index = np.zeros(tokens.shape[0], dtype=np.int64)
+        for column in range(tokens.shape[1]):
+            index = index * self.config.n_tokens + tokens[:, column]
+        return index
+
+    def sample(
+        self, n_seq: int, length: int, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``n_seq`` sequences of ``length`` tokens, and the mode of every position."""
+        cfg = self.config
+        tokens = np.zeros((n_seq, length), dtype=np.int64)
+        modes = np.full((n_seq, length), MODES["init"], dtype=np.int8)
+        tokens[:, : cfg.order] = rng.integers(0, cfg.vocab_size, (n_seq, cfg.order))
+        cdf = np.cumsum(self.transition, axis=1)
+        copy_left = np.zeros(n_seq, dtype=np.int64)
+        lag = np.zeros(n_seq, dtype=np.int64)
+        rows = np.arange(n_seq)
+        for t in range(cfg.order, length):
+            copying = copy_left > 0
+            tokens[copying, t] = tokens[rows[copying], t - lag[copying]]
+            modes[copying, t] = MODES["copy"]
+            copy_left[copying] -= 1
+            fresh = rows[~copying]
+            modes[fresh, t] = MODES["fresh"]
+            ctx = self.context_index(tokens[fresh, t - cfg.order : t])
+            u = rng.random(len(fresh))[:, None]
+            content = np.minimum((cdf[ctx] < u).sum(1), cfg.vocab_size - 1)  # inverse CDF
+            tokens[fresh, t] = content
+            k_t = self.markers_available(t)
+            if k_t > 0:
+                is_marker = rng.random(len(fresh)) < cfg.marker_prob
+                marker = rng.integers(0, k_t, len(fresh))
+                available = np.flatnonzero(self.lags <= t)
+                starts = fresh[is_marker]
+                tokens[starts, t] = cfg.vocab_size + available[marker[is_marker]]
+                copy_left[starts] = cfg.copy_length
+                lag[starts] = self.lags[available[marker[is_marker]]]
+        return tokens, modes
+
+    # --- reading a sequence: what the optimal predictor knows ----------------------
+
+    def parse(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mode (N, L) of every position and, for copies, the lag (0 elsewhere), from tokens."""
+        cfg = self.config
+        n_seq, length = tokens.shape
+        modes = np.full((n_seq, length), MODES["init"], dtype=np.int8)
+        lags = np.zeros((n_seq, length), dtype=np.int64)
+        copy_left = np.zeros(n_seq, dtype=np.int64)
+        lag = np.zeros(n_seq, dtype=np.int64)
+        for t in range(cfg.order, length):
+            copying = copy_left > 0
+            modes[:, t] = np.where(copying, MODES["copy"], MODES["fresh"])
+            lags[copying, t] = lag[copying]
+            copy_left[copying] -= 1
+            starts = ~copying & (tokens[:, t] >= cfg.vocab_size)
+            copy_left[starts] = cfg.copy_length
+            lag[starts] = self.lags[tokens[starts, t] - cfg.vocab_size]
+        return modes, lags
+
+    def log_probs(self, tokens: np.ndarray) -> np.ndarray:
+        """``log p(x_t | x_<t)`` (N, L) under the source (-inf for impossible tokens)."""
+        cfg = self.config
+        modes, lags = self.parse(tokens)
+        n_seq, length = tokens.shape
+        out = np.full((n_seq, length), -np.log(cfg.vocab_size))
+        rows = np.arange(n_seq)
+        with np.errstate(divide="ignore"):
+            for t in range(cfg.order, length):
+                x = tokens[:, t]
+                copy = modes[:, t] == MODES["copy"]
+                source = tokens[rows, np.maximum(t - lags[:, t], 0)]
+                ctx = self.context_index(tokens[:, t - cfg.order : t])
+                is_marker = x >= cfg.vocab_size
+                k_t = self.markers_available(t)
+                p = cfg.marker_prob if k_t > 0 else 0.0
+                content = np.log((1 - p) * self.transition[ctx, np.minimum(x, cfg.vocab_size - 1)])
+                marker_ok = is_marker & (self.lags[np.maximum(x - cfg.vocab_size, 0)] <= t)
+                marker = np.where(marker_ok, np.log(p / max(k_t, 1)), -np.inf)
+                fresh = np.where(is_marker, marker, content)
+                out[:, t] = np.where(copy, np.where(x == source, 0.0, -np.inf), fresh)
+        return out
+
+
+# ----------------------------------------------------------------------------- the track
+
+
+@dataclass
+class LMTrack:
+    """Token sequences (N, seq_len) int64 of each split, and the exact floors.
+
+    ``floor_nats``: exact expected loss of the best predictor of positions 1..L-1;
+    ``entropy_rate_nats``: the stationary rate; ``test_optimal_nats``: the best
+    predictor's realised mean loss on this test split (a sample value).
+    """
+
+    config: LMConfig
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    entropy_rate_nats: float
+    floor_nats: float
+    test_optimal_nats: float
+
+    @property
+    def floor_perplexity(self) -> float:
+        return float(np.exp(self.floor_nats))
+
+    def split(self, name: str) -> np.ndarray:
+        if name not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {name!r}")
+        return getattr(self, name)
+
+
+def build_arrays(config: LMConfig) -> dict[str, np.ndarray]:
+    """Every split of ``config``, each from its own seed stream; and the floors."""
+    source = MarkovCopySource(config)
+    arrays: dict[str, np.ndarray] = {}
+    for index, name in enumerate(SPLITS, start=1):
+        rng = np.random.default_rng(np.random.SeedSequence([config.seed, index]))
+        arrays[name] = source.sample(getattr(config, f"n_{name}"), config.seq_len, rng)[0]
+    test_optimal = -source.log_probs(arrays["test"])[:, 1:].mean()
+    arrays["floors"] = np.array([source.entropy_rate(), source.floor(config.seq_len), test_optimal])
+    return arrays
+
+
+def cache_path(config: LMConfig, data_dir: str | Path | None = None) -> Path:
+    """``<data_dir>/lm-<hash of the config>.npz``."""
+    folder = Path(DEFAULT_DATA_DIR if data_dir is None else data_dir)
+    return folder / f"{config.name}-{config_hash(asdict(config))}.npz"
+
+
+def load_lm(
+    config: LMConfig | None = None, data_dir: str | Path | None = None, use_cache: bool = True
+) -> LMTrack:
+    """The ``lm`` track: read from the cache, or generated (and cached atomically)."""
+    config = LMConfig() if config is None else config
+    config.validate()
+    path = cache_path(config, data_dir)
+    if use_cache and path.exists():
+        with np.load(path) as data:
+            arrays = {key: data[key] for key in data.files}
+    else:
+        arrays = build_arrays(config)
+        if use_cache:
+            atomic_save_npz(path, config=np.array(json.dumps(asdict(config))), **arrays)
+    rate, floor, test_optimal = (float(x) for x in arrays["floors"])
+    return LMTrack(
+        config, arrays["train"], arrays["val"], arrays["test"], rate, floor, test_optimal
+    )
+
+
+def ngram_baseline_nats(
+    train: np.ndarray, test: np.ndarray, n_tokens: int, order: int = 1
+) -> float:
+    """Test loss (nats/token, positions >= order) of an add-one-smoothed n-gram model fit on
+    train: a model without long context, which cannot copy. It bounds what attention adds."""
+    if not 0 <= order <= 3:
+        raise ValueError(f"order must lie in 0..3, got {order!r}")
+
+    def contexts(seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        index = np.zeros((seqs.shape[0], seqs.shape[1] - order), dtype=np.int64)
+        for lag in range(order, 0, -1):
+            index = index * n_tokens + seqs[:, order - lag : seqs.shape[1] - lag]
+        return index.ravel(), seqs[:, order:].ravel()
+
+    ctx, nxt = contexts(train)
+    counts = np.ones((n_tokens**order, n_tokens))
+    np.add.at(counts, (ctx, nxt), 1.0)
+    probs = counts / counts.sum(1, keepdims=True)
+    ctx, nxt = contexts(test)
+    return float(-np.log(probs[ctx, nxt]).mean())

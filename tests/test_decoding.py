@@ -1,0 +1,51 @@
+"""The decoding benchmark: structure of its JSON and bad arguments (no timing asserted)."""
+
+import pytest
+
+from rpka import decoding
+from rpka.io import read_json
+
+TINY = {
+    "contexts": [16, 40],
+    "batch_heads": 2,
+    "head_dim": 8,
+    "rank": 4,
+    "block_size": 8,
+    "warmup": 1,
+    "steps": 9,  # crosses a block boundary: the fold is inside the timed steps
+}
+
+
+def test_writes_rows_for_every_method_and_context(tmp_path):
+    out = tmp_path / "decode.json"
+    argv = [f"--{key.replace('_', '-')}" for key in TINY]
+    args = []
+    for flag, value in zip(argv, TINY.values(), strict=True):
+        args += [flag, *map(str, value if isinstance(value, list) else [value])]
+    decoding.main([*args, "--out", str(out)])
+    result = read_json(out)
+    rows = result["rows"]
+    assert {(r["method"], r["context"]) for r in rows} == {
+        (m, n) for m in ("exact", "rpka") for n in (16, 40)
+    }
+    assert all(len(r["per_token_ms_all"]) == 9 and r["per_token_ms"] > 0 for r in rows)
+    assert all(r["redraw_ms"] > 0 for r in rows if r["method"] == "rpka")
+    assert "float32" in result["shape"] and result["device"]
+    target = result["summary"]["target"]
+    assert target["met"] == (target["ratio"] <= 1.2)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"contexts": []}, "contexts"),
+        ({"steps": 0}, "steps"),
+        ({"rank": 0}, "rank"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"device": "tpu"}, "device"),
+        ({"pivot_set": "queries"}, "pivot_set"),
+    ],
+)
+def test_bad_config_names_the_parameter(changes, match):
+    with pytest.raises(ValueError, match=match):
+        decoding.DecodeConfig(**changes).validate()

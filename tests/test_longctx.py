@@ -1,0 +1,185 @@
+"""The long-context study: the smoke run's JSON against its documentation, the sized
+tracks, the memory probe, the configuration's validation and the CLI."""
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rpka import longctx
+from rpka.bench import InProcessExecutor
+from rpka.io import read_json
+from rpka.model import TransformerTiny
+from rpka.presets import (
+    LONGCTX_PRESETS,
+    LongContextConfig,
+    ModelConfig,
+    TrackConfig,
+    get_longctx_preset,
+    sized_track,
+)
+from rpka.tracks.forecast import split_bounds, window_starts
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "longctx.md"
+SMOKE = get_longctx_preset("smoke")
+# dicts whose keys are data (configs, names): documented as a whole
+OPAQUE = {
+    "config",
+    "versions",
+    "rows[].guard_counts",
+    "rows[].comparison",
+    "per_context.<context>.data",
+    "per_context.<context>.naive_test_mse",
+}
+
+
+@pytest.fixture(scope="module")
+def smoke_result(tmp_path_factory):
+    root = tmp_path_factory.mktemp("longctx")
+    result = longctx.run_longctx(
+        SMOKE, root / "out", InProcessExecutor(), progress=False, data_dir=root / "cache"
+    )
+    return result, root
+
+
+def key_paths(obj, prefix=""):
+    """Dotted key paths; context keys of per_context become <context>, list items []."""
+    paths = set()
+    if prefix in OPAQUE:
+        return paths
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            name = "<context>" if prefix == "per_context" else key
+            path = f"{prefix}.{name}" if prefix else name
+            paths.add(path)
+            paths |= key_paths(value, path)
+    elif isinstance(obj, list) and obj and isinstance(obj[0], dict):
+        paths |= key_paths(obj[0], f"{prefix}[]")
+    return paths
+
+
+def test_every_key_is_documented_and_every_documented_key_exists(smoke_result):
+    result, root = smoke_result
+    saved = read_json(root / "out" / "longctx.json")
+    documented = set(re.findall(r"^\| `([^`]+)` \|", DOC.read_text(), flags=re.MULTILINE))
+    present = key_paths(saved)
+    assert present - documented == set(), "undocumented keys"
+    assert documented - present == set(), "documented keys missing from the file"
+    assert saved["rows"] == result["rows"]
+
+
+def test_smoke_content(smoke_result):
+    result, root = smoke_result
+    bench = SMOKE.bench
+    arms = [arm.name for arm in bench.arms]
+    assert [(r["context"], r["arm"]) for r in result["rows"]] == [
+        (c, a) for c in SMOKE.contexts for a in arms
+    ]
+    assert LongContextConfig.from_dict(result["config"]) == SMOKE
+    for context in SMOKE.contexts:
+        rows = {r["arm"]: r for r in result["rows"] if r["context"] == context}
+        exact = rows["exact"]
+        assert exact["comparison"] is None and exact["step_ratio_vs_exact"] == pytest.approx(1)
+        assert exact["peak_ratio_vs_exact"] == pytest.approx(1)
+        for name, row in rows.items():
+            assert row["seeds"] == list(bench.eval_seeds)
+            assert len(row["test_mse_per_seed"]) == len(bench.eval_seeds)
+            assert row["test_mse_mean"] == pytest.approx(np.mean(row["test_mse_per_seed"]))
+            assert row["step_ms"] > 0 and row["peak_mib"] > 0
+            assert row["peak_members"] == row["step_members"] == bench.seeds_per_job
+            if name == "exact":
+                continue
+            diffs = np.subtract(row["test_mse_per_seed"], exact["test_mse_per_seed"])
+            assert row["comparison"]["per_seed_diffs"] == pytest.approx(diffs.tolist())
+            assert row["pivot_points"] == 2 * context and row["rank"] == int(name[6:])
+        entry = result["per_context"][str(context)]
+        report = read_json(root / "out" / entry["bench_report"])
+        assert report["data"] == entry["data"]
+        assert report["data"]["context"] == context
+        assert report["data"]["n_train_windows"] == SMOKE.train_windows * bench.track.n_series
+        assert report["data"]["n_test_windows"] == SMOKE.eval_windows * bench.track.n_series
+        assert report["arms"]["exact"]["full"]["per_seed"] == rows["exact"]["test_mse_per_seed"]
+    assert result["wall_s"] > 0 and "reduced" in result["protocol"]
+
+
+@pytest.mark.parametrize("context", [32, 96, 512, 2048])
+@pytest.mark.parametrize(("train", "evaluation", "stride"), [(1, 1, 8), (96, 16, 32), (7, 3, 5)])
+def test_sized_track_holds_exactly_the_windows_asked_for(context, train, evaluation, stride):
+    track = sized_track(TrackConfig(stride=stride), context, train, evaluation)
+    track.validate()
+    counts = {
+        name: len(window_starts(begin, end, track))
+        for name, (begin, end) in split_bounds(track).items()
+    }
+    assert counts == {"train": train, "val": evaluation, "test": evaluation}
+    assert track.context == context
+
+
+def test_every_preset_validates_and_full_is_the_issue_study():
+    for name, config in LONGCTX_PRESETS.items():
+        config.validate()
+        assert config.bench.mechanism is None and config.preset == name
+    full = LONGCTX_PRESETS["full"]
+    assert full.contexts == (512, 2048)
+    assert [a.name for a in full.bench.arms] == ["exact", "rpka-r16", "rpka-r64", "rpka-r128"]
+    assert 3 <= len(full.bench.eval_seeds) <= 4
+
+
+def test_memory_probe_counts_every_gradient(tmp_path):
+    """All parameter gradients are alive at once before the update: a lower bound."""
+    bench = SMOKE.bench_for(SMOKE.contexts[0])
+    run_config = longctx.probe_run_config(bench, "rpka-r4", str(tmp_path))
+    probe = longctx.training_step_peak_mib(run_config)
+    model = TransformerTiny(
+        bench.model, bench.track.context, bench.track.horizon, list(run_config["seeds"])
+    )
+    gradients = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    assert probe["peak_mib"] >= gradients
+    assert probe["members"] == len(run_config["seeds"])
+
+
+def test_zero_head_starts_the_model_as_its_linear_skip():
+    config = ModelConfig(d_model=8, n_layers=1, n_heads=1, d_ff=16, head_init_std=0.0)
+    model = TransformerTiny(config, context=40, horizon=6, seeds=[3, 4])
+    x = torch.randn(2, 5, 40)
+    with torch.no_grad():
+        assert torch.equal(model(x), model.skip(x))
+    with pytest.raises(ValueError, match="head_init_std"):
+        ModelConfig(head_init_std=-0.1).validate()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"contexts": ()}, "contexts"),
+        ({"contexts": (64, 64)}, "contexts"),
+        ({"contexts": (4,)}, "contexts"),
+        ({"train_windows": 0}, "train_windows"),
+        ({"memory_probe": "yes"}, "memory_probe"),
+        ({"train": {"epoch": 2}}, "train override"),
+        ({"colour": "red"}, "override"),
+    ],
+)
+def test_bad_config_raises(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        get_longctx_preset("smoke", **overrides)
+    with pytest.raises(ValueError, match="preset"):
+        get_longctx_preset("huge")
+
+
+def test_cli_rejects_bad_values(capsys):
+    with pytest.raises(SystemExit):
+        longctx.main(["--preset", "smoke", "--seeds", "0"])
+    assert "seeds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        longctx.main(["--preset", "smoke", "--contexts", "4"])
+    assert "contexts" in capsys.readouterr().err
+
+
+def test_cli_overrides_keep_the_primary_arm():
+    config, _ = longctx.parse_config(["--preset", "full", "--ranks", "16", "64", "--seeds", "3"])
+    assert config.bench.primary_arm == "rpka-r64" and len(config.bench.eval_seeds) == 3
+    assert math.isclose(config.bench.learning_rates[0], 1e-4)

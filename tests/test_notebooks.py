@@ -1,0 +1,76 @@
+"""The notebooks as committed, and the HTML report of the smoke preset.
+
+nbval executes every notebook with its smoke defaults (``--nbval-lax``, see pyproject.toml);
+these tests check what nbval does not: the committed form and the rendered report.
+"""
+
+import base64
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from rpka.paths import REPO_ROOT
+from rpka.pipeline import declared_parameters, preset_steps, run_pipeline
+from rpka.study import NOTEBOOKS, notebook_parameters
+
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_without_outputs_with_one_parameters_cell(name):
+    nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), "outputs committed"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and tagged[0] is code[0], "one parameters cell, the first code cell"
+    # literals only: every line is a comment or `name = <literal>`
+    for line in tagged[0].source.splitlines():
+        assert line.startswith("#") or re.fullmatch(r"\w+ = .+", line), line
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_defaults_are_the_smoke_parameters(name):
+    declared = {k: v["default"] for k, v in declared_parameters(NOTEBOOK_DIR / name).items()}
+    for key, value in notebook_parameters("smoke")[name].items():
+        assert declared[key] == repr(value), key
+
+
+def test_every_preset_passes_only_declared_parameters():
+    for preset in ("smoke", "quick", "full"):
+        for step in preset_steps(preset):
+            assert set(step.parameters) <= set(declared_parameters(step.notebook))
+
+
+@pytest.fixture(scope="module")
+def smoke_html(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    steps = preset_steps("smoke")
+    for step in steps:  # executed copies go to the temporary folder
+        step.output = out / step.notebook.name
+    from rpka.study import compute_steps
+
+    html = run_pipeline(
+        steps,
+        out / "rpka_report.html",
+        progress=False,
+        log=lambda s: None,
+        compute=compute_steps("smoke", progress=False),
+    )
+    return Path(html).read_text()
+
+
+def test_smoke_html_embeds_its_images(smoke_html):
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', smoke_html)
+    assert len(images) >= 3
+    assert all(base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n" for img in images)
+    assert not re.search(r'<img[^>]+src="(?!data:)', smoke_html), "an image is not embedded"
+
+
+def test_smoke_html_has_the_verdict_table_and_no_code(smoke_html):
+    assert "<table" in smoke_html and "verdict" in smoke_html
+    assert re.search(r"significant (win|loss)|inconclusive", smoke_html)
+    assert "read_json(" not in smoke_html  # code cells hidden
+    assert "Traceback" not in smoke_html and "Warning" not in smoke_html
