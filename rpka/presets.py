@@ -389,7 +389,8 @@ class ArmConfig:
     ``name`` labels the arm in results ("exact", "rpka-r16"); ``method`` is a key of
     ``rpka.attention.REGISTRY``; ``options`` are passed to ``rpka.attention.build``.
     ``sweep_seeds``: this arm's learning-rate sweep uses these seeds, a subset of the
-    study's (None: all of them) - a cheaper sweep where the time budget asks for one.
+    study's (None: all of them) - a cheaper sweep where the time budget asks for one (one
+    seed proved too noisy here: see the full preset's note).
     ``lr_from``: no sweep of its own - the arm takes the learning rate chosen for the arm
     of that name (which must sweep itself) and trains only it with its sweep seeds (which
     still score it on validation). An ablation thus runs at its reference's tuned rate.
