@@ -157,3 +157,21 @@ def lm_floor_gaps(report: Mapping) -> str:
         f"perplexity {rate['perplexity']:.3f}). Mean test perplexity over "
         f"{report['n_seeds']} seeds, with the gap to the floor: " + "; ".join(parts) + "."
     )
+
+
+def ablation_choice(report: Mapping) -> str:
+    """RPKA's default from the ablations, chosen on validation, in words."""
+    choice = report.get("ablation_choice")
+    if not choice:
+        return "This study has no ablation arms."
+    kept = choice["chosen_arm"] == choice["reference"]
+    outcome = (
+        f"the reference `{choice['reference']}` stays the default"
+        if kept
+        else f"`{choice['chosen_arm']}` replaces the reference `{choice['reference']}`"
+    )
+    return (
+        f"**RPKA's default, chosen on validation:** {outcome} (options "
+        f"`{choice['chosen_options']}`, validation {choice['metric'].upper()} "
+        f"{choice['chosen_val_score']:.4f}). Rule: {choice['rule']}"
+    )

@@ -71,6 +71,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "lm_results_dir": f"{results}/lm",
             "decode_json": "data/results/scaling/decode_cpu.json",
             "scaling_gpu_json": "data/results/scaling/gpu_h200.json",
+            "arms_latency_json": "data/results/scaling/arms_full_cpu.json",
             "figures_dir": figures,
         },
     }
