@@ -11,6 +11,7 @@ COMMANDS = {
     "report": ("rpka.pipeline", "run the study and render the HTML report"),
     "scaling": ("rpka.scaling", "attention latency against length and rank"),
     "decode": ("rpka.decoding", "per-token decoding latency against context length"),
+    "summary": ("rpka.summary", "the study's results in Markdown (the README's results block)"),
 }
 
 

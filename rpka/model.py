@@ -180,7 +180,44 @@ class Block(nn.Module):
         return x + self.dropout(self.mlp_out(hidden))
 
 
-class TransformerTiny(nn.Module):
+class EnsembleTransformer(nn.Module):
+    """What the forecaster and the language model share: S members trained as one stack.
+
+    A subclass sets ``seeds``, ``blocks`` and ``position`` and defines ``tokens(x)`` (its
+    input embedding) and ``init_member`` (its own parameters of member s).
+    """
+
+    seeds: list[int]
+    blocks: nn.ModuleList
+
+    @property
+    def n_members(self) -> int:
+        return len(self.seeds)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise member s from ``torch.Generator().manual_seed(seeds[s])`` only."""
+        init_ensemble(self, self.seeds)
+
+    def tokens(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def attention_inputs(self, x: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Per layer, the (q, k, v) fed to its attention, each (S*B, h, n, d/h)."""
+        new_batch(self.attention_modules())
+        h = self.tokens(x)
+        inputs = []
+        for block in self.blocks:
+            inputs.append(block.heads(h))
+            h = block(h)
+        return inputs
+
+    def attention_modules(self) -> list[nn.Module]:
+        return [block.attention for block in self.blocks]
+
+
+class TransformerTiny(EnsembleTransformer):
     """The forecaster: (S, B, L) standardised contexts -> (S, B, H) standardised horizons.
 
     Args:
@@ -222,15 +259,6 @@ class TransformerTiny(nn.Module):
         share_pivot_cache(self.attention_modules())
         self.reset_parameters()
 
-    @property
-    def n_members(self) -> int:
-        return len(self.seeds)
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Initialise member s from ``torch.Generator().manual_seed(seeds[s])`` only."""
-        init_ensemble(self, self.seeds)
-
     @torch.no_grad()
     def init_member(self, s: int, generator: torch.Generator) -> None:
         # called first by init_ensemble (the root of the module tree), then the layers
@@ -259,20 +287,6 @@ class TransformerTiny(nn.Module):
             out = out + self.skip(x)
         return out
 
-    @torch.no_grad()
-    def attention_inputs(self, x: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
-        """Per layer, the (q, k, v) fed to its attention, each (S*B, h, L, d/h)."""
-        new_batch(self.attention_modules())
-        h = self.tokens(x)
-        inputs = []
-        for block in self.blocks:
-            inputs.append(block.heads(h))
-            h = block(h)
-        return inputs
-
-    def attention_modules(self) -> list[nn.Module]:
-        return [block.attention for block in self.blocks]
-
 
 class EnsembleEmbedding(nn.Module):
     """S independent token embeddings: tokens (S, ...) int -> (S, ..., d); weight (S, V, d).
@@ -296,7 +310,7 @@ class EnsembleEmbedding(nn.Module):
         return self.weight[members, tokens]
 
 
-class TransformerLM(nn.Module):
+class TransformerLM(EnsembleTransformer):
     """``transformer_tiny`` in causal mode: (S, B, n) tokens -> (S, B, n, V) logits.
 
     Logit ``[s, b, t]`` is member s's prediction of token t + 1 from tokens 0..t only (every
@@ -339,15 +353,6 @@ class TransformerLM(nn.Module):
         self.head_bias = nn.Parameter(torch.zeros(n_members, 1, n_tokens))
         self.reset_parameters()
 
-    @property
-    def n_members(self) -> int:
-        return len(self.seeds)
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Initialise member s from ``torch.Generator().manual_seed(seeds[s])`` only."""
-        init_ensemble(self, self.seeds)
-
     @torch.no_grad()
     def init_member(self, s: int, generator: torch.Generator) -> None:
         # called first by init_ensemble (the root of the module tree), then the layers
@@ -380,16 +385,3 @@ class TransformerLM(nn.Module):
             self.head_bias, h.reshape(n_members, batch * n, d), self.embed.weight.transpose(1, 2)
         )
         return logits.view(n_members, batch, n, self.n_tokens)
-
-    @torch.no_grad()
-    def attention_inputs(self, x: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
-        """Per layer, the (q, k, v) fed to its attention, each (S*B, h, n, d/h)."""
-        h = self.tokens(x)
-        inputs = []
-        for block in self.blocks:
-            inputs.append(block.heads(h))
-            h = block(h)
-        return inputs
-
-    def attention_modules(self) -> list[nn.Module]:
-        return [block.attention for block in self.blocks]

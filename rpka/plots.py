@@ -150,16 +150,12 @@ def plot_residual_trace(
     optimum = summary.groupby("rank")["rel_optimum_mean"].first()
     optimum = optimum[optimum > 0]
     ax.plot(optimum.index, optimum.values, "k--", lw=1.5, label="optimum (eigenvalues > r)")
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="rank r (landmarks)",
-        ylabel=r"residual trace tr$(A - \hat A_r)$ / tr $A$ (fraction)",
-        title=title or "Residual trace against rank",
+    _log_rank_axes(
+        ax,
+        summary["rank"],
+        r"residual trace tr$(A - \hat A_r)$ / tr $A$ (fraction)",
+        title or "Residual trace against rank",
     )
-    ax.set_xticks(sorted(summary["rank"].unique()), labels=sorted(summary["rank"].unique()))
-    ax.minorticks_off()
-    ax.legend(loc="best")
     save_figure(fig, save_dir, name)
     return fig
 
@@ -175,18 +171,23 @@ def plot_output_error(
     summary = pd.DataFrame(_quality(result)["summary"])
     fig, ax = _figure(ax)
     _curve_axes(ax, summary, "output_error_mean", "output_error_min", "output_error_max")
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="rank r (landmarks)",
-        ylabel=r"relative output error $\|\hat O - O\|_F / \|O\|_F$",
-        title=title or "RPKA output error against exact attention",
+    _log_rank_axes(
+        ax,
+        summary["rank"],
+        r"relative output error $\|\hat O - O\|_F / \|O\|_F$",
+        title or "RPKA output error against exact attention",
     )
-    ax.set_xticks(sorted(summary["rank"].unique()), labels=sorted(summary["rank"].unique()))
-    ax.minorticks_off()
-    ax.legend(loc="best")
     save_figure(fig, save_dir, name)
     return fig
+
+
+def _log_rank_axes(ax: plt.Axes, ranks: pd.Series, ylabel: str, title: str) -> None:
+    """Log-log axes with the measured ranks as the x ticks."""
+    ticks = sorted(ranks.unique())
+    ax.set(xscale="log", yscale="log", xlabel="rank r (landmarks)", ylabel=ylabel, title=title)
+    ax.set_xticks(ticks, labels=ticks)
+    ax.minorticks_off()
+    ax.legend(loc="best")
 
 
 def _figure(ax: plt.Axes | None) -> tuple[Figure, plt.Axes]:

@@ -197,7 +197,8 @@ def mechanism_summary(mechanism: dict) -> str:
     sig = mechanism["trained"]["mechanism_signature"]
     verdict = "**confirmed**" if sig["confirmed"] else "**not confirmed**"
     return (
-        f"On {sig['trained_model']}: the identity is {verdict} by the rule "
+        f"On {sig['trained_model'] or mechanism.get('model', 'the trained model')}: the "
+        f"identity is {verdict} by the rule "
         f"*{sig['confirmation_rule']}*. "
         f"Over {sig['n_heads']} heads × {sig['rank']} steps = {sig['n_tests']} z-scores, the "
         f"largest |z| is {sig['max_abs_z']:.2f}; {sig['n_exceeding']} exceed 4 "

@@ -43,7 +43,8 @@ LM_NAMES = {
 # --------------------------------------------------------------------------- bench
 
 
-def _points(entry: Mapping) -> str:
+def points_label(entry: Mapping) -> str:
+    """"r=16 of 192" for a low-rank arm, "96 tokens" for exact."""
     rank = entry.get("rank")
     points = entry.get("pivot_points") or entry.get("attention_tokens")
     return f"r={rank} of {points}" if rank else f"{entry.get('attention_tokens')} tokens"
@@ -107,7 +108,7 @@ def results_table(report: Mapping, split: str = "test") -> pd.DataFrame:
         wins = f"{comparison['idea_wins']}/{comparison['n_pairs']}" if comparison else ""
         row = {
             "arm": name,
-            "attention": _points(entry),
+            "attention": points_label(entry),
             "best lr": entry["best_cfg"]["lr"],
             f"{metric} mean": full["mean"],
             "sd": full["std"],

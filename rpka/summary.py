@@ -1,0 +1,227 @@
+"""The study's results in Markdown, read from the committed result files.
+
+The README's results section is this module's output, so its numbers are the report's::
+
+    python -m rpka summary --preset full                    # print it
+    python -m rpka summary --preset full --readme README.md # rewrite the README's block
+
+The block sits between ``BEGIN``/``END`` markers; ``tests/test_summary.py`` fails when the
+README's block differs from what the committed files give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rpka import narrative, study, tables
+from rpka.io import atomic_write_text
+from rpka.paths import resolve
+
+BEGIN = "<!-- BEGIN rpka summary (python -m rpka summary --preset full --readme README.md) -->"
+END = "<!-- END rpka summary -->"
+GPU_JSON = "data/results/scaling/gpu_h200.json"
+DECODE_JSON = "data/results/scaling/decode_cpu.json"
+
+
+def _load(path: str | os.PathLike) -> dict[str, Any] | None:
+    path = resolve(path)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
+    """Every result file the summary reads (None where a file is missing)."""
+    results = study.results_dir(preset)
+    return {
+        "forecast": _load(f"{results}/bench_report.json"),
+        "lm": _load(f"{results}/lm/bench_report.json"),
+        "mechanism": _load(f"{results}/mechanism.json"),
+        "scaling_cpu": _load(study.scaling_json(preset)),
+        "longctx": _load(f"{results}/longctx.json"),
+        "decode": _load(DECODE_JSON),
+        "scaling_gpu": _load(GPU_JSON),
+    }
+
+
+def arm_table(report: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per arm: points, test metric (mean ± sd), paired delta with its CI, Holm p,
+    wins, training-step time against the baseline's; then the reference predictors."""
+    metric = report["metric"]
+    timing = report["timings"]
+    rows = []
+    for name, arm in report["arms"].items():
+        full = arm["full"]
+        row = {
+            "arm": f"`{name}`" + (" (primary)" if name == report["primary_arm"] else ""),
+            "attention": tables.points_label(arm),
+            f"test {metric} (mean ± sd)": f"{full['mean']:.4f} ± {full['std']:.4f}",
+        }
+        c = arm.get("comparison")
+        if c:
+            row["delta vs exact [95 % CI]"] = (
+                f"{c['delta_mean']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]"
+            )
+            row["Holm p"] = f"{c['p_adjusted']:.3g}"
+            row["wins"] = f"{c['idea_wins']}/{c['n_pairs']}"
+        else:
+            row["delta vs exact [95 % CI]"] = row["Holm p"] = row["wins"] = "baseline"
+        step, ratio = timing["step_ms_median"].get(name), timing["step_ratio_vs_baseline"].get(name)
+        row["train step ms (× exact)"] = f"{step:.0f} ({ratio:.2f}×)" if step else "n/a"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _met(flag: bool | None) -> str:
+    return "n/a" if flag is None else ("**met**" if flag else "**not met**")
+
+
+def _scaling_row(scaling: Mapping[str, Any], method: str, rank: int | None, n: int) -> dict:
+    for row in scaling["rows"]:
+        if row["method"] == method and row.get("rank") == rank and row["n"] == n:
+            return row
+    raise KeyError(f"no {method} r={rank} n={n} row in the scaling file")
+
+
+def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
+    """Each target of the study's issues, the measured figure and whether it is met."""
+    rows: list[tuple[str, str, str]] = []
+    forecast, lm = results["forecast"], results["lm"]
+    if forecast:
+        le = forecast["learnability"]
+        rows.append(
+            (
+                "forecast learnable: exact ≤ 0.6 × better naive, ≤ linear",
+                f"{le['ratio_to_better_naive']:.3f} ×; {le['ratio_to_linear']:.3f} × linear",
+                _met(le["met"]),
+            )
+        )
+        ratio = forecast["timings"]["step_ratio_vs_baseline"][forecast["primary_arm"]]
+        rows.append(
+            (
+                f"`{forecast['primary_arm']}` training step ≤ 1.5 × exact",
+                f"{ratio:.2f} ×",
+                _met(ratio <= 1.5),
+            )
+        )
+    if lm:
+        le = lm["learnability"]
+        rows.append(
+            (
+                "lm learnable: exact closes ≥ 50 % of the n-gram-to-floor gap",
+                f"{le['gap_closed']:.0%}",
+                _met(le["met"]),
+            )
+        )
+    mechanism = results["mechanism"]
+    if mechanism:
+        sig = mechanism["trained"]["mechanism_signature"]
+        rows.append(
+            (
+                "trace identity: every step's z within ±4",
+                f"largest abs(z) {sig['max_abs_z']:.2f} over {sig['n_tests']} tests",
+                _met(sig["confirmed"]),
+            )
+        )
+    scaling = results["scaling_cpu"]
+    if scaling:
+        at = {n: _scaling_row(scaling, "rpka", 64, n) for n in (1024, 4096)}
+        rows.append(
+            (
+                "CPU: `rpka` r=64 forward ≥ 3 × faster than exact at n = 4,096",
+                f"{at[4096]['speedup_vs_exact']:.1f} ×",
+                _met(at[4096]["speedup_vs_exact"] >= 3),
+            )
+        )
+        faster = [
+            r
+            for r in scaling["rows"]
+            if r["method"] == "rpka" and r.get("rank") == 64 and r["n"] >= 1024
+        ]
+        slowest = min(faster, key=lambda r: r["speedup_vs_exact"])
+        rows.append(
+            (
+                "CPU: faster than exact from n = 1,024 on",
+                f"{slowest['speedup_vs_exact']:.2f} × at n = {slowest['n']} (the least)",
+                _met(slowest["speedup_vs_exact"] > 1),
+            )
+        )
+    decode = results["decode"]
+    if decode:
+        target = decode["summary"]["target"]
+        longest = max(decode["config"]["contexts"])
+        rows.append(
+            (
+                "decoding: per-token time at the longest context ≤ 1.2 × at 1k",
+                f"{target['ratio']:.2f} × at {longest:,} ({decode['device']})",
+                _met(target["met"]),
+            )
+        )
+    gpu = results["scaling_gpu"]
+    if gpu is None:
+        for target in (
+            "GPU: r=64 ≥ 5 × faster than SDPA flash at 65,536",
+            "GPU: peak memory ≤ 4 × SDPA's at 65,536",
+            "GPU: pivot selection ≤ 25 % of the forward at n ≥ 16,384",
+        ):
+            rows.append((target, "not measured: no GPU was lent to this study's sessions", "n/a"))
+    else:
+        for target in gpu.get("targets", []):
+            rows.append((target["statement"], target["measured"], _met(target["met"])))
+    return pd.DataFrame(rows, columns=["target", "measured", "status"])
+
+
+def render(preset: str = "full") -> str:
+    """The summary block (Markdown) for ``preset``'s committed results."""
+    results = load_results(preset)
+    forecast, lm = results["forecast"], results["lm"]
+    if forecast is None:
+        raise FileNotFoundError(
+            f"no {study.results_dir(preset)}/bench_report.json: run "
+            f"`python -m rpka report --preset {preset}` first"
+        )
+    parts = [
+        f"Every number below is read from the committed result files of the `{preset}` "
+        f"preset by `python -m rpka summary --preset {preset}`; the report shows the same.",
+        "**Forecast track.** " + narrative.headline(forecast),
+        narrative.learnability(forecast),
+        arm_table(forecast).to_markdown(index=False),
+        narrative.ablation_choice(forecast),
+    ]
+    if lm:
+        parts += ["**Language-model track.** " + narrative.headline(lm), narrative.lm_floor_gaps(lm)]
+    if results["mechanism"]:
+        parts.append("**Mechanism.** " + study.mechanism_summary(results["mechanism"]))
+    if results["scaling_cpu"]:
+        parts.append("**Scaling.** " + narrative.scaling_summary(results["scaling_cpu"]))
+    parts += ["**Targets.**", targets_table(results).to_markdown(index=False)]
+    return "\n\n".join(parts)
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with the part between the markers replaced by ``block``."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"the file has no summary block: add the lines\n{BEGIN}\n{END}")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m rpka summary", description="the study's results in Markdown"
+    )
+    parser.add_argument("--preset", default="full", choices=sorted(study.SCALING_PRESET))
+    parser.add_argument("--readme", type=Path, help="rewrite this file's summary block")
+    args = parser.parse_args(argv)
+    block = render(args.preset)
+    if args.readme is None:
+        print(block)
+        return
+    atomic_write_text(args.readme, replace_block(args.readme.read_text(), block))
+    print(f"updated the summary block of {args.readme}")

@@ -1,0 +1,81 @@
+"""The README's results block: rendered from result files, kept in sync with them."""
+
+import pytest
+
+from rpka import summary
+from rpka.paths import resolve
+
+
+def test_arm_table_has_one_row_per_arm_with_the_reports_numbers(smoke_study_report):
+    report, _ = smoke_study_report
+    table = summary.arm_table(report)
+    assert [name.strip("`").split("`")[0] for name in table["arm"]] == list(report["arms"])
+    primary = table[table["arm"].str.contains("(primary)", regex=False)]
+    assert len(primary) == 1
+    arm = report["arms"][report["primary_arm"]]
+    cell = primary.iloc[0]
+    assert cell[f"test {report['metric']} (mean ± sd)"] == (
+        f"{arm['full']['mean']:.4f} ± {arm['full']['std']:.4f}"
+    )
+    assert cell["wins"] == f"{arm['comparison']['idea_wins']}/{arm['comparison']['n_pairs']}"
+    baseline = table.iloc[list(report["arms"]).index(report["baseline_arm"])]
+    assert baseline["delta vs exact [95 % CI]"] == "baseline"
+
+
+def test_targets_say_not_measured_when_a_file_is_missing(smoke_study_report):
+    report, _ = smoke_study_report
+    results = dict.fromkeys(summary.load_results("smoke"), None)
+    results["forecast"] = report
+    table = summary.targets_table(results)
+    gpu = table[table["target"].str.startswith("GPU")]
+    assert len(gpu) == 3 and set(gpu["status"]) == {"n/a"}
+    step = table[table["target"].str.contains("training step")].iloc[0]
+    ratio = report["timings"]["step_ratio_vs_baseline"][report["primary_arm"]]
+    assert step["status"] == ("**met**" if ratio <= 1.5 else "**not met**")
+
+
+def test_replace_block_rewrites_only_between_the_markers():
+    text = f"intro\n{summary.BEGIN}\nold\n{summary.END}\noutro\n"
+    new = summary.replace_block(text, "new | table")
+    assert new == f"intro\n{summary.BEGIN}\nnew | table\n{summary.END}\noutro\n"
+    assert summary.replace_block(new, "new | table") == new  # idempotent
+    with pytest.raises(ValueError, match="no summary block"):
+        summary.replace_block("no markers here", "x")
+
+
+def test_cli_rewrites_a_readme_block(tmp_path, monkeypatch, smoke_study_report):
+    report, _ = smoke_study_report
+    monkeypatch.setattr(summary, "render", lambda preset: f"rendered {preset}")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{summary.BEGIN}\n{summary.END}\n")
+    summary.main(["--preset", "smoke", "--readme", str(readme)])
+    assert readme.read_text() == f"# x\n{summary.BEGIN}\nrendered smoke\n{summary.END}\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["README.md"]  # no temporary left behind
+
+
+def test_render_without_results_names_the_command(monkeypatch):
+    monkeypatch.setattr(summary, "_load", lambda path: None)
+    with pytest.raises(FileNotFoundError, match="python -m rpka report --preset full"):
+        summary.render("full")
+
+
+@pytest.mark.skipif(
+    not resolve("data/results/full/bench_report.json").exists(),
+    reason="no committed full study",
+)
+def test_readme_block_matches_the_committed_full_study():
+    readme = resolve("README.md").read_text()
+    expected = summary.replace_block(readme, summary.render("full"))
+    assert readme == expected, (
+        "README's results block is stale: run "
+        "`python -m rpka summary --preset full --readme README.md`"
+    )
+
+
+def test_readme_python_example_runs():
+    """The README's usage example is code a reader will paste: it must run as written."""
+    readme = resolve("README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    assert blocks, "README has no python example"
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
