@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from rpka.plots import metric_label
+
 
 def _fmt(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
@@ -20,7 +22,7 @@ def setup(report: Mapping) -> str:
     arms = ", ".join(
         f"`{a['name']}`" + (f" ({a['options']})" if a["options"] else "") for a in cfg["arms"]
     )
-    metric = report["metric"] if report["track"] == "lm" else report["metric"].upper()
+    metric = metric_label(report)
     protocol = (
         f"**Arms.** {arms}. Baseline `{report['baseline_arm']}` (torch SDPA); primary arm "
         f"`{report['primary_arm']}`.\n\n"
@@ -65,7 +67,7 @@ def headline(report: Mapping) -> str:
     """The primary comparison in two sentences, with its statistics."""
     c = report["comparison"]
     base, idea = report["baseline"], report["idea"]
-    metric = report["metric"].upper()
+    metric = metric_label(report)
     return (
         f"**{report['primary_arm']} vs {report['baseline_arm']}:** test {metric} "
         f"{_fmt(idea['full']['mean'])} ± {_fmt(idea['full']['std'])} against "
@@ -175,3 +177,89 @@ def ablation_choice(report: Mapping) -> str:
         f"`{choice['chosen_options']}`, validation {choice['metric'].upper()} "
         f"{choice['chosen_val_score']:.4f}). Rule: {choice['rule']}"
     )
+
+
+def z_variance(mechanism: Mapping, model: str = "trained") -> float:
+    """Variance of every trace-identity z-score of ``mechanism.json`` (1 if they are N(0, 1))."""
+    z = np.concatenate(
+        [np.asarray(h["z"], dtype=float) for h in mechanism[model]["trace_identity"]]
+    )
+    return float(np.var(z[np.isfinite(z)]))
+
+
+def limitations(
+    report: Mapping, lm: Mapping | None = None, mechanism: Mapping | None = None
+) -> str:
+    """The study's limitations as Markdown bullets: fixed caveats, and those the results
+    themselves show (learning rates at the edge of the grid, divergences, short sequences)."""
+    bullets = [
+        "The tracks are synthetic; their generators are described in the set-up and their "
+        "code is `rpka/tracks/`.",
+        'A verdict of "inconclusive" is not evidence of no effect: read it with the CI and '
+        "the minimum detectable effect.",
+        "Timings on a CPU depend on the load of the machine; every timing file records the "
+        "load average.",
+    ]
+    for bench in (report, lm):
+        if bench is None:
+            continue
+        grid = sorted(bench["config"]["learning_rates"])
+        track = f"track `{bench['track']}`"
+        at_edge = [
+            f"`{arm}` ({e['best_cfg']['lr']:g})"
+            for arm, e in bench["arms"].items()
+            if e["best_cfg"]["lr"] in (grid[0], grid[-1])
+        ]
+        if at_edge:
+            bullets.append(
+                f"On {track} the best learning rate of {', '.join(at_edge)} is at an edge of "
+                f"the grid {[float(f'{lr:g}') for lr in grid]}: a wider grid might move them."
+            )
+        diverged = {arm: e["n_diverged"] for arm, e in bench["arms"].items() if e["n_diverged"]}
+        if diverged:
+            listed = ", ".join(f"`{arm}` {n}" for arm, n in diverged.items())
+            bullets.append(
+                f"On {track} evaluation seeds diverged ({listed}); the paired statistics "
+                "leave out their pairs."
+            )
+    if mechanism is not None:
+        sig = mechanism["trained"]["mechanism_signature"]
+        if sig["chi2_p_value"] is not None and sig["chi2_p_value"] < 0.05:
+            bullets.append(
+                f"The trace identity passes its rule at every step, but its {sig['n_tests']} "
+                f"z-scores are over-dispersed: variance {z_variance(mechanism):.2f} where 1 is "
+                f"expected (χ² p = {sig['chi2_p_value']:.3g}), with mean near 0 - the "
+                "Monte Carlo spread is wider than its standard errors say. Not explained yet."
+            )
+    primary = report["primary_arm"]
+    ratio = report["timings"]["step_ratio_vs_baseline"].get(primary)
+    if ratio is not None and ratio > 1:
+        bullets.append(
+            f"At the bench's {report['data'].get('context', '')} tokens `{primary}` trains "
+            f"{ratio:.1f}× slower per step than exact attention: RPKA's speed advantage needs "
+            "long sequences (section 4), which the quality comparison does not reach; the "
+            "long-context runs in `05_scaling` are the study's only training beyond it."
+        )
+    return "\n".join(f"- {b}" for b in bullets)
+
+
+def verdicts(*reports: Mapping | None) -> str:
+    """Per track, the arms grouped by their Holm-adjusted verdict against the baseline."""
+    from rpka.tables import verdict_word
+
+    lines = []
+    for report in reports:
+        if report is None:
+            continue
+        groups: dict[str, list[str]] = {}
+        for arm, entry in report["arms"].items():
+            if entry.get("comparison"):
+                word = verdict_word(entry["comparison"]["verdict"])
+                groups.setdefault(word, []).append(f"`{arm}`")
+        parts = [f"{word}: {', '.join(arms)}" for word, arms in groups.items()]
+        lines.append(
+            f"- Track `{report['track']}`, against `{report['baseline_arm']}` on test "
+            f"{metric_label(report)}, {report['n_seeds']} paired seeds, Holm across "
+            f"{sum(map(len, groups.values()))} arms. " + "; ".join(parts) + "."
+        )
+    return "\n".join(lines)

@@ -308,7 +308,7 @@ def _arm_colors(names: list[str]) -> dict[str, object]:
     return {name: tab20(i % 20) for i, name in enumerate(names)}
 
 
-def _metric_label(report: Mapping, metric: str | None = None) -> str:
+def metric_label(report: Mapping, metric: str | None = None) -> str:
     """e.g. "MSE (standardised units)" (forecast) or "perplexity" (lm)."""
     metric = metric or report["metric"]
     if report["track"] == "lm":
@@ -355,7 +355,7 @@ def plot_sweep(
     ax.set(
         xscale="log",
         xlabel="learning rate (log scale)",
-        ylabel=f"validation {_metric_label(report, metric)}",
+        ylabel=f"validation {metric_label(report, metric)}",
         title="Learning-rate sweep on validation (dots: sweep seeds)",
     )
     ax.legend(fontsize=8, ncol=2, loc="best")
@@ -394,7 +394,7 @@ def plot_learning_curves(
     )
     axes[1].set(
         xlabel="epoch",
-        ylabel=f"validation {_metric_label(report)}",
+        ylabel=f"validation {metric_label(report)}",
         title="Validation error (best lr, evaluation seeds)",
     )
     axes[1].legend(fontsize=8)
@@ -424,7 +424,7 @@ def plot_paired_seeds(
     ax.set_xticks([x for i in range(len(others)) for x in (2 * i, 2 * i + 1)])
     ax.set_xticklabels([lab for a in others for lab in (base, a)], rotation=45, ha="right")
     ax.set(
-        ylabel=f"test {_metric_label(report, metric)}",
+        ylabel=f"test {metric_label(report, metric)}",
         title="Per-seed pairs (green: the arm beats exact on that seed)",
     )
     save_figure(fig, save_dir, name)
@@ -901,9 +901,12 @@ def plot_error_vs_time(
 ) -> Figure:
     """Test error against cost, with the Pareto front highlighted.
 
-    Left: each arm's mean test metric (95 % CI bars) against its median training step time
-    (``timings.step_ms_median``). Right (when ``latency_ms`` is given, e.g.
-    :func:`rpka.scaling.forward_latency` of a ``--bench-preset`` scaling run): the same
+    The error is each arm's paired test-metric difference from the baseline (mean over
+    seeds, 95 % CI bars): pairing removes the seed-to-seed spread that every arm shares,
+    so these bars are the ones the verdicts rest on (the baseline sits at 0).
+    Left: against the arm's median training step time (``timings.step_ms_median``).
+    Right (when ``latency_ms`` is given, e.g. :func:`rpka.scaling.forward_latency` of a
+    ``--bench-preset`` scaling run): the same
     error against the attention's forward latency at ``latency_length`` tokens. The front
     (no arm both faster and better) is joined by a line and its points circled.
     """
@@ -917,17 +920,17 @@ def plot_error_vs_time(
     fig, axes = plt.subplots(
         1, len(panels), figsize=(7 * len(panels), 5), constrained_layout=True, squeeze=False
     )
-    metric = report.get("metric", "mse").upper()
+    metric = metric_label(report)
     for ax, (_, times, xlabel) in zip(axes[0], panels, strict=True):
         shown = [n for n in names if times.get(n) is not None]
         x = [float(times[n]) for n in shown]
-        full = [report["arms"][n]["full"] for n in shown]
-        y = [f["mean"] for f in full]
+        deltas = [report["arms"][n].get("comparison") for n in shown]
+        y = [c["delta_mean"] if c else 0.0 for c in deltas]
         front = set(pareto_front(x, y))
         for j, arm_name in enumerate(shown):
-            f = full[j]
-            err = [[f["mean"] - f["ci_low"]], [f["ci_high"] - f["mean"]]]
-            if not np.all(np.isfinite(err)):
+            c = deltas[j]
+            err = [[y[j] - c["ci_low"]], [c["ci_high"] - y[j]]] if c else None
+            if err is not None and not np.all(np.isfinite(err)):
                 err = None
             colour = _arm_colors(list(report["arms"]))[arm_name]
             marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
@@ -936,14 +939,25 @@ def plot_error_vs_time(
             )
             if j in front:  # circled and named: the arms worth their cost
                 ax.plot(x[j], y[j], "o", ms=15, mfc="none", mec="k", mew=1.2)
-                ax.annotate(
-                    arm_name, (x[j], y[j]), xytext=(8, 6), textcoords="offset points", fontsize=8
+                rank_on_front = sorted(front, key=lambda i: x[i]).index(j)
+                ax.annotate(  # alternate above / below so neighbours' names do not collide
+                    arm_name,
+                    (x[j], y[j]),
+                    xytext=(8, 8 if rank_on_front % 2 == 0 else -14),
+                    textcoords="offset points",
+                    fontsize=8,
                 )
         order = sorted(front, key=lambda j: x[j])
         ax.plot([x[j] for j in order], [y[j] for j in order], "k--", lw=1, label="Pareto front")
-        ax.set(xscale="log", xlabel=xlabel, ylabel=f"test {metric} (mean, 95 % CI)")
-        for axis_format in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
-            axis_format(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.axhline(0, color="0.4", lw=1, ls=":")
+        ax.set(
+            xscale="log",
+            xlabel=xlabel,
+            ylabel=f"test {metric}: arm - {report['baseline_arm']} (paired mean, 95 % CI)",
+        )
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     axes[0][-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
     axes[0][0].set_title("Error against training cost")
     if len(panels) > 1:

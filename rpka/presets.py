@@ -908,7 +908,7 @@ def _lm_full() -> BenchConfig:
         train=LM_TRAIN,
         arms=(EXACT, lm_rpka_arm(16), lm_rpka_arm(32)),
         primary_arm="rpka-r32",
-        learning_rates=(3e-3, 1e-2),
+        learning_rates=(3e-3, 1e-2, 3e-2),  # 1e-2 won a two-point grid: extended upward
         sweep_seeds=(0, 1),
         eval_seeds=tuple(range(100, 108)),
         metric="perplexity",

@@ -6,7 +6,8 @@ The README's results section is this module's output, so its numbers are the rep
     python -m rpka summary --preset full --readme README.md # rewrite the README's block
 
 The block sits between ``BEGIN``/``END`` markers; ``tests/test_summary.py`` fails when the
-README's block differs from what the committed files give.
+README's block differs from what the committed files give (it is skipped once a local
+rerun has changed those files).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def arm_table(report: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def _met(flag: bool | None) -> str:
-    return "n/a" if flag is None else ("**met**" if flag else "**not met**")
+    return "n/a" if flag is None else ("met" if flag else "not met")
 
 
 def _scaling_row(scaling: Mapping[str, Any], method: str, rank: int | None, n: int) -> dict:
@@ -194,12 +195,19 @@ def render(preset: str = "full") -> str:
         narrative.ablation_choice(forecast),
     ]
     if lm:
-        parts += ["**Language-model track.** " + narrative.headline(lm), narrative.lm_floor_gaps(lm)]
+        parts += [
+            "**Language-model track.** " + narrative.headline(lm),
+            narrative.lm_floor_gaps(lm),
+        ]
     if results["mechanism"]:
         parts.append("**Mechanism.** " + study.mechanism_summary(results["mechanism"]))
     if results["scaling_cpu"]:
         parts.append("**Scaling.** " + narrative.scaling_summary(results["scaling_cpu"]))
-    parts += ["**Targets.**", targets_table(results).to_markdown(index=False)]
+    parts += [
+        "**Verdicts.**\n\n" + narrative.verdicts(forecast, lm),
+        "**Targets.**",
+        targets_table(results).to_markdown(index=False),
+    ]
     return "\n\n".join(parts)
 
 

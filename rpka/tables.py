@@ -44,7 +44,7 @@ LM_NAMES = {
 
 
 def points_label(entry: Mapping) -> str:
-    """"r=16 of 192" for a low-rank arm, "96 tokens" for exact."""
+    """ "r=16 of 192" for a low-rank arm, "96 tokens" for exact."""
     rank = entry.get("rank")
     points = entry.get("pivot_points") or entry.get("attention_tokens")
     return f"r={rank} of {points}" if rank else f"{entry.get('attention_tokens')} tokens"
@@ -117,7 +117,7 @@ def results_table(report: Mapping, split: str = "test") -> pd.DataFrame:
             "95% CI": _interval(full["ci_low"], full["ci_high"]),
             "n": full["n"],
             "wins vs exact": wins,
-            "verdict": comparison.get("verdict", "baseline" if not comparison else ""),
+            "verdict": verdict_word(comparison["verdict"]) if comparison else "baseline",
         }
         if lm:
             gap = entry["floor_gap"]
@@ -136,7 +136,14 @@ def results_table(report: Mapping, split: str = "test") -> pd.DataFrame:
                 "NLL - floor (nats)": values["nll"] - floor["nll"],
             }
         rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame["n"] = frame["n"].astype("Int64")  # a count; the reference rows have none
+    return frame
+
+
+def verdict_word(verdict: str) -> str:
+    """ "inconclusive (95% CI of the delta [...])" -> "inconclusive" (tables show the CI)."""
+    return verdict.split(" (", 1)[0]
 
 
 def comparison_table(report: Mapping) -> pd.DataFrame:
@@ -161,7 +168,7 @@ def comparison_table(report: Mapping) -> pd.DataFrame:
                 "Wilcoxon p": c["wilcoxon_p"],
                 "paired t p": c["ttest_p"],
                 "Holm p": c["p_adjusted"],
-                "verdict": c["verdict"],
+                "verdict": verdict_word(c["verdict"]),
             }
         )
     return pd.DataFrame(rows)
@@ -209,8 +216,11 @@ def latency_table(
 
 
 def styled(frame: pd.DataFrame, precision: int = 4):
-    """A DataFrame for the report: no index column, blanks for missing values, fixed
-    precision (a pandas ``Styler``; notebooks render it as an HTML table)."""
+    """A DataFrame for the report: blanks for missing values, fixed precision, and no index
+    column unless the index is named (then it becomes the first column) - a pandas
+    ``Styler``; notebooks render it as an HTML table."""
+    if frame.index.name is not None:
+        frame = frame.reset_index()
     return frame.style.format(precision=precision, na_rep="").hide(axis="index")
 
 
