@@ -164,3 +164,12 @@ def test_tables_show_counts_as_integers_and_short_verdicts(smoke_study_report):
     assert tables.verdict_word("inconclusive (95% CI of the delta [-1, 1])") == "inconclusive"
     named = pd.DataFrame({"x": [1]}, index=pd.Index(["exact"], name="method"))
     assert "method" in tables.styled(named).to_html()
+
+
+def test_targets_without_the_long_lengths_say_so():
+    scaling = {"rows": [{"method": "rpka", "rank": 64, "n": 256, "speedup_vs_exact": 0.5}]}
+    results = dict.fromkeys(["forecast", "lm", "mechanism", "decode", "scaling_gpu"])
+    table = summary.targets_table({**results, "scaling_cpu": scaling})
+    cpu = table[table["target"].str.startswith("CPU")]
+    assert list(cpu["measured"]) == ["not in this sweep"] * 2
+    assert set(cpu["status"]) == {"n/a"}
