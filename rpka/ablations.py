@@ -2,15 +2,18 @@
 
 The ablation arms change one choice of RPKA at a time around the reference (its current
 default, at one rank): pivot weighting, pivot set, pivot rule, pivot refresh
-(``rpka.presets.ABLATIONS``). :func:`choose_default` picks the configuration with the
-lowest mean **validation** error over the sweep seeds, at each arm's own best learning
-rate - the sweep's own numbers (``arms.<arm>.sweep``), averaged over the sweep seeds that
-every candidate ran (an arm may sweep with a subset of the study's seeds), so that every
-candidate is scored on the same seeds. Test scores are never read: the test split stays
-a clean estimate of the chosen configuration (DESIGN.md section 5, point 1), and the
-sweep seeds are disjoint from the evaluation seeds behind it. The evaluation seeds'
-validation scores (also validation, never test) are reported beside it as a check with
-more seeds.
+(``rpka.presets.ABLATIONS``). :func:`choose_default` works in two steps, on validation
+scores only - test scores are never read, so the test split stays a clean estimate
+(DESIGN.md section 5, point 1):
+
+1. **Pick** the candidate with the lowest mean validation error over the sweep seeds, at
+   each arm's own best learning rate (``arms.<arm>.sweep``), averaged over the sweep seeds
+   that every candidate ran, so that all are scored on the same seeds.
+2. **Confirm** it against the reference on the evaluation seeds' validation scores
+   (``arms.<arm>.val_by_metric``: more seeds, still validation): paired by seed, exact
+   sign-flip p, Holm-adjusted across the candidates. The pick replaces the reference only
+   if it is better there too with adjusted p < alpha; otherwise the reference stays. A
+   default should not change on the noise of two sweep seeds.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from rpka import stats
 from rpka.attention import build
 from rpka.attention.rpka import RPKAttention
 
@@ -26,11 +30,14 @@ from rpka.attention.rpka import RPKAttention
 FACTORS = ("rank", "pivot_rule", "pivot_set", "weighting", "pivot_refresh")
 
 RULE = (
-    "RPKA's default is the configuration, among the ablation reference (the current default) "
-    "and the ablation arms (one choice changed each, same rank), with the lowest mean "
-    "validation {metric} at its own best learning rate over the sweep seeds every candidate "
-    "ran ({seeds}; arms.<arm>.sweep[].val_per_seed); the reference keeps the title on a tie, "
-    "an arm with a diverged sweep seed cannot win. Test scores are never used."
+    "Pick: among the ablation reference (the current default) and the ablation arms (one "
+    "choice changed each, same rank), the lowest mean validation {metric} at its own best "
+    "learning rate over the sweep seeds every candidate ran ({seeds}; "
+    "arms.<arm>.sweep[].val_per_seed); the reference keeps it on a tie, an arm with a "
+    "diverged sweep seed cannot win. Confirm: the pick replaces the reference only if its "
+    "evaluation seeds' validation {metric} is lower too, paired by seed, with sign-flip p "
+    "< {alpha:g} after Holm across the {n_others} other candidates; otherwise the reference "
+    "stays. Test scores are never used."
 )
 
 
@@ -53,7 +60,7 @@ def _finite(x: float | None) -> float:
     return x if x is not None and math.isfinite(x) else math.inf
 
 
-def choose_default(report: Mapping[str, Any]) -> dict[str, Any] | None:
+def choose_default(report: Mapping[str, Any], alpha: float = stats.ALPHA) -> dict[str, Any] | None:
     """The ablation choice of a bench report (``bench_report.json`` -> ``ablation_choice``).
 
     Reads only ``config`` (metric, ablation reference and arms) and, per arm, its options
@@ -105,16 +112,28 @@ def choose_default(report: Mapping[str, Any]) -> dict[str, Any] | None:
             }
         )
     # min keeps the first of equal scores: the reference (listed first) wins a tie
-    chosen = min(candidates, key=lambda c: _finite(c["val_score"]))
+    picked = min(candidates, key=lambda c: _finite(c["val_score"]))
+    confirm_on_eval_seeds(report, reference, candidates[1:], metric, alpha)
+    candidates[0] |= dict.fromkeys(("eval_seeds_val_delta", "eval_seeds_val_p"))
+    candidates[0] |= {"eval_seeds_val_p_adjusted": None, "eval_seeds_val_confirms": False}
+    confirmed = picked is not candidates[0] and picked["eval_seeds_val_confirms"]
+    chosen = picked if confirmed else candidates[0]
     check = min(candidates, key=lambda c: _finite(c["eval_seeds_val_mean"]))
     ref = candidates[0]
     margin = _finite(ref["val_score"]) - _finite(chosen["val_score"])
     return {
-        "rule": RULE.format(metric=metric, seeds=", ".join(map(str, seeds)) or "none"),
+        "rule": RULE.format(
+            metric=metric,
+            seeds=", ".join(map(str, seeds)) or "none",
+            alpha=alpha,
+            n_others=len(candidates) - 1,
+        ),
         "metric": metric,
         "split": "val",
         "sweep_seeds": seeds,
         "reference": reference,
+        "picked_arm": picked["arm"],
+        "pick_confirmed": confirmed,
         "chosen_arm": chosen["arm"],
         "chosen_method": chosen["method"],
         "chosen_options": chosen["options"],
@@ -126,9 +145,42 @@ def choose_default(report: Mapping[str, Any]) -> dict[str, Any] | None:
         ),
         "changes_default": chosen["arm"] != reference,
         "eval_seeds_val_choice": check["arm"],
-        "eval_seeds_val_agrees": check["arm"] == chosen["arm"],
+        "eval_seeds_val_agrees": check["arm"] == picked["arm"],
         "candidates": candidates,
     }
+
+
+def confirm_on_eval_seeds(
+    report: Mapping[str, Any],
+    reference: str,
+    others: list[dict[str, Any]],
+    metric: str,
+    alpha: float,
+) -> None:
+    """Fill each candidate's paired comparison with the reference on the evaluation seeds'
+    validation scores (``eval_seeds_val_delta``, ``eval_seeds_val_p``, Holm-adjusted
+    ``eval_seeds_val_p_adjusted``, ``eval_seeds_val_confirms``)."""
+
+    def by_seed(arm: Mapping[str, Any]) -> dict[int, float | None]:
+        return dict(zip(arm["seeds"], arm["val_by_metric"][metric]["per_seed"], strict=True))
+
+    ref_scores = by_seed(report["arms"][reference])
+    for candidate in others:
+        scores = by_seed(report["arms"][candidate["arm"]])
+        shared = [seed for seed in ref_scores if seed in scores]
+        paired = stats.paired_comparison(
+            [_finite(ref_scores[seed]) for seed in shared],
+            [_finite(scores[seed]) for seed in shared],
+            report.get("metric_direction", "lower"),
+        )
+        candidate["eval_seeds_val_delta"] = paired["delta_mean"]
+        candidate["eval_seeds_val_p"] = paired["p_value"]
+    adjusted = stats.holm([c["eval_seeds_val_p"] for c in others]) if others else []
+    sign = 1.0 if report.get("metric_direction", "lower") == "lower" else -1.0
+    for candidate, p_adjusted in zip(others, adjusted, strict=True):
+        better = sign * candidate["eval_seeds_val_delta"] < 0  # False for NaN
+        candidate["eval_seeds_val_p_adjusted"] = p_adjusted
+        candidate["eval_seeds_val_confirms"] = bool(better and p_adjusted < alpha)
 
 
 __all__ = ["FACTORS", "RULE", "choose_default", "rpka_configuration"]

@@ -166,17 +166,26 @@ def ablation_choice(report: Mapping) -> str:
     choice = report.get("ablation_choice")
     if not choice:
         return "This study has no ablation arms."
-    kept = choice["chosen_arm"] == choice["reference"]
-    outcome = (
-        f"the reference `{choice['reference']}` stays the default"
-        if kept
-        else f"`{choice['chosen_arm']}` replaces the reference `{choice['reference']}`"
-    )
-    return (
-        f"**RPKA's default, chosen on validation:** {outcome} (options "
-        f"`{choice['chosen_options']}`, validation {choice['metric'].upper()} "
-        f"{choice['chosen_val_score']:.4f}). Rule: {choice['rule']}"
-    )
+    reference, picked = choice["reference"], choice.get("picked_arm", choice["chosen_arm"])
+    if choice["chosen_arm"] != reference:
+        outcome = (
+            f"`{choice['chosen_arm']}` replaces the reference `{reference}` (options "
+            f"`{choice['chosen_options']}`): picked on the sweep seeds and confirmed on the "
+            "evaluation seeds' validation scores"
+        )
+    elif picked == reference:
+        outcome = f"the reference `{reference}` stays the default: no candidate scored lower"
+    else:
+        candidate = next(c for c in choice["candidates"] if c["arm"] == picked)
+        outcome = (
+            f"the reference `{reference}` stays the default. The sweep seeds pick "
+            f"`{picked}` (validation {choice['metric'].upper()} {candidate['val_score']:.4f} "
+            f"against {choice['reference_val_score']:.4f}), but on the evaluation seeds' "
+            f"validation scores it differs from the reference by "
+            f"{candidate['eval_seeds_val_delta']:+.4f} (Holm-adjusted p = "
+            f"{candidate['eval_seeds_val_p_adjusted']:.3g}), so the pick is not confirmed"
+        )
+    return f"**RPKA's default, chosen on validation:** {outcome}. Rule: {choice['rule']}"
 
 
 def z_variance(mechanism: Mapping, model: str = "trained") -> float:

@@ -563,7 +563,9 @@ def ablation_table(report: Mapping[str, Any]) -> pd.DataFrame:
 
     Columns: ``arm``, ``factor`` and ``level`` (what it changes from the reference),
     ``lr``, ``val_score`` (mean over the sweep seeds: the choice), ``val_per_seed``,
-    ``eval_seeds_val_mean`` (the check), ``chosen``. Empty without an ablation study.
+    ``eval_seeds_val_mean``, and against the reference on the evaluation seeds'
+    validation scores ``eval_seeds_val_delta`` and its Holm-adjusted sign-flip p (the
+    confirmation), ``picked`` (step 1), ``chosen``. Empty without an ablation study.
     """
     choice = report.get("ablation_choice")
     if not choice:
@@ -581,6 +583,9 @@ def ablation_table(report: Mapping[str, Any]) -> pd.DataFrame:
                     "diverged" if v is None else f"{v:.4f}" for v in c["val_per_seed"]
                 ),
                 "eval_seeds_val_mean": c["eval_seeds_val_mean"],
+                "eval_seeds_val_delta": c.get("eval_seeds_val_delta"),
+                "eval_seeds_val_p_adjusted": c.get("eval_seeds_val_p_adjusted"),
+                "picked": c["arm"] == choice.get("picked_arm", choice["chosen_arm"]),
                 "chosen": c["arm"] == choice["chosen_arm"],
             }
         )

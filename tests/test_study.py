@@ -133,17 +133,32 @@ def test_report_holds_holm_over_every_arm_and_the_choice(smoke_study_report):
     uniform = choice["candidates"][2]
     assert uniform["factor"] == "pivot_rule" and uniform["level"] == "uniform"
     scores = {c["arm"]: c["val_score"] for c in choice["candidates"]}
-    assert choice["chosen_arm"] == min(scores, key=scores.get)
+    assert choice["picked_arm"] == min(scores, key=scores.get)
+    expected = choice["picked_arm"] if choice["pick_confirmed"] else "rpka-r4"
+    assert choice["chosen_arm"] == expected
 
 
-def rigged(report, val, test):
-    """A copy of a report whose candidates score ``val`` on validation, ``test`` on test."""
+EVAL_SEEDS = list(range(100, 108))  # enough pairs for the confirmation step to pass
+
+
+def rigged(report, val, test, eval_val=None):
+    """A copy of a report whose candidates score ``val`` on validation (sweep seeds),
+    ``eval_val`` (default: ``val``) on the validation split with 8 evaluation seeds (each
+    seed's score shifted by the same per-seed noise, so pairs keep the candidates' order),
+    and ``test`` on test."""
     report = copy.deepcopy(report)
+    eval_val = val if eval_val is None else eval_val
+    noise = [0.01 * ((7 * i) % 5) for i in range(len(EVAL_SEEDS))]
     for name, arm in report["arms"].items():
         if name in val:
             arm["best_cfg"]["val_score"] = val[name]
             row = next(r for r in arm["sweep"] if r["lr"] == arm["best_cfg"]["lr"])
             row["val_per_seed"] = [val[name]]
+            arm["seeds"] = EVAL_SEEDS
+            jitter = [0.002 * ((i + len(name)) % 3) for i in range(len(noise))]  # sd > 0
+            per_seed = [eval_val[name] + e + j for e, j in zip(noise, jitter, strict=True)]
+            arm["val_by_metric"][report["metric"]]["per_seed"] = per_seed
+            arm["val_by_metric"][report["metric"]]["mean"] = sum(per_seed) / len(per_seed)
             if name in test:
                 arm["full"]["mean"] = test[name]
                 arm["full"]["per_seed"] = [test[name]] * len(arm["full"]["per_seed"])
@@ -163,6 +178,31 @@ def test_default_choice_reads_validation_never_test(smoke_study_report):
     for arm in blind["arms"].values():
         del arm["full"], arm["full_by_metric"]
     assert choose_default(blind)["chosen_arm"] == "rpka-r4-greedy"
+
+
+def test_a_pick_the_evaluation_seeds_do_not_confirm_keeps_the_reference(smoke_study_report):
+    report, _ = smoke_study_report
+    val = {"rpka-r4": 0.50, "rpka-r4-greedy": 0.40, "nystrom-uniform-r4": 0.45}
+    eval_val = {"rpka-r4": 0.50, "rpka-r4-greedy": 0.52, "nystrom-uniform-r4": 0.55}
+    choice = choose_default(rigged(report, val, {}, eval_val))
+    assert choice["picked_arm"] == "rpka-r4-greedy" and not choice["pick_confirmed"]
+    assert choice["chosen_arm"] == "rpka-r4" and not choice["changes_default"]
+    greedy = choice["candidates"][1]
+    assert greedy["eval_seeds_val_delta"] == pytest.approx(0.02, abs=0.002)
+    assert not greedy["eval_seeds_val_confirms"]
+    # better on the evaluation seeds, but by a sign-flip p that 8 pairs cannot push below
+    # 0.05 after Holm over 2 candidates when one pair disagrees
+    mixed = rigged(report, val, {}, {**eval_val, "rpka-r4-greedy": 0.49})
+    scores = mixed["arms"]["rpka-r4-greedy"]["val_by_metric"]["mse"]["per_seed"]
+    scores[0] += 0.05  # one seed against
+    choice = choose_default(mixed)
+    assert choice["candidates"][1]["eval_seeds_val_p_adjusted"] > 0.05
+    assert choice["chosen_arm"] == "rpka-r4"
+    # all 8 pairs better: p = 2/256, Holm x2 < 0.05: confirmed
+    confirmed = choose_default(rigged(report, val, {}, {**eval_val, "rpka-r4-greedy": 0.45}))
+    assert confirmed["pick_confirmed"] and confirmed["chosen_arm"] == "rpka-r4-greedy"
+    assert confirmed["candidates"][1]["eval_seeds_val_p_adjusted"] == pytest.approx(2 * 2 / 256)
+    assert confirmed["candidates"][1]["eval_seeds_val_delta"] < 0
 
 
 def test_default_choice_ties_keep_the_reference_and_divergence_loses(smoke_study_report):
