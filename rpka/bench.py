@@ -54,6 +54,7 @@ from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 import rpka
 from rpka import narrative, stats
 from rpka.ablations import choose_default, rpka_configuration
+from rpka.attention import options_of
 from rpka.io import read_json, write_json
 from rpka.mechanism import mechanism_study, method_output_errors
 from rpka.paths import resolve
@@ -163,6 +164,8 @@ def study_output_errors(
     for arm in config.arms:
         if arm.method == "exact" or arm.name not in eval_of:
             continue
+        if "rank" not in options_of(arm.method):
+            continue  # a control without a rank (``mean``): nothing to approximate
         own = dict(arm.options).get("rank")
         ranks = sorted(set(config.output_error_ranks) | ({own} if own else set()))
         for label, qkv in (("own", inputs_of(arm.name)), ("exact", exact_inputs)):

@@ -806,6 +806,7 @@ GROUP_MARKERS = {
     "RPKA rank": "o",
     "RPKA ablation": "s",
     "peer": "D",
+    "control": "X",
 }
 
 

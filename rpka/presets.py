@@ -449,6 +449,9 @@ def peer_arm(method: str, rank: int, **options: Any) -> ArmConfig:
 
 
 EXACT = ArmConfig("exact", "exact", {})
+# the control: uniform attention (q = 0) at exact's tuned rate - how much the track needs
+# attention at all; an approximation cannot beat exact by more than exact beats this
+MEAN_CONTROL = ArmConfig("mean-attention", "mean", {}, lr_from="exact")
 
 # The ablation study varies one choice of RPKA at a time around its default configuration
 # (gauss weighting, joint pivot set, rpc rule, pivots drawn at every call) at ONE rank,
@@ -725,7 +728,8 @@ def _smoke() -> BenchConfig:
 
 
 def _smoke_study() -> BenchConfig:
-    """The full study's structure in seconds: one ablation, the uniform rule, one peer."""
+    """The full study's structure in seconds: one ablation, the uniform rule, one peer, the
+    control."""
     return dataclasses.replace(
         _smoke(),
         preset="smoke-study",
@@ -735,6 +739,7 @@ def _smoke_study() -> BenchConfig:
             dataclasses.replace(rpka_arm(4, "greedy", pivot_rule="greedy"), lr_from="rpka-r4"),
             dataclasses.replace(peer_arm("nystrom-uniform", 4), lr_from="rpka-r4"),
             peer_arm("performer", 4),
+            MEAN_CONTROL,
         ),
         ablation_reference="rpka-r4",
         ablation_arms=("rpka-r4-greedy", "nystrom-uniform-r4"),
@@ -796,6 +801,7 @@ def _full() -> BenchConfig:
             rpka_arm(64, pivot_method=R64_PIVOT_METHOD),
             *ablations,
             *peers,
+            MEAN_CONTROL,
         ),
         primary_arm="rpka-r64",
         learning_rates=(1e-3, 3e-3, 1e-2),

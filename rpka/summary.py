@@ -94,75 +94,65 @@ def _rpka_rows(scaling: Mapping[str, Any], rank: int = 64) -> dict[int, dict]:
 def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
     """Each target of the study's issues, the measured figure and whether it is met."""
     rows: list[tuple[str, str, str]] = []
+
+    def add(target: str, measured: str, met: bool | None) -> None:
+        rows.append((target, measured, _met(met)))
+
     forecast, lm = results["forecast"], results["lm"]
     if forecast:
         le = forecast["learnability"]
-        rows.append(
-            (
-                "forecast learnable: exact ≤ 0.6 × better naive, ≤ linear",
-                f"{le['ratio_to_better_naive']:.3f} ×; {le['ratio_to_linear']:.3f} × linear",
-                _met(le["met"]),
-            )
+        add(
+            "forecast learnable: exact ≤ 0.6 × better naive, ≤ linear",
+            f"{le['ratio_to_better_naive']:.3f} ×; {le['ratio_to_linear']:.3f} × linear",
+            le["met"],
         )
         ratio = forecast["timings"]["step_ratio_vs_baseline"][forecast["primary_arm"]]
-        rows.append(
-            (
-                f"`{forecast['primary_arm']}` training step ≤ 1.5 × exact",
-                f"{ratio:.2f} ×",
-                _met(ratio <= 1.5),
-            )
+        add(
+            f"`{forecast['primary_arm']}` training step ≤ 1.5 × exact",
+            f"{ratio:.2f} ×",
+            ratio <= 1.5,
         )
     if lm:
         le = lm["learnability"]
-        rows.append(
-            (
-                "lm learnable: exact closes ≥ 50 % of the n-gram-to-floor gap",
-                f"{le['gap_closed']:.0%}",
-                _met(le["met"]),
-            )
+        add(
+            "lm learnable: exact closes ≥ 50 % of the n-gram-to-floor gap",
+            f"{le['gap_closed']:.0%}",
+            le["met"],
         )
     mechanism = results["mechanism"]
     if mechanism:
         sig = mechanism["trained"]["mechanism_signature"]
-        rows.append(
-            (
-                "trace identity: every step's z within ±4",
-                f"largest abs(z) {sig['max_abs_z']:.2f} over {sig['n_tests']} tests",
-                _met(sig["confirmed"]),
-            )
+        add(
+            "trace identity: every step's z within ±4",
+            f"largest abs(z) {sig['max_abs_z']:.2f} over {sig['n_tests']} tests",
+            sig["confirmed"],
         )
     scaling = results["scaling_cpu"]
     if scaling:
         rows_by_n = _rpka_rows(scaling)
         at_4096 = rows_by_n.get(4096)
-        rows.append(
-            (
-                "CPU: `rpka` r=64 forward ≥ 3 × faster than exact at n = 4,096",
-                f"{at_4096['speedup_vs_exact']:.1f} ×" if at_4096 else "not in this sweep",
-                _met(at_4096["speedup_vs_exact"] >= 3 if at_4096 else None),
-            )
+        add(
+            "CPU: `rpka` r=64 forward ≥ 3 × faster than exact at n = 4,096",
+            f"{at_4096['speedup_vs_exact']:.1f} ×" if at_4096 else "not in this sweep",
+            at_4096["speedup_vs_exact"] >= 3 if at_4096 else None,
         )
         long = [row for n, row in rows_by_n.items() if n >= 1024]
         slowest = min(long, key=lambda r: r["speedup_vs_exact"]) if long else None
-        rows.append(
-            (
-                "CPU: faster than exact from n = 1,024 on",
-                f"{slowest['speedup_vs_exact']:.2f} × at n = {slowest['n']:,} (the least)"
-                if slowest
-                else "not in this sweep",
-                _met(slowest["speedup_vs_exact"] > 1 if slowest else None),
-            )
+        add(
+            "CPU: faster than exact from n = 1,024 on",
+            f"{slowest['speedup_vs_exact']:.2f} × at n = {slowest['n']:,} (the least)"
+            if slowest
+            else "not in this sweep",
+            slowest["speedup_vs_exact"] > 1 if slowest else None,
         )
     decode = results["decode"]
     if decode:
         target = decode["summary"]["target"]
         longest = max(decode["config"]["contexts"])
-        rows.append(
-            (
-                "decoding: per-token time at the longest context ≤ 1.2 × at 1k",
-                f"{target['ratio']:.2f} × at {longest:,} ({decode['device']})",
-                _met(target["met"]),
-            )
+        add(
+            "decoding: per-token time at the longest context ≤ 1.2 × at 1k",
+            f"{target['ratio']:.2f} × at {longest:,} ({decode['device']})",
+            target["met"],
         )
     gpu = results["scaling_gpu"]
     if gpu is None:

@@ -542,7 +542,8 @@ GROUPS = ("baseline", "RPKA rank", "RPKA ablation", "peer", "naive")
 
 
 def arm_group(report: Mapping[str, Any], name: str) -> str:
-    """``baseline``, ``RPKA rank`` (the rank sweep), ``RPKA ablation`` or ``peer``.
+    """``baseline``, ``RPKA rank`` (the rank sweep), ``RPKA ablation``, ``peer`` or
+    ``control`` (``mean``: uniform attention).
 
     The ablation reference counts as an ablation (it is the ablations' default). A peer
     that is listed among the ablation arms (``nystrom-uniform``: RPKA with uniform
@@ -552,6 +553,8 @@ def arm_group(report: Mapping[str, Any], name: str) -> str:
     arm = report["arms"][name]
     if name == config["baseline_arm"]:
         return "baseline"
+    if arm["method"] == "mean":
+        return "control"
     if arm["method"] != "rpka":
         return "peer"
     ablations = {config.get("ablation_reference"), *config.get("ablation_arms", ())}

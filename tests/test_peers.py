@@ -333,3 +333,16 @@ def test_performer_error_shrinks_with_rank():
     ]
     # Monte Carlo error ~ 1/sqrt(m): 16x more features should cut it by about 4
     assert errs[0] > 2 * errs[1] > 4 * errs[2]
+
+
+def test_mean_control_averages_the_values_whatever_the_queries():
+    from rpka.attention import build
+
+    q, k, v = (torch.randn(2, 3, 10, 4, dtype=torch.float64) for _ in range(3))
+    out = build("mean")(q, k, v)
+    torch.testing.assert_close(out, v.mean(-2, keepdim=True).expand_as(out))
+    # it is softmax attention with q = 0, causal too
+    zero = torch.zeros_like(q)
+    torch.testing.assert_close(out, build("exact")(zero, k, v))
+    causal = build("mean", causal=True)(q, k, v)
+    torch.testing.assert_close(causal, build("exact", causal=True)(zero, k, v))

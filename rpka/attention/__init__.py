@@ -13,6 +13,7 @@ from torch import nn
 from rpka.attention.base import AttentionMethod, check_qkv
 from rpka.attention.exact import ExactAttention
 from rpka.attention.keys_coreset import KeysCoresetAttention
+from rpka.attention.mean import MeanAttention
 from rpka.attention.nystrom_uniform import NystromUniformAttention
 from rpka.attention.nystromformer import NystromformerAttention
 from rpka.attention.performer import PerformerAttention
@@ -27,6 +28,8 @@ REGISTRY: dict[str, type[AttentionMethod]] = {
     "keys-coreset": KeysCoresetAttention,
     "nystromformer": NystromformerAttention,
     "performer": PerformerAttention,
+    # a control: uniform attention (q = 0), how much a track needs attention at all
+    "mean": MeanAttention,
 }
 
 
@@ -64,6 +67,7 @@ __all__ = [
     "CholeskyResult",
     "ExactAttention",
     "KeysCoresetAttention",
+    "MeanAttention",
     "NystromUniformAttention",
     "NystromformerAttention",
     "PerformerAttention",
