@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from rpka.plots import metric_label
+from rpka.tables import verdict_word
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -80,6 +81,42 @@ def headline(report: Mapping) -> str:
         f"is {c['mde']:.4f} ({c['mde_rel_pct']:.1f} % of exact's mean); the CI half-width is "
         f"{c['ci_halfwidth']:.4f}."
     )
+
+
+def control_arms(report: Mapping) -> list[str]:
+    """The report's control arms (method ``mean``: uniform attention)."""
+    return [arm for arm, e in report["arms"].items() if e["method"] == "mean"]
+
+
+def control_reading(report: Mapping) -> str:
+    """What the control arm says about the track: does it need attention at all?
+
+    The control (uniform attention, queries and keys ignored) against the baseline: if
+    exact attention beats it significantly, the track tells attention methods apart; if
+    not, a tie of an approximation with exact attention says nothing about its quality.
+    """
+    parts = []
+    for arm in control_arms(report):
+        c = report["arms"][arm]["comparison"]
+        word = verdict_word(c["verdict"])
+        stats_ = (
+            f"`{arm}` (uniform attention: queries and keys ignored) against "
+            f"`{report['baseline_arm']}`: delta {c['delta_mean']:+.4f}, 95 % CI "
+            f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}], Holm p = {c['p_adjusted']:.3g} "
+            f"({word})"
+        )
+        if word == "significant loss":
+            parts.append(
+                f"**Control:** {stats_}. This track needs attention, so it can tell "
+                "attention methods apart."
+            )
+        else:
+            parts.append(
+                f"**Control:** {stats_}. **This track shows no need for attention**: a model "
+                "without it cannot be told apart from exact attention, so the other arms' "
+                "ties with exact attention say little about how well they approximate it."
+            )
+    return "\n\n".join(parts)
 
 
 def learnability(report: Mapping) -> str:
@@ -231,6 +268,16 @@ def limitations(
                 f"On {track} evaluation seeds diverged ({listed}); the paired statistics "
                 "leave out their pairs."
             )
+    for bench in (report, lm):
+        if bench is not None and control_arms(bench):
+            reading = control_reading(bench)
+            if "shows no need for attention" in reading:
+                bullets.append(
+                    f"Track `{bench['track']}` shows no need for attention (its control, "
+                    "uniform attention, cannot be told apart from exact attention): its "
+                    "comparisons of attention methods are uninformative. A forecast task "
+                    "whose answer depends on which past steps are attended is future work."
+                )
     if mechanism is not None:
         sig = mechanism["trained"]["mechanism_signature"]
         if sig["chi2_p_value"] is not None and sig["chi2_p_value"] < 0.05:
@@ -254,8 +301,6 @@ def limitations(
 
 def verdicts(*reports: Mapping | None) -> str:
     """Per track, the arms grouped by their Holm-adjusted verdict against the baseline."""
-    from rpka.tables import verdict_word
-
     lines = []
     for report in reports:
         if report is None:

@@ -912,7 +912,7 @@ def _lm_full() -> BenchConfig:
         track=LM_TRACK,
         model=LM_MODEL,
         train=LM_TRAIN,
-        arms=(EXACT, lm_rpka_arm(16), lm_rpka_arm(32)),
+        arms=(EXACT, lm_rpka_arm(16), lm_rpka_arm(32), MEAN_CONTROL),
         primary_arm="rpka-r32",
         learning_rates=(3e-3, 1e-2, 3e-2),  # 1e-2 won a two-point grid: extended upward
         sweep_seeds=(0, 1),

@@ -181,6 +181,7 @@ def render(preset: str = "full") -> str:
         f"Every number below is read from the committed result files of the `{preset}` "
         f"preset by `python -m rpka summary --preset {preset}`; the report shows the same.",
         "**Forecast track.** " + narrative.headline(forecast),
+        narrative.control_reading(forecast),
         narrative.learnability(forecast),
         arm_table(forecast).to_markdown(index=False),
         narrative.ablation_choice(forecast),
@@ -188,6 +189,7 @@ def render(preset: str = "full") -> str:
     if lm:
         parts += [
             "**Language-model track.** " + narrative.headline(lm),
+            narrative.control_reading(lm),
             narrative.lm_floor_gaps(lm),
         ]
     if results["mechanism"]:
@@ -199,7 +201,7 @@ def render(preset: str = "full") -> str:
         "**Targets.**",
         targets_table(results).to_markdown(index=False),
     ]
-    return "\n\n".join(parts)
+    return "\n\n".join(part for part in parts if part)  # a track without a control: ""
 
 
 def replace_block(text: str, block: str) -> str:

@@ -173,3 +173,22 @@ def test_targets_without_the_long_lengths_say_so():
     cpu = table[table["target"].str.startswith("CPU")]
     assert list(cpu["measured"]) == ["not in this sweep"] * 2
     assert set(cpu["status"]) == {"n/a"}
+
+
+def test_control_reading_says_whether_the_track_needs_attention(smoke_study_report):
+    import copy
+
+    from rpka import narrative
+
+    report, _ = smoke_study_report
+    assert narrative.control_arms(report) == ["mean-attention"]
+    rigged = copy.deepcopy(report)
+    comparison = rigged["arms"]["mean-attention"]["comparison"]
+    comparison["verdict"] = "significant loss (95% CI of the delta [+0.1, +0.2])"
+    assert "needs attention" in narrative.control_reading(rigged)
+    comparison["verdict"] = "inconclusive (95% CI of the delta [-0.1, +0.2])"
+    reading = narrative.control_reading(rigged)
+    assert "shows no need for attention" in reading
+    assert "uninformative" in narrative.limitations(rigged)
+    del rigged["arms"]["mean-attention"]
+    assert narrative.control_reading(rigged) == ""
