@@ -108,7 +108,7 @@ def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
         )
         ratio = forecast["timings"]["step_ratio_vs_baseline"][forecast["primary_arm"]]
         add(
-            f"`{forecast['primary_arm']}` training step ≤ 1.5 × exact",
+            f"{forecast['primary_arm']} training step ≤ 1.5 × exact",
             f"{ratio:.2f} ×",
             ratio <= 1.5,
         )
@@ -132,7 +132,7 @@ def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
         rows_by_n = _rpka_rows(scaling)
         at_4096 = rows_by_n.get(4096)
         add(
-            "CPU: `rpka` r=64 forward ≥ 3 × faster than exact at n = 4,096",
+            "CPU: rpka r=64 forward ≥ 3 × faster than exact at n = 4,096",
             f"{at_4096['speedup_vs_exact']:.1f} ×" if at_4096 else "not in this sweep",
             at_4096["speedup_vs_exact"] >= 3 if at_4096 else None,
         )
