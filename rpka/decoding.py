@@ -9,7 +9,12 @@ reported separately (``redraw_ms``; amortised, it is ``redraw_ms / n`` per token
 CPU timing uses ``time.perf_counter``, CUDA timing CUDA events after warm-up. One JSON
 file, with the device, dtype and shapes stated.
 
-    python -m rpka decode --contexts 1024 4096 16384 --out data/results/scaling/decode_cpu.json
+    python -m rpka decode --contexts 1024 4096 16384 --out /tmp/decode.json
+
+The committed ``data/results/scaling/decode_cpu.json`` (3 minutes on 2 cores) is this
+command with ``--out`` set to that path::
+
+    python -m rpka decode --contexts 1024 2048 4096 8192 16384 32768 65536
 """
 
 from __future__ import annotations
