@@ -234,7 +234,10 @@ def z_variance(mechanism: Mapping, model: str = "trained") -> float:
 
 
 def limitations(
-    report: Mapping, lm: Mapping | None = None, mechanism: Mapping | None = None
+    report: Mapping,
+    lm: Mapping | None = None,
+    mechanism: Mapping | None = None,
+    seeds_check: Mapping | None = None,
 ) -> str:
     """The study's limitations as Markdown bullets: fixed caveats, and those the results
     themselves show (learning rates at the edge of the grid, divergences, short sequences)."""
@@ -281,12 +284,22 @@ def limitations(
     if mechanism is not None:
         sig = mechanism["trained"]["mechanism_signature"]
         if sig["chi2_p_value"] is not None and sig["chi2_p_value"] < 0.05:
-            bullets.append(
+            text = (
                 f"The trace identity passes its rule at every step, but its {sig['n_tests']} "
                 f"z-scores are over-dispersed: variance {z_variance(mechanism):.2f} where 1 is "
-                f"expected (χ² p = {sig['chi2_p_value']:.3g}), with mean near 0 - the "
-                "Monte Carlo spread is wider than its standard errors say. Not explained yet."
+                f"expected (χ² p = {sig['chi2_p_value']:.3g}), with mean near 0."
             )
+            if seeds_check:  # scripts/trace_identity_seeds.py: the same heads, other seeds
+                per_seed = ", ".join(f"{s['z_variance']:.2f}" for s in seeds_check["per_seed"])
+                text += (
+                    f" Over {len(seeds_check['per_seed'])} Monte Carlo seeds on the same heads "
+                    f"the variance is {seeds_check['pooled_z_variance']:.2f} (per seed "
+                    f"{per_seed}; χ² p = {seeds_check['pooled_chi2_p_value']:.3g}; "
+                    f"`{seeds_check['command']}`): a fluctuation of the committed seed."
+                )
+            else:
+                text += " Not checked over other Monte Carlo seeds."
+            bullets.append(text)
     primary = report["primary_arm"]
     ratio = report["timings"]["step_ratio_vs_baseline"].get(primary)
     if ratio is not None and ratio > 1:

@@ -149,7 +149,15 @@ def test_z_variance_and_the_overdispersion_caveat():
         "timings": {"step_ratio_vs_baseline": {}},
         "data": {},
     }
-    assert "over-dispersed" in narrative.limitations(report, mechanism=mechanism)
+    assert "Not checked" in narrative.limitations(report, mechanism=mechanism)
+    seeds_check = {
+        "per_seed": [{"z_variance": 1.5}, {"z_variance": 1.0}],
+        "pooled_z_variance": 1.25,
+        "pooled_chi2_p_value": 0.01,
+        "command": "python scripts/trace_identity_seeds.py",
+    }
+    text = narrative.limitations(report, mechanism=mechanism, seeds_check=seeds_check)
+    assert "Over 2 Monte Carlo seeds" in text and "1.50, 1.00" in text
     mechanism["trained"]["mechanism_signature"]["chi2_p_value"] = 0.5
     assert "over-dispersed" not in narrative.limitations(report, mechanism=mechanism)
 
