@@ -9,7 +9,7 @@ every figure shares one look.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -127,8 +127,16 @@ def _curve_axes(
 ) -> None:
     for i, rule in enumerate(_rules(summary)):
         part = summary[summary["rule"] == rule].sort_values("rank")
-        ax.plot(part["rank"], part[value], "o-", color=f"C{i}", label=f"{rule}{label_suffix}")
-        ax.fill_between(part["rank"], part[low], part[high], color=f"C{i}", alpha=0.15)
+        _band(ax, part, (value, low, high), f"C{i}", f"{rule}{label_suffix}")
+
+
+def _band(
+    ax: plt.Axes, part: pd.DataFrame, columns: tuple[str, str, str], colour: str, label: str
+) -> None:
+    """A line of ``columns[0]`` against rank with a band from ``columns[1]`` to ``[2]``."""
+    value, low, high = columns
+    ax.plot(part["rank"], part[value], "o-", color=colour, label=label)
+    ax.fill_between(part["rank"], part[low], part[high], color=colour, alpha=0.15)
 
 
 def plot_residual_trace(
@@ -181,9 +189,9 @@ def plot_output_error(
     return fig
 
 
-def _log_rank_axes(ax: plt.Axes, ranks: pd.Series, ylabel: str, title: str) -> None:
+def _log_rank_axes(ax: plt.Axes, ranks: Iterable[int], ylabel: str, title: str) -> None:
     """Log-log axes with the measured ranks as the x ticks."""
-    ticks = sorted(ranks.unique())
+    ticks = sorted(set(ranks))
     ax.set(xscale="log", yscale="log", xlabel="rank r (landmarks)", ylabel=ylabel, title=title)
     ax.set_xticks(ticks, labels=ticks)
     ax.minorticks_off()
@@ -249,49 +257,24 @@ def plot_trained_vs_init(
         summary = pd.DataFrame(_quality(result)["summary"])
         part = summary[(summary["rule"] == rule) & (summary["rel_residual_mean"] > 0)]
         part = part.sort_values("rank")
-        ax_res.plot(
-            part["rank"], part["rel_residual_mean"], "o-", color=f"C{i}", label=f"{label}: {rule}"
-        )
-        ax_res.fill_between(
-            part["rank"],
-            part["rel_residual_min"],
-            part["rel_residual_max"],
-            color=f"C{i}",
-            alpha=0.15,
-        )
+        residual = ("rel_residual_mean", "rel_residual_min", "rel_residual_max")
+        _band(ax_res, part, residual, f"C{i}", f"{label}: {rule}")
         ax_res.plot(
             part["rank"], part["rel_optimum_mean"], "--", color=f"C{i}", label=f"{label}: optimum"
         )
         part = summary[summary["rule"] == rule].sort_values("rank")
-        ax_err.plot(
-            part["rank"], part["output_error_mean"], "o-", color=f"C{i}", label=f"{label}: {rule}"
-        )
-        ax_err.fill_between(
-            part["rank"],
-            part["output_error_min"],
-            part["output_error_max"],
-            color=f"C{i}",
-            alpha=0.15,
-        )
-    ax_res.set(
-        xscale="log",
-        yscale="log",
-        xlabel="rank r (landmarks)",
-        ylabel=r"residual trace / tr $A$ (fraction)",
-        title="Residual trace against rank",
+        error = ("output_error_mean", "output_error_min", "output_error_max")
+        _band(ax_err, part, error, f"C{i}", f"{label}: {rule}")
+    ranks = [row["rank"] for r in results.values() for row in _quality(r)["summary"]]
+    _log_rank_axes(
+        ax_res, ranks, r"residual trace / tr $A$ (fraction)", "Residual trace against rank"
     )
-    ax_err.set(
-        xscale="log",
-        yscale="log",
-        xlabel="rank r (landmarks)",
-        ylabel=r"relative output error $\|\hat O - O\|_F / \|O\|_F$",
-        title="RPKA output error against exact",
+    _log_rank_axes(
+        ax_err,
+        ranks,
+        r"relative output error $\|\hat O - O\|_F / \|O\|_F$",
+        "RPKA output error against exact",
     )
-    ranks = sorted({row["rank"] for r in results.values() for row in _quality(r)["summary"]})
-    for ax in (ax_res, ax_err):
-        ax.set_xticks(ranks, labels=ranks)
-        ax.minorticks_off()
-        ax.legend(loc="best")
     save_figure(fig, save_dir, name)
     return fig
 
