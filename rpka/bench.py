@@ -62,6 +62,7 @@ from rpka.presets import DEVICES, PRESETS_BY_TRACK, ArmConfig, BenchConfig, get_
 from rpka.tables import naive_rows
 from rpka.tasks import task_of
 from rpka.tracks import get_track
+from rpka.tracks.cache import DEFAULT_DATA_DIR
 from rpka.train import (
     build_model,
     load_trained,
@@ -73,7 +74,6 @@ from rpka.train import (
 
 BENCH_VERSION = "2.0"
 METRIC_DIRECTION = "lower"  # every metric (MSE, MAE, perplexity, NLL): lower is better
-DEFAULT_DATA_DIR = "data/cache"
 
 
 def default_out(config: BenchConfig) -> str:

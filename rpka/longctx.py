@@ -57,11 +57,11 @@ from rpka.presets import (
 )
 from rpka.scaling import peak_memory_mib
 from rpka.tracks import get_track
+from rpka.tracks.cache import DEFAULT_DATA_DIR
 from rpka.train import build_model, make_run_config
 
 LONGCTX_VERSION = "1.0"
 DEFAULT_OUT = "data/results/{preset}"
-DEFAULT_DATA_DIR = "data/cache"
 FILE_NAME = "longctx.json"
 MiB = 2**20
 

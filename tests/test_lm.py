@@ -5,12 +5,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from rpka.tracks.cache import cache_path
 from rpka.tracks.lm import (
     MODES,
     LMConfig,
     MarkovCopySource,
     build_arrays,
-    cache_path,
     entropy,
     load_lm,
     ngram_baseline_nats,

@@ -7,6 +7,7 @@ import torch
 from rpka.presets import TrackConfig
 from rpka.tracks import forecast as fc
 from rpka.tracks import get_track, load_forecast, naive_baselines
+from rpka.tracks.cache import cache_path
 
 SMALL = TrackConfig(n_series=3, series_length=400, context=32, horizon=8, stride=4)
 
@@ -24,7 +25,7 @@ def test_same_seed_same_track_and_cache_equals_fresh(tmp_path):
     fresh = load_forecast(SMALL, tmp_path, use_cache=False)
     assert not list(tmp_path.iterdir())  # use_cache=False writes nothing
     first = load_forecast(SMALL, tmp_path)  # generates and caches
-    assert fc.cache_path(SMALL, tmp_path).exists()
+    assert cache_path(SMALL, tmp_path).exists()
     cached = load_forecast(SMALL, tmp_path)  # reads the cache
     for key, value in arrays_of(fresh).items():
         assert torch.equal(value, arrays_of(first)[key]), key

@@ -28,20 +28,19 @@ standard deviation (targets too), so a model never sees the future's statistics.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from rpka.io import atomic_save_npz, config_hash
 from rpka.presets import TrackConfig
+from rpka.tracks.cache import cached_arrays
 
 SPLITS = ("train", "val", "test")
 # a context whose standard deviation is below this is flat: divide by this instead
 STD_FLOOR = 1e-6
-DEFAULT_DATA_DIR = Path("data/cache")
 
 
 @dataclass
@@ -203,25 +202,12 @@ def build_arrays(config: TrackConfig) -> dict[str, np.ndarray]:
     return arrays
 
 
-def cache_path(config: TrackConfig, data_dir: str | Path | None = None) -> Path:
-    """``<data_dir>/forecast-<hash of the config>.npz``."""
-    folder = Path(DEFAULT_DATA_DIR if data_dir is None else data_dir)
-    return folder / f"{config.name}-{config_hash(asdict(config))}.npz"
-
-
 def load_forecast(
     config: TrackConfig, data_dir: str | Path | None = None, use_cache: bool = True
 ) -> Track:
     """The track for ``config``: read from the cache, or generated (and cached atomically)."""
     config.validate()
-    path = cache_path(config, data_dir)
-    if use_cache and path.exists():
-        with np.load(path) as data:
-            arrays = {key: data[key] for key in data.files}
-    else:
-        arrays = build_arrays(config)
-        if use_cache:
-            atomic_save_npz(path, **arrays)
+    arrays = cached_arrays(config, build_arrays, data_dir, use_cache)
 
     def split(name: str) -> Split:
         as_float = {

@@ -47,11 +47,10 @@ from pathlib import Path
 import numpy as np
 import scipy.linalg
 
-from rpka.io import atomic_save_npz, config_hash
 from rpka.presets import LMConfig  # the one source of truth for configurations
+from rpka.tracks.cache import cached_arrays
 
 SPLITS = ("train", "val", "test")
-DEFAULT_DATA_DIR = Path("data/cache")
 MODES = {"init": 0, "fresh": 1, "copy": 2}
 
 
@@ -265,26 +264,14 @@ def build_arrays(config: LMConfig) -> dict[str, np.ndarray]:
     return arrays
 
 
-def cache_path(config: LMConfig, data_dir: str | Path | None = None) -> Path:
-    """``<data_dir>/lm-<hash of the config>.npz``."""
-    folder = Path(DEFAULT_DATA_DIR if data_dir is None else data_dir)
-    return folder / f"{config.name}-{config_hash(asdict(config))}.npz"
-
-
 def load_lm(
     config: LMConfig | None = None, data_dir: str | Path | None = None, use_cache: bool = True
 ) -> LMTrack:
     """The ``lm`` track: read from the cache, or generated (and cached atomically)."""
     config = LMConfig() if config is None else config
     config.validate()
-    path = cache_path(config, data_dir)
-    if use_cache and path.exists():
-        with np.load(path) as data:
-            arrays = {key: data[key] for key in data.files}
-    else:
-        arrays = build_arrays(config)
-        if use_cache:
-            atomic_save_npz(path, config=np.array(json.dumps(asdict(config))), **arrays)
+    stored_config = {"config": np.array(json.dumps(asdict(config)))}  # readable without rpka
+    arrays = cached_arrays(config, build_arrays, data_dir, use_cache, stored_config)
     rate, floor, test_optimal = (float(x) for x in arrays["floors"])
     return LMTrack(
         config, arrays["train"], arrays["val"], arrays["test"], rate, floor, test_optimal

@@ -1,0 +1,43 @@
+"""The track cache: one ``.npz`` per track configuration, written atomically.
+
+Generating a track is deterministic in its configuration, so the file is named by a hash
+of it and a later call with the same configuration reads it back instead of regenerating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rpka.io import atomic_save_npz, config_hash
+
+DEFAULT_DATA_DIR = Path("data/cache")
+
+
+def cache_path(config: Any, data_dir: str | Path | None = None) -> Path:
+    """``<data_dir>/<config.name>-<hash of the config>.npz``."""
+    folder = Path(DEFAULT_DATA_DIR if data_dir is None else data_dir)
+    return folder / f"{config.name}-{config_hash(asdict(config))}.npz"
+
+
+def cached_arrays(
+    config: Any,
+    build: Callable[[Any], dict[str, np.ndarray]],
+    data_dir: str | Path | None = None,
+    use_cache: bool = True,
+    extra: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """``build(config)``'s arrays, read from the cache when there (else built and saved,
+    with ``extra`` arrays stored beside them)."""
+    path = cache_path(config, data_dir)
+    if use_cache and path.exists():
+        with np.load(path) as data:
+            return {key: data[key] for key in data.files}
+    arrays = build(config)
+    if use_cache:
+        atomic_save_npz(path, **(extra or {}), **arrays)
+    return arrays
