@@ -54,6 +54,13 @@ class AttentionMethod(nn.Module):
         super().__init__()
         self.causal = bool(causal)
         self.check_inputs = bool(check_inputs)
+        self._guards: dict[str, Tensor] = {}  # a method with guards fills it in each call
+
+    @property
+    def guard_counts(self) -> dict[str, int]:
+        """How often each guard fired in the last forward call (empty for a method without
+        guards; a host sync on a GPU)."""
+        return {key: int(value) for key, value in self._guards.items()}
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         check_qkv(q, k, v, check_finite=self.check_inputs)

@@ -115,12 +115,6 @@ class KeysCoresetAttention(AttentionMethod):
         self.den_floor = check_open_unit("den_floor", den_floor)
         self.generator = check_generator(generator)
         reject_causal(self.name, causal)
-        self._guards: dict[str, Tensor] = {}
-
-    @property
-    def guard_counts(self) -> dict[str, int]:
-        """How often each guard fired in the last forward call (host sync on a GPU)."""
-        return {key: int(value) for key, value in self._guards.items()}
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32

@@ -93,12 +93,6 @@ class NystromformerAttention(AttentionMethod):
         self.pinv_iterations = check_positive_int("pinv_iterations", pinv_iterations)
         self.clamp = check_bool("clamp", clamp)
         reject_causal(self.name, causal)
-        self._guards: dict[str, Tensor] = {}
-
-    @property
-    def guard_counts(self) -> dict[str, int]:
-        """Output entries clamped in the last forward call (empty if ``clamp=False``)."""
-        return {key: int(value) for key, value in self._guards.items()}
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32

@@ -407,16 +407,10 @@ class RPKAttention(AttentionMethod):
         self.generator = generator
         self.pivot_refresh = pivot_refresh
         self.pivot_cache = PivotCache()
-        self._guards: dict[str, Tensor] = {}
 
     def new_batch(self) -> None:
         """Start a new batch: with ``pivot_refresh="batch"`` the next call draws pivots."""
         self.pivot_cache.clear()
-
-    @property
-    def guard_counts(self) -> dict[str, int]:
-        """How often each guard fired in the last forward call (host sync on a GPU)."""
-        return {key: int(value) for key, value in self._guards.items()}
 
     def _scaled(self, q: Tensor, k: Tensor) -> tuple[torch.dtype, float, Tensor]:
         """Compute dtype, the scale d^{-1/4} and the mean of the scaled keys (guard 1)."""
