@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from doc_keys import key_paths
 
 import rpka.bench as bench
 from rpka import tables
@@ -58,22 +59,6 @@ def lm_smoke_report(tmp_path_factory):
     return report, root
 
 
-def key_paths(obj, prefix=""):
-    """Dotted key paths of a report; arm names become <arm>, list items []."""
-    paths = set()
-    if normalise(prefix) in OPAQUE:
-        return paths
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            name = "<arm>" if prefix == "arms" else key
-            path = f"{prefix}.{name}" if prefix else name
-            paths.add(path)
-            paths |= key_paths(value, path)
-    elif isinstance(obj, list) and obj and isinstance(obj[0], dict):
-        paths |= key_paths(obj[0], f"{prefix}[]")
-    return paths
-
-
 def documented_paths(track):
     """Keys documented for ``track``: every table row outside sections whose heading names
     another track ("(track `lm`)")."""
@@ -108,7 +93,7 @@ def test_every_report_key_is_documented_and_every_documented_key_exists(
     # forecast: the study's structure in miniature (ablations, peers, output errors)
     report, _ = smoke_study_report if track == "forecast" else lm_smoke_report
     assert report["track"] == track
-    present = {normalise(p) for p in key_paths(report)}
+    present = {normalise(p) for p in key_paths(report, OPAQUE, {"arms": "<arm>"}, normalise)}
     documented = documented_paths(track)
     assert present - documented == set(), "undocumented keys"
     assert documented - present == set(), "documented keys missing from the report"

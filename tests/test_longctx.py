@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from doc_keys import key_paths
 
 from rpka import longctx
 from rpka.bench import InProcessExecutor
@@ -45,27 +46,11 @@ def smoke_result(tmp_path_factory):
     return result, root
 
 
-def key_paths(obj, prefix=""):
-    """Dotted key paths; context keys of per_context become <context>, list items []."""
-    paths = set()
-    if prefix in OPAQUE:
-        return paths
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            name = "<context>" if prefix == "per_context" else key
-            path = f"{prefix}.{name}" if prefix else name
-            paths.add(path)
-            paths |= key_paths(value, path)
-    elif isinstance(obj, list) and obj and isinstance(obj[0], dict):
-        paths |= key_paths(obj[0], f"{prefix}[]")
-    return paths
-
-
 def test_every_key_is_documented_and_every_documented_key_exists(smoke_result):
     result, root = smoke_result
     saved = read_json(root / "out" / "longctx.json")
     documented = set(re.findall(r"^\| `([^`]+)` \|", DOC.read_text(), flags=re.MULTILINE))
-    present = key_paths(saved)
+    present = key_paths(saved, OPAQUE, {"per_context": "<context>"})
     assert present - documented == set(), "undocumented keys"
     assert documented - present == set(), "documented keys missing from the file"
     assert saved["rows"] == result["rows"]
