@@ -33,13 +33,11 @@ The report's keys are documented in ``docs/bench_report.md``.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import math
 import multiprocessing
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,12 +53,10 @@ import rpka
 from rpka import paths, stats
 from rpka.ablations import choose_default, rpka_configuration
 from rpka.attention import options_of
-from rpka.config import DEVICES, ArmConfig, BenchConfig
+from rpka.config import ArmConfig, BenchConfig
 from rpka.io import read_json, write_json
 from rpka.mechanism import mechanism_study, method_output_errors
 from rpka.paths import resolve
-from rpka.presets import PRESETS_BY_TRACK, get_preset
-from rpka.tracks import get_task
 from rpka.tracks.cache import DEFAULT_DATA_DIR
 from rpka.train import (
     build_model,
@@ -664,108 +660,3 @@ def _load_average() -> list[float] | None:
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
-
-# --------------------------------------------------------------------------- CLI
-
-
-def parse_config(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argparse.Namespace]:
-    """Parse the command line into a validated config; bad values exit with an error."""
-    parser = argparse.ArgumentParser(
-        prog="python -m rpka bench",
-        description=__doc__.split("\n\n")[0],
-    )
-    names = sorted({name for presets in PRESETS_BY_TRACK.values() for name in presets})
-    parser.add_argument("--preset", choices=names, default="full")
-    parser.add_argument(
-        "--track", choices=sorted(PRESETS_BY_TRACK), default="forecast", help="the track"
-    )
-    parser.add_argument(
-        "--out",
-        help="results folder (default data/results/<preset>, data/results/<preset>/<track> "
-        "for tracks other than forecast)",
-    )
-    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
-    parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
-    parser.add_argument("--lrs", type=float, nargs="+", help="learning rates to sweep")
-    parser.add_argument("--epochs", type=int, help="training epochs")
-    parser.add_argument("--device", choices=DEVICES)
-    parser.add_argument("--workers", type=int, help="parallel worker processes")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    args = parser.parse_args(argv)
-
-    overrides: dict[str, Any] = {}
-    if args.ranks is not None:
-        overrides["ranks"] = args.ranks
-    if args.seeds is not None:
-        if args.seeds < 1:
-            parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
-        try:
-            base = get_preset(args.preset, args.track)
-        except ValueError as err:
-            parser.error(str(err))
-        first = max(base.sweep_seeds) + 100  # disjoint from the sweep seeds
-        overrides["eval_seeds"] = tuple(range(first, first + args.seeds))
-    if args.lrs is not None:
-        overrides["learning_rates"] = tuple(args.lrs)
-    if args.epochs is not None:
-        overrides["train"] = {"epochs": args.epochs}
-    if args.device is not None:
-        overrides["device"] = args.device
-    if args.workers is not None:
-        overrides["n_workers"] = args.workers
-    try:
-        config = get_preset(args.preset, args.track, **overrides)
-    except ValueError as err:
-        parser.error(str(err))
-    if config.device == "cuda" and not torch.cuda.is_available():
-        parser.error("argument --device: cuda requested but CUDA is not available")
-    return config, args
-
-
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    config, args = parse_config(argv)
-    out = resolve(args.out or default_out(config))
-    report = run_bench(config, out, progress=not args.no_progress)
-    print_summary(report, out)
-    return report
-
-
-def print_summary(report: dict[str, Any], out: Path) -> None:
-    """A results table: every arm and the naive baselines, the primary test metric."""
-    metric = report["metric"]
-    width = max(12, *(len(name) for name in report["arms"]))
-    lines = [
-        f"{'arm':<{width}} {'points':>6} {'best lr':>8} {'test ' + metric:>18} {'vs exact':>30}"
-    ]
-    for name, arm in report["arms"].items():
-        full = arm["full"]
-        points = arm["pivot_points"] or arm["attention_tokens"]
-        cmp_ = arm["comparison"]
-        versus = (
-            "-" if cmp_ is None else f"{cmp_['delta_mean']:+.4f} p_adj={cmp_['p_adjusted']:.3g}"
-        )
-        lines.append(
-            f"{name:<{width}} {points:>6} {arm['best_cfg']['lr']:>8.0e} "
-            f"{full['mean']:>9.4f} +- {full['std']:<6.4f} {versus:>30}"
-        )
-    task = get_task(report["track"])
-    for label, values in task.naive_rows(report, "test"):
-        lines.append(f"{label:<{width}} {'':>6} {'':>8} {values[metric]:>9.4f}")
-    choice = report.get("ablation_choice")
-    if choice is not None:
-        lines.append(
-            f"RPKA default (validation): {choice['chosen_arm']} "
-            f"({choice['chosen_val_score']:.4f} vs reference {choice['reference']} "
-            f"{choice['reference_val_score']:.4f})"
-        )
-    lines.append(task.learnability_text(report).replace("**", ""))
-    t = report["timings"]
-    lines.append(
-        f"wall {t['phases']['total_s']:.1f} s; step ms {t['step_ms_median']}; "
-        f"written to {out / 'bench_report.json'}"
-    )
-    print("\n".join(lines), file=sys.stdout)
-
-
-if __name__ == "__main__":
-    main()

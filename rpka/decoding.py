@@ -19,7 +19,6 @@ command with ``--out`` set to that path::
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -32,7 +31,6 @@ from tqdm.auto import tqdm
 
 from rpka.attention import build
 from rpka.attention.causal import LandmarkSet, sampler_of
-from rpka.io import write_json
 from rpka.scaling import DTYPES, device_name
 
 METHODS = ("exact", "rpka")
@@ -212,57 +210,3 @@ def summarise(rows: list[dict], target_ratio: float) -> dict:
     }
     return summary
 
-
-def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog="python -m rpka decode",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    defaults = DecodeConfig()
-    parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
-    parser.add_argument("--batch-heads", type=int, default=defaults.batch_heads)
-    parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
-    parser.add_argument("--rank", type=int, default=defaults.rank)
-    parser.add_argument("--block-size", type=int, default=defaults.block_size)
-    parser.add_argument("--pivot-set", default=defaults.pivot_set)
-    parser.add_argument("--device", default=defaults.device)
-    parser.add_argument("--dtype", default=defaults.dtype)
-    parser.add_argument("--warmup", type=int, default=defaults.warmup)
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument(
-        "--out", default=None, help="default data/results/scaling/decode_<device>.json"
-    )
-    args = parser.parse_args(argv)
-    config = DecodeConfig(
-        contexts=args.contexts,
-        batch_heads=args.batch_heads,
-        head_dim=args.head_dim,
-        rank=args.rank,
-        block_size=args.block_size,
-        pivot_set=args.pivot_set,
-        device=args.device,
-        dtype=args.dtype,
-        warmup=args.warmup,
-        steps=args.steps,
-        seed=args.seed,
-    )
-    try:
-        config.validate()
-    except ValueError as err:
-        parser.error(str(err))
-    out = args.out or f"data/results/scaling/decode_{config.device}.json"
-    result = run_decoding(config)
-    write_json(out, result)
-    print(f"{'method':>6} {'context':>8} {'ms/token':>9} {'mean':>8} {'max':>8} {'prefill ms':>11}")
-    for r in result["rows"]:
-        print(
-            f"{r['method']:>6} {r['context']:>8} {r['per_token_ms']:>9.3f} "
-            f"{r['per_token_mean_ms']:>8.3f} {r['per_token_max_ms']:>8.3f} {r['prefill_ms']:>11.1f}"
-        )
-    target = result["summary"]["target"]
-    verdict = "met" if target["met"] else "NOT met"
-    print(f"{target['statement']}: ratio {target['ratio']:.2f} -> {verdict}")
-    print(f"device: {result['device']}; {result['shape']}; written to {out}")
-    return result

@@ -10,6 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+import torch
+
+from rpka.paths import resolve
+
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -69,13 +74,19 @@ def _finite(obj: Any) -> Any:
 
 def atomic_save_npz(path: str | os.PathLike, **arrays: Any) -> Path:
     """Atomically write numpy arrays to ``path`` (.npz)."""
-    import numpy as np  # local: the rest of this module needs only the standard library
-
     return atomic_write(path, lambda fh: np.savez(fh, **arrays), binary=True)
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
     """Atomically ``torch.save`` ``obj`` to ``path``."""
-    import torch
-
     return atomic_write(path, lambda fh: torch.save(obj, fh), binary=True)
+
+
+def save_figure(fig: Any, save_dir: str | os.PathLike | None, name: str) -> Path | None:
+    """Write the matplotlib figure ``fig`` to ``save_dir/name.png`` atomically (the folder
+    is created); no-op without a folder. Relative folders are taken from the repository
+    root."""
+    if save_dir is None:
+        return None
+    path = resolve(save_dir) / f"{name}.png"
+    return atomic_write(path, lambda fh: fig.savefig(fh, format="png"), binary=True)

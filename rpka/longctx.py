@@ -27,12 +27,9 @@ interrupted study resumes run by run.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import os
-import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +42,9 @@ from rpka.bench import (
     seed_groups,
     versions,
 )
-from rpka.config import DEVICES, BenchConfig, LongContextConfig
+from rpka.config import BenchConfig, LongContextConfig
 from rpka.io import write_json
 from rpka.paths import resolve
-from rpka.presets import LONGCTX_PRESETS, get_longctx_preset
 from rpka.scaling import peak_memory_mib
 from rpka.tracks import get_task
 from rpka.tracks.cache import DEFAULT_DATA_DIR
@@ -309,60 +305,3 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     )
     return lines
 
-
-def parse_config(argv: Sequence[str] | None = None) -> tuple[LongContextConfig, argparse.Namespace]:
-    """Parse the command line into a validated config; bad values exit with an error."""
-    parser = argparse.ArgumentParser(
-        prog="python -m rpka longctx",
-        description=__doc__.split("\n\n")[0],
-    )
-    parser.add_argument("--preset", choices=sorted(LONGCTX_PRESETS), default="full")
-    parser.add_argument("--out", help="results folder (default data/results/<preset>)")
-    parser.add_argument("--contexts", type=int, nargs="+", help="context lengths")
-    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
-    parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
-    parser.add_argument("--device", choices=DEVICES)
-    parser.add_argument("--workers", type=int, help="parallel worker processes")
-    parser.add_argument("--no-memory", action="store_true", help="skip the memory probes")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    args = parser.parse_args(argv)
-
-    overrides: dict[str, Any] = {}
-    if args.contexts is not None:
-        overrides["contexts"] = args.contexts
-    if args.ranks is not None:
-        overrides["ranks"] = args.ranks
-        preset_primary = LONGCTX_PRESETS[args.preset].bench.primary_arm
-        if preset_primary in {f"rpka-r{r}" for r in args.ranks}:
-            overrides["primary_arm"] = preset_primary
-    if args.seeds is not None:
-        if args.seeds < 1:
-            parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
-        first = max(LONGCTX_PRESETS[args.preset].bench.sweep_seeds) + 100
-        overrides["eval_seeds"] = tuple(range(first, first + args.seeds))
-    if args.device is not None:
-        overrides["device"] = args.device
-    if args.workers is not None:
-        overrides["n_workers"] = args.workers
-    if args.no_memory:
-        overrides["memory_probe"] = False
-    try:
-        config = get_longctx_preset(args.preset, **overrides)
-    except ValueError as err:
-        parser.error(str(err))
-    if config.bench.device == "cuda" and not torch.cuda.is_available():
-        parser.error("argument --device: cuda requested but CUDA is not available")
-    return config, args
-
-
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    config, args = parse_config(argv)
-    out = resolve(args.out or DEFAULT_OUT.format(preset=config.preset))
-    result = run_longctx(config, out, progress=not args.no_progress)
-    print("\n".join(summary_lines(result)), file=sys.stdout)
-    print(f"written to {out / FILE_NAME}")
-    return result
-
-
-if __name__ == "__main__":
-    main()

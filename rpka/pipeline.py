@@ -12,9 +12,7 @@ with a copy beside the executed notebooks in ``reports/<preset>/``.
 
 from __future__ import annotations
 
-import argparse
 import html
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,12 +20,16 @@ from pathlib import Path
 
 import nbformat
 import papermill
+from nbconvert import HTMLExporter
 from papermill.exceptions import PapermillExecutionError
 
-from rpka.paths import REPO_ROOT
+from rpka import paths
+from rpka.io import atomic_write_text
+from rpka.paths import REPO_ROOT, resolve
+from rpka.study import notebook_parameters
 
-NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-REPORT_DIR = REPO_ROOT / "reports"
+NOTEBOOK_DIR = resolve(paths.NOTEBOOKS)
+REPORT_DIR = resolve(paths.REPORTS)
 PRESETS = ("smoke", "quick", "full")
 
 
@@ -91,8 +93,6 @@ def render_html(executed: Path, html_path: Path, links: Sequence[tuple[str, Path
     Images are embedded (base64) and there is no external script for text, tables or
     figures. ``links`` (title, path) are appended as a footer, relative to the HTML file.
     """
-    from nbconvert import HTMLExporter
-
     exporter = HTMLExporter(
         exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True, embed_images=True
     )
@@ -108,8 +108,6 @@ def render_html(executed: Path, html_path: Path, links: Sequence[tuple[str, Path
             f"<h3>Executed notebooks</h3><ul>{items}</ul></footer>"
         )
         body = body.replace("</body>", footer + "</body>")
-    from rpka.io import atomic_write_text
-
     return atomic_write_text(html_path, body)
 
 
@@ -156,44 +154,9 @@ def run_pipeline(
 
 def preset_steps(preset: str) -> list[Step]:
     """The notebooks of the study, in order, with the preset's parameters."""
-    from rpka.study import notebook_parameters
-
     params = notebook_parameters(preset)
-    out_dir = REPORT_DIR / preset
+    out_dir = resolve(paths.report_dir(preset))
     return [
         Step(NOTEBOOK_DIR / name, out_dir / name, parameters) for name, parameters in params.items()
     ]
 
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m rpka report",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--preset", choices=PRESETS, default="full")
-    parser.add_argument(
-        "--html",
-        default=str(REPORT_DIR / "rpka_report.html"),
-        help="where to write the report (default: %(default)s)",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    parser.add_argument(
-        "--print-parameters", action="store_true", help="print each notebook's parameters and exit"
-    )
-    args = parser.parse_args(argv)
-    steps = preset_steps(args.preset)
-    if args.print_parameters:
-        print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
-        return
-    from rpka.study import compute_steps
-
-    try:
-        run_pipeline(
-            steps,
-            Path(args.html),
-            progress=not args.no_progress,
-            compute=compute_steps(args.preset, progress=not args.no_progress),
-        )
-    except PipelineError as err:
-        raise SystemExit(f"report failed: {err}") from None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -18,9 +17,19 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-from rpka.io import atomic_write
-from rpka.paths import resolve
+from rpka.io import save_figure
+from rpka.scaling_analysis import (
+    SCALING_MEASURES,
+    crossover_table,
+    decode_frame,
+    device_tag,
+    fit_loglog_slope,
+    scaling_frame,
+    speedup_frame,
+)
+from rpka.tables import arm_group, longctx_table
 from rpka.tracks import get_task
 
 RULE_ORDER = ("rpc", "greedy", "uniform")
@@ -33,15 +42,6 @@ def set_style() -> None:
     """The one style of every figure: seaborn whitegrid, paper context, colourblind palette."""
     sns.set_theme(context="paper", style="whitegrid", palette="colorblind", font_scale=1.1)
     plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": DPI, "savefig.bbox": "tight"})
-
-
-def save_figure(fig: Figure, save_dir: str | os.PathLike | None, name: str) -> Path | None:
-    """Write ``fig`` to ``save_dir/name.png`` atomically (the folder is created); no-op
-    without a folder. Relative folders are taken from the repository root."""
-    if save_dir is None:
-        return None
-    path = resolve(save_dir) / f"{name}.png"
-    return atomic_write(path, lambda fh: fig.savefig(fh, format="png"), binary=True)
 
 
 def _quality(result: Mapping) -> Mapping:
@@ -524,8 +524,6 @@ def _loglog_panel(
 ) -> None:
     """Measured points per arm, and the fitted power law (dashed, over the fitted range)
     with its slope in the legend."""
-    from rpka.tables import SCALING_MEASURES, fit_loglog_slope
-
     for arm, part in frame.groupby("arm", sort=False):
         part = part.dropna(subset=[measure]).sort_values("n")
         if part.empty:
@@ -551,8 +549,6 @@ def _scaling_figure(
     methods: Sequence[str] | None,
     title: str,
 ) -> Figure:
-    from rpka.tables import scaling_frame
-
     frame = _scaling_arms(scaling_frame(scaling), methods)
     styles = _arm_styles(frame)
     fig, axes = plt.subplots(
@@ -576,12 +572,10 @@ def plot_scaling_latency(
     """Latency against n on log-log axes, one line per method and rank, per measure.
 
     Dashed: the least-squares power law over the larger half of the lengths
-    (``rpka.tables.fit_loglog_slope``); the legend gives its slope (2: quadratic, 1:
+    (``rpka.scaling_analysis.fit_loglog_slope``); the legend gives its slope (2: quadratic, 1:
     linear). ``methods=None`` adds every method in the result (the uniform-landmark
     control dotted). Default name ``scaling_latency_<cpu|gpu>``.
     """
-    from rpka.tables import device_tag
-
     fig = _scaling_figure(scaling, measures, methods, "Attention latency against length")
     save_figure(fig, save_dir, name or f"scaling_latency_{device_tag(scaling)}")
     return fig
@@ -597,8 +591,6 @@ def plot_scaling_memory(
     """Peak memory against n on log-log axes, as :func:`plot_scaling_latency` (the
     result's ``memory_definition`` says what is counted). Default name
     ``scaling_memory_<cpu|gpu>``."""
-    from rpka.tables import device_tag
-
     fig = _scaling_figure(scaling, measures, methods, "Attention peak memory against length")
     save_figure(fig, save_dir, name or f"scaling_memory_{device_tag(scaling)}")
     return fig
@@ -615,12 +607,10 @@ def plot_speedup(
     """Speed-up against exact (exact's latency / the arm's, same run) against n.
 
     Above the line at 1 the arm is faster. Each arm's crossover length
-    (``rpka.tables.crossover_table``: interpolated on log-log between the measured points
+    (``rpka.scaling_analysis.crossover_table``: interpolated on log-log between the measured points
     around it) is marked with a vertical tick and given in the legend. Default name
     ``scaling_speedup_<cpu|gpu>`` (``_<measure>`` appended for another measure).
     """
-    from rpka.tables import SCALING_MEASURES, crossover_table, device_tag, speedup_frame
-
     ratios = speedup_frame(scaling, measure)
     if methods is not None:
         ratios = _scaling_arms(ratios, methods)
@@ -673,8 +663,6 @@ def plot_decode_latency(
     over the larger half of the contexts) in the legend. Default name
     ``decode_latency_<cpu|gpu>``.
     """
-    from rpka.tables import decode_frame, device_tag, fit_loglog_slope
-
     frame = decode_frame(decode)
     if ax is None:
         fig, ax = plt.subplots(figsize=(8, 5.5), constrained_layout=True)
@@ -728,8 +716,6 @@ def plot_longctx(
     training step time, the peak memory of a step, the test MSE (mean +/- sd over the
     evaluation seeds) and its paired difference from exact (mean, 95 % t interval).
     Data from ``rpka.tables.longctx_table``."""
-    from rpka.tables import longctx_table
-
     table = longctx_table(longctx)
     arms = list(dict.fromkeys(table["arm"]))
     contexts = sorted(table["context"].unique())
@@ -784,7 +770,6 @@ GROUP_MARKERS = {
 
 def _group_handles(groups: Sequence[str], **style: object) -> list:
     """Legend entries for the marker of each arm group present."""
-    from matplotlib.lines import Line2D
 
     present = [g for g in GROUP_MARKERS if g in set(groups)]
     return [
@@ -806,8 +791,6 @@ def plot_output_error_by_arm(
     ``OUTPUT_ERROR_FLOOR`` (a rank that covers every point: exact to round-off) are drawn
     at the floor.
     """
-    from rpka.tables import arm_group
-
     frame = pd.DataFrame(report["output_error"]["rows"])
     for column in ("error_mean", "error_q10", "error_q90"):  # exact to round-off: at the floor
         frame[column] = frame[column].clip(lower=OUTPUT_ERROR_FLOOR)
@@ -883,8 +866,6 @@ def plot_error_vs_time(
     error against the attention's forward latency at ``latency_length`` tokens. The front
     (no arm both faster and better) is joined by a line and its points circled.
     """
-    from rpka.tables import arm_group
-
     names = list(report["arms"])
     panels = [("step", report["timings"]["step_ms_median"], "training step (ms, median)")]
     if latency_ms:

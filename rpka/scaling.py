@@ -30,7 +30,6 @@ rewritten after every measurement, so an interrupted run keeps what it measured.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -38,7 +37,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,7 +47,7 @@ try:
 except ImportError:  # pragma: no cover - a bare GPU box with torch only: no progress bar
     tqdm = None
 
-from rpka.attention import build, options_of
+from rpka.attention import build, options_of, triton_sweep
 from rpka.attention.rpka import IMPLEMENTATION_OPTIONS
 from rpka.io import write_json
 
@@ -259,8 +257,6 @@ def _free(device: str) -> None:
 
 def _fused_sweep_status(device: str) -> str:
     """Whether the Triton rejection sweep ran (CUDA) or the PyTorch one."""
-    from rpka.attention import triton_sweep
-
     if device != "cuda":
         return "pytorch (not CUDA)"
     if triton_sweep.triton is None:
@@ -538,69 +534,3 @@ def summary_lines(result: dict) -> list[str]:
     lines.append(f"device: {result['device']}; {result['shapes']}")
     return lines
 
-
-def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog="python -m rpka scaling",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--lengths", type=int, nargs="+")
-    parser.add_argument("--ranks", type=int, nargs="+")
-    parser.add_argument("--control-ranks", type=int, nargs="*")
-    parser.add_argument("--batch-heads", type=int)
-    parser.add_argument("--head-dim", type=int)
-    parser.add_argument("--device")
-    parser.add_argument("--dtype")
-    parser.add_argument("--warmup", type=int)
-    parser.add_argument("--repeats", type=int)
-    parser.add_argument("--max-seconds", type=float)
-    parser.add_argument("--no-backward", action="store_true")
-    parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument(
-        "--bench-preset",
-        help="time the arms of this bench preset (rpka.presets) at one length, forward only "
-        f"(default length {ARM_LENGTH}; no rank sweep, backward or memory unless given)",
-    )
-    parser.add_argument("--out", help="JSON path (default: by preset, under data/results/scaling)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
-    overrides = {
-        key: getattr(args, key)
-        for key in (
-            "lengths",
-            "ranks",
-            "control_ranks",
-            "batch_heads",
-            "head_dim",
-            "device",
-            "dtype",
-            "warmup",
-            "repeats",
-            "max_seconds",
-        )
-        if getattr(args, key) is not None
-    }
-    if args.no_backward:
-        overrides["backward"] = False
-    if args.no_memory:
-        overrides["memory"] = False
-    config = PRESETS[args.preset]
-    default_out = DEFAULT_OUT[args.preset]
-    try:
-        if args.bench_preset is not None:
-            from rpka.presets import get_preset  # the bench's configuration, only when asked
-
-            bench_arms = get_preset(args.bench_preset).arms
-            config = bench_arms_config(bench_arms, base=config)
-            default_out = f"data/results/scaling/arms_{args.bench_preset}_{args.preset}.json"
-        config = replace(config, **overrides)
-        config.validate()
-    except ValueError as err:
-        parser.error(str(err))
-    out = Path(args.out or default_out)
-    result = run_scaling(config, progress=not args.quiet, out=out, preset=args.preset)
-    print("\n".join(summary_lines(result)))
-    print(f"written to {out}")
-    return result

@@ -12,17 +12,14 @@ rerun has changed those files).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 
 from rpka import narrative, paths, study, tables
-from rpka.io import atomic_write_text
 from rpka.paths import resolve
 from rpka.presets import STUDY_TRACKS
 from rpka.tracks import get_task
@@ -200,17 +197,3 @@ def replace_block(text: str, block: str) -> str:
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{block}\n{END}{tail}"
 
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m rpka summary", description="the study's results in Markdown"
-    )
-    parser.add_argument("--preset", default="full", choices=sorted(study.SCALING_PRESET))
-    parser.add_argument("--readme", type=Path, help="rewrite this file's summary block")
-    args = parser.parse_args(argv)
-    block = render(args.preset)
-    if args.readme is None:
-        print(block)
-        return
-    atomic_write_text(args.readme, replace_block(args.readme.read_text(), block))
-    print(f"updated the summary block of {args.readme}")

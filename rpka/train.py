@@ -18,6 +18,7 @@ A run never raises because a member diverged.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -72,8 +73,6 @@ def make_run_config(
 
 
 def _asdict(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
     return dataclasses.asdict(obj)
 
 

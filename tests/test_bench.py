@@ -9,7 +9,7 @@ import pytest
 from doc_keys import key_paths
 
 import rpka.bench as bench
-from rpka import tables
+from rpka import cli, tables
 from rpka.bench import InProcessExecutor, best_learning_rate, run_bench
 from rpka.config import BenchConfig
 from rpka.io import read_json
@@ -167,7 +167,7 @@ def test_lm_report_has_the_floor_and_the_gaps(lm_smoke_report, capsys):
         report["arms"]["exact"]["floor_gap"]["nll_gap"]
     )
     assert "n-gram, 1 token of context" in table.index
-    bench.print_summary(report, root / "out")
+    cli.print_bench_summary(report, root / "out")
     assert "floor" in capsys.readouterr().out
 
 
@@ -250,14 +250,14 @@ def test_best_learning_rate_rule():
 def test_bad_cli_values_fail_before_writing_anything(tmp_path, capsys, argv, message):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--preset", "smoke", "--out", str(out), "--no-progress", *argv])
+        cli.bench_main(["--preset", "smoke", "--out", str(out), "--no-progress", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
 
 
 def test_cli_overrides_reach_the_config():
-    config, _ = bench.parse_config(
+    config, _ = cli.parse_bench(
         ["--preset", "smoke", "--ranks", "2", "8", "--seeds", "3", "--lrs", "1e-3", "2e-3"]
     )
     assert [a.name for a in config.arms] == ["exact", "rpka-r2", "rpka-r8"]

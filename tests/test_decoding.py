@@ -2,7 +2,7 @@
 
 import pytest
 
-from rpka import decoding
+from rpka import cli, decoding
 from rpka.io import read_json
 
 TINY = {
@@ -22,7 +22,7 @@ def test_writes_rows_for_every_method_and_context(tmp_path):
     args = []
     for flag, value in zip(argv, TINY.values(), strict=True):
         args += [flag, *map(str, value if isinstance(value, list) else [value])]
-    decoding.main([*args, "--out", str(out)])
+    cli.decode_main([*args, "--out", str(out)])
     result = read_json(out)
     rows = result["rows"]
     assert {(r["method"], r["context"]) for r in rows} == {

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from rpka import study
-from rpka.bench import default_out, parse_config
+from rpka.bench import default_out
+from rpka.cli import parse_bench
 from rpka.config import BenchConfig
 from rpka.leakage import LeakageConfig, leakage_check
 from rpka.model import ModelConfig, TransformerLM
@@ -194,7 +195,7 @@ def test_lm_preset_overrides_and_errors():
 
 
 def test_cli_track_lm():
-    config, args = parse_config(["--preset", "smoke", "--track", "lm", "--seeds", "3"])
+    config, args = parse_bench(["--preset", "smoke", "--track", "lm", "--seeds", "3"])
     assert config.track_name == "lm" and len(config.eval_seeds) == 3
     assert not set(config.eval_seeds) & set(config.sweep_seeds)
 

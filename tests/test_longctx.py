@@ -10,7 +10,7 @@ import pytest
 import torch
 from doc_keys import key_paths
 
-from rpka import longctx
+from rpka import cli, longctx
 from rpka.bench import InProcessExecutor
 from rpka.config import LongContextConfig
 from rpka.io import read_json
@@ -151,14 +151,14 @@ def test_bad_config_raises(overrides, match):
 
 def test_cli_rejects_bad_values(capsys):
     with pytest.raises(SystemExit):
-        longctx.main(["--preset", "smoke", "--seeds", "0"])
+        cli.longctx_main(["--preset", "smoke", "--seeds", "0"])
     assert "seeds" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        longctx.main(["--preset", "smoke", "--contexts", "4"])
+        cli.longctx_main(["--preset", "smoke", "--contexts", "4"])
     assert "contexts" in capsys.readouterr().err
 
 
 def test_cli_overrides_keep_the_primary_arm():
-    config, _ = longctx.parse_config(["--preset", "full", "--ranks", "16", "64", "--seeds", "3"])
+    config, _ = cli.parse_longctx(["--preset", "full", "--ranks", "16", "64", "--seeds", "3"])
     assert config.bench.primary_arm == "rpka-r64" and len(config.bench.eval_seeds) == 3
     assert math.isclose(config.bench.learning_rates[0], 1e-4)

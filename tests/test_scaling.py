@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from rpka import scaling
+from rpka import cli, scaling
 from rpka.io import read_json
 
 
@@ -99,5 +99,5 @@ def test_bad_config_raises(changes, match):
 
 def test_cli_rejects_bad_values(capsys):
     with pytest.raises(SystemExit):
-        scaling.main(["--preset", "tiny", "--repeats", "0"])
+        cli.scaling_main(["--preset", "tiny", "--repeats", "0"])
     assert "repeats" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from rpka import plots, tables
+from rpka import plots, scaling_analysis, tables
 from rpka.io import read_json
 
 RESULTS = Path(__file__).resolve().parent.parent / "data" / "results" / "scaling"
@@ -34,7 +34,7 @@ def scaling_result(curves: dict[tuple[str, int | None], list[float]], device="cu
 
 def test_slope_fit_recovers_a_power_law():
     n = np.array(LENGTHS, dtype=float)
-    fit = tables.fit_loglog_slope(n, 3e-4 * n**1.5)
+    fit = scaling_analysis.fit_loglog_slope(n, 3e-4 * n**1.5)
     assert fit["slope"] == pytest.approx(1.5, abs=1e-12)
     assert fit["intercept"] == pytest.approx(math.log(3e-4), abs=1e-10)
     assert (fit["n_min"], fit["n_max"], fit["n_points"]) == (2048, 8192, 3)
@@ -44,27 +44,27 @@ def test_slope_fit_under_noise_and_overhead():
     rng = np.random.default_rng(0)
     n = np.repeat(np.geomspace(128, 65536, 10), 5)
     noisy = 2e-6 * n**2 * np.exp(rng.normal(0, 0.05, n.shape))  # 5 % log-normal noise
-    fit = tables.fit_loglog_slope(n, noisy)
+    fit = scaling_analysis.fit_loglog_slope(n, noisy)
     assert abs(fit["slope"] - 2) < 4 * fit["slope_se"] and fit["slope_se"] < 0.05
     # a constant overhead bends the small-n end; the upper half still sees the power law
     overhead = 50 + 1e-3 * n**2
-    upper = tables.fit_loglog_slope(n, overhead)["slope"]
-    everything = tables.fit_loglog_slope(n, overhead, upper=False)["slope"]
+    upper = scaling_analysis.fit_loglog_slope(n, overhead)["slope"]
+    everything = scaling_analysis.fit_loglog_slope(n, overhead, upper=False)["slope"]
     assert abs(upper - 2) < 0.02 and everything < 1.9
 
 
 def test_slope_fit_skips_missing_points_and_needs_two_lengths():
-    fit = tables.fit_loglog_slope([1, 2, 4, 8], [1, math.nan, 16, 64])
+    fit = scaling_analysis.fit_loglog_slope([1, 2, 4, 8], [1, math.nan, 16, 64])
     assert fit["slope"] == pytest.approx(2) and fit["n_points"] == 2
-    assert math.isnan(tables.fit_loglog_slope([4, 4], [1, 2])["slope"])
+    assert math.isnan(scaling_analysis.fit_loglog_slope([4, 4], [1, 2])["slope"])
     with pytest.raises(ValueError, match="equal length"):
-        tables.fit_loglog_slope([1, 2], [1])
+        scaling_analysis.fit_loglog_slope([1, 2], [1])
 
 
 def test_upper_half():
-    assert tables.upper_half([8, 1, 2, 4, 2]) == [4, 8]
-    assert tables.upper_half([1, 2, 3, 4, 5]) == [3, 4, 5]
-    assert tables.upper_half([1, 2]) == [1, 2]
+    assert scaling_analysis.upper_half([8, 1, 2, 4, 2]) == [4, 8]
+    assert scaling_analysis.upper_half([1, 2, 3, 4, 5]) == [3, 4, 5]
+    assert scaling_analysis.upper_half([1, 2]) == [1, 2]
 
 
 # --------------------------------------------------------------------------- crossover
@@ -73,29 +73,29 @@ def test_upper_half():
 def test_crossover_of_a_power_law_is_found_exactly():
     """speed-up = (n / 700)^0.8 is straight on log-log: the interpolation is exact."""
     n = np.array(LENGTHS, dtype=float)
-    found = tables.find_crossover(n, (n / 700) ** 0.8)
+    found = scaling_analysis.find_crossover(n, (n / 700) ** 0.8)
     assert found["status"] == "crossed" and found["crossover_n"] == 1024
     assert found["crossover_n_interp"] == pytest.approx(700, rel=1e-12)
 
 
 def test_crossover_interpolates_on_log_log_between_the_bracketing_points():
     # slower at 1000 (0.5x), faster at 4000 (2x): log s is linear in log n -> n* = 2000
-    found = tables.find_crossover([250, 1000, 4000], [0.1, 0.5, 2.0])
+    found = scaling_analysis.find_crossover([250, 1000, 4000], [0.1, 0.5, 2.0])
     assert found["crossover_n"] == 4000
     assert found["crossover_n_interp"] == pytest.approx(2000)
 
 
 def test_crossover_edge_cases():
-    assert tables.find_crossover([1, 2, 4], [1.5, 2, 3])["status"] == "faster everywhere"
-    never = tables.find_crossover([1, 2, 4], [0.2, 0.5, 0.9])
+    assert scaling_analysis.find_crossover([1, 2, 4], [1.5, 2, 3])["status"] == "faster everywhere"
+    never = scaling_analysis.find_crossover([1, 2, 4], [0.2, 0.5, 0.9])
     assert never == {"crossover_n": None, "crossover_n_interp": None, "status": "never"}
     # faster, then slower, then faster for good: the crossing is the last one
-    found = tables.find_crossover([1, 2, 4, 8], [1.2, 0.8, 1.25, 3])
+    found = scaling_analysis.find_crossover([1, 2, 4, 8], [1.2, 0.8, 1.25, 3])
     assert found["crossover_n"] == 4
     assert 2 < found["crossover_n_interp"] < 4
     # equal speed is not faster; a missing point is skipped
-    assert tables.find_crossover([1, 2, 4], [0.5, 1.0, 2.0])["crossover_n"] == 4
-    assert tables.find_crossover([1, 2, 4], [0.5, math.nan, 2.0])["crossover_n"] == 4
+    assert scaling_analysis.find_crossover([1, 2, 4], [0.5, 1.0, 2.0])["crossover_n"] == 4
+    assert scaling_analysis.find_crossover([1, 2, 4], [0.5, math.nan, 2.0])["crossover_n"] == 4
 
 
 def test_crossover_table_and_speedups_on_a_synthetic_run():
@@ -109,20 +109,21 @@ def test_crossover_table_and_speedups_on_a_synthetic_run():
             ("nystrom-uniform", 16): list(exact * 2),  # never
         }
     )
-    table = tables.crossover_table(result, methods=("rpka", "nystrom-uniform")).set_index("arm")
+    methods = ("rpka", "nystrom-uniform")
+    table = scaling_analysis.crossover_table(result, methods=methods).set_index("arm")
     assert table.loc["rpka r=16", "crossover_n_interp"] == pytest.approx(500)
     assert table.loc["rpka r=64", "crossover_n_interp"] == pytest.approx(3000)
     assert table.loc["rpka r=64", "crossover_n"] == 4096
     assert table.loc["nystrom-uniform r=16", "status"] == "never"
     assert table.loc["rpka r=64", "speedup_at_largest"] == pytest.approx(8192 / 3000)
-    slopes = tables.scaling_slopes(result).set_index("arm")["slope"]
+    slopes = scaling_analysis.scaling_slopes(result).set_index("arm")["slope"]
     assert slopes["exact"] == pytest.approx(2) and slopes["rpka r=64"] == pytest.approx(1)
 
 
 def test_speedups_match_the_ratios_the_benchmark_wrote():
     """rpka.scaling writes speedup_vs_exact itself: the table recomputes it independently."""
     result = read_json(CPU_JSON)
-    frame = tables.speedup_frame(result)
+    frame = scaling_analysis.speedup_frame(result)
     written = {
         (r["method"], r["rank"], r["n"]): r["speedup_vs_exact"]
         for r in result["rows"]
@@ -135,7 +136,7 @@ def test_speedups_match_the_ratios_the_benchmark_wrote():
 
 def test_bad_measure_raises():
     with pytest.raises(ValueError, match="measure"):
-        tables.scaling_slopes(read_json(CPU_JSON), "latency")
+        scaling_analysis.scaling_slopes(read_json(CPU_JSON), "latency")
 
 
 # --------------------------------------------------------------------------- long-context table
@@ -211,7 +212,7 @@ def test_scaling_plots_take_the_gpu_schema(tmp_path):
     check_png(
         plots.plot_scaling_latency(result, save_dir=tmp_path), tmp_path / "scaling_latency_gpu.png"
     )
-    frame = tables.speedup_frame(result)
+    frame = scaling_analysis.speedup_frame(result)
     assert frame[frame["n"] == 8192]["ratio"].isna().all()
 
 
@@ -255,7 +256,7 @@ def decode_result() -> dict:
 
 def test_decode_plot(tmp_path):
     plots.set_style()
-    frame = tables.decode_frame(decode_result())
+    frame = scaling_analysis.decode_frame(decode_result())
     rpka = frame[frame["method"] == "rpka"]
     assert np.allclose(rpka["per_token_with_redraw_ms"], 0.2001)
     fig = plots.plot_decode_latency(decode_result(), save_dir=tmp_path)

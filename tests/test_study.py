@@ -12,7 +12,7 @@ import torch
 
 matplotlib.use("Agg")
 
-from rpka import plots, scaling, tables  # noqa: E402
+from rpka import cli, plots, scaling, tables  # noqa: E402
 from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
 from rpka.attention import REGISTRY, options_of  # noqa: E402
 from rpka.config import BenchConfig  # noqa: E402
@@ -418,9 +418,10 @@ def test_an_arm_may_sweep_with_fewer_seeds(tmp_path):
 def test_scaling_cli_times_a_bench_presets_arms(tmp_path, capsys):
     out = tmp_path / "arms.json"
     argv = ["--preset", "tiny", "--bench-preset", "smoke-study", "--lengths", "48"]
-    result = scaling.main([*argv, "--warmup", "0", "--repeats", "1", "--quiet", "--out", str(out)])
+    options = ["--warmup", "0", "--repeats", "1", "--quiet", "--out", str(out)]
+    result = cli.scaling_main([*argv, *options])
     assert set(scaling.forward_latency(result)) == {a.name for a in get_preset("smoke-study").arms}
     assert json.loads(out.read_text())["config"]["lengths"] == [48]
     with pytest.raises(SystemExit):
-        scaling.main([*argv, "--bench-preset", "nope", "--out", str(out)])
+        cli.scaling_main([*argv, "--bench-preset", "nope", "--out", str(out)])
     assert "preset must be one of" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rpka import summary
+from rpka import cli, summary
 from rpka.paths import resolve
 
 
@@ -52,7 +52,7 @@ def test_cli_rewrites_a_readme_block(tmp_path, monkeypatch, smoke_study_report):
     monkeypatch.setattr(summary, "render", lambda preset: f"rendered {preset}")
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n{summary.BEGIN}\n{summary.END}\n")
-    summary.main(["--preset", "smoke", "--readme", str(readme)])
+    cli.summary_main(["--preset", "smoke", "--readme", str(readme)])
     assert readme.read_text() == f"# x\n{summary.BEGIN}\nrendered smoke\n{summary.END}\n"
     assert [p.name for p in tmp_path.iterdir()] == ["README.md"]  # no temporary left behind
 

@@ -1,0 +1,389 @@
+"""Command line: ``python -m rpka COMMAND [options]`` - every entry point, in one place.
+
+    python -m rpka bench    --preset {smoke,quick,full} [--track NAME] [--out DIR] ...
+    python -m rpka longctx  --preset {smoke,quick,full} [--out DIR] [--contexts 512 2048]
+    python -m rpka report   --preset {smoke,quick,full}
+    python -m rpka scaling  --preset {tiny,cpu,gpu,...} [--out PATH]
+    python -m rpka decode   [--contexts ...] [--out PATH]
+    python -m rpka summary  --preset full [--readme README.md]
+
+Each command parses its options into a validated config (bad values exit with an error
+naming the option), runs the compute module and prints a short summary; the compute
+modules themselves know nothing of the command line or of the report layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rpka import bench, decoding, longctx, paths, pipeline, scaling, study, summary
+from rpka.config import DEVICES, BenchConfig, LongContextConfig
+from rpka.io import atomic_write_text, write_json
+from rpka.paths import resolve
+from rpka.presets import (
+    LONGCTX_PRESETS,
+    PRESETS_BY_TRACK,
+    STUDY_TRACKS,
+    get_longctx_preset,
+    get_preset,
+)
+from rpka.tracks import get_task
+
+
+def _parser(command: str, description: str) -> argparse.ArgumentParser:
+    """The one argparse setup of every command."""
+    return argparse.ArgumentParser(
+        prog=f"python -m rpka {command}",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argparse.Namespace]:
+    """Parse the command line into a validated config; bad values exit with an error."""
+    parser = _parser("bench", bench.__doc__.split("\n\n")[0])
+    names = sorted({name for presets in PRESETS_BY_TRACK.values() for name in presets})
+    parser.add_argument("--preset", choices=names, default="full")
+    parser.add_argument(
+        "--track", choices=sorted(PRESETS_BY_TRACK), default=STUDY_TRACKS[0], help="the track"
+    )
+    parser.add_argument(
+        "--out",
+        help="results folder (default data/results/<preset>, data/results/<preset>/<track> "
+        "for tracks other than forecast)",
+    )
+    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
+    parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
+    parser.add_argument("--lrs", type=float, nargs="+", help="learning rates to sweep")
+    parser.add_argument("--epochs", type=int, help="training epochs")
+    parser.add_argument("--device", choices=DEVICES)
+    parser.add_argument("--workers", type=int, help="parallel worker processes")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+
+    overrides: dict[str, Any] = {}
+    if args.ranks is not None:
+        overrides["ranks"] = args.ranks
+    if args.seeds is not None:
+        if args.seeds < 1:
+            parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
+        try:
+            base = get_preset(args.preset, args.track)
+        except ValueError as err:
+            parser.error(str(err))
+        first = max(base.sweep_seeds) + 100  # disjoint from the sweep seeds
+        overrides["eval_seeds"] = tuple(range(first, first + args.seeds))
+    if args.lrs is not None:
+        overrides["learning_rates"] = tuple(args.lrs)
+    if args.epochs is not None:
+        overrides["train"] = {"epochs": args.epochs}
+    if args.device is not None:
+        overrides["device"] = args.device
+    if args.workers is not None:
+        overrides["n_workers"] = args.workers
+    try:
+        config = get_preset(args.preset, args.track, **overrides)
+    except ValueError as err:
+        parser.error(str(err))
+    if config.device == "cuda" and not torch.cuda.is_available():
+        parser.error("argument --device: cuda requested but CUDA is not available")
+    return config, args
+
+
+def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    config, args = parse_bench(argv)
+    out = resolve(args.out or bench.default_out(config))
+    report = bench.run_bench(config, out, progress=not args.no_progress)
+    print_bench_summary(report, out)
+    return report
+
+
+def print_bench_summary(report: dict[str, Any], out: Path) -> None:
+    """A results table: every arm and the naive baselines, the primary test metric."""
+    metric = report["metric"]
+    width = max(12, *(len(name) for name in report["arms"]))
+    lines = [
+        f"{'arm':<{width}} {'points':>6} {'best lr':>8} {'test ' + metric:>18} {'vs exact':>30}"
+    ]
+    for name, arm in report["arms"].items():
+        full = arm["full"]
+        points = arm["pivot_points"] or arm["attention_tokens"]
+        cmp_ = arm["comparison"]
+        versus = (
+            "-" if cmp_ is None else f"{cmp_['delta_mean']:+.4f} p_adj={cmp_['p_adjusted']:.3g}"
+        )
+        lines.append(
+            f"{name:<{width}} {points:>6} {arm['best_cfg']['lr']:>8.0e} "
+            f"{full['mean']:>9.4f} +- {full['std']:<6.4f} {versus:>30}"
+        )
+    task = get_task(report["track"])
+    for label, values in task.naive_rows(report, "test"):
+        lines.append(f"{label:<{width}} {'':>6} {'':>8} {values[metric]:>9.4f}")
+    choice = report.get("ablation_choice")
+    if choice is not None:
+        lines.append(
+            f"RPKA default (validation): {choice['chosen_arm']} "
+            f"({choice['chosen_val_score']:.4f} vs reference {choice['reference']} "
+            f"{choice['reference_val_score']:.4f})"
+        )
+    lines.append(task.learnability_text(report).replace("**", ""))
+    t = report["timings"]
+    lines.append(
+        f"wall {t['phases']['total_s']:.1f} s; step ms {t['step_ms_median']}; "
+        f"written to {out / 'bench_report.json'}"
+    )
+    print("\n".join(lines), file=sys.stdout)
+
+
+# --------------------------------------------------------------------------- longctx
+
+
+def parse_longctx(
+    argv: Sequence[str] | None = None,
+) -> tuple[LongContextConfig, argparse.Namespace]:
+    """Parse the command line into a validated config; bad values exit with an error."""
+    parser = _parser("longctx", longctx.__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(LONGCTX_PRESETS), default="full")
+    parser.add_argument("--out", help="results folder (default data/results/<preset>)")
+    parser.add_argument("--contexts", type=int, nargs="+", help="context lengths")
+    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
+    parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
+    parser.add_argument("--device", choices=DEVICES)
+    parser.add_argument("--workers", type=int, help="parallel worker processes")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory probes")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+
+    overrides: dict[str, Any] = {}
+    if args.contexts is not None:
+        overrides["contexts"] = args.contexts
+    if args.ranks is not None:
+        overrides["ranks"] = args.ranks
+        preset_primary = LONGCTX_PRESETS[args.preset].bench.primary_arm
+        if preset_primary in {f"rpka-r{r}" for r in args.ranks}:
+            overrides["primary_arm"] = preset_primary
+    if args.seeds is not None:
+        if args.seeds < 1:
+            parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
+        first = max(LONGCTX_PRESETS[args.preset].bench.sweep_seeds) + 100
+        overrides["eval_seeds"] = tuple(range(first, first + args.seeds))
+    if args.device is not None:
+        overrides["device"] = args.device
+    if args.workers is not None:
+        overrides["n_workers"] = args.workers
+    if args.no_memory:
+        overrides["memory_probe"] = False
+    try:
+        config = get_longctx_preset(args.preset, **overrides)
+    except ValueError as err:
+        parser.error(str(err))
+    if config.bench.device == "cuda" and not torch.cuda.is_available():
+        parser.error("argument --device: cuda requested but CUDA is not available")
+    return config, args
+
+
+def longctx_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    config, args = parse_longctx(argv)
+    out = resolve(args.out or paths.results_dir(config.preset))
+    result = longctx.run_longctx(config, out, progress=not args.no_progress)
+    print("\n".join(longctx.summary_lines(result)), file=sys.stdout)
+    print(f"written to {out / longctx.FILE_NAME}")
+    return result
+
+
+# --------------------------------------------------------------------------- report
+
+
+def report_main(argv: Sequence[str] | None = None) -> None:
+    parser = _parser("report", pipeline.__doc__)
+    parser.add_argument("--preset", choices=pipeline.PRESETS, default="full")
+    parser.add_argument(
+        "--html",
+        default=str(resolve(paths.REPORT_HTML)),
+        help="where to write the report (default: %(default)s)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument(
+        "--print-parameters", action="store_true", help="print each notebook's parameters and exit"
+    )
+    args = parser.parse_args(argv)
+    steps = pipeline.preset_steps(args.preset)
+    if args.print_parameters:
+        print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
+        return
+    try:
+        pipeline.run_pipeline(
+            steps,
+            Path(args.html),
+            progress=not args.no_progress,
+            compute=study.compute_steps(args.preset, progress=not args.no_progress),
+        )
+    except pipeline.PipelineError as err:
+        raise SystemExit(f"report failed: {err}") from None
+
+
+# --------------------------------------------------------------------------- scaling, decode
+
+
+def scaling_main(argv: Sequence[str] | None = None) -> dict:
+    parser = _parser("scaling", scaling.__doc__)
+    parser.add_argument("--preset", choices=sorted(scaling.PRESETS), default="cpu")
+    parser.add_argument("--lengths", type=int, nargs="+")
+    parser.add_argument("--ranks", type=int, nargs="+")
+    parser.add_argument("--control-ranks", type=int, nargs="*")
+    parser.add_argument("--batch-heads", type=int)
+    parser.add_argument("--head-dim", type=int)
+    parser.add_argument("--device")
+    parser.add_argument("--dtype")
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--max-seconds", type=float)
+    parser.add_argument("--no-backward", action="store_true")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--bench-preset",
+        help="time the arms of this bench preset (rpka.presets) at one length, forward only "
+        f"(default length {scaling.ARM_LENGTH}; no rank sweep, backward or memory unless given)",
+    )
+    parser.add_argument("--out", help="JSON path (default: by preset, under data/results/scaling)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    overrides = {
+        key: getattr(args, key)
+        for key in (
+            "lengths",
+            "ranks",
+            "control_ranks",
+            "batch_heads",
+            "head_dim",
+            "device",
+            "dtype",
+            "warmup",
+            "repeats",
+            "max_seconds",
+        )
+        if getattr(args, key) is not None
+    }
+    if args.no_backward:
+        overrides["backward"] = False
+    if args.no_memory:
+        overrides["memory"] = False
+    config = scaling.PRESETS[args.preset]
+    default_out = scaling.DEFAULT_OUT[args.preset]
+    try:
+        if args.bench_preset is not None:
+            bench_arms = get_preset(args.bench_preset).arms
+            config = scaling.bench_arms_config(bench_arms, base=config)
+            default_out = paths.scaling_json(f"arms_{args.bench_preset}_{args.preset}")
+        config = replace(config, **overrides)
+        config.validate()
+    except ValueError as err:
+        parser.error(str(err))
+    out = Path(args.out or default_out)
+    result = scaling.run_scaling(config, progress=not args.quiet, out=out, preset=args.preset)
+    print("\n".join(scaling.summary_lines(result)))
+    print(f"written to {out}")
+    return result
+
+
+def decode_main(argv: Sequence[str] | None = None) -> dict:
+    parser = _parser("decode", decoding.__doc__)
+    defaults = decoding.DecodeConfig()
+    parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
+    parser.add_argument("--batch-heads", type=int, default=defaults.batch_heads)
+    parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
+    parser.add_argument("--rank", type=int, default=defaults.rank)
+    parser.add_argument("--block-size", type=int, default=defaults.block_size)
+    parser.add_argument("--pivot-set", default=defaults.pivot_set)
+    parser.add_argument("--device", default=defaults.device)
+    parser.add_argument("--dtype", default=defaults.dtype)
+    parser.add_argument("--warmup", type=int, default=defaults.warmup)
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--out", default=None, help="default data/results/scaling/decode_<device>.json"
+    )
+    args = parser.parse_args(argv)
+    config = decoding.DecodeConfig(
+        contexts=args.contexts,
+        batch_heads=args.batch_heads,
+        head_dim=args.head_dim,
+        rank=args.rank,
+        block_size=args.block_size,
+        pivot_set=args.pivot_set,
+        device=args.device,
+        dtype=args.dtype,
+        warmup=args.warmup,
+        steps=args.steps,
+        seed=args.seed,
+    )
+    try:
+        config.validate()
+    except ValueError as err:
+        parser.error(str(err))
+    out = args.out or paths.decode_json(config.device)
+    result = decoding.run_decoding(config)
+    write_json(out, result)
+    print(f"{'method':>6} {'context':>8} {'ms/token':>9} {'mean':>8} {'max':>8} {'prefill ms':>11}")
+    for r in result["rows"]:
+        print(
+            f"{r['method']:>6} {r['context']:>8} {r['per_token_ms']:>9.3f} "
+            f"{r['per_token_mean_ms']:>8.3f} {r['per_token_max_ms']:>8.3f} {r['prefill_ms']:>11.1f}"
+        )
+    target = result["summary"]["target"]
+    verdict = "met" if target["met"] else "NOT met"
+    print(f"{target['statement']}: ratio {target['ratio']:.2f} -> {verdict}")
+    print(f"device: {result['device']}; {result['shape']}; written to {out}")
+    return result
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def summary_main(argv: Sequence[str] | None = None) -> None:
+    parser = _parser("summary", "the study's results in Markdown")
+    parser.add_argument("--preset", default="full", choices=sorted(study.SCALING_PRESET))
+    parser.add_argument("--readme", type=Path, help="rewrite this file's summary block")
+    args = parser.parse_args(argv)
+    block = summary.render(args.preset)
+    if args.readme is None:
+        print(block)
+        return
+    atomic_write_text(args.readme, summary.replace_block(args.readme.read_text(), block))
+    print(f"updated the summary block of {args.readme}")
+
+
+# --------------------------------------------------------------------------- dispatch
+
+COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
+    "bench": (bench_main, "benchmark (--track NAME): lr sweep, seeds, bench_report.json"),
+    "longctx": (longctx_main, "long-context training: exact vs rpka at contexts 512 and 2,048"),
+    "report": (report_main, "run the study and render the HTML report"),
+    "scaling": (scaling_main, "attention latency against length and rank"),
+    "decode": (decode_main, "per-token decoding latency against context length"),
+    "summary": (summary_main, "the study's results in Markdown (the README's results block)"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        lines = [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+        print("usage: python -m rpka COMMAND [options]\n\ncommands:\n" + "\n".join(lines))
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nerror: unknown command {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0 if argv else 2
+    COMMANDS[argv[0]][0](argv[1:])
+    return 0
