@@ -4,7 +4,7 @@ The ablation arms change one choice of RPKA at a time around the reference (its 
 default, at one rank): pivot weighting, pivot set, pivot rule, pivot refresh
 (``rpka.presets.ABLATIONS``). :func:`choose_default` works in two steps, on validation
 scores only - test scores are never read, so the test split stays a clean estimate
-(DESIGN.md section 5, point 1):
+(docs/design.md section 5, point 1):
 
 1. **Pick** the candidate with the lowest mean validation error over the sweep seeds, at
    each arm's own best learning rate (``arms.<arm>.sweep``), averaged over the sweep seeds

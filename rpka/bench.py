@@ -10,7 +10,7 @@ perplexity next to the exact floor; results in ``data/results/<preset>/lm/``). W
 between tracks - model, loss, metrics, naive baselines, learnability bar - is the track's
 ``rpka.tracks.base.Task`` (``rpka.tracks.TRACKS``).
 
-Protocol (DESIGN.md section 5): for every arm, each learning rate trains the sweep seeds
+Protocol (docs/design.md section 5): for every arm, each learning rate trains the sweep seeds
 and is scored on validation; the best learning rate (lowest mean validation metric; a
 configuration with a diverged seed loses) trains the evaluation seeds - disjoint from the
 sweep seeds - and is scored on test. Each non-baseline arm is compared with the baseline
@@ -19,7 +19,7 @@ An arm with ``lr_from`` does not sweep: it takes the learning rate chosen for th
 (the ablations take their reference's) and trains only it with the sweep seeds, which
 still score it on validation.
 
-Scale-out seam (DESIGN.md section 9): a job is ``(arm, learning rate, seed group)``; its
+Scale-out seam (docs/design.md section 9): a job is ``(arm, learning rate, seed group)``; its
 full configuration goes to :func:`run_to_file`, which trains it and writes one JSON file
 ``<out>/runs/<run id>.json`` (atomically). The bench only submits jobs to an executor with
 the ``concurrent.futures`` interface - a local process pool by default, in-process for
@@ -55,8 +55,8 @@ from rpka.ablations import choose_default, rpka_configuration
 from rpka.attention import options_of
 from rpka.config import ArmConfig, BenchConfig
 from rpka.io import read_json, write_json
-from rpka.mechanism import mechanism_study, method_output_errors
 from rpka.paths import resolve
+from rpka.quality import mechanism_study, method_output_errors
 from rpka.tracks.cache import DEFAULT_DATA_DIR
 from rpka.train import (
     build_model,
@@ -129,7 +129,7 @@ OUTPUT_ERROR_DEFINITION = (
     "relative error |O_hat - O|_F / |O|_F of each arm's attention (its method and options, "
     "rank replaced) against exact SDPA in float64, per layer, test window, head and draw, on "
     "the attention inputs (q, k, v) of a trained model: the arm's own ('own') and the exact "
-    "arm's ('exact'), first evaluation seed (rpka.mechanism.method_output_errors)"
+    "arm's ('exact'), first evaluation seed (rpka.quality.method_output_errors)"
 )
 
 

@@ -278,7 +278,7 @@ class BenchConfig:
     ablation_reference: str | None = None
     ablation_arms: tuple[str, ...] = ()
     # ranks at which every arm's attention is compared with exact on its trained Q/K
-    # (rpka.mechanism.method_output_errors; non-causal forecast models); () skips the study
+    # (rpka.quality.method_output_errors; non-causal forecast models); () skips the study
     output_error_ranks: tuple[int, ...] = ()
 
     @property

@@ -1,4 +1,4 @@
-"""Autoregressive decoding latency per token against context length (DESIGN.md section 7).
+"""Autoregressive decoding latency per token against context length (docs/design.md section 7).
 
 For each context length n: prefill n tokens, take ``warmup`` steps, then time ``steps``
 single-token steps one by one - ``exact`` with a KV cache (SDPA over every cached key,

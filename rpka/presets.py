@@ -49,7 +49,7 @@ MEAN_CONTROL = ArmConfig("mean-attention", "mean", {}, lr_from="exact")
 ABLATION_RANK = 16
 # (label, options) of each ablation: one factor changed from RPKA's default
 ABLATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("exp", {"weighting": "exp"}),  # pivots ~ the exponential kernel's residual (DESIGN 2)
+    ("exp", {"weighting": "exp"}),  # pivots ~ the exp kernel's residual (design section 2)
     ("tempered", {"weighting": "tempered", "tempering": 0.5}),  # ~ its square root
     ("keys", {"pivot_set": "keys"}),  # pivots from the keys only (WildCat-style set)
     ("greedy", {"pivot_rule": "greedy"}),  # argmax residual instead of sampling

@@ -1,4 +1,4 @@
-"""Attention latency and peak memory against sequence length and rank (DESIGN.md section 7).
+"""Attention latency and peak memory against sequence length and rank (docs/design.md section 7).
 
 Every method is measured in one process on the same inputs, so the ratios against
 ``exact`` are within one run. For each length n and arm (``exact``; ``rpka`` at each rank;

@@ -113,7 +113,7 @@ def verdict_word(verdict: str) -> str:
 
 
 def comparison_table(report: Mapping) -> pd.DataFrame:
-    """Every arm's paired comparison with the baseline (DESIGN.md section 5)."""
+    """Every arm's paired comparison with the baseline (docs/design.md section 5)."""
     rows = []
     for name, entry in report["arms"].items():
         c = entry.get("comparison")

@@ -1,4 +1,6 @@
-"""One training run: ``train_run(run_config) -> result``, a pure function (DESIGN.md section 9).
+"""One training run: ``train_run(run_config) -> result``, a pure function.
+
+The scale-out seam of docs/design.md section 9.
 
 A run trains the S seeds of one configuration (arm, learning rate) as one stacked model
 and scores it on a split. The loop is the same for every track; the model, the loss and
@@ -9,7 +11,7 @@ perplexity/NLL). Everything it needs is in ``run_config``
 global random state is read or written: member s draws its initialisation and its data
 order from ``seeds[s]`` alone, and RPKA's pivots from a generator seeded by the run.
 
-Divergence (DESIGN.md section 5): a member whose training loss (or validation error)
+Divergence (docs/design.md section 5): a member whose training loss (or validation error)
 becomes non-finite is recorded as ``diverged`` with the epoch and step, reset to its
 initial parameters and frozen there (its gradients are masked with ``torch.where``, since
 ``nan * 0`` is ``nan``), so it can no longer disturb anything; the other members go on.

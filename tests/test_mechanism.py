@@ -13,14 +13,16 @@ from rpka.attention.rpka import gather_points
 from rpka.io import read_json, write_json
 from rpka.mechanism import (
     MechanismConfig,
-    approximation_quality,
-    compare_models,
-    mechanism_study,
     optimal_trace_error,
     pivot_points,
     pivoted_matrix,
-    quality_frames,
     trace_identity,
+)
+from rpka.quality import (
+    approximation_quality,
+    compare_models,
+    mechanism_study,
+    quality_frames,
 )
 
 matplotlib.use("Agg")

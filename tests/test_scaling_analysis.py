@@ -12,6 +12,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from rpka import plots, scaling_analysis, tables
+from rpka import plots_scaling as sp
 from rpka.io import read_json
 
 RESULTS = Path(__file__).resolve().parent.parent / "data" / "results" / "scaling"
@@ -183,19 +184,18 @@ def check_png(fig, path):
 def test_scaling_plots_write_pngs_on_the_committed_cpu_results(tmp_path):
     plots.set_style()
     result = read_json(CPU_JSON)
+    figure = sp.plot_scaling_latency(result, save_dir=tmp_path)
+    check_png(figure, tmp_path / "scaling_latency_cpu.png")
     check_png(
-        plots.plot_scaling_latency(result, save_dir=tmp_path), tmp_path / "scaling_latency_cpu.png"
+        sp.plot_scaling_memory(result, save_dir=tmp_path), tmp_path / "scaling_memory_cpu.png"
     )
-    check_png(
-        plots.plot_scaling_memory(result, save_dir=tmp_path), tmp_path / "scaling_memory_cpu.png"
-    )
-    check_png(plots.plot_speedup(result, save_dir=tmp_path), tmp_path / "scaling_speedup_cpu.png")
-    fig = plots.plot_scaling_latency(result, methods=None, save_dir=tmp_path, name="all_arms")
+    check_png(sp.plot_speedup(result, save_dir=tmp_path), tmp_path / "scaling_speedup_cpu.png")
+    fig = sp.plot_scaling_latency(result, methods=None, save_dir=tmp_path, name="all_arms")
     labels = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
     assert any(label.startswith("nystrom-uniform r=16 (slope ") for label in labels)
     check_png(fig, tmp_path / "all_arms.png")
     with pytest.raises(ValueError, match="methods"):
-        plots.plot_scaling_latency(result, methods=("performer",))
+        sp.plot_scaling_latency(result, methods=("performer",))
 
 
 def test_scaling_plots_take_the_gpu_schema(tmp_path):
@@ -208,9 +208,9 @@ def test_scaling_plots_take_the_gpu_schema(tmp_path):
             for key in ("forward_ms", "fwd_bwd_ms", "peak_mib", "fwd_bwd_peak_mib"):
                 row.pop(key, None)
             row["forward_status"] = "oom"
-    check_png(plots.plot_speedup(result, save_dir=tmp_path), tmp_path / "scaling_speedup_gpu.png")
+    check_png(sp.plot_speedup(result, save_dir=tmp_path), tmp_path / "scaling_speedup_gpu.png")
     check_png(
-        plots.plot_scaling_latency(result, save_dir=tmp_path), tmp_path / "scaling_latency_gpu.png"
+        sp.plot_scaling_latency(result, save_dir=tmp_path), tmp_path / "scaling_latency_gpu.png"
     )
     frame = scaling_analysis.speedup_frame(result)
     assert frame[frame["n"] == 8192]["ratio"].isna().all()
@@ -259,7 +259,7 @@ def test_decode_plot(tmp_path):
     frame = scaling_analysis.decode_frame(decode_result())
     rpka = frame[frame["method"] == "rpka"]
     assert np.allclose(rpka["per_token_with_redraw_ms"], 0.2001)
-    fig = plots.plot_decode_latency(decode_result(), save_dir=tmp_path)
+    fig = sp.plot_decode_latency(decode_result(), save_dir=tmp_path)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "exact (KV cache) (slope 1.00)" in labels
     assert "rpka causal r=64 (slope 0.00)" in labels
@@ -269,7 +269,7 @@ def test_decode_plot(tmp_path):
 @pytest.mark.skipif(not (RESULTS / "decode_cpu.json").exists(), reason="decoding not merged yet")
 def test_decode_plot_on_the_committed_results(tmp_path):
     plots.set_style()
-    fig = plots.plot_decode_latency(read_json(RESULTS / "decode_cpu.json"), save_dir=tmp_path)
+    fig = sp.plot_decode_latency(read_json(RESULTS / "decode_cpu.json"), save_dir=tmp_path)
     check_png(fig, tmp_path / "decode_latency_cpu.png")
 
 
@@ -292,6 +292,6 @@ def test_longctx_plot(tmp_path):
                     "peak_ratio_vs_exact": None,
                 }
             )
-    fig = plots.plot_longctx({"rows": rows, "preset": "test", "device": "cpu"}, save_dir=tmp_path)
+    fig = sp.plot_longctx({"rows": rows, "preset": "test", "device": "cpu"}, save_dir=tmp_path)
     check_png(fig, tmp_path / "longctx_training.png")
     assert isinstance(tables.longctx_table({"rows": rows}), pd.DataFrame)

@@ -16,13 +16,13 @@ from rpka import cli, plots, scaling, tables  # noqa: E402
 from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
 from rpka.attention import REGISTRY, options_of  # noqa: E402
 from rpka.config import BenchConfig  # noqa: E402
-from rpka.mechanism import method_output_errors  # noqa: E402
 from rpka.presets import (  # noqa: E402
     ABLATION_RANK,
     PEERS,
     PRESETS,
     get_preset,
 )
+from rpka.quality import method_output_errors  # noqa: E402
 from rpka.train import make_run_config, train_run  # noqa: E402
 
 FULL = get_preset("full")

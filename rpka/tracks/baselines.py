@@ -1,4 +1,4 @@
-"""Naive forecasts every model must beat (DESIGN.md section 4), on standardised windows.
+"""Naive forecasts every model must beat (docs/design.md section 4), on standardised windows.
 
 All four work on the context-standardised windows of a :class:`~rpka.tracks.forecast.Track`
 (x: (N, L), y: (N, H)), the same numbers the models see, so their errors are directly

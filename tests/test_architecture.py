@@ -1,0 +1,120 @@
+"""The architecture as a contract (docs/design.md, "Layout"): the import layers of
+pyproject.toml's ``[tool.importlinter]``, no import cycles, no imports hidden in functions,
+no module over 700 lines, no reference outside the repository, no track name outside
+``rpka/tracks``."""
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "rpka"
+MAX_LINES = 700
+# rpka/attention's internals are being reorganised (issue 12, item 4): its own cycles and
+# local imports are checked once that lands; its place in the layers is checked now
+ATTENTION = PACKAGE / "attention"
+
+
+def modules(exclude_attention: bool = True) -> list[Path]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    return [f for f in files if not (exclude_attention and ATTENTION in f.parents)]
+
+
+def test_import_layers_hold():
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which(
+        "lint-imports"
+    )
+    if lint is None:
+        pytest.fail("lint-imports not found: pip install -e '.[test]' installs import-linter")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([lint], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def _cycle(graph: grimp.ImportGraph, names: set[str]) -> list[str] | None:
+    """A cycle among ``names`` (a list of modules), or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        stack.append(name)
+        for nxt in sorted(graph.find_modules_directly_imported_by(name) & names):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[name] = 2
+        return None
+
+    for name in sorted(names):
+        if name not in state and (found := visit(name)):
+            return found
+    return None
+
+
+def test_no_import_cycles_outside_attention_internals():
+    sys.path.insert(0, str(ROOT))
+    graph = grimp.build_graph("rpka")
+    names = {m for m in graph.modules if not m.startswith("rpka.attention.")}
+    assert _cycle(graph, names) is None
+
+
+def test_no_imports_hidden_in_functions():
+    hidden = []
+    for path in modules():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Import | ast.ImportFrom):
+                        hidden.append(f"{path.relative_to(ROOT)}:{inner.lineno}")
+    assert not hidden, f"imports inside functions: {hidden}"
+
+
+def test_no_module_over_the_line_limit():
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in modules()
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_no_reference_outside_the_repository():
+    pattern = re.compile(r"\.\./" + "shared")  # split: this file does not match itself
+    files = [
+        p
+        for p in ROOT.rglob("*")
+        if p.is_file()
+        and p.suffix in {".py", ".md", ".ipynb", ".toml", ".yml", ".yaml", ".cfg", ".txt"}
+        and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+        and "data" not in p.relative_to(ROOT).parts[:1]
+    ]
+    offenders = [str(p.relative_to(ROOT)) for p in files if pattern.search(p.read_text())]
+    assert not offenders, f"files referring outside the repository: {offenders}"
+
+
+def test_no_branch_on_a_track_name_outside_tracks():
+    """A track's name appears as a literal only in rpka/tracks and in the registries of
+    presets (rpka/presets.py maps track names to their presets)."""
+    from rpka.tracks import TRACKS
+
+    names = "|".join(re.escape(n) for n in TRACKS)
+    pattern = re.compile(rf"""(==|!=|\bin)\s*["']({names})["']|["']({names})["']\s*(==|!=)""")
+    offenders = []
+    for path in modules(exclude_attention=False):
+        if PACKAGE / "tracks" in path.parents:
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
