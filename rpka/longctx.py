@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from rpka import paths
 from rpka.bench import (
     default_executor,
     device_description,
@@ -51,7 +52,6 @@ from rpka.tracks.cache import DEFAULT_DATA_DIR
 from rpka.train import build_model, make_run_config, track_config_of
 
 LONGCTX_VERSION = "1.0"
-DEFAULT_OUT = "data/results/{preset}"
 FILE_NAME = "longctx.json"
 MiB = 2**20
 
@@ -128,7 +128,7 @@ def run_longctx(
     """
     config.validate()
     started = time.perf_counter()
-    out = resolve(out_dir or DEFAULT_OUT.format(preset=config.preset))
+    out = resolve(out_dir or paths.results_dir(config.preset))
     data_dir = str(resolve(data_dir or DEFAULT_DATA_DIR))
     result = header(config)
     own_executor = executor is None

@@ -59,6 +59,11 @@ def mechanism_json(preset: str) -> str:
     return f"{results_dir(preset)}/mechanism.json"
 
 
+def trace_identity_seeds_json(preset: str) -> str:
+    """The trace identity over Monte Carlo seeds (scripts/trace_identity_seeds.py)."""
+    return f"{results_dir(preset)}/trace_identity_seeds.json"
+
+
 def longctx_json(preset: str) -> str:
     return f"{results_dir(preset)}/longctx.json"
 

@@ -47,6 +47,7 @@ try:
 except ImportError:  # pragma: no cover - a bare GPU box with torch only: no progress bar
     tqdm = None
 
+from rpka import paths
 from rpka.attention import build, options_of, triton_sweep
 from rpka.attention.rpka import IMPLEMENTATION_OPTIONS
 from rpka.io import write_json
@@ -170,9 +171,9 @@ PRESETS = {
     ),
 }
 DEFAULT_OUT = {
-    "cpu": "data/results/scaling/cpu.json",
-    "gpu": "data/results/scaling/gpu_h200.json",
-    "tiny": "data/results/scaling/tiny.json",
+    "cpu": paths.scaling_json("cpu"),
+    "gpu": paths.GPU_SCALING_JSON,
+    "tiny": paths.scaling_json("tiny"),
 }
 
 

@@ -75,7 +75,11 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
         "06_report.ipynb": {
             "preset": preset,
             "results_dir": results,
-            "lm_results_dir": lm_results_dir(preset),
+            "bench_report": report,
+            "lm_bench_report": f"{lm_results_dir(preset)}/bench_report.json",
+            "mechanism_json": paths.mechanism_json(preset),
+            "scaling_cpu_json": paths.scaling_cpu_json(preset),
+            "seeds_check_json": paths.trace_identity_seeds_json(preset),
             "decode_json": paths.decode_json("cpu"),
             "scaling_gpu_json": paths.GPU_SCALING_JSON,
             "arms_latency_json": paths.ARMS_LATENCY_JSON,

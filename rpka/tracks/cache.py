@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from rpka.io import atomic_save_npz, config_hash
+from rpka.paths import DATA_CACHE
 
-DEFAULT_DATA_DIR = Path("data/cache")
+DEFAULT_DATA_DIR = Path(DATA_CACHE)
 
 
 def cache_path(config: Any, data_dir: str | Path | None = None) -> Path:
