@@ -187,22 +187,34 @@ def _to_list(values: Tensor, alive: Tensor | None = None) -> list[float | None]:
     return out
 
 
-def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
-    """Train the seeds of one configuration and score them; see the module docstring.
+@dataclasses.dataclass
+class Run:
+    """Everything one training run works with, built once by :func:`setup_run`."""
 
-    ``run_config`` keys: ``arm`` {name, method, options}, ``lr``, ``seeds`` (list),
-    ``split`` ("val" for sweep runs, "test" for evaluation runs - which also record val),
-    ``track`` / ``model`` / ``train`` (the dataclasses as dicts), ``device``, and the
-    result-neutral ``data_dir`` (track cache), ``progress`` {enable, position, leave} and
-    ``state_path`` (if set, the trained weights are saved there; see :func:`load_trained`).
+    config: dict[str, Any]
+    device: torch.device
+    task: Task
+    track_config: Any
+    train: TrainConfig
+    splits: dict[str, tuple[Tensor, Tensor]]
+    seeds: list[int]
+    model: nn.Module
+    params: list[Tensor]
+    initial: list[Tensor]  # the parameters at initialisation: where a diverged member rests
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    data_generators: list[torch.Generator]  # one per member: its data order
+    steps_per_epoch: int
+    train_x: Tensor  # the training split on the run's device
+    train_y: Tensor
 
-    Returns a JSON-able dict: ``run_id``, the configuration, per-member histories and
-    final metrics (``members``), ``scores`` {metric: [per seed]} on the scored split,
-    timing (``step_ms_median``, ``wall_s``) and RPKA guard counts (``guard_counts``).
-    """
-    _check_run_config(run_config)
-    wall_start = time.perf_counter()
-    cpu_start = time.process_time()
+    @property
+    def n_train(self) -> int:
+        return len(self.splits["train"][0])
+
+
+def setup_run(run_config: dict[str, Any]) -> Run:
+    """Step 1: the track's data, the stacked model, Adam and its learning-rate schedule."""
     device = torch.device(run_config["device"])
     track_config = track_config_of(run_config)
     task = get_task(track_config.name)
@@ -213,7 +225,6 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     splits = {name: task.inputs_targets(track, name) for name in ("train", "val", "test")}
     n_train = len(splits["train"][0])
     seeds = list(run_config["seeds"])
-    n_members = len(seeds)
 
     model = build_model(run_config, track_config, device)
     params = list(model.parameters())
@@ -230,16 +241,97 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         optimizer, lambda step: lr_factor(train_config.lr_schedule, step, total_steps)
     )
     data_generators = [torch.Generator().manual_seed(derive_seed(s, STREAM_DATA)) for s in seeds]
-    train_x, train_y = (t.to(device) for t in splits["train"])
     steps_per_epoch = n_train // train_config.batch_size
     if steps_per_epoch < 1:
         raise ValueError(
             f"train.batch_size={train_config.batch_size} exceeds the {n_train} training examples"
         )
-    metrics = task.metrics  # the first is the primary one (progress bar)
+    return Run(
+        run_config, device, task, track_config, train_config, splits, seeds, model, params,
+        initial, optimizer, schedule, data_generators, steps_per_epoch,
+        *(t.to(device) for t in splits["train"]),
+    )  # fmt: skip
 
-    alive = torch.ones(n_members, dtype=torch.bool, device=device)
-    diverged_at: list[dict[str, int] | None] = [None] * n_members
+
+class Members:
+    """Which members still train, and where each diverged member stopped."""
+
+    def __init__(self, n_members: int, device: torch.device) -> None:
+        self.alive = torch.ones(n_members, dtype=torch.bool, device=device)
+        self.diverged_at: list[dict[str, int] | None] = [None] * n_members
+
+    def diverge(self, newly: Tensor, epoch: int, step: int, reason: str) -> None:
+        """Record the members ``newly`` (S,) bool as diverged (they stop training)."""
+        for s in torch.nonzero(newly).flatten().tolist():
+            self.diverged_at[s] = {"epoch": epoch, "step": step, "reason": reason}
+        self.alive = self.alive & ~newly
+
+
+def train_step(run: Run, members: Members, batch: Tensor, epoch: int, step: int) -> Tensor:
+    """Step 2, repeated: one Adam step for the members still alive; the loss per member (S,)
+    (0 for the others). A member whose loss turns non-finite is frozen at its initial
+    parameters (its gradients masked with ``torch.where``: ``nan * 0`` is ``nan``)."""
+    loss = run.task.loss(run.model(run.train_x[batch]), run.train_y[batch])  # (S,)
+    newly = members.alive & ~torch.isfinite(loss)
+    alive = members.alive & ~newly
+    # sum, not mean: each member's gradient is that of its own loss
+    torch.where(alive, loss, 0.0).sum().backward()
+    for p in run.params:
+        p.grad = torch.where(_member_view(alive, p), p.grad, 0.0)
+    if run.train.grad_clip > 0:
+        clip_per_member(run.params, run.train.grad_clip)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.schedule.step()
+    if not bool(alive.all()):
+        with torch.no_grad():  # frozen at their initial values: finite forever
+            for p, p0 in zip(run.params, run.initial, strict=True):
+                p.copy_(torch.where(_member_view(alive, p), p, p0))
+    members.diverge(newly, epoch, step, "non-finite training loss")
+    return torch.where(alive, loss.detach().double(), 0.0)
+
+
+def final_scores(
+    run: Run, members: Members, val: dict[str, Tensor] | None
+) -> dict[str, dict[str, list]]:
+    """Step 3: the metrics of the trained members on validation (and test for evaluation
+    runs); None for a diverged member."""
+    metrics, n_members = run.task.metrics, len(run.seeds)
+    final = {}
+    for name in ("val", "test") if run.config["split"] == "test" else ("val",):
+        if not bool(members.alive.any()):  # every member diverged or failed: nothing to score
+            final[name] = {k: [None] * n_members for k in metrics}
+            continue
+        scores = (
+            val
+            if name == "val"
+            else evaluate(run.model, run.task, *run.splits["test"], run.train.eval_batch_size)
+        )
+        final[name] = {k: _to_list(scores[k], members.alive) for k in metrics}
+    return final
+
+
+def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
+    """Train the seeds of one configuration and score them; see the module docstring.
+
+    ``run_config`` keys: ``arm`` {name, method, options}, ``lr``, ``seeds`` (list),
+    ``split`` ("val" for sweep runs, "test" for evaluation runs - which also record val),
+    ``track`` / ``model`` / ``train`` (the dataclasses as dicts), ``device``, and the
+    result-neutral ``data_dir`` (track cache), ``progress`` {enable, position, leave} and
+    ``state_path`` (if set, the trained weights are saved there; see :func:`load_trained`).
+
+    Returns a JSON-able dict: ``run_id``, the configuration, per-member histories and
+    final metrics (``members``), ``scores`` {metric: [per seed]} on the scored split,
+    timing (``step_ms_median``, ``wall_s``) and RPKA guard counts (``guard_counts``).
+    """
+    _check_run_config(run_config)
+    wall_start = time.perf_counter()
+    cpu_start = time.process_time()
+    run = setup_run(run_config)
+    device, train_config, model, task = run.device, run.train, run.model, run.task
+    n_members, n_train, steps_per_epoch = len(run.seeds), run.n_train, run.steps_per_epoch
+    metrics = task.metrics  # the first is the primary one (progress bar)
+    members = Members(n_members, device)
     history: dict[str, list] = {"train_loss": [], **{f"val_{m}": [] for m in metrics}}
     step_ms: list[float] = []
     guards: dict[str, int] = {}
@@ -253,44 +345,18 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         dynamic_ncols=True,
     )
 
-    def mark_diverged(newly: Tensor, epoch: int, step: int, reason: str) -> None:
-        for s in torch.nonzero(newly).flatten().tolist():
-            diverged_at[s] = {"epoch": epoch, "step": step, "reason": reason}
-
-    def train_step(batch: Tensor) -> Tensor:
-        """One Adam step for the members still alive; returns the per-member loss (S,)."""
-        nonlocal alive
-        loss = task.loss(model(train_x[batch]), train_y[batch])  # (S,)
-        newly = alive & ~torch.isfinite(loss)
-        alive = alive & ~newly
-        # sum, not mean: each member's gradient is that of its own loss
-        torch.where(alive, loss, 0.0).sum().backward()
-        for p in params:
-            p.grad = torch.where(_member_view(alive, p), p.grad, 0.0)
-        if train_config.grad_clip > 0:
-            clip_per_member(params, train_config.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        schedule.step()
-        if not bool(alive.all()):
-            with torch.no_grad():  # frozen at their initial values: finite forever
-                for p, p0 in zip(params, initial, strict=True):
-                    p.copy_(torch.where(_member_view(alive, p), p, p0))
-        if bool(newly.any()):
-            mark_diverged(newly, epoch, global_step, "non-finite training loss")
-        return torch.where(alive, loss.detach().double(), 0.0)
-
     # A numerical failure inside the attention (torch.linalg.LinAlgError, e.g. a landmark
     # Gram matrix that float32 cannot factorise) ends the run like a divergence of every
     # member still training - one step mixes them all - and is recorded with its message.
     failure: str | None = None
     global_step = 0
+    val = None
     for epoch in range(train_config.epochs):
         loss_sum = torch.zeros(n_members, dtype=torch.float64, device=device)
-        for batch in member_batches(n_train, train_config.batch_size, data_generators):
+        for batch in member_batches(n_train, train_config.batch_size, run.data_generators):
             t0 = _now(device)
             try:
-                loss_sum += train_step(batch.to(device))
+                loss_sum += train_step(run, members, batch.to(device), epoch, global_step)
             except torch.linalg.LinAlgError as err:
                 failure = f"LinAlgError: {err}"
                 break
@@ -304,48 +370,34 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
             bar.update(1)
         if failure is None:
             try:
-                val = evaluate(model, task, *splits["val"], train_config.eval_batch_size)
+                val = evaluate(model, task, *run.splits["val"], train_config.eval_batch_size)
             except torch.linalg.LinAlgError as err:
                 failure = f"LinAlgError: {err}"
         if failure is not None:
-            mark_diverged(alive, epoch, global_step, failure)
-            alive = torch.zeros_like(alive)
+            members.diverge(members.alive, epoch, global_step, failure)
             break
         finite = torch.stack([torch.isfinite(val[m]) for m in metrics]).all(0)
-        newly = alive & ~finite
-        if bool(newly.any()):
-            alive = alive & ~newly
-            mark_diverged(newly, epoch, global_step, "non-finite validation error")
-        history["train_loss"].append(_to_list(loss_sum / steps_per_epoch, alive))
+        members.diverge(members.alive & ~finite, epoch, global_step, "non-finite validation error")
+        history["train_loss"].append(_to_list(loss_sum / steps_per_epoch, members.alive))
         for m in metrics:
-            history[f"val_{m}"].append(_to_list(val[m], alive))
+            history[f"val_{m}"].append(_to_list(val[m], members.alive))
         finite_val = [v for v in history[f"val_{metrics[0]}"][-1] if v is not None]
         if finite_val:
             bar.set_postfix({f"val_{metrics[0]}": f"{statistics.mean(finite_val):.3f}"})
     bar.close()
 
-    final = {}
-    for name in ("val", "test") if run_config["split"] == "test" else ("val",):
-        if not bool(alive.any()):  # every member diverged or failed: nothing to score
-            final[name] = {k: [None] * n_members for k in metrics}
-            continue
-        scores = (
-            val
-            if name == "val"
-            else evaluate(model, task, *splits["test"], train_config.eval_batch_size)
-        )
-        final[name] = {k: _to_list(scores[k], alive) for k in metrics}
-    members = []
-    for s, seed in enumerate(seeds):
-        members.append(
-            {
-                "seed": seed,
-                "status": "ok" if diverged_at[s] is None else "diverged",
-                "diverged_at": diverged_at[s],
-                **{key: [row[s] for row in rows] for key, rows in history.items()},
-                "final": {split: {k: v[s] for k, v in m.items()} for split, m in final.items()},
-            }
-        )
+    final = final_scores(run, members, val)
+    diverged_at = members.diverged_at
+    member_records = [
+        {
+            "seed": seed,
+            "status": "ok" if diverged_at[s] is None else "diverged",
+            "diverged_at": diverged_at[s],
+            **{key: [row[s] for row in rows] for key, rows in history.items()},
+            "final": {split: {k: v[s] for k, v in m.items()} for split, m in final.items()},
+        }
+        for s, seed in enumerate(run.seeds)
+    ]
     if run_config.get("state_path"):  # evaluation runs keep their weights for the mechanism
         atomic_torch_save(run_config["state_path"], model.state_dict())
     clean = {k: v for k, v in run_config.items() if k not in VOLATILE_KEYS}
@@ -354,13 +406,13 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         "config": clean,
         "arm": run_config["arm"]["name"],
         "lr": run_config["lr"],
-        "seeds": seeds,
+        "seeds": run.seeds,
         "split": run_config["split"],
         "scores": final[run_config["split"]],
-        "members": members,
+        "members": member_records,
         "n_diverged": sum(d is not None for d in diverged_at),
         "n_train_windows": n_train,
-        "attention_tokens": track_config.attention_tokens,
+        "attention_tokens": run.track_config.attention_tokens,
         "steps_per_epoch": steps_per_epoch,
         "n_steps": global_step,
         "step_ms_median": statistics.median(step_ms) if step_ms else None,
