@@ -75,8 +75,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rpka.attention.cache import GrowingBuffer
+from rpka.attention.nystrom import gather_points
 from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky
-from rpka.attention.rpka import gather_points
 
 # ----------------------------------------------------------------------------- schedule
 

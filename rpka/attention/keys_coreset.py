@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from rpka.attention.base import AttentionMethod
+from rpka.attention.nystrom import gather_points, nystrom_core, nystrom_readout
 from rpka.attention.options import (
     check_generator,
     check_open_unit,
@@ -59,7 +60,6 @@ from rpka.attention.options import (
     reject_causal,
 )
 from rpka.attention.rpcholesky import rpcholesky
-from rpka.attention.rpka import gather_points, nystrom_core, nystrom_readout
 
 # rho in tau = sqrt(rho * max|k| / max|q|): microsoft/wildcat, wildcat/compress_kv.py (RHO_2)
 WILDCAT_RHO = 3.94582
