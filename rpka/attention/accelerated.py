@@ -19,12 +19,12 @@ from torch import Tensor
 
 from rpka.attention import triton_sweep
 from rpka.attention.rpcholesky import (
-    ROUND_OFF,
     CholeskyResult,
     check_arguments,
     gaussian_kernel,
     gaussian_kernel_,
     half_sq_norms,
+    pivot_floor,
     weighting_power,
 )
 
@@ -392,9 +392,9 @@ def accelerated_pivots(
     the selection costs O(candidates x (r + b) x d), independent of N. Both are exact.
 
     ``rule="uniform"`` draws the first r points of a random permutation in one block
-    (threshold: round-off only), which is the uniform rule without replacement.
+    (threshold: the pivot floor only), which is the uniform rule without replacement.
 
-    Candidates whose residual is at round-off level are rejected (the plain loop would
+    Candidates whose residual is below the pivot floor are rejected (the plain loop would
     spend a step on them and record -1; this happens only once the residual is exhausted).
 
     Host synchronisation: one small device-to-host copy per round (is any element short
@@ -414,8 +414,7 @@ def accelerated_pivots(
     check_fast_options("accelerated", rule, block_size, refresh)
     n_points, batch, device = points.n_points, points.batch, points.device
     rank = min(rank, n_points)
-    eps = torch.finfo(points.dtype).eps
-    round_off = ROUND_OFF * eps
+    round_off = pivot_floor(points.dtype)
     like = torch.empty(0, dtype=points.dtype, device=device)
     state = PivotState.empty(batch, rank, points.dim, like)
     if first_pivots is not None:

@@ -11,12 +11,19 @@ weight ``w_j``, and ``g`` is replaced by ``G_QS G_SS^{-1} G_SK`` on landmarks ``
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from rpka.attention.accelerated import PivotState, chunk_bounds
-from rpka.attention.guards import guarded_ratio
-from rpka.attention.rpcholesky import gaussian_kernel, gaussian_kernel_, half_sq_norms
+from rpka.attention.guards import guarded_ratio, hull_tolerance
+from rpka.attention.rpcholesky import gaussian_kernel, half_sq_norms
+
+# the key side (moments and the r x (d_v + 1) solve) runs in float64 whatever the input
+# dtype: see key_moments; the readout stays in the compute dtype (float32 or float64)
+CORE_DTYPE = torch.float64
+SIZE_FLOOR = torch.finfo(CORE_DTYPE).tiny ** 0.5  # ~1e-154 (see solve_core)
 
 
 def gather_points(points: Tensor, index: Tensor) -> Tensor:
@@ -26,26 +33,94 @@ def gather_points(points: Tensor, index: Tensor) -> Tensor:
     return out * (index >= 0).unsqueeze(-1).to(points.dtype)
 
 
-def nystrom_core(k_s: Tensor, v: Tensor, landmarks: Tensor, valid: Tensor) -> Tensor:
-    """Key side of the Nystrom estimate: ``G_SS^{-1} G_SK [w * V, w]``, (..., r, d_v + 1).
+class Core(NamedTuple):
+    """The key side ``C = G_SS^{-1} G_SK [w v, w]`` (..., r, d_v + 1) in a log scale per
+    landmark: ``C = diag(e^{log_scale}) scaled``, each row of ``scaled`` with weight +-1.
+
+    The log scale is folded into the readout logits before their row maximum, so no
+    exponent of the estimator is taken on its own: ``w_j`` and ``g(x, k_j)`` underflow
+    float32 separately at sharp attention (logit std >~ 12) while their product is the
+    dominant term (DESIGN.md section 2, "Sharp attention").
+    """
+
+    scaled: Tensor
+    log_scale: Tensor  # (..., r); -inf for invalid landmarks
+
+
+def landmark_logits(x: Tensor, landmarks: Tensor, valid: Tensor) -> Tensor:
+    """``x.s - |s|^2/2``: x (..., n, d), landmarks (..., r, d) -> (..., n, r), -inf where not
+    valid. ``log g(x, s) + |x|^2/2``: the Gaussian kernel without its x factor."""
+    logits = x @ landmarks.transpose(-1, -2) - landmarks.pow(2).sum(-1).unsqueeze(-2) / 2
+    return logits.masked_fill(~valid.unsqueeze(-2), float("-inf"))
+
+
+def finite_or_zero(x: Tensor) -> Tensor:
+    """A log reference: -inf (nothing to refer to) becomes 0, so ``x - ref`` stays -inf."""
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def key_moments(k_s: Tensor, v: Tensor, landmarks: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """``G_SK [w v, w]`` in a log reference per landmark: ``(rho, moments)``, in float64.
+
+    ``g(s, k_j) w_j = exp(s.k_j - |s|^2/2)`` (with ``w_j = e^{|k_j|^2/2}``): one exponent per
+    term, against ``rho_s = max_j (s.k_j - |s|^2/2)`` (detached, a reference only), so each
+    row of ``moments`` (..., r, d_v + 1) lies in [0, m] and ``G_SK [w v, w] =
+    diag(e^{rho}) moments``. k_s (..., m, d), v (..., m, d_v).
+
+    Why float64 (``CORE_DTYPE``): at full rank the solve ``G_SS^{-1}`` cancels terms of rows
+    whose scales ``e^{rho}`` differ by many orders of magnitude; a relative error ``delta`` in
+    a large row then lands on a small one as ``delta e^{rho_big - rho_small}``. The logits
+    are ~100 at logit std 36, so float32 gives ``delta ~ 1e-5`` (measured: 1e-3 error on
+    repeated keys at std 36); float64 keeps it below 1e-10 (docs/numerics.md).
+    """
+    k_s, v, landmarks = (x.to(CORE_DTYPE) for x in (k_s, v, landmarks))
+    logits = landmark_logits(k_s, landmarks, valid)  # (..., m, r)
+    rho = finite_or_zero(logits.amax(-2).detach())  # (..., r)
+    terms = torch.exp(logits - rho.unsqueeze(-2))
+    ones = torch.ones_like(v[..., :1])
+    return rho, terms.transpose(-1, -2) @ torch.cat([v, ones], dim=-1)
+
+
+def solve_core(rho: Tensor, moments: Tensor, chol: Tensor, dtype: torch.dtype) -> Core:
+    """``G_SS^{-1} diag(e^{rho}) moments`` as a :class:`Core`, solved in float64.
+
+    The per-landmark references spread over many nats at sharp attention, past float32's
+    range; the r x (d_v + 1) solve is small, so it runs in float64 against the largest
+    reference, and each row of the result gets its own log scale again. ``chol`` is the
+    Cholesky factor of ``G_SS`` (any float dtype); ``dtype`` that of the returned core.
+    """
+    rho, moments = rho.to(CORE_DTYPE), moments.to(CORE_DTYPE)
+    top = rho.amax(-1, keepdim=True)  # (..., 1)
+    rhs = moments * torch.exp(rho - top).unsqueeze(-1)
+    core = torch.cholesky_solve(rhs, chol.to(CORE_DTYPE))  # (..., r, d_v + 1)
+    # Any positive size per row is exact (it moves between lambda and the row). The size of
+    # a row, |c_s| = max(|weight entry|, 2^-20 |largest entry|), is rescaled to 1: the
+    # denominator's terms are then a_s (+-1) and the relative floor den_floor * sum_s a_s
+    # |c_s| = den_floor * sum_s a_s >= den_floor (the row maximum of a is 1), and no entry
+    # exceeds 2^20, so no gradient overflows. A row more than ~350 nats below the top one
+    # keeps a smaller size (SIZE_FLOOR), likewise.
+    magnitude = core.detach().abs()
+    largest = magnitude.amax(-1, keepdim=True)
+    live = largest > 0
+    size = torch.maximum(magnitude[..., -1:], largest * 2.0**-20).clamp(min=SIZE_FLOOR)
+    log_scale = torch.where(live, size.log(), float("-inf")).squeeze(-1) + top
+    return Core((core / size).to(dtype), log_scale.to(dtype))
+
+
+def nystrom_core(k_s: Tensor, v: Tensor, landmarks: Tensor, valid: Tensor) -> Core:
+    """Key side of the Nystrom estimate: ``G_SS^{-1} G_SK [w * V, w]`` as a :class:`Core`.
 
     Args:
         k_s: (..., m, d) scaled (and centred) keys.
         v: (..., m, d_v) values, same dtype as k_s.
         landmarks: (..., r, d) landmark points.
-        valid: (..., r) bool; invalid landmarks are ignored (their rows of the core are 0).
+        valid: (..., r) bool; invalid landmarks are ignored (log scale -inf).
 
-    The last column carries the key weights ``w_j = exp(|k_j|^2/2 - max)`` (log domain,
-    max 1): the key factor ``e^{|k|^2/2}`` of ``exp(q.k)``.
+    The last column carries the key weights ``w_j = e^{|k_j|^2/2}``: the key factor of
+    ``exp(q.k)``, never exponentiated apart from ``g`` (:func:`key_moments`).
     """
-    g_ks = gaussian_kernel(k_s, landmarks) * valid.to(k_s.dtype).unsqueeze(-2)  # (..., m, r)
-    chol = landmark_cholesky(landmarks, valid)
-
-    log_w = k_s.pow(2).sum(-1) / 2  # e^{|k~|^2/2}, in the log domain
-    w = torch.exp(log_w - log_w.amax(-1, keepdim=True))  # (..., m), max 1
-    wv = torch.cat([w.unsqueeze(-1) * v, w.unsqueeze(-1)], dim=-1)  # (..., m, d_v + 1)
-    rhs = (g_ks.transpose(-1, -2) @ wv).to(chol.dtype)
-    return torch.cholesky_solve(rhs, chol).to(k_s.dtype)  # (..., r, d_v + 1)
+    rho, moments = key_moments(k_s, v, landmarks, valid)
+    return solve_core(rho, moments, landmark_cholesky(landmarks, valid), k_s.dtype)
 
 
 def landmark_cholesky(landmarks: Tensor, valid: Tensor) -> Tensor:
@@ -53,14 +128,16 @@ def landmark_cholesky(landmarks: Tensor, valid: Tensor) -> Tensor:
 
     The block is tiny (r x r), and in float32 a Gram of pivots whose residuals were near
     round-off can lose definiteness to rounding (seen in training at r = 64 of 192 points).
-    The jitter is that of the input precision (10 eps), so float32 and float64 inputs keep
-    their own accuracy; invalid landmarks get identity rows.
+    The Gram of the (float32 or float64) landmark points is formed in float64 and jittered
+    by 10 float64 eps: pivots have residuals above ``pivot_floor`` (far above it), and a
+    float32-sized jitter would perturb the smallest of them by up to 10 %, an error that
+    cancellation in the readout then amplifies. Invalid landmarks get identity rows.
     """
     lm = landmarks.to(torch.float64)
     eye = torch.eye(lm.shape[-2], dtype=torch.float64, device=lm.device)
     pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
     g_ss = torch.where(pair, gaussian_kernel(lm, lm), eye)
-    jitter = 10 * torch.finfo(landmarks.dtype).eps
+    jitter = 10 * torch.finfo(torch.float64).eps
     return torch.linalg.cholesky(g_ss + jitter * eye)
 
 
@@ -68,35 +145,34 @@ def nystrom_readout(
     x: Tensor,
     landmarks: Tensor,
     valid: Tensor,
-    core: Tensor,
+    core: Core,
     v: Tensor,
     den_floor: float = 1e-6,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Query side: ``g(x, Z_S) core`` as a guarded ratio, computed in the log domain.
+    """Query side: ``g(x, Z_S) core`` as a guarded ratio, in one log-sum-exp.
 
-    ``g(x, s) = e^{-|x|^2/2} exp(x.s - |s|^2/2)``: the query factor is common to the
-    numerator and the denominator, so it is dropped, and so is each row's maximum of
-    ``x.s - |s|^2/2`` (as in a softmax). Nothing underflows however large |x| is, and the
-    denominator floor is relative to the size of the terms it sums,
-    ``den_floor * sum_s a_s |c_s|`` - scale-free, unlike a floor tied to ``sum_j w_j``,
-    which the exact denominator undercuts by ``e^{-|x|^2/2}``-like factors.
+    ``g(x, s) e^{lambda_s} = e^{-|x|^2/2} exp(x.s - |s|^2/2 + lambda_s)``: the query factor is
+    common to the numerator and the denominator, so it is dropped, and each row's maximum
+    of the logits ``x.s - |s|^2/2 + lambda_s`` (with the core's log scales ``lambda``) is
+    subtracted, as in a softmax. The denominator floor is relative to the size of the
+    terms it sums, ``den_floor * sum_s a_s |c_s|`` with ``|c_s| = 1`` (the core's rows are
+    scaled to size 1, :func:`solve_core`) - scale-free.
 
     Args:
         x: (..., n, d) query points.
         landmarks: (..., r, d), valid: (..., r) bool.
-        core: (..., r, d_v + 1) from :func:`nystrom_core` (last column: weights).
+        core: from :func:`nystrom_core` (last column: weights).
         v: (..., m, d_v) values (for the value-hull guard).
         den_floor: relative denominator floor.
 
     Returns:
         out (..., n, d_v) and the guard counts of :func:`rpka.attention.guards.guarded_ratio`.
     """
-    logits = x @ landmarks.transpose(-1, -2) - landmarks.pow(2).sum(-1).unsqueeze(-2) / 2
-    logits = logits.masked_fill(~valid.unsqueeze(-2), float("-inf"))  # (..., n, r)
-    a = torch.exp(logits - logits.amax(-1, keepdim=True).detach())  # max 1 per row
-    full = a @ core  # (..., n, d_v + 1)
-    tiny = torch.finfo(core.dtype).tiny  # keeps 0/0 out if every term vanished
-    floor = (den_floor * (a @ core[..., -1:].abs())).clamp(min=tiny)
+    logits = landmark_logits(x, landmarks, valid) + core.log_scale.unsqueeze(-2)
+    a = torch.exp(logits - finite_or_zero(logits.amax(-1, keepdim=True).detach()))  # row max 1
+    full = a @ core.scaled  # (..., n, d_v + 1)
+    tiny = torch.finfo(full.dtype).tiny  # keeps 0/0 out if every term vanished
+    floor = (den_floor * a.sum(-1, keepdim=True)).clamp(min=tiny)  # sum_s a_s |c_s|, |c_s| = 1
     return guarded_ratio(full[..., :-1], full[..., -1:], floor, v)
 
 
@@ -136,14 +212,14 @@ def nystrom_softmax_chunked(
     key_shift: Tensor,
     den_floor: float = 1e-6,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """:func:`nystrom_softmax` for inference: chunked, on the selection's own factor.
+    """:func:`nystrom_softmax` for inference: chunked, on the selection's landmarks.
 
-    Same estimate and guards, but (i) it reuses the pivot selection's Cholesky factor
-    ``L`` of ``G(Z_S, Z_S)`` instead of rebuilding it, (ii) it never holds an (n x r) or an
-    (n x d) float32 copy of the whole sequence: keys stream through
-    ``F_K^T [w v, w]`` (r x (d_v + 1)) with a running max of the log weights (rescaled as
-    in online softmax), then queries stream through ``F_Q`` into the output. Peak memory is
-    the output plus a few chunk-sized buffers (``FAST.chunk_bytes`` each).
+    Same estimate and guards, but it never holds an (n x r) or an (n x d) float32 copy of
+    the whole sequence: keys stream through the moments ``g(Z_S, K~) [w v, w]``
+    (r x (d_v + 1)) with a running maximum of the log terms per landmark (rescaled as in
+    online softmax, :func:`key_moments`), then queries stream through the readout logits
+    into the output. Peak memory is the output plus a few chunk-sized buffers
+    (``FAST.chunk_bytes`` each).
 
     Args:
         q: (B, H, n, d), k: (B, H, m, d), v: (B, H, m, d_v), any float dtype.
@@ -165,42 +241,51 @@ def nystrom_softmax_chunked(
     def scaled(x: Tensor) -> Tensor:  # a fresh float copy (never the input itself)
         return x.to(compute, copy=True).mul_(scale)
 
-    # keys: acc = g(K~, Z_S)^T [w v, w] with w = e^{|k~|^2/2 - max}, max kept running
-    acc = q.new_zeros(q.shape[0], rank, d_v + 1, dtype=compute)
-    run_max = q.new_full((q.shape[0], 1, 1), float("-inf"), dtype=compute)
-    for start, stop in chunk_bounds(m, row_bytes):
-        k_c = scaled(k[:, start:stop]).sub_(shift)
-        half_sq = k_c.pow(2).sum(-1, keepdim=True) / 2  # (B, c, 1): log w before the max
-        g_ks = gaussian_kernel_(k_c, landmarks, half_sq, lm_half_sq)  # (B, c, r)
-        new_max = torch.maximum(run_max, half_sq.amax(-2, keepdim=True))
-        w = half_sq.sub_(new_max).exp_()
-        wv = torch.empty(*w.shape[:-1], d_v + 1, dtype=compute, device=w.device)
-        torch.mul(v[:, start:stop], w, out=wv[..., :-1])  # [w v, w]: (B, c, d_v + 1)
-        wv[..., -1:] = w
-        rescale = torch.exp(run_max - new_max)
-        acc = torch.baddbmm(acc * rescale, g_ks.transpose(-1, -2), wv)
-        run_max = new_max
-        del k_c, g_ks, wv, w  # free this chunk before the next one is allocated
-    core = torch.cholesky_solve(acc, state.chol)  # G_SS^{-1} g_SK [w v, w]: (B, r, d_v + 1)
+    # keys: moments = g(Z_S, K~) [w v, w] = exp(s.k - |s|^2/2) [v, 1] against a running
+    # maximum per landmark (rescaled as in online softmax; see key_moments)
+    core_dtype = CORE_DTYPE
+    moments = q.new_zeros(q.shape[0], rank, d_v + 1, dtype=core_dtype)
+    rho = q.new_full((q.shape[0], 1, rank), float("-inf"), dtype=core_dtype)
+    lm64, lm64_half_sq = landmarks.to(core_dtype), lm_half_sq.to(core_dtype)
+    key_row_bytes = row_bytes * torch.finfo(core_dtype).bits // torch.finfo(compute).bits
+    for start, stop in chunk_bounds(m, key_row_bytes):
+        # the same compute-dtype points the landmarks were taken from, then widened
+        k_c = scaled(k[:, start:stop]).sub_(shift).to(core_dtype)
+        logits = torch.baddbmm(-lm64_half_sq, k_c, lm64.transpose(-1, -2))  # (B, c, r)
+        new_rho = finite_or_zero(torch.maximum(rho, logits.amax(-2, keepdim=True)))
+        terms = logits.sub_(new_rho).exp_()
+        v1 = torch.empty(*terms.shape[:-1], d_v + 1, dtype=core_dtype, device=q.device)
+        v1[..., :-1] = v[:, start:stop]  # [v, 1]: (B, c, d_v + 1)
+        v1[..., -1:] = 1
+        rescale = torch.exp(rho - new_rho).transpose(-1, -2)  # (B, r, 1)
+        moments = torch.baddbmm(moments * rescale, terms.transpose(-1, -2), v1)
+        rho = new_rho
+        del k_c, logits, terms, v1  # free this chunk before the next one is allocated
+    # the selection's float32 factor is off by ~1e-5 where rows of the core differ by many
+    # orders of magnitude: the small r x r factor is redone in float64 (landmark_cholesky)
+    chol = landmark_cholesky(landmarks, state.valid)
+    core = solve_core(rho.squeeze(-2), moments, chol, compute)
 
-    # queries: out = a core[:, :d_v] / a core[:, d_v] with a = g(Q~, Z_S) up to each row's
-    # common factor, in the log domain as in nystrom_readout; guard 2 relative to the terms
+    # queries: out = a core[:, :d_v] / a core[:, d_v] with a = g(Q~, Z_S) e^{lambda} up to
+    # each row's common factor, in one log-sum-exp as in nystrom_readout; guard 2 relative
+    # to the terms
     v_min = v.amin(-2, keepdim=True).to(compute)
     v_max = v.amax(-2, keepdim=True).to(compute)
-    core_abs_w = core[..., -1:].abs()
+    hull_tol = hull_tolerance(v_min, v_max)
+    bias = core.log_scale.unsqueeze(-2) - lm_half_sq  # (B, 1, r), -inf on unused slots
     tiny = torch.finfo(compute).tiny
     out = torch.empty(q.shape[0], n, d_v, dtype=q.dtype, device=q.device)
     low_count, clamped_count = [], []
     for start, stop in chunk_bounds(n, row_bytes):
-        logits = torch.baddbmm(-lm_half_sq, scaled(q[:, start:stop]), landmarks.transpose(-1, -2))
-        a = logits.sub_(logits.amax(-1, keepdim=True)).exp_()  # (B, c, r), row max 1
-        full = a @ core
-        floor = (a @ core_abs_w).mul_(den_floor).clamp_(min=tiny)
+        logits = torch.baddbmm(bias, scaled(q[:, start:stop]), landmarks.transpose(-1, -2))
+        a = logits.sub_(finite_or_zero(logits.amax(-1, keepdim=True))).exp_()  # row max 1
+        full = a @ core.scaled
+        floor = a.sum(-1, keepdim=True).mul_(den_floor).clamp_(min=tiny)
         num, den = full[..., :-1], full[..., -1:]
         low = den < floor
         o = num.div_(torch.where(low, floor, den))  # in place: one (B, c, d_v + 1) buffer
         low_count.append(low.sum())
-        clamped_count.append(((o < v_min) | (o > v_max)).sum())
+        clamped_count.append(((o < v_min - hull_tol) | (o > v_max + hull_tol)).sum())
         out[:, start:stop] = o.clamp_(v_min, v_max)
         del logits, a, full, floor, num, den, o, low
     low_total, clamped_total = torch.stack(low_count).sum(), torch.stack(clamped_count).sum()

@@ -42,9 +42,19 @@ from torch import Tensor
 
 PIVOT_RULES = ("rpc", "greedy", "uniform")
 WEIGHTINGS = ("exp", "gauss", "tempered")
-# a pivot residual at or below ROUND_OFF * eps (the Gaussian diagonal is 1) adds nothing
-# but ill-conditioning: the step is skipped
-ROUND_OFF = 100.0
+
+
+def pivot_floor(dtype: torch.dtype) -> float:
+    """Smallest Gaussian residual a pivot may have: ``sqrt(eps)`` of the compute dtype.
+
+    Relative to the trace per point (the Gaussian diagonal is 1). A pivot whose residual
+    ``delta`` is below it - a near-duplicate point (periodic tokens, repeated keys) - would
+    make ``G_SS`` ill-conditioned (condition ~ 1/delta), and the readout's cancellation then
+    costs ``eps / delta``; skipping it costs nothing at full rank (the Nystrom estimate is
+    exact on every row or column of a pivot) and at most ``delta`` in ``g`` below it.
+    ``sqrt(eps)`` balances the two (issue 13).
+    """
+    return torch.finfo(dtype).eps ** 0.5
 
 
 @dataclass
@@ -78,7 +88,11 @@ def weighting_power(weighting: str, tempering: float = 0.5) -> float:
     if weighting == "gauss":
         return 0.0
     if weighting == "tempered":
-        if not 0.0 < tempering < 1.0:
+        if (
+            isinstance(tempering, bool)
+            or not isinstance(tempering, int | float)
+            or not 0.0 < tempering < 1.0
+        ):
             raise ValueError(f"tempering must lie in (0, 1), got {tempering!r}")
         return float(tempering)
     raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
@@ -184,7 +198,8 @@ def rpcholesky(
     ``rank`` larger than N is capped at N (N pivots factor the matrix exactly), so the
     result always has ``min(rank, N)`` columns. A step is skipped (pivot -1, zero column)
     once an element's residual trace is ``<= tol * trace(A_tau)`` or the chosen pivot's
-    residual is at round-off level; skipped steps keep every batch element in lockstep,
+    residual is below :func:`pivot_floor` (a near-duplicate); skipped steps keep every
+    batch element in lockstep,
     so there is no Python loop over the batch, only over the r steps.
 
     ``first_pivots`` (..., t0) forces the first t0 pivots (replaying a run, e.g. to draw
@@ -211,8 +226,8 @@ def rpcholesky(
     trace = z.new_zeros(*batch, rank + 1)
     trace[..., 0] = (weight * residual).sum(-1)
     stop_trace = tol * trace[..., 0]
-    # a pivot whose residual is at round-off level adds nothing but ill-conditioning
-    round_off = ROUND_OFF * torch.finfo(dtype).eps
+    # a pivot whose residual is tiny adds nothing but ill-conditioning (pivot_floor)
+    round_off = pivot_floor(dtype)
 
     for t in range(rank):
         log_res = torch.log(residual) + log_weight

@@ -13,13 +13,19 @@ only), picked without gradient; the factor is rebuilt differentiably from them.
 
 Fast path (the default, ``pivot_method="auto"``): pivots come from the accelerated
 (block + rejection) RPCholesky, which reads the points only at candidate indices, and
-without gradients the output is streamed in chunks on the selection's own Cholesky factor
+without gradients the output is streamed in chunks on the selection's landmarks
 (:func:`nystrom_softmax_chunked`) - no (n x r) matrix and no float32 copy of the whole
 sequence is ever held. The plain one-pivot-per-step loop stays available
 (``pivot_method="plain"``) as the reference; both draw pivots from the same law.
 
+Numerics (issue 13, docs/numerics.md). The key weight ``w_j`` and the kernel ``g`` are
+never exponentiated apart: the core carries one log scale per landmark, folded into the
+readout logits before their row maximum, and its r x (d + 1) solve runs in float64, so
+full rank is exact in float32 up to logit standard deviations of ~36.
+
 The approximation is not entrywise positive, so three guards keep the output sane, and the
-module counts how often each fired in its last call (``guard_counts``):
+module counts how often each fired in its last call (``guard_counts``, and as shares of
+rows ``guard_shares``; a guard firing on more than 1 % of rows warns once per process):
 
 1. keys are centred by their mean (softmax is exactly invariant to a common key shift, and
    smaller key norms mean less spread in ``w``);
@@ -54,6 +60,7 @@ from rpka.attention import causal
 from rpka.attention.accelerated import PivotState, PointSet, accelerated_pivots, check_fast_options
 from rpka.attention.base import AttentionMethod
 from rpka.attention.nystrom import gather_points, nystrom_softmax, nystrom_softmax_chunked
+from rpka.attention.options import check_generator, check_open_unit
 from rpka.attention.rpcholesky import PIVOT_RULES, rpcholesky, weighting_power
 
 PIVOT_SETS = ("joint", "keys")
@@ -136,7 +143,7 @@ class RPKAttention(AttentionMethod):
 
     Without gradients (inference) the accelerated path never materialises the joint set
     or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
-    streamed in chunks on the selection's own Cholesky factor
+    streamed in chunks on the selection's landmarks
     (:func:`nystrom_softmax_chunked`). With gradients the factor is rebuilt differentiably
     from the landmarks (:func:`nystrom_softmax`).
     """
@@ -168,10 +175,8 @@ class RPKAttention(AttentionMethod):
         if pivot_set not in PIVOT_SETS:
             raise ValueError(f"pivot_set must be one of {PIVOT_SETS}, got {pivot_set!r}")
         weighting_power(weighting, tempering)  # validates both
-        if not 0.0 < den_floor < 1.0:
-            raise ValueError(f"den_floor must lie in (0, 1), got {den_floor!r}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError("generator must be a torch.Generator or None")
+        den_floor = check_open_unit("den_floor", den_floor)
+        check_generator(generator)
         if pivot_method not in SELECTION_METHODS:
             raise ValueError(
                 f"pivot_method must be one of {SELECTION_METHODS}, got {pivot_method!r}"
