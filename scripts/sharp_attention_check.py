@@ -111,6 +111,11 @@ CASES = {  # name -> (method, options, mode); exact: SDPA in the input dtype, th
     "rpka_grad": ("rpka", {"rank": 2 * N}, "grad"),
     "rpka_causal": ("rpka", {"rank": 2 * N, "causal": True, "causal_block": 8}, "no_grad"),
     "rpka_decode": ("rpka", {"rank": 2 * N, "causal": True, "causal_block": 8}, "decode"),
+    "rpka_causal_keys": (
+        "rpka",
+        {"rank": 2 * N, "causal": True, "causal_block": 8, "pivot_set": "keys"},
+        "no_grad",
+    ),
     "keys_coreset": ("keys-coreset", {"rank": N}, "no_grad"),
 }
 INPUTS = {"random": random_qkv, "repeated_keys": None, "retrieval": retrieval_qkv}

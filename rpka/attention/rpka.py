@@ -174,7 +174,8 @@ class RPKAttention(AttentionMethod):
             raise ValueError(f"pivot_rule must be one of {PIVOT_RULES}, got {pivot_rule!r}")
         if pivot_set not in PIVOT_SETS:
             raise ValueError(f"pivot_set must be one of {PIVOT_SETS}, got {pivot_set!r}")
-        weighting_power(weighting, tempering)  # validates both
+        weighting_power(weighting, tempering)  # validates the weighting
+        tempering = check_open_unit("tempering", tempering)
         den_floor = check_open_unit("den_floor", den_floor)
         check_generator(generator)
         if pivot_method not in SELECTION_METHODS:
