@@ -141,8 +141,10 @@ def accuracy() -> list[dict]:
     return rows
 
 
-def timing(repeats: int = 5) -> list[dict]:
-    """Median wall time of an rpka r=64 forward (no grad, float32, B=1, H=4, d=32) on CPU."""
+def timing(repeats: int = 15) -> list[dict]:
+    """Wall time of an rpka r=64 forward (no grad, float32, B=1, H=4, d=32), one CPU
+    thread, after a warm-up: min and median over ``repeats`` calls."""
+    torch.set_num_threads(1)
     rows = []
     for n in (1024, 4096):
         g = torch.Generator().manual_seed(0)
@@ -155,7 +157,8 @@ def timing(repeats: int = 5) -> list[dict]:
                 start = time.perf_counter()
                 method(q, k, v)
                 times.append(time.perf_counter() - start)
-        rows.append({"n": n, "seconds": sorted(times)[len(times) // 2]})
+        times.sort()
+        rows.append({"n": n, "min_seconds": times[0], "median_seconds": times[len(times) // 2]})
     return rows
 
 
@@ -168,11 +171,53 @@ def write_json(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def markdown_table(before: list[dict], after: list[dict], input_name: str) -> str:
+    """Before -> after relative error per case, dtype and logit std (docs/numerics.md)."""
+    old = {(r["input"], r["std"], r["case"], r["dtype"]): r for r in before}
+    stds = sorted({r["std"] for r in after})
+    lines = [
+        "| case | dtype | " + " | ".join(f"std {s:g}" for s in stds) + " |",
+        "|---|---|" + "---|" * len(stds),
+    ]
+    for case in CASES:
+        for dtype in ("float32", "float64"):
+            cells = []
+            for std in stds:
+                new = next(
+                    r
+                    for r in after
+                    if (r["input"], r["std"], r["case"], r["dtype"])
+                    == (input_name, std, case, dtype)
+                )
+                was = old.get((input_name, std, case, dtype))
+                floored = (
+                    f" ({was['denominator_share']:.0%} floored)"
+                    if was and was["denominator_share"] > 0.01
+                    else ""
+                )
+                was_text = f"{was['error']:.0e}{floored} → " if was else ""
+                cells.append(f"{was_text}{new['error']:.0e}")
+            lines.append(f"| {case} | {dtype} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("data/results/sharp_attention.json"))
     parser.add_argument("--timing", action="store_true", help="also time an rpka forward")
+    parser.add_argument(
+        "--table",
+        type=Path,
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        help="print the markdown tables of two result files and exit (no computation)",
+    )
     args = parser.parse_args()
+    if args.table:
+        before, after = (json.loads(p.read_text())["accuracy"] for p in args.table)
+        for input_name in INPUTS:
+            print(f"\n{input_name}:\n\n{markdown_table(before, after, input_name)}")
+        return
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
@@ -186,7 +231,10 @@ def main() -> None:
             f"err {row['error']:.2e} floored {row['denominator_share']:.2f}"
         )
     for row in payload.get("timing", []):
-        print(f"rpka r=64 forward n={row['n']}: {row['seconds'] * 1e3:.1f} ms")
+        print(
+            f"rpka r=64 forward n={row['n']}: min {row['min_seconds'] * 1e3:.1f} ms, "
+            f"median {row['median_seconds'] * 1e3:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -246,7 +246,8 @@ def nystrom_softmax_chunked(
     core_dtype = CORE_DTYPE
     moments = q.new_zeros(q.shape[0], rank, d_v + 1, dtype=core_dtype)
     rho = q.new_full((q.shape[0], 1, rank), float("-inf"), dtype=core_dtype)
-    lm64, lm64_half_sq = landmarks.to(core_dtype), lm_half_sq.to(core_dtype)
+    lm64 = landmarks.to(core_dtype)
+    lm64_half_sq = half_sq_norms(lm64, state.valid)  # not the rounded float32 norms
     key_row_bytes = row_bytes * torch.finfo(core_dtype).bits // torch.finfo(compute).bits
     for start, stop in chunk_bounds(m, key_row_bytes):
         # the same compute-dtype points the landmarks were taken from, then widened
