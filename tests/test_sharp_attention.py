@@ -158,13 +158,16 @@ def test_sharp_retrieval_head_is_exact_at_full_rank(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", ["rpka", "keys-coreset"])
-def test_half_precision_inputs_compute_wide_and_return_their_dtype(name, dtype):
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("rpka", {}), ("keys-coreset", {}), ("rpka", {"causal": True, "causal_block": 4})],
+)
+def test_half_precision_inputs_compute_wide_and_return_their_dtype(name, options, dtype):
     q, k, v = sharp_qkv(16.0, dtype=dtype)
-    out = run(full_rank(name), q, k, v)
+    out = run(full_rank(name, **options), q, k, v)
     assert out.dtype == dtype and torch.isfinite(out).all()
     # exact up to the output's own rounding (2^-8 for bfloat16), against the rounded inputs
-    assert rel_err(out, softmax_attention(q, k, v)) < 1e-2
+    assert rel_err(out, softmax_attention(q, k, v, "causal" in options)) < 1e-2
 
 
 # ----------------------------------------------------------------------------- guards

@@ -40,7 +40,7 @@ class Core(NamedTuple):
     The log scale is folded into the readout logits before their row maximum, so no
     exponent of the estimator is taken on its own: ``w_j`` and ``g(x, k_j)`` underflow
     float32 separately at sharp attention (logit std >~ 12) while their product is the
-    dominant term (DESIGN.md section 2, "Sharp attention").
+    dominant term (docs/numerics.md).
     """
 
     scaled: Tensor

@@ -20,8 +20,9 @@ sequence is ever held. The plain one-pivot-per-step loop stays available
 
 Numerics (issue 13, docs/numerics.md). The key weight ``w_j`` and the kernel ``g`` are
 never exponentiated apart: the core carries one log scale per landmark, folded into the
-readout logits before their row maximum, and its r x (d + 1) solve runs in float64, so
-full rank is exact in float32 up to logit standard deviations of ~36.
+readout logits before their row maximum, and the key side (moments and the r x (d + 1)
+solve) runs in float64, so full rank is exact in float32 up to logit standard deviations
+of ~36.
 
 The approximation is not entrywise positive, so three guards keep the output sane, and the
 module counts how often each fired in its last call (``guard_counts``, and as shares of
