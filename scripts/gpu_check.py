@@ -19,8 +19,9 @@ import time
 import torch
 
 from rpka.attention import build, triton_sweep
-from rpka.attention.rpcholesky import _sweep_torch, gaussian_kernel
-from rpka.attention.rpka import nystrom_softmax_chunked
+from rpka.attention.accelerated import _sweep_torch
+from rpka.attention.nystrom import nystrom_softmax_chunked
+from rpka.attention.rpcholesky import gaussian_kernel
 from rpka.io import write_json
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rpka.attention import build, nystrom_softmax, rpcholesky
-from rpka.attention.rpka import gather_points
+from rpka.attention.nystrom import gather_points
 from rpka.io import read_json, write_json
 from rpka.mechanism import (
     MechanismConfig,

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from rpka.attention import build
-from rpka.attention.rpka import gather_points, new_batch, nystrom_softmax, share_pivot_cache
+from rpka.attention.nystrom import gather_points, nystrom_softmax
+from rpka.attention.rpka import new_batch, share_pivot_cache
 from rpka.model import ModelConfig, TransformerTiny
 
 

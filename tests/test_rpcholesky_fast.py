@@ -6,14 +6,22 @@ import torch
 from scipy import stats
 
 from rpka.attention import build
-from rpka.attention.rpcholesky import (
+from rpka.attention.accelerated import (
     PointSet,
     _sweep_torch,
     accelerated_pivots,
-    gaussian_kernel,
-    rpcholesky,
-    weighting_power,
+    check_fast_options,
+    rpcholesky_accelerated,
 )
+from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky, weighting_power
+
+
+def cholesky(*args, method: str = "plain", **kwargs):
+    """The plain loop or the accelerated selection, by name (the loop has no rounds to tune)."""
+    if method == "plain":
+        kwargs.pop("block_size", None)
+        kwargs.pop("refresh", None)
+    return (rpcholesky_accelerated if method == "accelerated" else rpcholesky)(*args, **kwargs)
 
 
 def points(n: int, d: int = 3, seed: int = 0, spread: float = 1.0) -> torch.Tensor:
@@ -61,7 +69,7 @@ def test_first_two_pivots_follow_the_sequential_law(weighting, block_size, refre
     exact = pair_probabilities(pivoted_matrix(z, weighting)).ravel()
     counts = {}
     for method in ("plain", "accelerated"):
-        res = rpcholesky(
+        res = cholesky(
             z.expand(draws, *z.shape),
             2,
             "rpc",
@@ -88,13 +96,13 @@ def test_first_two_pivots_follow_the_sequential_law(weighting, block_size, refre
 def test_expected_trace_decrease_unchanged(weighting, block_size, refresh, steps):
     """Monte Carlo next-step decrease within 4 SE of ||R||_F^2 / tr R (numpy)."""
     z = points(10, seed=2, spread=0.9)
-    prefix = rpcholesky(z, 5, "rpc", torch.Generator().manual_seed(5), weighting=weighting).pivots
+    prefix = cholesky(z, 5, "rpc", torch.Generator().manual_seed(5), weighting=weighting).pivots
     r = pivoted_matrix(z, weighting)
     for s in prefix.tolist()[:steps]:
         r = schur(r, s)
     predicted = (r**2).sum() / np.trace(r)
     draws = 4000
-    res = rpcholesky(
+    res = cholesky(
         z.expand(draws, *z.shape),
         steps + 1,
         "rpc",
@@ -117,7 +125,7 @@ def test_expected_trace_decrease_unchanged(weighting, block_size, refresh, steps
 def test_distinct_pivots_and_full_rank_factor(rule, refresh):
     g = torch.Generator().manual_seed(0)
     z = torch.randn(3, 2, 30, 4, generator=g, dtype=torch.float64)
-    res = rpcholesky(z, 30, rule, g, method="accelerated", refresh=refresh, block_size=8)
+    res = cholesky(z, 30, rule, g, method="accelerated", refresh=refresh, block_size=8)
     assert res.pivots.shape == (3, 2, 30) and res.factor.shape == (3, 2, 30, 30)
     for row in res.pivots.reshape(-1, 30):
         assert sorted(row.tolist()) == list(range(30))  # every point once: full rank
@@ -129,7 +137,7 @@ def test_distinct_pivots_and_full_rank_factor(rule, refresh):
 
 def test_partial_factor_matches_numpy_schur_complement():
     z = points(25, d=4, seed=4)
-    res = rpcholesky(z, 9, "rpc", torch.Generator().manual_seed(1), method="accelerated")
+    res = cholesky(z, 9, "rpc", torch.Generator().manual_seed(1), method="accelerated")
     g = pivoted_matrix(z, "gauss")
     r = g.copy()
     for s in res.pivots.tolist():
@@ -143,9 +151,7 @@ def test_huge_norms_stay_finite():
     z = torch.randn(2, 50, 16) * 30
     for weighting in ("exp", "gauss", "tempered"):
         runs = [
-            rpcholesky(
-                z, 20, "rpc", torch.Generator().manual_seed(0), weighting=weighting, method=m
-            )
+            cholesky(z, 20, "rpc", torch.Generator().manual_seed(0), weighting=weighting, method=m)
             for m in ("accelerated", "plain")
         ]
         res = runs[0]
@@ -159,14 +165,14 @@ def test_huge_norms_stay_finite():
 
 def test_exhausted_residual_leaves_slots_empty():
     z = torch.zeros(2, 12, 3)  # all points equal: the Gaussian matrix has rank 1
-    res = rpcholesky(z, 5, "rpc", torch.Generator().manual_seed(0), method="accelerated")
+    res = cholesky(z, 5, "rpc", torch.Generator().manual_seed(0), method="accelerated")
     assert ((res.pivots >= 0).sum(-1) == 1).all()
     assert torch.allclose(res.factor @ res.factor.transpose(-1, -2), torch.ones(2, 12, 12))
 
 
 def test_tolerance_truncates_like_the_loop():
     z = points(30, d=2, seed=4)
-    res = rpcholesky(z, 40, "rpc", torch.Generator().manual_seed(2), tol=0.5, method="accelerated")
+    res = cholesky(z, 40, "rpc", torch.Generator().manual_seed(2), tol=0.5, method="accelerated")
     used = int((res.pivots >= 0).sum())
     assert 0 < used < 30
     assert res.trace[used].item() <= 0.5 * res.trace[0].item() < res.trace[used - 1].item()
@@ -176,7 +182,7 @@ def test_tolerance_truncates_like_the_loop():
 def test_same_seed_identical_and_seed_matters():
     z = torch.randn(4, 200, 8)
     runs = [
-        rpcholesky(z, 16, "rpc", torch.Generator().manual_seed(s), method="accelerated")
+        cholesky(z, 16, "rpc", torch.Generator().manual_seed(s), method="accelerated")
         for s in (3, 3, 4)
     ]
     assert torch.equal(runs[0].pivots, runs[1].pivots)
@@ -223,7 +229,6 @@ def test_point_set_reads_the_joint_set_in_place():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"method": "fast"}, "method"),
         ({"method": "accelerated", "rule": "greedy"}, "greedy"),
         ({"method": "accelerated", "block_size": 0}, "block_size"),
         ({"method": "accelerated", "block_size": 10**6}, "block_size"),
@@ -232,7 +237,12 @@ def test_point_set_reads_the_joint_set_in_place():
 )
 def test_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        rpcholesky(torch.randn(10, 3), 4, **kwargs)
+        cholesky(torch.randn(10, 3), 4, **kwargs)
+
+
+def test_unknown_pivot_method():
+    with pytest.raises(ValueError, match="method"):
+        check_fast_options("fast", "rpc", None, "auto")
 
 
 def test_attention_fast_path_matches_differentiable_path():

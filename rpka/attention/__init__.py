@@ -14,11 +14,12 @@ from rpka.attention.base import AttentionMethod, check_qkv
 from rpka.attention.exact import ExactAttention
 from rpka.attention.keys_coreset import KeysCoresetAttention
 from rpka.attention.mean import MeanAttention
+from rpka.attention.nystrom import nystrom_softmax
 from rpka.attention.nystrom_uniform import NystromUniformAttention
 from rpka.attention.nystromformer import NystromformerAttention
 from rpka.attention.performer import PerformerAttention
 from rpka.attention.rpcholesky import CholeskyResult, gaussian_kernel, rpcholesky
-from rpka.attention.rpka import RPKAttention, nystrom_softmax
+from rpka.attention.rpka import RPKAttention
 
 REGISTRY: dict[str, type[AttentionMethod]] = {
     "exact": ExactAttention,

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from rpka.attention.cache import check_capacity, check_step
+from rpka.attention.guards import guard_shares, warn_frequent
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, check_finite: bool = True) -> None:
@@ -22,6 +23,10 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, check_finite: bool = True) -> 
             raise ValueError(f"{name} must have shape (B, H, n, d), got {tuple(x.shape)}")
         if not x.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if q.device != k.device or k.device != v.device:
+        raise ValueError(f"q, k, v must be on one device: got {q.device}, {k.device}, {v.device}")
+    if q.dtype != k.dtype or k.dtype != v.dtype:
+        raise ValueError(f"q, k, v must share a dtype: got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
         raise ValueError(
             "q, k and v must share (B, H): got "
@@ -31,14 +36,29 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, check_finite: bool = True) -> 
         raise ValueError(f"q and k must share d: got {q.shape[-1]} and {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must share the length m: got {k.shape[-2]} and {v.shape[-2]}")
-    if k.shape[-2] < 1:
-        raise ValueError("k must hold at least one key (m >= 1)")
-    if q.dtype != k.dtype or k.dtype != v.dtype:
-        raise ValueError(f"q, k, v must share a dtype: got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape[-2] < 1 and q.shape[-2] > 0:
+        raise ValueError("k must hold at least one key (m >= 1) when there are queries (n >= 1)")
     if check_finite:
         for name, x in (("q", q), ("k", k), ("v", v)):
             if not bool(torch.isfinite(x).all()):
                 raise ValueError(f"{name} contains non-finite values (nan or inf)")
+
+
+def empty_problem(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """No output entries (B, H, n or d_v = 0) or no feature to compare (d = 0)."""
+    return q.shape[-1] == 0 or q.shape[:-1].numel() == 0 or v.shape[-1] == 0
+
+
+def softmax_of_nothing(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    """Exact attention where it is trivial: empty output, or d = 0 (every logit 0, so each
+    row averages the values it sees - all of them, or the first i + 1 when causal)."""
+    out_shape = (*q.shape[:-1], v.shape[-1])
+    if q.shape[:-1].numel() == 0 or v.shape[-1] == 0:
+        return v.new_zeros(out_shape)
+    if causal:
+        seen = torch.arange(1, v.shape[-2] + 1, dtype=v.dtype, device=v.device).unsqueeze(-1)
+        return v.cumsum(-2) / seen
+    return v.mean(-2, keepdim=True).expand(out_shape).clone()
 
 
 class AttentionMethod(nn.Module):
@@ -62,6 +82,18 @@ class AttentionMethod(nn.Module):
         guards; a host sync on a GPU)."""
         return {key: int(value) for key, value in self._guards.items()}
 
+    @property
+    def guard_shares(self) -> dict[str, float]:
+        """Share of rows on which each guard fired in the last call (``denominator``: of
+        rows, ``clamped``: of output entries); empty for a method without guards."""
+        return guard_shares(self.guard_counts)
+
+    def report_guards(self) -> None:
+        """Warn once per process when a guard fired on more than 1 % of rows (a host sync;
+        done after each call when ``check_inputs`` is on)."""
+        if self.check_inputs and self._guards:
+            warn_frequent(self.name, self.guard_shares)
+
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         check_qkv(q, k, v, check_finite=self.check_inputs)
         if self.causal and q.shape[-2] != k.shape[-2]:
@@ -69,7 +101,12 @@ class AttentionMethod(nn.Module):
                 f"causal attention needs as many queries as keys: got {q.shape[-2]} and "
                 f"{k.shape[-2]}"
             )
-        return self.attend(q, k, v)
+        if empty_problem(q, k, v):
+            self._guards = {}
+            return softmax_of_nothing(q, k, v, self.causal)
+        out = self.attend(q, k, v)
+        self.report_guards()
+        return out
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # pragma: no cover
         raise NotImplementedError
@@ -92,7 +129,11 @@ class AttentionMethod(nn.Module):
         if q.shape[-2] != k.shape[-2]:
             raise ValueError(f"prefill needs as many queries as keys: {q.shape[-2]}, {k.shape[-2]}")
         check_capacity(capacity)
-        return self.attend_prefix(q, k, v, capacity)
+        if q.shape[-2] < 1:
+            raise ValueError("prefill needs a prompt of at least one token (n >= 1)")
+        out, state = self.attend_prefix(q, k, v, capacity)
+        self.report_guards()
+        return out, state
 
     @torch.no_grad()
     def step(self, q: Tensor, k: Tensor, v: Tensor, state: object) -> tuple[Tensor, object]:
@@ -104,7 +145,9 @@ class AttentionMethod(nn.Module):
         check_step(q, k, v)
         if not self.causal:
             raise ValueError("prefill/step need a causal method: build it with causal=True")
-        return self.attend_step(q, k, v, state)
+        out, state = self.attend_step(q, k, v, state)
+        self.report_guards()
+        return out, state
 
     def attend_prefix(
         self, q: Tensor, k: Tensor, v: Tensor, capacity: int | None

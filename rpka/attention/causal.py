@@ -30,13 +30,17 @@ to the whole row and cancels). Rows of block 0 have no past: exact causal softma
   reads positions ``< b <= t``.
 * landmarks of block ``c``: RPCholesky pivots of the points (joint ``[q~; k']`` or keys
   ``k'``) at positions ``< cb``. The random draws depend on shapes only, never on values.
-* weights: ``w_j`` stays in the log domain against ``rho_c = max_{j < cb} |k'_j|^2 / 2``, a
-  running max: ``M_c`` is merged block by block as in online softmax (rescaled by
-  ``e^{rho_old - rho_new}``), never against a global max.
-* normalisation: row ``i`` uses the reference ``max(rho_c, max_{cb <= j <= i} s_ij)``.
-* guards: the past denominator is floored at ``den_floor * sum_{j < cb} w_j`` (guard 2 of
-  ``rpka.py`` on the approximate part; the local part is exact and positive), and
-  ``out_i`` is clamped to ``[min_{j <= i} v_j, max_{j <= i} v_j]`` (running min/max).
+* weights: ``w_j`` is never exponentiated apart from ``g``: row ``s`` of ``M_c`` sums
+  ``exp(z_s.k'_j - |z_s|^2/2)`` against its own reference ``rho_s = max_j`` of those
+  exponents, merged block by block as in online softmax (rescaled by
+  ``e^{rho_old - rho_new}``); ``G_ZZ^{-1} M_c`` is solved in float64 and carries a log scale
+  per landmark (``nystrom.solve_core``), issue 13.
+* normalisation: the past log-terms ``log(g(q~_i, z_s) e^{lambda_s})`` and the local
+  ``s_ij`` share one row maximum (one log-sum-exp per row).
+* guards: the past denominator is floored at ``den_floor`` times the size of the terms it
+  sums, ``sum_s a_s |c_s|`` (guard 2 of ``rpka.py`` on the approximate part; the local part
+  is exact and positive), and ``out_i`` is clamped to ``[min_{j <= i} v_j, max_{j <= i} v_j]``
+  (running min/max).
   Guard counts: ``rows``/``entries`` count the rows with a past part (blocks >= 1; the
   rows of block 0 are exact and never guarded), ``denominator``/``clamped`` how many of
   those fired. In decoding the counts accumulate over prefill and steps.
@@ -75,8 +79,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rpka.attention.cache import GrowingBuffer
-from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky
-from rpka.attention.rpka import gather_points
+from rpka.attention.guards import hull_tolerance
+from rpka.attention.nystrom import (
+    Core,
+    finite_or_zero,
+    gather_points,
+    key_moments,
+    landmark_cholesky,
+    landmark_logits,
+    solve_core,
+)
+from rpka.attention.rpcholesky import rpcholesky
 
 # ----------------------------------------------------------------------------- schedule
 
@@ -150,17 +163,12 @@ class LandmarkSet:
 
     points: Tensor
     valid: Tensor
-    chol: Tensor
+    chol: Tensor  # float64 (nystrom.landmark_cholesky)
 
     @classmethod
     def draw(cls, sampler: LandmarkSampler, q_s: Tensor | None, k_c: Tensor) -> LandmarkSet:
         points, valid = sampler(q_s, k_c)
-        pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
-        eye = torch.eye(points.shape[-2], dtype=points.dtype, device=points.device)
-        g_ss = torch.where(pair, gaussian_kernel(points, points), eye)
-        # jitter as in rpka.nystrom_softmax: pivots are at least round-off apart
-        jitter = 10 * torch.finfo(points.dtype).eps
-        return cls(points, valid, torch.linalg.cholesky(g_ss + jitter * eye))
+        return cls(points, valid, landmark_cholesky(points, valid))
 
     def per_block(self) -> LandmarkSet:
         """The same landmarks with a block dimension (size 1) before the point dimension."""
@@ -168,21 +176,23 @@ class LandmarkSet:
             self.points.unsqueeze(-3), self.valid.unsqueeze(-2), self.chol.unsqueeze(-3)
         )
 
-    def features(self, x: Tensor) -> Tensor:
-        """``g(x, Z)``: x (..., m, d) -> (..., m, r), zero columns for invalid landmarks."""
-        return gaussian_kernel(x, self.points) * self.valid.unsqueeze(-2).to(x.dtype)
-
     def moments(self, k_c: Tensor, v: Tensor) -> Moments:
         """The key moments of eq. (2) over keys k_c (..., m, d) and values v (..., m, d_v)."""
-        log_w = k_c.pow(2).sum(-1) / 2  # log w_j
-        rho = log_w.amax(-1).detach()  # a reference only: out does not depend on it
-        w = torch.exp(log_w - rho.unsqueeze(-1))  # (..., m), max 1
-        wv = torch.cat([w.unsqueeze(-1) * v, w.unsqueeze(-1)], dim=-1)  # (..., m, d_v + 1)
-        return Moments(rho, self.features(k_c).transpose(-1, -2) @ wv, w.sum(-1))
+        return Moments(*key_moments(k_c, v, self.points, self.valid))
 
-    def solve(self, moments: Moments) -> Tensor:
-        """``G_ZZ^{-1} M``: (..., r, d_v + 1)."""
-        return torch.cholesky_solve(moments.num, self.chol)
+    def solve(self, moments: Moments) -> Core:
+        """``G_ZZ^{-1} M`` with a log scale per landmark: (..., r, d_v + 1), (..., r)."""
+        return solve_core(moments.rho, moments.num, self.chol, self.points.dtype)
+
+    def past_logits(self, q_s: Tensor, core: Core) -> Tensor:
+        """Log-terms of eq. (2), ``log(g(q~_i, z_s) e^{lambda_s})``: (..., L, d) -> (..., L, r).
+
+        ``q~.z - |z|^2/2 - |q~|^2/2 + lambda``: on the scale of the local ``s_ij``, so one row
+        maximum serves both parts (one log-sum-exp for the whole row).
+        """
+        half_sq = q_s.pow(2).sum(-1, keepdim=True) / 2
+        logits = landmark_logits(q_s, self.points, self.valid) - half_sq
+        return logits + core.log_scale.unsqueeze(-2)
 
 
 # ----------------------------------------------------------------------------- moments
@@ -190,37 +200,31 @@ class LandmarkSet:
 
 @dataclass
 class Moments:
-    """Key moments against a log-domain reference ``rho``, for a set of keys ``J``:
+    """Key moments against a log reference per landmark, for a set of keys ``J``:
 
-    ``num = sum_{j in J} e^{log w_j - rho} g(Z, k'_j) [v_j, 1]``  (..., r, d_v + 1),
-    ``weight = sum_{j in J} e^{log w_j - rho}``  (...),  ``rho``  (...).
+    ``num_s = sum_{j in J} e^{z_s.k'_j - |z_s|^2/2 - rho_s} [v_j, 1]``  (..., r, d_v + 1),
+    i.e. ``g(z_s, k'_j) w_j`` against ``rho_s``  (..., r).
     """
 
     rho: Tensor
     num: Tensor
-    weight: Tensor
 
     def merge(self, other: Moments) -> Moments:
         """Moments of the union of two disjoint key sets (the online-softmax rescale)."""
         rho = torch.maximum(self.rho, other.rho)
         a, b = torch.exp(self.rho - rho), torch.exp(other.rho - rho)
-        num = a[..., None, None] * self.num + b[..., None, None] * other.num
-        return Moments(rho, num, a * self.weight + b * other.weight)
+        return Moments(rho, a.unsqueeze(-1) * self.num + b.unsqueeze(-1) * other.num)
 
     def part(self, index: slice | int) -> Moments:
-        """Index the last batch dimension (the one before ``num``'s two matrix dims)."""
-        return Moments(self.rho[..., index], self.num[..., index, :, :], self.weight[..., index])
+        """Index the last batch dimension (the one before the landmark dimension)."""
+        return Moments(self.rho[..., index, :], self.num[..., index, :, :])
 
     @staticmethod
     def cat(parts: list[Moments]) -> Moments:
-        return Moments(
-            torch.cat([p.rho for p in parts], -1),
-            torch.cat([p.num for p in parts], -3),
-            torch.cat([p.weight for p in parts], -1),
-        )
+        return Moments(torch.cat([p.rho for p in parts], -2), torch.cat([p.num for p in parts], -3))
 
     def unsqueeze(self) -> Moments:
-        return Moments(self.rho.unsqueeze(-1), self.num.unsqueeze(-3), self.weight.unsqueeze(-1))
+        return Moments(self.rho.unsqueeze(-2), self.num.unsqueeze(-3))
 
 
 def prefix_merge(moments: Moments) -> Moments:
@@ -229,7 +233,7 @@ def prefix_merge(moments: Moments) -> Moments:
     Entry ``s`` of the result merges entries ``0..s``; it reads no later entry, and takes
     ``ceil(log2 S)`` vectorised rounds instead of ``S`` sequential ones.
     """
-    size, stride = moments.rho.shape[-1], 1
+    size, stride = moments.rho.shape[-2], 1
     while stride < size:
         merged = moments.part(slice(None, -stride)).merge(moments.part(slice(stride, None)))
         moments = Moments.cat([moments.part(slice(None, stride)), merged])
@@ -258,18 +262,18 @@ def combine(
     v_low: Tensor,
     v_high: Tensor,
     den_floor: float,
-    past: tuple[Tensor, Tensor, Tensor] | None = None,
+    past: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Eq. (1) for a set of rows, with the guards.
+    """Eq. (1) for a set of rows, with the guards, in one log-sum-exp per row.
 
     Args:
         scores: (..., L, m) local log-terms ``s_ij`` (``-inf`` where masked).
         v_local: (..., m, d_v) local values.
         v_low, v_high: (..., L, d_v) the running value range of each row (guard 3).
         den_floor: relative floor of the past denominator (guard 2).
-        past: ``(values, weight, rho)``: values (..., L, d_v + 1) = eq. (2) ``[num, den]``
-            against the reference ``rho`` (..., 1, 1), and ``weight`` (..., 1, 1) the sum of
-            the past ``w_j`` against ``rho``. ``None`` for rows without a past (exact).
+        past: ``(logits, core)``: the past log-terms (..., L, r) of
+            :meth:`LandmarkSet.past_logits` and the scaled core (..., r, d_v + 1) of eq. (2).
+            ``None`` for rows without a past (exact).
 
     Returns:
         out (..., L, d_v), and for rows with a past the bool masks ``floored`` (..., L, 1)
@@ -279,17 +283,22 @@ def combine(
     if past is None:
         e = torch.exp(scores - ref)
         return (e @ v_local) / e.sum(-1, keepdim=True), None, None
-    values, weight, rho = past
-    ref = torch.maximum(ref, rho)
+    logits, core = past
+    ref = finite_or_zero(torch.maximum(ref, logits.amax(-1, keepdim=True).detach()))
     e = torch.exp(scores - ref)
-    scale = torch.exp(rho - ref)  # brings the past part to the row's reference, <= 1
-    past_den = scale * values[..., -1:]
-    floor = den_floor * scale * weight  # exact past den / sum w is a mean of g in (0, 1]
+    a = torch.exp(logits - ref)
+    past_sum = a @ core  # (..., L, d_v + 1)
+    past_den = past_sum[..., -1:]
+    # guard 2 relative to the terms the past denominator sums (as nystrom_readout): a floor
+    # tied to sum_j w_j is undercut by the exact value once every past key is far away
+    floor = den_floor * a.sum(-1, keepdim=True)  # sum_s a_s |c_s| (rows of size 1)
     floored = past_den < floor
     den = e.sum(-1, keepdim=True) + torch.where(floored, floor, past_den)
-    out = (e @ v_local + scale * values[..., :-1]) / den
+    den = den.clamp(min=torch.finfo(den.dtype).tiny)
+    out = (e @ v_local + past_sum[..., :-1]) / den
     with torch.no_grad():
-        clamped = (out < v_low) | (out > v_high)
+        tol = hull_tolerance(v_low, v_high)
+        clamped = (out < v_low - tol) | (out > v_high + tol)
     return torch.minimum(torch.maximum(out, v_low), v_high), floored, clamped
 
 
@@ -363,8 +372,8 @@ def causal_forward(
         landmarks = LandmarkSet.draw(sampler, q_s[..., : start * b, :], k_c[..., : start * b, :])
         moments = epoch_moments(landmarks, k_c, v, start, stop, b)  # block s: keys < sb
         blocks = landmarks.per_block()
-        values = blocks.features(q_b[..., start:stop, :, :]) @ blocks.solve(moments)
-        past = (values, moments.weight[..., None, None], moments.rho[..., None, None])
+        core = blocks.solve(moments)
+        past = (blocks.past_logits(q_b[..., start:stop, :, :], core), core.scaled)
         rows = slice(start, stop)
         out, floored, clamped = combine(
             scores[..., rows, :, :],
@@ -422,7 +431,7 @@ class CausalState:
     centre: Tensor | None
     landmarks: LandmarkSet | None
     moments: Moments | None
-    core: Tensor | None  # G_ZZ^{-1} M of the current block, (..., r, d_v + 1)
+    core: Core | None  # G_ZZ^{-1} M of the current block
     next_draw: int
     v_low: Tensor  # (..., 1, d_v) running min of the values
     v_high: Tensor
@@ -491,9 +500,7 @@ def causal_step(
     if block == 0:
         out = combine(scores, v_local, state.v_low, state.v_high, den_floor)[0]
     else:
-        values = state.landmarks.features(q_s) @ state.core
-        moments = state.moments
-        past = (values, moments.weight[..., None, None], moments.rho[..., None, None])
+        past = (state.landmarks.past_logits(q_s, state.core), state.core.scaled)
         out, floored, clamped = combine(scores, v_local, state.v_low, state.v_high, den_floor, past)
         count_guards(state.guards, floored, clamped)
     if offset == b - 1:

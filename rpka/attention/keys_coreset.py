@@ -19,10 +19,10 @@ towards the largest keys (DESIGN.md section 2). At r = number of keys, ``W = I``
 
 How it is computed here (same algebra, overflow-free). ``E_tau = D G D`` with the Gaussian
 ``G = g(k', k')`` and ``D = diag(e^{|k'|^2/2})``, hence ``W = D_S^{-1} G_SS^{-1} G_SK D_K``.
-The key side ``G_SS^{-1} G_SK [D_K V, D_K 1]`` is :func:`rpka.attention.rpka.nystrom_core`
-(the shared Nystrom solve, log-domain key weights); the query side
+The key side ``G_SS^{-1} G_SK [D_K V, D_K 1]`` is :func:`rpka.attention.nystrom.nystrom_core`
+(the shared Nystrom solve, one log scale per landmark); the query side
 ``exp(beta q.k_s) e^{-|k'_s|^2/2} = exp((tau q~).k'_s - |k'_s|^2/2)`` is
-:func:`rpka.attention.rpka.nystrom_readout` at the points ``tau q~`` (logits with the row
+:func:`rpka.attention.nystrom.nystrom_readout` at the points ``tau q~`` (logits with the row
 maximum subtracted, as in a softmax, so large queries cannot underflow). In other words:
 keys-coreset is RPKA's estimator with pivots from the keys only, sampled with the
 exponential weighting, after mapping ``q~ -> tau q~`` and ``k~ -> k~ / tau``.
@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from rpka.attention.base import AttentionMethod
+from rpka.attention.nystrom import gather_points, nystrom_core, nystrom_readout
 from rpka.attention.options import (
     check_generator,
     check_open_unit,
@@ -59,7 +60,6 @@ from rpka.attention.options import (
     reject_causal,
 )
 from rpka.attention.rpcholesky import rpcholesky
-from rpka.attention.rpka import gather_points, nystrom_core, nystrom_readout
 
 # rho in tau = sqrt(rho * max|k| / max|q|): microsoft/wildcat, wildcat/compress_kv.py (RHO_2)
 WILDCAT_RHO = 3.94582

@@ -1,6 +1,6 @@
 """The rejection sweep of accelerated RPCholesky as one Triton kernel (CUDA only).
 
-:func:`rpka.attention.rpcholesky._sweep_torch` is the reference: b sequential steps on a
+:func:`rpka.attention.accelerated._sweep_torch` is the reference: b sequential steps on a
 b x b tile, a handful of tiny PyTorch ops each - launch-bound on a GPU. Here one program
 per batch element keeps the tile in registers and runs all b steps, so a round costs one
 launch. Used automatically for CUDA tensors when Triton imports and
@@ -23,7 +23,6 @@ except Exception:  # pragma: no cover - depends on the install
     triton = None
 
 _broken = False
-_verified = False
 
 
 def available() -> bool:
@@ -55,18 +54,16 @@ if triton is not None:
             tl.store(col_ptr + base + idx * b + j, col, mask=inside)
 
 
-def sweep(gram: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
-    """Same contract as ``_sweep_torch``: gram (B, b, b), threshold (B, b) -> accept, cols.
+def sweep(gram: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor] | None:
+    """Same contract as ``accelerated._sweep_torch``: gram (B, b, b), threshold (B, b) ->
+    accept, cols; or None where the kernel cannot serve (not float32, or it failed).
 
-    float32 only (float64 goes to the PyTorch sweep). The first call in a process also
-    runs the PyTorch sweep and checks that both agree; on any disagreement or error the
-    kernel is switched off for the process, with a warning.
+    On any error the kernel is switched off for the process, with a warning, and the
+    caller (``accelerated.rejection_sweep``) falls back to the PyTorch sweep.
     """
-    global _broken, _verified
-    from rpka.attention.rpcholesky import _sweep_torch
-
+    global _broken
     if gram.dtype != torch.float32:
-        return _sweep_torch(gram, threshold)
+        return None
     try:
         gram = gram.contiguous()
         threshold = threshold.to(gram.dtype).contiguous()
@@ -80,4 +77,4 @@ def sweep(gram: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
     except Exception as err:  # compile or launch failure: keep working, say so once
         _broken = True
         warnings.warn(f"Triton rejection sweep failed ({err!r}); using PyTorch", stacklevel=2)
-        return _sweep_torch(gram, threshold)
+        return None

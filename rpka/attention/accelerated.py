@@ -1,0 +1,569 @@
+"""Accelerated RPCholesky: block + rejection sampling, the same pivot law as the loop.
+
+Epperly, Tropp, Webber 2024, "Embrace rejection: kernel matrix approximation by
+accelerated randomly pivoted Cholesky", arXiv:2410.03969. :func:`accelerated_pivots`
+draws the pivot sequence of :func:`rpka.attention.rpcholesky.rpcholesky` (rules ``rpc``
+and ``uniform``) a block of candidates at a time, reading the points only at candidate
+indices (:class:`PointSet`), so the joint set of a long sequence is never materialised.
+:func:`rpcholesky_accelerated` returns the same :class:`CholeskyResult` as the loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rpka.attention import triton_sweep
+from rpka.attention.rpcholesky import (
+    CholeskyResult,
+    check_arguments,
+    gaussian_kernel,
+    gaussian_kernel_,
+    half_sq_norms,
+    pivot_floor,
+    weighting_power,
+)
+
+PIVOT_METHODS = ("plain", "accelerated")
+REFRESH_RULES = ("auto", "round")
+# rules the accelerated method implements: greedy (argmax) is sequential by definition
+ACCELERATED_RULES = ("rpc", "uniform")
+
+
+@dataclass(frozen=True)
+class FastPathDefaults:
+    """Tuning constants of the accelerated pivot selection and the chunked Nystrom pass."""
+
+    # candidates per round at most; the fused CUDA sweep keeps a block x block tile in registers
+    max_block: int = 128
+    min_block: int = 8
+    # adaptive block: candidates = margin * (pivots still missing) / (last acceptance rate)
+    block_margin: float = 1.25
+    # refresh="auto": refresh the proposal after a round that accepted less than this fraction
+    refresh_below: float = 0.5
+    # working-set budget of one chunk of points in the passes over all N points (bytes)
+    chunk_bytes: int = 32 * 2**20
+
+
+FAST = FastPathDefaults()
+
+
+def chunk_bounds(n: int, row_bytes: int) -> list[tuple[int, int]]:
+    """Split n rows into equal chunks of at most ``FAST.chunk_bytes // row_bytes`` rows."""
+    most = max(1, FAST.chunk_bytes // max(row_bytes, 1))
+    count = -(-n // most)
+    size = -(-n // count)
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def check_fast_options(method: str, rule: str, block_size: int | None, refresh: str) -> None:
+    """Validate the pivot-selection method and its options (``ValueError`` naming them)."""
+    if method not in PIVOT_METHODS:
+        raise ValueError(f"method must be one of {PIVOT_METHODS}, got {method!r}")
+    if method == "accelerated" and rule not in ACCELERATED_RULES:
+        raise ValueError(
+            f"method='accelerated' supports rule in {ACCELERATED_RULES}, got {rule!r} "
+            "(greedy pivoting is sequential by definition: use method='plain')"
+        )
+    if block_size is not None and (
+        not isinstance(block_size, int)
+        or isinstance(block_size, bool)
+        or not 1 <= block_size <= FAST.max_block
+    ):
+        raise ValueError(
+            f"block_size must be None (adaptive) or an integer in [1, {FAST.max_block}], "
+            f"got {block_size!r}"
+        )
+    if refresh not in REFRESH_RULES:
+        raise ValueError(f"refresh must be one of {REFRESH_RULES}, got {refresh!r}")
+
+
+# ----------------------------------------------------------------------------------------
+# Accelerated RPCholesky: block + rejection sampling (Epperly, Tropp, Webber 2024)
+# ----------------------------------------------------------------------------------------
+
+
+class PointSet:
+    """The points ``Z = [x_1 * scale - shift_1; x_2 * scale - shift_2; ...]``, never copied.
+
+    Each part ``x_i`` is (..., n_i, d) in any floating dtype; ``shift_i`` is None or
+    broadcastable to (..., 1, d). The accelerated pivot selection reads the points only at
+    candidate indices (:meth:`take`) and, when it refreshes its proposal or needs norms, in
+    chunks (:meth:`chunks`), so the joint set ``[Q~; K~ - mean]`` of a long sequence is
+    never materialised (nor converted to float32 as a whole).
+
+    Internally the leading dims are flattened into one batch dim B.
+    """
+
+    def __init__(
+        self,
+        parts: Sequence[Tensor],
+        scale: float = 1.0,
+        shifts: Sequence[Tensor | None] | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if not parts:
+            raise ValueError("parts must hold at least one tensor")
+        shifts = [None] * len(parts) if shifts is None else list(shifts)
+        self.batch_shape = parts[0].shape[:-2]
+        self.dim = parts[0].shape[-1]
+        self.dtype = dtype
+        self.scale = scale
+        self.parts = [p.detach().reshape(-1, p.shape[-2], self.dim) for p in parts]
+        self.shifts = [
+            None if s is None else s.detach().to(dtype).reshape(-1, 1, self.dim) for s in shifts
+        ]
+        self.sizes = [p.shape[-2] for p in self.parts]
+        self.n_points = sum(self.sizes)
+        self.batch = self.parts[0].shape[0]
+        self.device = self.parts[0].device
+
+    def _convert(self, x: Tensor, shift: Tensor | None) -> Tensor:
+        x = x.to(self.dtype) * self.scale
+        return x if shift is None else x - shift
+
+    def take(self, index: Tensor) -> Tensor:
+        """Points at ``index`` (B, b) (values in [0, N)) -> (B, b, d) in ``dtype``."""
+        out = None
+        offset = 0
+        for part, shift, size in zip(self.parts, self.shifts, self.sizes, strict=True):
+            local = index - offset if offset else index
+            rows = torch.gather(
+                part, -2, local.clamp(0, size - 1).unsqueeze(-1).expand(*index.shape, self.dim)
+            )
+            rows = self._convert(rows, shift)
+            if out is None:
+                out = rows
+            else:  # later parts own the indices at and after their offset
+                out = torch.where((local >= 0).unsqueeze(-1), rows, out)
+            offset += size
+        return out
+
+    def row_bytes(self, width: int) -> int:
+        """Bytes of one row of a (B, rows, width) buffer in ``dtype``."""
+        return self.batch * max(width, self.dim) * torch.finfo(self.dtype).bits // 8
+
+    def chunks(self, width: int) -> Iterator[tuple[int, Tensor]]:
+        """Yield ``(start, Z[:, start:stop])`` over all N points, part by part, in chunks
+        whose (B, rows, width) buffers fit ``FAST.chunk_bytes``."""
+        offset = 0
+        for part, shift, size in zip(self.parts, self.shifts, self.sizes, strict=True):
+            for start, stop in chunk_bounds(size, self.row_bytes(width)):
+                yield offset + start, self._convert(part[:, start:stop], shift)
+            offset += size
+
+    def sq_norms(self) -> Tensor:
+        """``|z_i|^2`` for all points, (B, N)."""
+        out = torch.empty(self.batch, self.n_points, dtype=self.dtype, device=self.device)
+        for start, z in self.chunks(self.dim):
+            out[:, start : start + z.shape[-2]] = z.pow(2).sum(-1)
+        return out
+
+
+@dataclass
+class PivotState:
+    """Output of :func:`accelerated_pivots` (batch flattened to B).
+
+    The buffers carry one extra slot (index r) that absorbs the writes of rejected
+    candidates, so a round updates them in place with fixed-shape scatters; the
+    properties below are the r real slots.
+
+    Attributes:
+        pivots_ext: (B, r + 1) long; ``pivots`` (B, r): indices in the order drawn, ``-1``
+            in unused slots (at the end).
+        landmarks_ext: (B, r + 1, d); ``landmarks`` (B, r, d): the pivot points (zeros in
+            unused slots).
+        chol_ext: (B, r + 1, r + 1); ``chol`` (B, r, r): lower Cholesky factor of
+            ``G(Z_S, Z_S)`` on the used slots, identity on unused ones, so
+            ``L^{-1} g(Z_S, x)`` is zero there.
+        count: (B,) long, pivots drawn.
+        rounds: rounds run (each holds one block of candidates).
+        refreshes: how many times the proposal was refreshed.
+        candidates: candidates drawn in all (the sequential sweep length).
+    """
+
+    pivots_ext: Tensor
+    landmarks_ext: Tensor
+    chol_ext: Tensor
+    count: Tensor
+    rounds: int = 0
+    refreshes: int = 0
+    candidates: int = 0
+
+    @classmethod
+    def empty(cls, batch: int, rank: int, dim: int, like: Tensor) -> PivotState:
+        return cls(
+            pivots_ext=torch.full((batch, rank + 1), -1, dtype=torch.long, device=like.device),
+            landmarks_ext=like.new_zeros(batch, rank + 1, dim),
+            chol_ext=torch.eye(rank + 1, dtype=like.dtype, device=like.device).repeat(batch, 1, 1),
+            count=torch.zeros(batch, dtype=torch.long, device=like.device),
+        )
+
+    @property
+    def rank(self) -> int:
+        return self.pivots_ext.shape[-1] - 1
+
+    @property
+    def pivots(self) -> Tensor:
+        return self.pivots_ext[:, :-1]
+
+    @property
+    def landmarks(self) -> Tensor:
+        return self.landmarks_ext[:, :-1]
+
+    @property
+    def chol(self) -> Tensor:
+        return self.chol_ext[:, :-1, :-1]
+
+    @property
+    def valid(self) -> Tensor:
+        """(B, r) bool: slots that hold a pivot."""
+        return self.pivots >= 0
+
+
+def _sweep_torch(gram: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
+    """Sequential rejection sweep over b candidates - the plain-PyTorch path.
+
+    Candidate j is accepted iff its residual *given the candidates accepted before it in
+    this block* exceeds ``threshold[:, j]``; accepting it eliminates it (one Cholesky step),
+    rejecting it leaves the residual matrix untouched.
+
+    Args:
+        gram: (B, b, b) residual Gram matrix of the candidates given the pivots accepted in
+            earlier rounds.
+        threshold: (B, b) acceptance thresholds.
+
+    Returns:
+        accept (B, b) bool and cols (B, b, b): column j is the Cholesky column of candidate
+        j if accepted (``cols[:, j, j] = sqrt(residual) > 0``), zero if rejected.
+    """
+    h = gram.clone()
+    cols = []
+    # (B, 1, 1) views throughout: few dispatcher calls per step (the loop is launch-bound)
+    limits = threshold.unsqueeze(-1).split(1, dim=-2)
+    for j, limit in enumerate(limits):
+        col = h.narrow(2, j, 1)  # (B, b, 1): column j (h is symmetric)
+        pivot = col.narrow(1, j, 1)
+        ok = pivot > limit
+        # rsqrt(inf) = 0: a rejected candidate's column is zero and the update a no-op
+        col = col * torch.where(ok, pivot, float("inf")).rsqrt()
+        h.addcmul_(col, col.transpose(1, 2), value=-1.0)
+        cols.append(col)
+    cols = torch.cat(cols, dim=-1)
+    return cols.diagonal(dim1=-2, dim2=-1) > 0, cols
+
+
+def rejection_sweep(gram: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`_sweep_torch`, fused into one Triton kernel on CUDA when Triton is available.
+
+    The sweep is inherently sequential in the b candidates but touches only a b x b tile,
+    so on a GPU its cost is kernel launches: the fused kernel does all b steps in one.
+    """
+    if gram.is_cuda and gram.dtype == torch.float32 and triton_sweep.available():
+        fused = triton_sweep.sweep(gram, threshold)
+        if fused is not None:  # None: the kernel failed (it warned and switched itself off)
+            return fused
+    return _sweep_torch(gram, threshold)
+
+
+def _draw_candidates(
+    state: PivotState,
+    n_points: int,
+    b: int,
+    cdf: Tensor | None,
+    envelope: Tensor | None,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor]:
+    """b i.i.d. candidates per batch element from the proposal, and their envelope values.
+
+    The proposal is ``cdf`` (B, N) (a cumulative sum of nonnegative weights), uniform when
+    None. The envelope (B, N) bounds each point's Gaussian residual; None means 1.
+    """
+    batch, device = state.count.shape[0], state.count.device
+    if cdf is None:
+        u = torch.rand(batch, b, generator=generator, device=device, dtype=torch.float64)
+        cand = (u * n_points).long().clamp(max=n_points - 1)
+    else:
+        u = torch.rand(batch, b, generator=generator, device=device, dtype=cdf.dtype)
+        # P(first i with cdf_i > u * total) = w_i / total
+        cand = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp(max=n_points - 1)
+    env = None if envelope is None else envelope.gather(-1, cand)
+    return cand, env
+
+
+def _absorb_block(
+    points: PointSet, state: PivotState, cand: Tensor, threshold: Tensor
+) -> tuple[Tensor, Tensor]:
+    """One round: sweep the candidates, then ONE block update of the factor.
+
+    With ``L`` the Cholesky factor of the accepted pivots' Gram matrix and ``K = g(Z_S, Z_C)``,
+    the candidates' residual Gram matrix is ``H = g(Z_C, Z_C) - W^T W`` with ``W = L^{-1} K``
+    (a Schur complement). The accepted candidates extend L by the rows ``[W^T, C]`` where
+    C is the Cholesky factor of H on the accepted candidates (the sweep's columns).
+
+    Returns accept (B, b) bool and the rank-truncated ``keep`` mask.
+    """
+    rank = state.rank
+    z_c = points.take(cand)  # (B, b, d)
+    if state.candidates == 0:  # nothing absorbed yet (known on the host): W = 0
+        gram = gaussian_kernel(z_c, z_c)
+        w = gram.new_zeros(gram.shape[0], rank, gram.shape[-1])
+    else:
+        used = torch.arange(rank, device=cand.device) < state.count.unsqueeze(-1)  # (B, r)
+        # one kernel call for g(Z_C, [Z_S; Z_C]): (B, b, r + b)
+        kern = gaussian_kernel(z_c, torch.cat([state.landmarks, z_c], dim=-2))
+        k_sc = kern[..., :rank].transpose(-1, -2) * used.unsqueeze(-1)  # (B, r, b)
+        w = torch.linalg.solve_triangular(state.chol, k_sc, upper=False)  # 0 on unused slots
+        gram = kern[..., rank:] - w.transpose(-1, -2) @ w  # (B, b, b)
+    accept, cols = rejection_sweep(gram, threshold)
+    # accepted candidates fill slots count, count+1, ... in the order drawn; a sequence cut
+    # at rank is still the sequential rule's sequence, so extra acceptances are dropped
+    pos = state.count.unsqueeze(-1) + accept.cumsum(-1) - 1
+    keep = accept & (pos < rank)
+    slot = torch.where(keep, pos, rank)  # rank = the trash slot
+    b = cand.shape[-1]
+    # new rows of L: old slots from W^T, new slots from the sweep's (lower) Cholesky block
+    rows = torch.cat([w.transpose(-1, -2), w.new_zeros(*w.shape[:-2], b, 1)], dim=-1)
+    rows.scatter_add_(-1, slot.unsqueeze(-2).expand(-1, b, b), cols.tril() * keep.unsqueeze(-2))
+    state.chol_ext.scatter_(-2, slot.unsqueeze(-1).expand(-1, -1, rank + 1), rows)
+    state.landmarks_ext.scatter_(-2, slot.unsqueeze(-1).expand(-1, -1, z_c.shape[-1]), z_c)
+    state.pivots_ext.scatter_(-1, slot, cand)
+    state.count = state.count + keep.sum(-1)
+    state.rounds += 1
+    state.candidates += b
+    return accept, keep
+
+
+def residual_diagonal(points: PointSet, state: PivotState) -> Tensor:
+    """Gaussian residual diagonal ``1 - |L^{-1} g(Z_S, z_i)|^2`` of all points, (B, N).
+
+    One pass over the points in chunks; picked points are set to exactly 0.
+    """
+    rank = state.rank
+    out = torch.empty(points.batch, points.n_points, dtype=points.dtype, device=points.device)
+    # g(Z, Z_S)^T with masked (exactly zero) rows for unused slots
+    lm_half_sq = half_sq_norms(state.landmarks, state.valid).transpose(-1, -2)  # (B, r, 1)
+    for start, z in points.chunks(rank):
+        k = gaussian_kernel_(state.landmarks, z, x_half_sq=lm_half_sq)  # (B, r, c)
+        y = torch.linalg.solve_triangular(state.chol, k, upper=False)
+        out[:, start : start + z.shape[-2]] = (1 - y.pow(2).sum(-2)).clamp(min=0.0)
+        del z, k, y  # free this chunk before the next one is allocated
+    picked = torch.zeros(points.batch, points.n_points + 1, dtype=torch.bool, device=out.device)
+    picked.scatter_(-1, torch.where(state.valid, state.pivots, points.n_points), True)
+    return out.masked_fill(picked[:, :-1], 0.0)
+
+
+@torch.no_grad()
+def accelerated_pivots(
+    points: PointSet,
+    rank: int,
+    rule: str = "rpc",
+    generator: torch.Generator | None = None,
+    *,
+    log_weight: Tensor | None = None,
+    block_size: int | None = None,
+    refresh: str = "auto",
+    first_pivots: Tensor | None = None,
+) -> PivotState:
+    """Accelerated RPCholesky (block + rejection sampling): the pivot sequence only.
+
+    Target: the sequential rule draws pivot t with probability ``p_i ∝ w_i r_i`` where
+    ``w_i = exp(log_weight_i)`` (the weighting, ``tau |z_i|^2``; uniform when None) and
+    ``r_i`` is the Gaussian residual after t-1 pivots. Rejection sampling (ETW 2024):
+    draw a candidate from a proposal ``q_i ∝ w_i e_i`` with an *envelope* ``e_i >= r_i``
+    and accept it with probability ``r_i / e_i``; an accepted candidate is an exact draw
+    from ``p``, and proposals are i.i.d., so a whole block of b candidates can be drawn at
+    once and then accepted or rejected *in order*, each against its residual given the
+    pivots accepted so far (earlier rounds and earlier candidates of this block). The
+    accepted sequence has exactly the law of the sequential rule.
+
+    Envelope: residuals only decrease, so the residual at any earlier time bounds the
+    current one. ``e = 1`` at the start (the Gaussian diagonal); a *refresh* recomputes
+    ``e`` as the current residual diagonal (one pass over the points). ``refresh="round"``
+    refreshes before every round - the paper's algorithm, where candidate j is accepted
+    with probability (its residual given the accepted ones) / (its residual at the round
+    start). ``refresh="auto"`` (default) refreshes only after a round that accepted fewer
+    than ``FAST.refresh_below`` of its candidates: the proposal stays valid between
+    refreshes, so when most candidates are accepted (typical for the Gaussian weighting)
+    the selection costs O(candidates x (r + b) x d), independent of N. Both are exact.
+
+    ``rule="uniform"`` draws the first r points of a random permutation in one block
+    (threshold: the pivot floor only), which is the uniform rule without replacement.
+
+    Candidates whose residual is below the pivot floor are rejected (the plain loop would
+    spend a step on them and record -1; this happens only once the residual is exhausted).
+
+    Host synchronisation: one small device-to-host copy per round (is any element short
+    of r pivots, the acceptance rate, the block size) - none per pivot. A round's work is
+    a fixed number of tensor ops plus a b-step sweep over a b x b tile
+    (:func:`rejection_sweep`, one fused kernel on CUDA).
+
+    Args:
+        points: the point set (B, N, d) (see :class:`PointSet`).
+        rank: pivots to draw, capped at N.
+        log_weight: (B, N) log of the weighting, or None (uniform, i.e. ``gauss``).
+        block_size: candidates per round, or None for adaptive (the missing count over the
+            last acceptance rate, times a margin; the rate counts as 1 after a refresh).
+        refresh: ``"auto"`` or ``"round"`` (see above).
+        first_pivots: (B, t0) forced first pivots, absorbed as one block.
+    """
+    check_fast_options("accelerated", rule, block_size, refresh)
+    n_points, batch, device = points.n_points, points.batch, points.device
+    rank = min(rank, n_points)
+    round_off = pivot_floor(points.dtype)
+    like = torch.empty(0, dtype=points.dtype, device=device)
+    state = PivotState.empty(batch, rank, points.dim, like)
+    if first_pivots is not None:
+        forced = torch.broadcast_to(first_pivots.to(device).long(), (batch, first_pivots.shape[-1]))
+        _absorb_block(points, state, forced, torch.full(forced.shape, round_off, device=device))
+    if rule == "uniform":  # one block: a random permutation's prefix, accepted unless degenerate
+        keys = torch.rand(batch, n_points, generator=generator, device=device)
+        if first_pivots is not None:
+            keys.scatter_(-1, forced, -1.0)
+        missing = rank - (0 if first_pivots is None else forced.shape[-1])
+        if missing > 0:
+            cand = keys.topk(missing, dim=-1).indices
+            _absorb_block(points, state, cand, torch.full(cand.shape, round_off, device=device))
+        return state
+
+    weight = None if log_weight is None else torch.exp(log_weight - log_weight.amax(-1, True))
+    cdf = None if weight is None else weight.to(torch.float64).cumsum(-1)
+    envelope = None
+    missing, acceptance = rank - (0 if first_pivots is None else forced.shape[-1]), 1.0
+    alive = torch.ones(batch, dtype=torch.bool, device=device)  # residual not exhausted
+    refresh_now = refresh == "round" and first_pivots is not None
+    # each round draws >= 1 pivot right after a refresh unless the residual is exhausted,
+    # so this bound is never reached; it only guards against an endless loop
+    for _ in range(4 * rank + 8):
+        if missing <= 0:
+            break
+        if refresh_now:
+            envelope = residual_diagonal(points, state)
+            envelope = torch.where(envelope > round_off, envelope, 0.0)
+            if log_weight is None:
+                mass = envelope
+            else:  # in the log domain, renormalised: the weights alone may underflow
+                log_mass = log_weight + torch.log(envelope)
+                mass = torch.exp(log_mass - log_mass.amax(-1, keepdim=True).clamp(min=-1e30))
+            cdf = mass.to(torch.float64).cumsum(-1)
+            alive = cdf[:, -1] > 0
+            state.refreshes += 1
+        if block_size is not None:
+            b = block_size
+        else:
+            b = math.ceil(FAST.block_margin * missing / max(acceptance, 1 / FAST.max_block))
+            b = min(max(b, FAST.min_block), FAST.max_block)
+        cand, env = _draw_candidates(state, n_points, b, cdf, envelope, generator)
+        u = torch.rand(batch, b, generator=generator, device=device, dtype=points.dtype)
+        threshold = (u if env is None else u * env).clamp(min=round_off)
+        short = (state.count < rank) & alive
+        accept, _ = _absorb_block(points, state, cand, threshold)
+        still = (state.count < rank) & alive
+        # the one host synchronisation of the round
+        missing_t, accepted_t, short_t = torch.stack(
+            [((rank - state.count) * still).amax(), (accept.sum(-1) * short).sum(), short.sum()]
+        ).tolist()
+        missing, acceptance = int(missing_t), accepted_t / max(short_t * b, 1)
+        refresh_now = refresh == "round" or acceptance < FAST.refresh_below
+        if refresh_now:  # a fresh proposal is the target itself for its first candidate
+            acceptance = 1.0
+    return state
+
+
+def factor_from_pivots(points: PointSet, state: PivotState) -> Tensor:
+    """Cholesky factor ``F = g(Z, Z_S) L^{-T}`` of the Gaussian matrix, (B, N, r).
+
+    Columns of unused slots are zero. One pass over the points.
+    """
+    rank = state.rank
+    out = torch.empty(points.batch, points.n_points, rank, dtype=points.dtype, device=points.device)
+    # g(Z, Z_S)^T with masked (exactly zero) rows for unused slots
+    lm_half_sq = half_sq_norms(state.landmarks, state.valid).transpose(-1, -2)  # (B, r, 1)
+    for start, z in points.chunks(rank):
+        k = gaussian_kernel_(state.landmarks, z, x_half_sq=lm_half_sq)  # (B, r, c)
+        y = torch.linalg.solve_triangular(state.chol, k, upper=False)
+        out[:, start : start + z.shape[-2]] = y.transpose(-1, -2)
+        del z, k, y
+    return out
+
+
+@torch.no_grad()
+def rpcholesky_accelerated(
+    points: Tensor,
+    rank: int,
+    rule: str = "rpc",
+    generator: torch.Generator | None = None,
+    *,
+    weighting: str = "exp",
+    tempering: float = 0.5,
+    tol: float = 0.0,
+    first_pivots: Tensor | None = None,
+    block_size: int | None = None,
+    refresh: str = "auto",
+) -> CholeskyResult:
+    """:func:`rpka.attention.rpcholesky.rpcholesky` by block + rejection sampling.
+
+    Same arguments (rules ``rpc`` and ``uniform`` only) and result, same pivot law; the
+    factor is formed in one pass once the pivots are drawn, and ``tol`` truncates the
+    sequence at the first step whose residual trace is ``<= tol * trace(A_tau)``, as the
+    loop would. ``block_size`` and ``refresh`` tune the rounds (:func:`accelerated_pivots`).
+    """
+    check_arguments(points, rank, rule, tol)
+    check_fast_options("accelerated", rule, block_size, refresh)
+    dtype = torch.float64 if points.dtype == torch.float64 else torch.float32
+    *batch, n_points, _ = points.shape
+    rank = min(rank, n_points)
+    tau = weighting_power(weighting, tempering)
+    point_set = PointSet([points], dtype=dtype)
+    sq_norm = point_set.sq_norms()  # (B, N)
+    log_weight = tau * sq_norm
+    if first_pivots is not None:
+        first_pivots = torch.broadcast_to(first_pivots, (*batch, first_pivots.shape[-1]))
+        first_pivots = first_pivots.reshape(point_set.batch, -1)
+    state = accelerated_pivots(
+        point_set,
+        rank,
+        rule,
+        generator,
+        log_weight=log_weight if tau > 0 else None,
+        block_size=block_size,
+        refresh=refresh,
+        first_pivots=first_pivots,
+    )
+    factor = factor_from_pivots(point_set, state)  # (B, N, r)
+    log_scale = log_weight.amax(-1)
+    weight = torch.exp(log_weight - log_scale.unsqueeze(-1))
+    # residual after each step: 1 - running sum of squared factor columns, clamped, and
+    # exactly 0 at the pivots from the step that picked them on (as the loop does)
+    residual = (1 - factor.pow(2).cumsum(-1)).clamp(min=0.0)  # (B, N, r)
+    step = torch.arange(rank, device=factor.device)
+    picked_at = torch.full((point_set.batch, n_points + 1), rank, device=factor.device)
+    picked_at.scatter_(
+        -1, torch.where(state.valid, state.pivots, n_points), step.expand_as(state.pivots)
+    )
+    residual = residual.masked_fill(step >= picked_at[:, :n_points, None], 0.0)
+    trace = torch.cat(
+        [weight.sum(-1, keepdim=True), (weight.unsqueeze(-1) * residual).sum(-2)], dim=-1
+    )  # (B, r + 1)
+    # tol: the loop runs step t only while trace[t] > tol * trace[0]; steps are a prefix
+    running = (trace[:, :rank] > tol * trace[:, :1]).cumprod(-1).bool() & state.valid
+    pivots = state.pivots.masked_fill(~running, -1)
+    factor = factor * running.unsqueeze(-2)
+    used = running.sum(-1)  # (B,)
+    last = torch.cat([residual.new_ones(point_set.batch, n_points, 1), residual], dim=-1)
+    residual = last.gather(-1, used.view(-1, 1, 1).expand(-1, n_points, 1)).squeeze(-1)
+    trace = trace.gather(
+        -1, torch.minimum(torch.arange(rank + 1, device=trace.device), used.unsqueeze(-1))
+    )
+    return CholeskyResult(
+        pivots.reshape(*batch, rank),
+        factor.reshape(*batch, n_points, rank),
+        trace.reshape(*batch, rank + 1),
+        log_scale.reshape(batch),
+        log_weight.reshape(*batch, n_points),
+        residual.reshape(*batch, n_points),
+    )
