@@ -36,12 +36,11 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import math
-import multiprocessing
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +54,8 @@ import rpka
 from rpka import narrative, stats
 from rpka.ablations import choose_default, rpka_configuration
 from rpka.attention import options_of
+from rpka.executors import InProcessExecutor  # noqa: F401 - re-exported for callers
+from rpka.executors import local_executor as default_executor
 from rpka.io import read_json, write_json
 from rpka.mechanism import mechanism_study, method_output_errors
 from rpka.paths import resolve
@@ -184,44 +185,13 @@ def study_output_errors(
     }
 
 
-# --------------------------------------------------------------------------- executors
-
-
-class InProcessExecutor(cf.Executor):
-    """A ``concurrent.futures.Executor`` that runs each job at ``submit`` (tests, debugging)."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
-        future: cf.Future = cf.Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as err:  # delivered through the future, as a pool would
-            future.set_exception(err)
-        return future
-
-
-def _init_worker() -> None:
-    # one thread per worker: the workers already use every core
-    torch.set_num_threads(1)
-
-
-def default_executor(n_workers: int) -> cf.Executor:
-    """In-process for one worker, else a pool of ``n_workers`` fresh (spawned) processes."""
-    if n_workers <= 1:
-        return InProcessExecutor()
-    return cf.ProcessPoolExecutor(
-        max_workers=n_workers,
-        mp_context=multiprocessing.get_context("spawn"),  # no inherited torch thread state
-        initializer=_init_worker,
-    )
+# --------------------------------------------------------------------------- jobs
 
 
 def run_to_file(run_config: dict[str, Any], path: str) -> str:
     """Train one job (``rpka.train.train_run``) and write its result to ``path`` atomically."""
     write_json(path, train_run(run_config))
     return path
-
-
-# --------------------------------------------------------------------------- jobs
 
 
 @dataclass
