@@ -56,7 +56,15 @@ from rpka.ablations import choose_default, rpka_configuration
 from rpka.attention import options_of
 from rpka.executors import InProcessExecutor  # noqa: F401 - re-exported for callers
 from rpka.executors import local_executor as default_executor
-from rpka.io import read_json, write_json
+from rpka.io import (
+    CorruptFileError,
+    quarantine,
+    read_checked,
+    read_json,
+    read_json_checked,
+    read_run_file,
+    write_json,
+)
 from rpka.mechanism import mechanism_study, method_output_errors
 from rpka.paths import resolve
 from rpka.presets import DEVICES, PRESETS_BY_TRACK, ArmConfig, BenchConfig, get_preset
@@ -66,6 +74,7 @@ from rpka.tracks import get_track
 from rpka.tracks.cache import DEFAULT_DATA_DIR
 from rpka.train import (
     build_model,
+    load_state,
     load_trained,
     make_run_config,
     run_id,
@@ -117,8 +126,8 @@ def study_mechanism(
         f"{len(x)} test {'windows' if config.track_name == 'forecast' else 'sequences'}"
     )
     path = out / "mechanism.json"
-    if path.exists():  # resume: this model was studied with these options already
-        previous = read_json(path)
+    previous = _read_or_quarantine(path, ("model", "options", "trained"))
+    if previous is not None:  # resume: this model was studied with these options already
         if previous.get("model") == described and previous.get("options") == study_options:
             return {**previous["trained"]["mechanism_signature"], "trained_model": described}
     studies = {}
@@ -192,6 +201,35 @@ def run_to_file(run_config: dict[str, Any], path: str) -> str:
     """Train one job (``rpka.train.train_run``) and write its result to ``path`` atomically."""
     write_json(path, train_run(run_config))
     return path
+
+
+def finished_result(job: Job) -> dict[str, Any] | None:
+    """The result of a job that ran earlier, or None: not run yet, or its files (run JSON,
+    weights) are corrupt or belong to another run - then they are moved aside to be rerun."""
+    if not job.path.exists():
+        return None
+    state_path = job.run_config.get("state_path")
+    try:
+        result = read_run_file(job.path)
+        if state_path:
+            read_checked(state_path, load_state)
+        return result
+    except CorruptFileError as err:
+        for path in (job.path, Path(state_path) if state_path else None):
+            if path is not None and path.exists():
+                quarantine(path, str(err))
+        return None
+
+
+def _read_or_quarantine(path: Path, required_keys: Sequence[str]) -> dict[str, Any] | None:
+    """``path``'s JSON with ``required_keys``, or None: missing, or corrupt (moved aside)."""
+    if not path.exists():
+        return None
+    try:
+        return read_json_checked(path, required_keys)
+    except CorruptFileError as err:
+        quarantine(path, str(err))
+        return None
 
 
 @dataclass
@@ -349,9 +387,10 @@ def run_bench(
     def submit(jobs: list[Job]) -> None:
         nonlocal n_resumed
         for job in sorted(jobs, key=lambda j: -j.cost):  # longest first: better packing
-            if job.path.exists():  # resume: finished earlier
+            result = finished_result(job)
+            if result is not None:  # resume: finished earlier
                 n_resumed += 1
-                collect(job, read_json(job.path))
+                collect(job, result)
                 continue
             job.run_config["progress"]["position"] = (len(pending) % n_slots) + 1
             pending[executor.submit(run_to_file, job.run_config, str(job.path))] = job

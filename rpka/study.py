@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rpka import bench
-from rpka.io import read_json
+from rpka.io import CorruptFileError, quarantine, read_json, read_json_checked
 from rpka.paths import resolve
 from rpka.presets import BenchConfig, get_preset
 from rpka.tracks import get_track
@@ -185,7 +185,10 @@ def load_or_run_bench(
     folder is :func:`lm_results_dir`) run (or resumed from its run files) now."""
     path = resolve(out_dir) / "bench_report.json"
     if path.exists():
-        return read_json(path)
+        try:
+            return read_json_checked(path, ("config", "arms"))
+        except CorruptFileError as err:  # rebuilt from the run files by the bench below
+            quarantine(path, str(err))
     return bench.run_bench(get_preset(preset, track_name), out_dir, progress=progress)
 
 

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 from rpka.attention import options_of
-from rpka.io import atomic_torch_save, config_hash, read_json
+from rpka.io import atomic_torch_save, config_hash, read_checked, read_run_file
 from rpka.presets import TRACK_CONFIGS, ArmConfig, BenchConfig, ModelConfig, TrainConfig
 from rpka.tasks import Task, task_of
 from rpka.tracks import get_track
@@ -383,7 +383,7 @@ def load_trained(run_file: str | Path, device: str = "cpu") -> tuple[nn.Module, 
     the run had a ``state_path``, as the bench's evaluation runs do).
     """
     run_file = Path(run_file)
-    result = read_json(run_file)
+    result = read_run_file(run_file)
     state_file = run_file.with_suffix(".pt")
     if not state_file.exists():
         raise FileNotFoundError(
@@ -391,5 +391,10 @@ def load_trained(run_file: str | Path, device: str = "cpu") -> tuple[nn.Module, 
         )
     run_config = {**result["config"], "device": device}
     model = build_model(run_config, track_config_of(run_config), torch.device(device))
-    model.load_state_dict(torch.load(state_file, map_location=device, weights_only=True))
+    model.load_state_dict(read_checked(state_file, lambda path: load_state(path, device)))
     return model.eval(), result
+
+
+def load_state(path: str | Path, device: str = "cpu") -> dict[str, Tensor]:
+    """A run's saved weights (``state_dict``), tensors only (``weights_only``: no pickled code)."""
+    return torch.load(path, map_location=device, weights_only=True)
