@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from rpka.tasks import Task, task_of
 from rpka.tracks import get_track
 
 SCORE_SPLITS = ("val", "test")
+PHASE_OF = {"val": "sweep", "test": "eval"}  # the bench's phase that scores each split
 # keys of a run configuration that do not change its result (not hashed)
 VOLATILE_KEYS = ("data_dir", "progress", "state_path")
 # independent random streams derived from one seed (numpy SeedSequence spawn keys)
@@ -248,8 +250,11 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     progress = run_config.get("progress") or {}
     bar = tqdm(
         total=train_config.epochs * steps_per_epoch,
-        desc=f"{run_config['arm']['name']} lr={run_config['lr']:g} {run_config['split']}",
-        position=progress.get("position"),
+        # the phase, not the scored split: every run shows its validation metric as it trains
+        desc=f"{run_config['arm']['name']} lr={run_config['lr']:g} {PHASE_OF[run_config['split']]}",
+        # a bar below the first (position > 0) moves the cursor with ANSI escapes, which
+        # show as "[A" where stderr is not a terminal (logs, notebooks): there, no position
+        position=progress.get("position") if sys.stderr.isatty() else None,
         leave=progress.get("leave", True),
         disable=not progress.get("enable", True),
         dynamic_ncols=True,
