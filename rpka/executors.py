@@ -153,7 +153,8 @@ def dask_executor(address: str | None = None, n_workers: int = 2) -> DaskExecuto
 
 def make_executor(kind: str = "local", n_workers: int = 1) -> cf.Executor:
     """The executor named ``kind``: ``local`` (process pool), ``inline`` (in-process),
-    ``dask`` (a local Dask cluster of ``n_workers``) or a scheduler address ``tcp://...``.
+    ``dask`` (a local Dask cluster of ``n_workers``) or a Dask scheduler's address
+    (``tcp://host:port``). The caller shuts it down (``with make_executor(...) as ex:``).
     """
     if kind == "local":
         return local_executor(n_workers)
@@ -161,9 +162,9 @@ def make_executor(kind: str = "local", n_workers: int = 1) -> cf.Executor:
         return InProcessExecutor()
     if kind == "dask":
         return dask_executor(n_workers=max(1, n_workers))
-    if kind.startswith("tcp://"):
+    if "://" in kind:  # tcp://host:port, tls://..., as the scheduler prints it
         return dask_executor(address=kind)
     raise ValueError(
-        f"executor must be one of {EXECUTOR_KINDS} or a scheduler address tcp://host:port, "
-        f"got {kind!r}"
+        f"executor must be one of {EXECUTOR_KINDS} or a Dask scheduler address "
+        f"tcp://host:port, got {kind!r}"
     )
