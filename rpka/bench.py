@@ -61,7 +61,7 @@ from rpka.io import (
     quarantine,
     read_checked,
     read_json,
-    read_json_checked,
+    read_json_or_heal,
     read_run_file,
     write_json,
 )
@@ -126,7 +126,7 @@ def study_mechanism(
         f"{len(x)} test {'windows' if config.track_name == 'forecast' else 'sequences'}"
     )
     path = out / "mechanism.json"
-    previous = _read_or_quarantine(path, ("model", "options", "trained"))
+    previous = read_json_or_heal(path, ("model", "options", "trained"))
     if previous is not None:  # resume: this model was studied with these options already
         if previous.get("model") == described and previous.get("options") == study_options:
             return {**previous["trained"]["mechanism_signature"], "trained_model": described}
@@ -203,32 +203,21 @@ def run_to_file(run_config: dict[str, Any], path: str) -> str:
     return path
 
 
-def finished_result(job: Job) -> dict[str, Any] | None:
-    """The result of a job that ran earlier, or None: not run yet, or its files (run JSON,
-    weights) are corrupt or belong to another run - then they are moved aside to be rerun."""
-    if not job.path.exists():
+def finished_result(path: Path, state_path: str | None = None) -> dict[str, Any] | None:
+    """The result of a run that finished earlier (its file ``path`` and, if the run keeps
+    them, its weights ``state_path``), or None: not run yet, or its files are corrupt or
+    belong to another run - then they are moved aside, to be rerun."""
+    if not path.exists():
         return None
-    state_path = job.run_config.get("state_path")
     try:
-        result = read_run_file(job.path)
+        result = read_run_file(path)
         if state_path:
             read_checked(state_path, load_state)
         return result
     except CorruptFileError as err:
-        for path in (job.path, Path(state_path) if state_path else None):
-            if path is not None and path.exists():
-                quarantine(path, str(err))
-        return None
-
-
-def _read_or_quarantine(path: Path, required_keys: Sequence[str]) -> dict[str, Any] | None:
-    """``path``'s JSON with ``required_keys``, or None: missing, or corrupt (moved aside)."""
-    if not path.exists():
-        return None
-    try:
-        return read_json_checked(path, required_keys)
-    except CorruptFileError as err:
-        quarantine(path, str(err))
+        for bad in (path, Path(state_path) if state_path else None):
+            if bad is not None and bad.exists():
+                quarantine(bad, str(err))
         return None
 
 
@@ -387,7 +376,7 @@ def run_bench(
     def submit(jobs: list[Job]) -> None:
         nonlocal n_resumed
         for job in sorted(jobs, key=lambda j: -j.cost):  # longest first: better packing
-            result = finished_result(job)
+            result = finished_result(job.path, job.run_config.get("state_path"))
             if result is not None:  # resume: finished earlier
                 n_resumed += 1
                 collect(job, result)

@@ -155,3 +155,15 @@ def quarantine(path: str | os.PathLike, reason: str) -> Path:
     os.replace(path, target)
     print(f"rpka: {reason}; moved aside to {target.name}, recomputing", file=sys.stderr)
     return target
+
+
+def read_json_or_heal(path: str | os.PathLike, required_keys: Sequence[str] = ()) -> Any | None:
+    """``path``'s JSON (checked as :func:`read_json_checked`), or None when it is missing or
+    corrupt - then moved aside (:func:`quarantine`) for its producer to write again."""
+    if not Path(path).exists():
+        return None
+    try:
+        return read_json_checked(path, required_keys)
+    except CorruptFileError as err:
+        quarantine(path, str(err))
+        return None

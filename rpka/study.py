@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rpka import bench
-from rpka.io import CorruptFileError, quarantine, read_json, read_json_checked
+from rpka.io import read_json, read_json_or_heal
 from rpka.paths import resolve
 from rpka.presets import BenchConfig, get_preset
 from rpka.tracks import get_track
@@ -148,9 +148,10 @@ def train_demo(preset: str, run_dir: str | Path, progress: bool = False) -> dict
         )
         path = resolve(run_dir) / f"{run_id(run_config)}.json"
         run_config["state_path"] = str(path.with_suffix(".pt"))
-        if not path.exists() or not path.with_suffix(".pt").exists():
-            bench.run_to_file(run_config, str(path))
-        out[name] = {"result": read_json(path), "run_file": path}
+        result = bench.finished_result(path, run_config["state_path"])  # heals a bad cache
+        if result is None:
+            result = read_json(bench.run_to_file(run_config, str(path)))
+        out[name] = {"result": result, "run_file": path}
     return out
 
 
@@ -184,11 +185,9 @@ def load_or_run_bench(
     first), else the bench of ``preset`` (on ``track_name``: ``forecast`` or ``lm``, whose
     folder is :func:`lm_results_dir`) run (or resumed from its run files) now."""
     path = resolve(out_dir) / "bench_report.json"
-    if path.exists():
-        try:
-            return read_json_checked(path, ("config", "arms"))
-        except CorruptFileError as err:  # rebuilt from the run files by the bench below
-            quarantine(path, str(err))
+    report = read_json_or_heal(path, ("config", "arms"))  # a corrupt one is rebuilt below
+    if report is not None:
+        return report
     return bench.run_bench(get_preset(preset, track_name), out_dir, progress=progress)
 
 

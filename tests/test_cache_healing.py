@@ -13,6 +13,7 @@ from rpka.io import (
     CorruptFileError,
     quarantine,
     read_json_checked,
+    read_json_or_heal,
     read_run_file,
     write_json,
 )
@@ -145,3 +146,14 @@ def test_quarantine_moves_the_file_aside_and_says_so(tmp_path, capsys):
     assert moved.name.startswith("mechanism.json.corrupt-")
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and moved.name in err
+
+
+def test_read_json_or_heal_moves_a_garbage_report_aside(tmp_path, capsys):
+    path = tmp_path / "mechanism.json"
+    assert read_json_or_heal(path) is None  # missing: nothing to heal
+    path.write_text('{"model": "m"')
+    assert read_json_or_heal(path, ("model",)) is None
+    assert not path.exists() and _corrupted(tmp_path)
+    assert "mechanism.json: not valid JSON" in capsys.readouterr().err
+    write_json(path, {"model": "m"})
+    assert read_json_or_heal(path, ("model",)) == {"model": "m"}
