@@ -8,22 +8,28 @@ PRESET ?= full
 # The CPU wheel that lies on this project's machines. Never install an unpinned torch here:
 # it would pull a multi-GB CUDA build. On a GPU machine: make setup TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
-STAMP  := $(VENV)/.installed
+# the stamp names the torch spec too, so `make setup TORCH_SPEC=...` installs that torch
+STAMP  := $(VENV)/.installed-$(shell printf '%s' '$(TORCH_SPEC)' | cksum | cut -d' ' -f1)
+# Jupyter refuses to start as root without this flag (containers, cloud notebooks)
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: setup test report lab lint clean-results help
 
 help:
 	@echo "make report [PRESET=smoke|quick|full]   run the study and render reports/rpka_report.html"
 	@echo "make test                               the whole test suite (pytest + nbval + ruff)"
-	@echo "make lab                                open the notebooks in JupyterLab"
+	@echo "make lab                                open the notebooks in JupyterLab (kernel: Python (rpka))"
+	@echo "make setup TORCH_SPEC='torch==2.13.0'   (re)install with another torch (e.g. a CUDA build)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet --upgrade "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[test,lab]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name rpka --display-name "Python (rpka)"
+	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -38,5 +44,7 @@ lint: setup
 report: setup
 	$(BIN)/python -m rpka report --preset $(PRESET)
 
+# Lab at the repository root (notebooks/, reports/, data/ side by side); the notebooks
+# name the project kernel "Python (rpka)" that setup installs into the venv
 lab: setup
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir="$(CURDIR)"

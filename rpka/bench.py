@@ -35,11 +35,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import math
-import multiprocessing
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,12 +53,23 @@ from rpka import paths, stats
 from rpka.ablations import choose_default, rpka_configuration
 from rpka.attention import options_of
 from rpka.config import ArmConfig, BenchConfig
-from rpka.io import read_json, write_json
+from rpka.executors import InProcessExecutor  # noqa: F401 - re-exported for callers
+from rpka.executors import local_executor as default_executor
+from rpka.io import (
+    CorruptFileError,
+    quarantine,
+    read_checked,
+    read_json,
+    read_json_or_heal,
+    read_run_file,
+    write_json,
+)
 from rpka.paths import resolve
 from rpka.quality import mechanism_study, method_output_errors
 from rpka.tracks.cache import DEFAULT_DATA_DIR
 from rpka.train import (
     build_model,
+    load_state,
     load_trained,
     make_run_config,
     run_id,
@@ -110,8 +120,8 @@ def study_mechanism(
         f"{len(x)} test {config.task.sample_unit}"
     )
     path = out / "mechanism.json"
-    if path.exists():  # resume: this model was studied with these options already
-        previous = read_json(path)
+    previous = read_json_or_heal(path, ("model", "options", "trained"))
+    if previous is not None:  # resume: this model was studied with these options already
         if previous.get("model") == described and previous.get("options") == study_options:
             return {**previous["trained"]["mechanism_signature"], "trained_model": described}
     studies = {}
@@ -178,35 +188,7 @@ def study_output_errors(
     }
 
 
-# --------------------------------------------------------------------------- executors
-
-
-class InProcessExecutor(cf.Executor):
-    """A ``concurrent.futures.Executor`` that runs each job at ``submit`` (tests, debugging)."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
-        future: cf.Future = cf.Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as err:  # delivered through the future, as a pool would
-            future.set_exception(err)
-        return future
-
-
-def _init_worker() -> None:
-    # one thread per worker: the workers already use every core
-    torch.set_num_threads(1)
-
-
-def default_executor(n_workers: int) -> cf.Executor:
-    """In-process for one worker, else a pool of ``n_workers`` fresh (spawned) processes."""
-    if n_workers <= 1:
-        return InProcessExecutor()
-    return cf.ProcessPoolExecutor(
-        max_workers=n_workers,
-        mp_context=multiprocessing.get_context("spawn"),  # no inherited torch thread state
-        initializer=_init_worker,
-    )
+# --------------------------------------------------------------------------- jobs
 
 
 def run_to_file(run_config: dict[str, Any], path: str) -> str:
@@ -215,7 +197,22 @@ def run_to_file(run_config: dict[str, Any], path: str) -> str:
     return path
 
 
-# --------------------------------------------------------------------------- jobs
+def finished_result(path: Path, state_path: str | None = None) -> dict[str, Any] | None:
+    """The result of a run that finished earlier (its file ``path`` and, if the run keeps
+    them, its weights ``state_path``), or None: not run yet, or its files are corrupt or
+    belong to another run - then they are moved aside, to be rerun."""
+    if not path.exists():
+        return None
+    try:
+        result = read_run_file(path)
+        if state_path:
+            read_checked(state_path, load_state)
+        return result
+    except CorruptFileError as err:
+        for bad in (path, Path(state_path) if state_path else None):
+            if bad is not None and bad.exists():
+                quarantine(bad, str(err))
+        return None
 
 
 @dataclass
@@ -373,9 +370,10 @@ def run_bench(
     def submit(jobs: list[Job]) -> None:
         nonlocal n_resumed
         for job in sorted(jobs, key=lambda j: -j.cost):  # longest first: better packing
-            if job.path.exists():  # resume: finished earlier
+            result = finished_result(job.path, job.run_config.get("state_path"))
+            if result is not None:  # resume: finished earlier
                 n_resumed += 1
-                collect(job, read_json(job.path))
+                collect(job, result)
                 continue
             job.run_config["progress"]["position"] = (len(pending) % n_slots) + 1
             pending[executor.submit(run_to_file, job.run_config, str(job.path))] = job

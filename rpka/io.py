@@ -5,8 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
+import sys
 import tempfile
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -90,3 +94,87 @@ def save_figure(fig: Any, save_dir: str | os.PathLike | None, name: str) -> Path
         return None
     path = resolve(save_dir) / f"{name}.png"
     return atomic_write(path, lambda fh: fig.savefig(fh, format="png"), binary=True)
+
+
+# --------------------------------------------------------------------------- checked reads
+# A cached file (run JSON, weights, track arrays, report) can be truncated, emptied or
+# overwritten by hand. Reads below check what they read; a caller that can recompute moves
+# the bad file aside (:func:`quarantine`) and reruns, so a corrupt cache heals itself.
+
+RUN_KEYS = ("run_id", "config", "arm", "lr", "seeds", "split", "scores", "members")
+
+
+class CorruptFileError(ValueError):
+    """A file that does not parse, lacks keys, or is not what its name says; names the file."""
+
+
+def read_json_checked(path: str | os.PathLike, required_keys: Sequence[str] = ()) -> Any:
+    """``read_json(path)``, or :class:`CorruptFileError` naming ``path`` if it does not parse
+    or (when ``required_keys`` are given) is not an object with those keys."""
+    try:
+        data = read_json(path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CorruptFileError(f"{path}: not valid JSON ({err})") from err
+    if required_keys:
+        if not isinstance(data, dict):
+            raise CorruptFileError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        missing = [key for key in required_keys if key not in data]
+        if missing:
+            raise CorruptFileError(f"{path}: lacks the keys {missing}")
+    return data
+
+
+def read_checked(path: str | os.PathLike, load: Callable[[Path], Any]) -> Any:
+    """``load(path)`` for a binary file (``.pt``, ``.npz``); a file that is missing or does not
+    load raises :class:`CorruptFileError` naming it."""
+    path = Path(path)
+    try:
+        return load(path)
+    except (
+        OSError,
+        EOFError,
+        ValueError,
+        RuntimeError,
+        KeyError,
+        zipfile.BadZipFile,
+        pickle.UnpicklingError,
+    ) as err:  # what numpy, zipfile and torch raise on bad bytes
+        raise CorruptFileError(f"{path}: unreadable ({type(err).__name__}: {err})") from err
+
+
+def read_run_file(path: str | os.PathLike) -> dict[str, Any]:
+    """A run's result (``<runs>/<run id>.json``), checked: it parses, has the result keys, and
+    its stored configuration hashes to its file name (a run file copied over another run's
+    name would otherwise be accepted as that run)."""
+    path = Path(path)
+    result = read_json_checked(path, RUN_KEYS)
+    stored = config_hash(result["config"])
+    if stored != path.stem or result["run_id"] != path.stem:
+        raise CorruptFileError(
+            f"{path}: its configuration hashes to {stored} (run_id {result['run_id']!r}), "
+            f"not to its name: a run file copied over another run's?"
+        )
+    return result
+
+
+def quarantine(path: str | os.PathLike, reason: str) -> Path:
+    """Move the bad file ``path`` aside to ``<name>.corrupt-<UTC timestamp>`` and say so on
+    stderr (one line); its producer will write it again."""
+    path = Path(path)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    os.replace(path, target)
+    print(f"rpka: {reason}; moved aside to {target.name}, recomputing", file=sys.stderr)
+    return target
+
+
+def read_json_or_heal(path: str | os.PathLike, required_keys: Sequence[str] = ()) -> Any | None:
+    """``path``'s JSON (checked as :func:`read_json_checked`), or None when it is missing or
+    corrupt - then moved aside (:func:`quarantine`) for its producer to write again."""
+    if not Path(path).exists():
+        return None
+    try:
+        return read_json_checked(path, required_keys)
+    except CorruptFileError as err:
+        quarantine(path, str(err))
+        return None

@@ -73,7 +73,7 @@ def run_notebook(step: Step, progress: bool = True) -> Step:
             str(step.notebook),
             str(step.output),
             parameters=step.parameters,
-            kernel_name="python3",
+            kernel_name="python3",  # this interpreter, not the notebooks' `rpka` kernel
             progress_bar=progress,
             cwd=str(REPO_ROOT),
         )

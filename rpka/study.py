@@ -18,7 +18,7 @@ import torch
 
 from rpka import bench, paths, scaling
 from rpka.config import BenchConfig
-from rpka.io import read_json
+from rpka.io import read_json, read_json_or_heal
 from rpka.longctx import run_longctx
 from rpka.paths import resolve
 from rpka.presets import STUDY_TRACKS, get_longctx_preset, get_preset
@@ -154,9 +154,10 @@ def train_demo(preset: str, run_dir: str | Path, progress: bool = False) -> dict
         )
         path = resolve(run_dir) / f"{run_id(run_config)}.json"
         run_config["state_path"] = str(path.with_suffix(".pt"))
-        if not path.exists() or not path.with_suffix(".pt").exists():
-            bench.run_to_file(run_config, str(path))
-        out[name] = {"result": read_json(path), "run_file": path}
+        result = bench.finished_result(path, run_config["state_path"])  # heals a bad cache
+        if result is None:
+            result = read_json(bench.run_to_file(run_config, str(path)))
+        out[name] = {"result": result, "run_file": path}
     return out
 
 
@@ -190,8 +191,9 @@ def load_or_run_bench(
     first), else the bench of ``preset`` on ``track_name`` (one of ``STUDY_TRACKS``, whose
     folder is :func:`bench_dir`) run (or resumed from its run files) now."""
     path = resolve(out_dir) / "bench_report.json"
-    if path.exists():
-        return read_json(path)
+    report = read_json_or_heal(path, ("config", "arms"))  # a corrupt one is rebuilt below
+    if report is not None:
+        return report
     return bench.run_bench(get_preset(preset, track_name), out_dir, progress=progress)
 
 

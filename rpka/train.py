@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,12 @@ from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 from rpka.attention import options_of
 from rpka.config import ArmConfig, BenchConfig, TrainConfig
-from rpka.io import atomic_torch_save, config_hash, read_json
+from rpka.io import atomic_torch_save, config_hash, read_checked, read_run_file
 from rpka.model import ModelConfig
 from rpka.tracks import Task, get_task
 
 SCORE_SPLITS = ("val", "test")
+PHASE_OF = {"val": "sweep", "test": "eval"}  # the bench's phase that scores each split
 # keys of a run configuration that do not change its result (not hashed)
 VOLATILE_KEYS = ("data_dir", "progress", "state_path")
 # independent random streams derived from one seed (numpy SeedSequence spawn keys)
@@ -338,8 +340,11 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     progress = run_config.get("progress") or {}
     bar = tqdm(
         total=train_config.epochs * steps_per_epoch,
-        desc=f"{run_config['arm']['name']} lr={run_config['lr']:g} {run_config['split']}",
-        position=progress.get("position"),
+        # the phase, not the scored split: every run shows its validation metric as it trains
+        desc=f"{run_config['arm']['name']} lr={run_config['lr']:g} {PHASE_OF[run_config['split']]}",
+        # a bar below the first (position > 0) moves the cursor with ANSI escapes, which
+        # show as "[A" where stderr is not a terminal (logs, notebooks): there, no position
+        position=progress.get("position") if sys.stderr.isatty() else None,
         leave=progress.get("leave", True),
         disable=not progress.get("enable", True),
         dynamic_ncols=True,
@@ -433,7 +438,7 @@ def load_trained(run_file: str | Path, device: str = "cpu") -> tuple[nn.Module, 
     the run had a ``state_path``, as the bench's evaluation runs do).
     """
     run_file = Path(run_file)
-    result = read_json(run_file)
+    result = read_run_file(run_file)
     state_file = run_file.with_suffix(".pt")
     if not state_file.exists():
         raise FileNotFoundError(
@@ -441,5 +446,10 @@ def load_trained(run_file: str | Path, device: str = "cpu") -> tuple[nn.Module, 
         )
     run_config = {**result["config"], "device": device}
     model = build_model(run_config, track_config_of(run_config), torch.device(device))
-    model.load_state_dict(torch.load(state_file, map_location=device, weights_only=True))
+    model.load_state_dict(read_checked(state_file, lambda path: load_state(path, device)))
     return model.eval(), result
+
+
+def load_state(path: str | Path, device: str = "cpu") -> dict[str, Tensor]:
+    """A run's saved weights (``state_dict``), tensors only (``weights_only``: no pickled code)."""
+    return torch.load(path, map_location=device, weights_only=True)

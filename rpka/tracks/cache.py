@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rpka.io import atomic_save_npz, config_hash
+from rpka.io import CorruptFileError, atomic_save_npz, config_hash, quarantine, read_checked
 from rpka.paths import DATA_CACHE
 
 DEFAULT_DATA_DIR = Path(DATA_CACHE)
@@ -36,9 +36,16 @@ def cached_arrays(
     with ``extra`` arrays stored beside them)."""
     path = cache_path(config, data_dir)
     if use_cache and path.exists():
-        with np.load(path) as data:
-            return {key: data[key] for key in data.files}
+        try:
+            return read_checked(path, _load_npz)
+        except CorruptFileError as err:  # truncated or garbage: move aside and rebuild
+            quarantine(path, str(err))
     arrays = build(config)
     if use_cache:
         atomic_save_npz(path, **(extra or {}), **arrays)
     return arrays
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as data:  # reads every array: a truncated member fails here
+        return {key: data[key] for key in data.files}

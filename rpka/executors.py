@@ -1,0 +1,170 @@
+"""Where the bench's jobs run: the ``concurrent.futures`` seam of DESIGN.md section 9.
+
+A job is a pure function of its configuration that writes one result file, so any
+``concurrent.futures.Executor`` can run it:
+
+- ``inline``: :class:`InProcessExecutor`, each job runs at ``submit`` (tests, debugging);
+- ``local``: :func:`local_executor`, a pool of spawned processes that exit when the
+  driver dies (no orphan keeps training and writing files after a ``kill -9``);
+- ``dask``: :func:`dask_executor`, a ``distributed.Client(...).get_executor()`` on a
+  ``LocalCluster`` of single-threaded worker processes, or on the scheduler at a
+  ``tcp://`` address, for a sweep that outgrows one machine.
+
+Every executor runs a job with one torch thread, so the same job gives the same numbers
+on any of them (the test compares a local pool and a Dask cluster bit for bit).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import ctypes
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+try:  # optional: pip install "rpka[dask]"
+    import distributed
+except ImportError:  # pragma: no cover - the test extra installs it
+    distributed = None
+
+EXECUTOR_KINDS = ("local", "inline", "dask")
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>: signal this process when its parent dies
+PARENT_POLL_S = 0.5  # the portable fallback's polling period
+
+
+class InProcessExecutor(cf.Executor):
+    """A ``concurrent.futures.Executor`` that runs each job at ``submit`` (tests, debugging)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
+        future: cf.Future = cf.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as err:  # delivered through the future, as a pool would
+            future.set_exception(err)
+        return future
+
+
+# --------------------------------------------------------------------------- local pool
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    """Poll ``os.getppid()``: once the parent is gone we have been re-parented; exit."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def _die_with_parent(parent_pid: int, use_prctl: bool = True) -> None:
+    """Make this worker exit when ``parent_pid`` dies, even by ``kill -9``.
+
+    On Linux the kernel sends SIGTERM at the parent's death (``prctl(PR_SET_PDEATHSIG)``);
+    everywhere a daemon thread also polls the parent pid (macOS has no prctl).
+    """
+    if use_prctl and sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, 15, 0, 0, 0)  # 15 = SIGTERM
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+
+
+def _init_worker(parent_pid: int, use_prctl: bool = True) -> None:
+    _die_with_parent(parent_pid, use_prctl)
+    torch.set_num_threads(1)  # one thread per worker: the workers already use every core
+
+
+def _process_pool(n_workers: int, use_prctl: bool = True) -> cf.ProcessPoolExecutor:
+    return cf.ProcessPoolExecutor(
+        max_workers=n_workers,
+        mp_context=multiprocessing.get_context("spawn"),  # no inherited torch thread state
+        initializer=_init_worker,
+        initargs=(os.getpid(), use_prctl),
+    )
+
+
+def local_executor(n_workers: int) -> cf.Executor:
+    """In-process for one worker, else a pool of ``n_workers`` spawned processes.
+
+    The workers exit when this process dies. Linux's parent-death signal is tied to the
+    thread that started the worker, so submit from a thread that outlives the pool (the
+    bench submits from the calling thread).
+    """
+    if n_workers <= 1:
+        return InProcessExecutor()
+    return _process_pool(n_workers)
+
+
+# --------------------------------------------------------------------------- dask
+
+
+def _single_threaded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # the local pool's workers run one torch thread; a Dask worker must too, for the same
+    # numbers (a different thread count can change the order of a float reduction)
+    torch.set_num_threads(1)
+    return fn(*args, **kwargs)
+
+
+class DaskExecutor(cf.Executor):
+    """A Dask client's executor that owns its client (and local cluster): ``shutdown``
+    closes them."""
+
+    def __init__(self, client: Any, cluster: Any = None) -> None:
+        self.client, self.cluster = client, cluster
+        self._executor = client.get_executor(pure=False)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
+        return self._executor.submit(_single_threaded, fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            for future in list(self._executor._futures):
+                future.cancel()
+        self._executor.shutdown(wait=wait and not cancel_futures)
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def dask_executor(address: str | None = None, n_workers: int = 2) -> DaskExecutor:
+    """A Dask executor: on the scheduler at ``address`` (``tcp://host:port``), else on a
+    new ``LocalCluster`` of ``n_workers`` single-threaded processes (loopback only, no
+    dashboard)."""
+    if distributed is None:
+        raise ImportError('the dask executor needs dask: pip install "rpka[dask]"')
+    if address is not None:
+        return DaskExecutor(distributed.Client(address))
+    if n_workers < 1:
+        raise ValueError(f"n_workers must be >= 1, got {n_workers}")
+    cluster = distributed.LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+    )
+    return DaskExecutor(distributed.Client(cluster), cluster)
+
+
+def make_executor(kind: str = "local", n_workers: int = 1) -> cf.Executor:
+    """The executor named ``kind``: ``local`` (process pool), ``inline`` (in-process),
+    ``dask`` (a local Dask cluster of ``n_workers``) or a Dask scheduler's address
+    (``tcp://host:port``). The caller shuts it down (``with make_executor(...) as ex:``).
+    """
+    if kind == "local":
+        return local_executor(n_workers)
+    if kind == "inline":
+        return InProcessExecutor()
+    if kind == "dask":
+        return dask_executor(n_workers=max(1, n_workers))
+    if "://" in kind:  # tcp://host:port, tls://..., as the scheduler prints it
+        return dask_executor(address=kind)
+    raise ValueError(
+        f"executor must be one of {EXECUTOR_KINDS} or a Dask scheduler address "
+        f"tcp://host:port, got {kind!r}"
+    )

@@ -1,0 +1,112 @@
+"""Executors: workers die with a killed driver; a Dask cluster gives the local pool's numbers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rpka.bench import run_bench
+from rpka.executors import EXECUTOR_KINDS, InProcessExecutor, local_executor, make_executor
+from rpka.presets import get_preset
+
+ROOT = Path(__file__).resolve().parent.parent
+# a driver that starts a pool of two workers, waits until both have run a job (so both
+# are initialised), prints their pids and gives them long jobs
+DRIVER = textwrap.dedent(
+    """
+    import os, sys, time
+    from rpka import executors
+
+    def pid_after(seconds):
+        time.sleep(seconds)
+        return os.getpid()
+
+    if __name__ == "__main__":
+        pool = executors._process_pool(2, use_prctl=sys.argv[1] == "prctl")
+        seen = set()
+        while len(seen) < 2:
+            seen |= {f.result() for f in [pool.submit(pid_after, 0.3) for _ in range(2)]}
+        futures = [pool.submit(time.sleep, 120) for _ in range(2)]
+        print(" ".join(str(pid) for pid in seen), flush=True)
+        time.sleep(120)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# "prctl": Linux's parent-death signal (and the poller); "poll": the portable poller alone
+@pytest.mark.parametrize("mechanism", ["prctl", "poll"])
+def test_workers_exit_when_the_driver_is_killed(mechanism, tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    driver = subprocess.Popen(
+        [sys.executable, str(script), mechanism], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        workers = [int(pid) for pid in driver.stdout.readline().split()]
+        assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        orphans = [pid for pid in workers if _alive(pid)]
+        assert not orphans, f"workers {orphans} outlived their killed driver"
+    finally:
+        driver.kill()
+        for pid in workers if "workers" in locals() else []:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_make_executor_names():
+    assert isinstance(make_executor("inline"), InProcessExecutor)
+    assert isinstance(local_executor(1), InProcessExecutor)
+    assert EXECUTOR_KINDS == ("local", "inline", "dask")
+    with pytest.raises(ValueError, match="executor must be one of"):
+        make_executor("threads")
+
+
+# timings and the process that ran a job differ between executors; nothing else may
+VARYING_KEYS = {"wall_s", "cpu_s", "step_ms_median"}
+
+
+def _run_files(out: Path) -> dict[str, dict]:
+    files = sorted((out / "runs").glob("*.json"))
+    assert files
+    return {
+        f.name: {k: v for k, v in json.loads(f.read_text()).items() if k not in VARYING_KEYS}
+        for f in files
+    }
+
+
+@pytest.mark.slow
+def test_dask_local_cluster_matches_the_local_pool(tmp_path):
+    pytest.importorskip("distributed")
+    config = get_preset(
+        "smoke", train={"epochs": 1}, mechanism=None, output_error_ranks=(), n_workers=2
+    )
+    cache = tmp_path / "cache"
+    results = {}
+    for kind in ("local", "dask"):
+        with make_executor(kind, n_workers=2) as executor:
+            run_bench(config, tmp_path / kind, executor, progress=False, data_dir=cache)
+        results[kind] = _run_files(tmp_path / kind)
+    assert results["local"] == results["dask"]
+    assert results["local"]  # and the runs trained: finite scores
+    for run in results["local"].values():
+        assert all(v is not None for v in run["scores"].values())
