@@ -9,12 +9,15 @@ queried key must be its value:
 
 Tokens: 0 is the filler; keys are ``1 .. n_keys`` and values ``n_keys + 1 .. vocab_size - 1``
 with ``n_keys = (vocab_size - 1) // 2``. Per sequence the keys are drawn without
-replacement, the values with replacement, the queried keys without replacement among the
-pairs, and the queries sit in random two-token slots after the pairs (uniform positions;
-Zoology draws query gaps from a power law - uniform slots keep every distance equally
-likely). A causal model reads ``tokens`` (N, n); ``targets`` (N, n) holds the value at a
-query key's position and -1 (ignored) everywhere else, so loss and accuracy are taken at
-the query positions only.
+replacement, the values with replacement, the queried keys *with* replacement among the
+pairs (asked without replacement, the values not yet asked would narrow down as queries go
+by - a model counting which values occurred twice reached 37 % accuracy with uniform
+attention at 8 pairs - so each query is independent of the earlier ones), and the queries
+sit in random two-token slots after the pairs (uniform positions; Zoology draws query gaps
+from a power law - uniform slots keep every distance equally likely). A causal model
+reads ``tokens`` (N, n); ``targets`` (N, n) holds the value at a query key's position
+and -1 (ignored) everywhere else, so loss and accuracy are taken at the query positions
+only.
 
 Solving it needs content-based lookup (find the earlier copy of the key, read the token
 after it): a 2-layer attention model does it (an induction head), softmax attention
@@ -73,7 +76,7 @@ class RecallConfig:
         require(self.name == "recall", "name", "'recall'", self.name)
         require_int(self, "vocab_size", 5)
         require_int(self, "n_pairs", 1, self.n_keys)
-        require_int(self, "n_queries", 1, self.n_pairs)
+        require_int(self, "n_queries", 1)
         require_int(self, "seq_len", 2 * (self.n_pairs + self.n_queries))
         factors = self.length_factors
         require(
@@ -107,8 +110,8 @@ def sample(
     tokens = np.full((n, seq_len), FILLER, dtype=np.int64)
     targets = np.full((n, seq_len), IGNORE, dtype=np.int64)
     tokens[:, 0 : 2 * p : 2], tokens[:, 1 : 2 * p : 2] = keys, values
-    # which pairs are asked (without replacement) and in which two-token slots
-    asked = np.argsort(rng.random((n, p)), axis=1)[:, :q]
+    # which pairs are asked (with replacement: no elimination) and in which two-token slots
+    asked = rng.integers(0, p, (n, q))
     n_slots = (seq_len - 2 * p) // 2
     slots = np.sort(np.argsort(rng.random((n, n_slots)), axis=1)[:, :q], axis=1)
     at = 2 * p + 2 * slots  # (N, q) query key positions
