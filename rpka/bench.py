@@ -8,7 +8,7 @@ Every track runs through the same bench: ``--track forecast`` (the default; resu
 ``data/results/<preset>/``) or ``--track lm`` (the causal language model of issue 7, its
 perplexity next to the exact floor; results in ``data/results/<preset>/lm/``). What differs
 between tracks - model, loss, metrics, naive baselines, learnability bar - is the track's
-``rpka.tasks.Task``.
+``rpka.tracks.base.Task`` (``rpka.tracks.TRACKS``).
 
 Protocol (DESIGN.md section 5): for every arm, each learning rate trains the sweep seeds
 and is scored on validation; the best learning rate (lowest mean validation metric; a
@@ -52,16 +52,15 @@ import torch
 from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 import rpka
-from rpka import narrative, stats
+from rpka import paths, stats
 from rpka.ablations import choose_default, rpka_configuration
 from rpka.attention import options_of
+from rpka.config import DEVICES, ArmConfig, BenchConfig
 from rpka.io import read_json, write_json
 from rpka.mechanism import mechanism_study, method_output_errors
 from rpka.paths import resolve
-from rpka.presets import DEVICES, PRESETS_BY_TRACK, ArmConfig, BenchConfig, get_preset
-from rpka.tables import naive_rows
-from rpka.tasks import task_of
-from rpka.tracks import get_track
+from rpka.presets import PRESETS_BY_TRACK, get_preset
+from rpka.tracks import get_task
 from rpka.tracks.cache import DEFAULT_DATA_DIR
 from rpka.train import (
     build_model,
@@ -77,10 +76,9 @@ METRIC_DIRECTION = "lower"  # every metric (MSE, MAE, perplexity, NLL): lower is
 
 
 def default_out(config: BenchConfig) -> str:
-    """``data/results/<preset>`` for the forecast track, ``data/results/<preset>/<track>``
-    for the others (the study ``full`` keeps its lm report in ``data/results/full/lm``)."""
-    base = f"data/results/{config.preset}"
-    return base if config.track_name == "forecast" else f"{base}/{config.track_name}"
+    """``data/results/<preset>`` plus the track's ``out_dir`` (the study ``full`` keeps its
+    lm report in ``data/results/full/lm``)."""
+    return paths.bench_dir(config.preset, config.task.out_dir)
 
 
 # --------------------------------------------------------------------------- mechanism
@@ -107,13 +105,13 @@ def study_mechanism(
     options = {
         k: arm.options[k] for k in ("pivot_set", "weighting", "tempering") if k in arm.options
     }
-    x = task_of(config.track_name).inputs_targets(track, "test")[0][:n_windows]
+    x = config.task.inputs_targets(track, "test")[0][:n_windows]
     study_options = {**options, **(config.mechanism or {})}
     seed = result["seeds"][0]
     described = (
         f"{arm.name} (method {arm.method}, options {dict(arm.options)}), lr "
         f"{result['lr']:g}, evaluation seed {seed}, run {result['run_id']}, "
-        f"{len(x)} test {'windows' if config.track_name == 'forecast' else 'sequences'}"
+        f"{len(x)} test {config.task.sample_unit}"
     )
     path = out / "mechanism.json"
     if path.exists():  # resume: this model was studied with these options already
@@ -152,7 +150,7 @@ def study_output_errors(
     model and the exact arm's (the Q/K softmax attention learned: one set for every
     method), member 0 (the first evaluation seed), ``n_windows`` test windows.
     """
-    x = task_of(config.track_name).inputs_targets(track, "test")[0][:n_windows]
+    x = config.task.inputs_targets(track, "test")[0][:n_windows]
 
     def inputs_of(arm_name: str) -> list:
         model, _ = load_trained(runs_dir / f"{eval_of[arm_name]['run_ids'][0]}.json")
@@ -348,8 +346,8 @@ def run_bench(
     runs_dir = out / "runs"
     data_dir = str(resolve(data_dir or DEFAULT_DATA_DIR))
 
-    task = task_of(config.track_name)
-    track = get_track(config.track_name, config.track, data_dir)  # generates the cache once
+    task = config.task
+    track = task.load(config.track, data_dir)  # generates the cache once
     naive = task.naive_baselines(track)
     t_data = time.perf_counter()
 
@@ -476,7 +474,7 @@ def arm_entry(
 ) -> dict[str, Any]:
     """best_cfg, sweep, full (test, the primary metric) and more for one arm."""
     metric = config.metric
-    metrics = task_of(config.track_name).metrics
+    metrics = config.task.metrics
     others = [m for m in metrics if m != metric]
     lrs = [lr for lr in config.learning_rates if lr in sweep]  # lr_from: the one inherited
     best_lr = result["lr"]
@@ -549,7 +547,7 @@ def build_report(
     track: Any,
 ) -> dict[str, Any]:
     """Everything but ``timings`` (see ``docs/bench_report.md``)."""
-    task = task_of(config.track_name)
+    task = config.task
     arms = {
         arm.name: arm_entry(config, arm, sweep_of[arm.name], eval_of[arm.name])
         for arm in config.arms
@@ -750,7 +748,8 @@ def print_summary(report: dict[str, Any], out: Path) -> None:
             f"{name:<{width}} {points:>6} {arm['best_cfg']['lr']:>8.0e} "
             f"{full['mean']:>9.4f} +- {full['std']:<6.4f} {versus:>30}"
         )
-    for label, values in naive_rows(report, "test"):
+    task = get_task(report["track"])
+    for label, values in task.naive_rows(report, "test"):
         lines.append(f"{label:<{width}} {'':>6} {'':>8} {values[metric]:>9.4f}")
     choice = report.get("ablation_choice")
     if choice is not None:
@@ -759,7 +758,7 @@ def print_summary(report: dict[str, Any], out: Path) -> None:
             f"({choice['chosen_val_score']:.4f} vs reference {choice['reference']} "
             f"{choice['reference_val_score']:.4f})"
         )
-    lines.append(narrative.learnability(report).replace("**", ""))
+    lines.append(task.learnability_text(report).replace("**", ""))
     t = report["timings"]
     lines.append(
         f"wall {t['phases']['total_s']:.1f} s; step ms {t['step_ms_median']}; "

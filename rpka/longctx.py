@@ -45,20 +45,14 @@ from rpka.bench import (
     seed_groups,
     versions,
 )
+from rpka.config import DEVICES, BenchConfig, LongContextConfig
 from rpka.io import write_json
 from rpka.paths import resolve
-from rpka.presets import (
-    DEVICES,
-    LONGCTX_PRESETS,
-    BenchConfig,
-    LongContextConfig,
-    TrackConfig,
-    get_longctx_preset,
-)
+from rpka.presets import LONGCTX_PRESETS, get_longctx_preset
 from rpka.scaling import peak_memory_mib
-from rpka.tracks import get_track
+from rpka.tracks import get_task
 from rpka.tracks.cache import DEFAULT_DATA_DIR
-from rpka.train import build_model, make_run_config
+from rpka.train import build_model, make_run_config, track_config_of
 
 LONGCTX_VERSION = "1.0"
 DEFAULT_OUT = "data/results/{preset}"
@@ -81,8 +75,8 @@ def training_step_peak_mib(run_config: dict[str, Any]) -> dict[str, Any]:
     ``run_config`` (the executor seam of ``rpka.bench``).
     """
     device = torch.device(run_config["device"])
-    track_config = TrackConfig(**run_config["track"])
-    track = get_track(track_config.name, track_config, run_config.get("data_dir"))
+    track_config = track_config_of(run_config)
+    track = get_task(track_config.name).load(track_config, run_config.get("data_dir"))
     model = build_model(run_config, track_config, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=run_config["lr"])
     n_members, batch = len(run_config["seeds"]), run_config["train"]["batch_size"]
@@ -146,7 +140,7 @@ def run_longctx(
     try:
         for context in config.contexts:
             bench = config.bench_for(context)
-            get_track(bench.track.name, bench.track, data_dir)  # cached once, before the workers
+            bench.task.load(bench.track, data_dir)  # cached once, before the workers
             probes = {}
             if config.memory_probe:  # queued first: they run beside the bench's runs
                 for arm in bench.arms:

@@ -48,7 +48,7 @@ import math
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pandas as pd
@@ -57,19 +57,17 @@ from scipy import stats
 from torch import Tensor
 from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
-from rpka.attention import build
+from rpka.attention import build, options_of
 from rpka.attention.rpcholesky import (
-    PIVOT_RULES,
     gaussian_kernel,
     rpcholesky,
     select_pivot,
     weighting_power,
 )
 from rpka.attention.rpka import PIVOT_SETS
+from rpka.config import MechanismConfig
 
 QKV = tuple[Tensor, Tensor, Tensor]
-MONTE_CARLO = ("auto", "replay", "resample")
-CANDIDATE_DECREASES = ("package", "explicit")
 
 PREDICTION = (
     "One RPCholesky step from residual R, with pivot s drawn with probability R_ss / tr R, "
@@ -81,93 +79,6 @@ OBSERVED_DEFINITION = (
     "max |z|; relative_error = |observed - predicted| / predicted. Units: fraction of the "
     "initial trace tr A_tau."
 )
-
-
-@dataclass(frozen=True)
-class MechanismConfig:
-    """Every option of the mechanism study; the defaults are the full study's.
-
-    Attributes:
-        rank: RPCholesky steps r of the trace-identity run (capped at N points).
-        draws: independent one-step Monte Carlo draws per step.
-        monte_carlo: ``"replay"`` (batched package runs replaying the prefix, the literal
-            check), ``"resample"`` (the package's pivot sampler on the replayed state, same
-            distribution, about (draws + N) / N times cheaper; see :func:`_package_draws`) or
-            ``"auto"``: replay on a GPU, resample on the CPU (the output records which).
-        candidate_decreases: the one-step decrease of every candidate pivot, for ``exact``
-            (and ``resample``'s draws): ``"package"`` (forced-pivot package runs, checks the
-            package's update at every candidate, cost O(N^2 t^2) per step), ``"explicit"``
-            (``|R[:, s]|^2 / R_ss`` of the explicit residual, O(N^2); the package's update
-            is then checked along the run only, ``max_rel_error_trace``).
-        z_threshold: "confirmed" means ``|z| <= z_threshold`` at every step of every head.
-        pivot_set, weighting, tempering, den_floor: as :class:`RPKAttention`.
-        quality_ranks: ranks of the approximation-quality study (each capped at N).
-        quality_seeds: pivot seeds per rule and rank.
-        rules: pivot rules compared.
-        layers, heads: indices studied (``None``: all).
-        identity_item: the batch item of the trace identity.
-        quality_items: the first ``quality_items`` batch items (at most B) enter the quality
-            study.
-        seed: seeds every generator of the study.
-        batch_budget_mb: memory bound of one batched Monte Carlo call (chunks the draws).
-        optimum_floor: the ratio to the optimum is reported only where the optimal trace
-            error exceeds ``optimum_floor * tr A`` (below it both are round-off).
-    """
-
-    rank: int = 64
-    draws: int = 2000
-    monte_carlo: str = "auto"
-    candidate_decreases: str = "package"
-    z_threshold: float = 4.0
-    pivot_set: str = "joint"
-    weighting: str = "gauss"
-    tempering: float = 0.5
-    den_floor: float = 1e-6
-    quality_ranks: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
-    quality_seeds: int = 20
-    rules: tuple[str, ...] = PIVOT_RULES
-    layers: tuple[int, ...] | None = None
-    heads: tuple[int, ...] | None = None
-    identity_item: int = 0
-    quality_items: int = 1
-    seed: int = 0
-    batch_budget_mb: float = 512.0
-    optimum_floor: float = 1e-9
-
-    def validate(self) -> None:
-        for name, low in (("rank", 1), ("draws", 2), ("quality_seeds", 1), ("quality_items", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if not isinstance(self.identity_item, int) or self.identity_item < 0:
-            raise ValueError(f"identity_item must be an integer >= 0, got {self.identity_item!r}")
-        if self.monte_carlo not in MONTE_CARLO:
-            raise ValueError(f"monte_carlo must be one of {MONTE_CARLO}, got {self.monte_carlo!r}")
-        if self.candidate_decreases not in CANDIDATE_DECREASES:
-            raise ValueError(
-                f"candidate_decreases must be one of {CANDIDATE_DECREASES}, "
-                f"got {self.candidate_decreases!r}"
-            )
-        if not self.z_threshold > 0:
-            raise ValueError(f"z_threshold must be > 0, got {self.z_threshold!r}")
-        if self.pivot_set not in PIVOT_SETS:
-            raise ValueError(f"pivot_set must be one of {PIVOT_SETS}, got {self.pivot_set!r}")
-        weighting_power(self.weighting, self.tempering)  # validates both
-        if not 0.0 < self.den_floor < 1.0:
-            raise ValueError(f"den_floor must lie in (0, 1), got {self.den_floor!r}")
-        if not self.quality_ranks or any(
-            not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in self.quality_ranks
-        ):
-            raise ValueError(f"quality_ranks must be positive integers, got {self.quality_ranks}")
-        if not self.rules or any(rule not in PIVOT_RULES for rule in self.rules):
-            raise ValueError(f"rules must be a non-empty subset of {PIVOT_RULES}, got {self.rules}")
-        if not self.batch_budget_mb > 0:
-            raise ValueError(f"batch_budget_mb must be > 0, got {self.batch_budget_mb!r}")
-        if not 0.0 <= self.optimum_floor < 1.0:
-            raise ValueError(f"optimum_floor must lie in [0, 1), got {self.optimum_floor!r}")
-
-    def to_dict(self) -> dict[str, object]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 # --------------------------------------------------------------------------- the matrix
@@ -830,8 +741,6 @@ def method_output_errors(
         raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
     if not ranks or any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in ranks):
         raise ValueError(f"ranks must be positive integers, got {list(ranks)}")
-    from rpka.attention import options_of  # the registry, for which options a method takes
-
     takes = options_of(method)  # raises ValueError for an unknown method
     base = {k: v for k, v in (options or {}).items() if k not in ("rank", "generator")}
     inputs = [tuple(x.to(torch.float64) for x in qkv) for qkv in qkv_per_layer]

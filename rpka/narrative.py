@@ -9,6 +9,7 @@ import numpy as np
 
 from rpka.plots import metric_label
 from rpka.tables import verdict_word
+from rpka.tracks import get_task
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -18,8 +19,6 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 def setup(report: Mapping) -> str:
     """Track, model, arms and protocol of a bench report."""
     cfg = report["config"]
-    data = report["data"]
-    model, train = cfg["model"], cfg["train"]
     arms = ", ".join(
         f"`{a['name']}`" + (f" ({a['options']})" if a["options"] else "") for a in cfg["arms"]
     )
@@ -32,36 +31,7 @@ def setup(report: Mapping) -> str:
         f"evaluation seeds {cfg['eval_seeds']} and scored on test ({metric}, "
         f"lower is better). A seed fixes data order and initialisation for both arms of a pair."
     )
-    if report["track"] == "lm":
-        track = cfg["track"]
-        return (
-            f"**Track `lm`.** Token sequences from a seeded Markov source with copies: "
-            f"{track['vocab_size']} content tokens from an order-{track['order']} Markov chain, "
-            f"and copy markers (lags {data['copy_lags']}) after which the next "
-            f"{track['copy_length']} tokens repeat the token that many positions back. Its "
-            f"entropy is exact, so perplexity has a known floor. {data['n_train_sequences']} "
-            f"training, {data['n_val_sequences']} validation and {data['n_test_sequences']} "
-            f"test sequences of {data['seq_len']} tokens ({data['n_tokens']} token types).\n\n"
-            f"**Model `{report['model']}` in causal mode.** A decoder of {model['n_layers']} "
-            f"pre-norm causal layers, d_model {model['d_model']}, {model['n_heads']} heads, "
-            f"learned positions, output head tied to the token embedding; it reads tokens "
-            f"0..{data['seq_len'] - 2} and predicts 1..{data['seq_len'] - 1} (attention sees "
-            f"{data['attention_tokens']} tokens). Cross-entropy, Adam, {train['epochs']} "
-            f"epochs, batch {train['batch_size']}, {train['lr_schedule']} schedule.\n\n" + protocol
-        )
-    return (
-        f"**Track `{report['track']}`.** Synthetic univariate series from a seeded generator "
-        f"(daily season with multiplicative weekly modulation, regimes with their own "
-        f"oscillations, level jumps, AR(1) noise and trend). Windows of context "
-        f"{data['context']} and horizon {data['horizon']}, each standardised by its own "
-        f"context: {data['n_train_windows']} training, {data['n_val_windows']} validation and "
-        f"{data['n_test_windows']} test windows, split chronologically.\n\n"
-        f"**Model `{report['model']}`.** {model['n_layers']} pre-norm encoder layers, "
-        f"d_model {model['d_model']}, {model['n_heads']} heads, one token per time step "
-        f"(attention sees {data['context']} tokens), a linear context-to-horizon skip. "
-        f"Adam, {train['epochs']} epochs, batch {train['batch_size']}, "
-        f"{train['lr_schedule']} schedule.\n\n" + protocol
-    )
+    return get_task(report["track"]).setup_text(report, protocol)
 
 
 def headline(report: Mapping) -> str:
@@ -125,27 +95,8 @@ def control_reading(report: Mapping) -> str:
 
 
 def learnability(report: Mapping) -> str:
-    """Whether the task was learned: exact attention against the naive baselines (forecast)
-    or against the best n-gram model and the perplexity floor (lm)."""
-    le = report["learnability"]
-    met = "met" if le["met"] else "**not met**"
-    if report["track"] == "lm":
-        return (
-            f"Exact attention's test perplexity {le['baseline_test_perplexity']:.3f} "
-            f"(NLL {le['baseline_test_nll']:.4f} nats) against the best n-gram model "
-            f"(`{le['best_ngram']}`) {le['best_ngram_perplexity']:.3f} "
-            f"({le['best_ngram_nll']:.4f} nats) and the exact floor "
-            f"{le['floor_perplexity']:.3f} ({le['floor_nll']:.4f} nats): it closes "
-            f"{le['gap_closed']:.0%} of the gap between the n-gram model and the floor "
-            f"(required ≥ {le['gap_closed_required']:.0%}): the learnability bar is {met}."
-        )
-    return (
-        f"Exact attention's test MSE {le['baseline_test_mse']:.4f} is "
-        f"{le['ratio_to_better_naive']:.2f} × the better of the mean and last-value forecasts "
-        f"(required ≤ {le['ratio_required']}) and {le['ratio_to_linear']:.3f} × the "
-        f"least-squares linear forecast ({le['linear_mse']:.4f}; required ≤ 1): the "
-        f"learnability bar is {met}."
-    )
+    """Whether the task was learned: exact attention against the track's references."""
+    return get_task(report["track"]).learnability_text(report)
 
 
 def step_times(report: Mapping) -> str:
@@ -186,21 +137,10 @@ def scaling_summary(scaling: Mapping, rank: int = 64) -> str:
     )
 
 
-def lm_floor_gaps(report: Mapping) -> str:
-    """Track lm: every arm's test perplexity next to the exact floor, and the gaps."""
-    floor = report["naive_baselines"]["floor"]
-    rate = report["naive_baselines"]["entropy_rate"]
-    parts = [
-        f"`{arm}` {e['floor_gap']['perplexity_mean']:.3f} "
-        f"(+{e['floor_gap']['perplexity_gap']:.3f}; NLL +{e['floor_gap']['nll_gap']:.4f} nats)"
-        for arm, e in report["arms"].items()
-    ]
-    return (
-        f"The source's exact perplexity floor for these sequences is {floor['perplexity']:.3f} "
-        f"({floor['nll']:.4f} nats/token; stationary entropy rate {rate['nll']:.4f} nats, "
-        f"perplexity {rate['perplexity']:.3f}). Mean test perplexity over "
-        f"{report['n_seeds']} seeds, with the gap to the floor: " + "; ".join(parts) + "."
-    )
+def track_notes(report: Mapping) -> str:
+    """What the track adds to its results in words (``Task.result_notes``; track lm: every
+    arm's perplexity next to the exact floor), or ""."""
+    return get_task(report["track"]).result_notes(report)
 
 
 def ablation_choice(report: Mapping) -> str:

@@ -25,3 +25,70 @@ def resolve(path: str | os.PathLike) -> Path:
     """An absolute path: relative paths are taken from the repository root."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else REPO_ROOT / p
+
+
+# --------------------------------------------------------------------------- the layout
+# Every result, figure and report path of the study comes from here (relative to the root;
+# ``resolve`` makes them absolute). Notebooks get theirs as parameters (rpka.study).
+
+DATA_CACHE = "data/cache"  # the tracks' generated data
+RESULTS = "data/results"
+SCALING_RESULTS = f"{RESULTS}/scaling"  # latency sweeps, shared by every preset
+FIGURES = "figures"
+REPORTS = "reports"
+NOTEBOOKS = "notebooks"
+
+
+def results_dir(preset: str) -> str:
+    """``data/results/<preset>``: the study's result files."""
+    return f"{RESULTS}/{preset}"
+
+
+def bench_dir(preset: str, track_dir: str = "") -> str:
+    """The bench's folder: ``data/results/<preset>``, plus ``/<track_dir>`` for a track
+    with its own folder (a task's ``out_dir``, e.g. ``lm``)."""
+    base = results_dir(preset)
+    return f"{base}/{track_dir}" if track_dir else base
+
+
+def bench_report(preset: str, track_dir: str = "") -> str:
+    return f"{bench_dir(preset, track_dir)}/bench_report.json"
+
+
+def mechanism_json(preset: str) -> str:
+    return f"{results_dir(preset)}/mechanism.json"
+
+
+def longctx_json(preset: str) -> str:
+    return f"{results_dir(preset)}/longctx.json"
+
+
+def scaling_cpu_json(preset: str) -> str:
+    """The CPU latency sweep a study preset re-measures."""
+    return f"{results_dir(preset)}/scaling_cpu.json"
+
+
+def scaling_json(name: str) -> str:
+    """A latency sweep of ``rpka.scaling``'s preset ``name``:
+    ``data/results/scaling/<name>.json``."""
+    return f"{SCALING_RESULTS}/{name}.json"
+
+
+def decode_json(device: str = "cpu") -> str:
+    return f"{SCALING_RESULTS}/decode_{device}.json"
+
+
+GPU_SCALING_JSON = f"{SCALING_RESULTS}/gpu_h200.json"
+ARMS_LATENCY_JSON = f"{SCALING_RESULTS}/arms_full_cpu.json"
+
+
+def figures_dir(preset: str) -> str:
+    return f"{FIGURES}/{preset}"
+
+
+def report_dir(preset: str) -> str:
+    """``reports/<preset>``: the executed notebooks and a copy of the HTML report."""
+    return f"{REPORTS}/{preset}"
+
+
+REPORT_HTML = f"{REPORTS}/rpka_report.html"

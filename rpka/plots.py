@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from rpka.io import atomic_write
 from rpka.paths import resolve
+from rpka.tracks import get_task
 
 RULE_ORDER = ("rpc", "greedy", "uniform")
 Z_95 = 1.959963984540054  # two-sided 95 % normal quantile, for error bars
@@ -292,26 +293,14 @@ def _arm_colors(names: list[str]) -> dict[str, object]:
 
 
 def metric_label(report: Mapping, metric: str | None = None) -> str:
-    """e.g. "MSE (standardised units)" (forecast) or "perplexity" (lm)."""
-    metric = metric or report["metric"]
-    if report["track"] == "lm":
-        return "NLL (nats/token)" if metric == "nll" else metric
-    return f"{metric.upper()} (standardised units)"
+    """e.g. "MSE (standardised units)" (forecast) or "perplexity" (lm): the track's label."""
+    return get_task(report["track"]).metric_label(metric or report["metric"])
 
 
 def _reference_lines(report: Mapping, split: str) -> list[tuple[str, float, str]]:
     """(label, value, line style) of the track's references in the report's metric:
     forecast: the mean and linear forecasts; lm: the exact floor and the bigram model."""
-    metric, naive = report["metric"], report["naive_baselines"]
-    if report["track"] == "lm":
-        return [
-            ("exact floor", naive["floor"][metric], ":"),
-            ("n-gram, 1 token", naive["predictors"]["ngram_1"][split][metric], "--"),
-        ]
-    return [
-        (f"naive {key} ({split})", naive["forecasts"][key][split][metric], ls)
-        for key, ls in (("mean", ":"), ("linear", "--"))
-    ]
+    return get_task(report["track"]).reference_lines(report, split)
 
 
 def plot_sweep(
@@ -371,7 +360,7 @@ def plot_learning_curves(
             ax.fill_between(
                 epochs, np.nanmin(curves, 0), np.nanmax(curves, 0), color=colors[arm], alpha=0.15
             )
-    loss = "cross-entropy (nats/token)" if report["track"] == "lm" else "MSE (standardised units)"
+    loss = get_task(report["track"]).loss_label
     axes[0].set(
         xlabel="epoch", ylabel=f"training {loss}", title="Training loss (best lr, evaluation seeds)"
     )
@@ -438,7 +427,7 @@ def plot_deltas(
         ],
         fontsize=8,
     )
-    metric_name = report["metric"] if report["track"] == "lm" else report["metric"].upper()
+    metric_name = get_task(report["track"]).metric_short(report["metric"])
     ax.set(
         xlabel=f"test {metric_name} difference, arm - {report['baseline_arm']} "
         "(negative: arm better)",

@@ -16,11 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from rpka import bench
+from rpka import bench, paths, scaling
+from rpka.config import BenchConfig
 from rpka.io import read_json
+from rpka.longctx import run_longctx
 from rpka.paths import resolve
-from rpka.presets import BenchConfig, get_preset
-from rpka.tracks import get_track
+from rpka.presets import STUDY_TRACKS, get_longctx_preset, get_preset
+from rpka.tracks import get_task
 from rpka.train import load_trained, make_run_config, run_id
 
 NOTEBOOKS = (
@@ -34,44 +36,49 @@ NOTEBOOKS = (
 
 
 def results_dir(preset: str) -> str:
-    return f"data/results/{preset}"
+    return paths.results_dir(preset)
+
+
+def bench_dir(preset: str, track_name: str) -> str:
+    """Where the study's bench of track ``track_name`` writes (``rpka.paths.bench_dir``)."""
+    return paths.bench_dir(preset, get_task(track_name).out_dir)
 
 
 def lm_results_dir(preset: str) -> str:
     """Where the study's lm bench writes: ``data/results/<preset>/lm``."""
-    return bench.default_out(get_preset(preset, "lm"))
+    return bench_dir(preset, "lm")
 
 
 def figures_dir(preset: str) -> str:
-    return f"figures/{preset}"
+    return paths.figures_dir(preset)
 
 
 def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
     """Each notebook's parameters for ``preset`` (all literals, relative to the repo root)."""
     results, figures = results_dir(preset), figures_dir(preset)
-    report = f"{results}/bench_report.json"
+    report = paths.bench_report(preset)
     return {
         "01_train.ipynb": {"preset": preset, "run_dir": f"{results}/train", "figures_dir": figures},
         "02_sweep.ipynb": {"preset": preset, "results_dir": results, "figures_dir": figures},
         "03_deltas.ipynb": {"bench_report": report, "figures_dir": figures},
         "04_mechanism.ipynb": {
-            "mechanism_json": f"{results}/mechanism.json",
+            "mechanism_json": paths.mechanism_json(preset),
             "figures_dir": figures,
         },
         "05_scaling.ipynb": {
-            "scaling_cpu_json": f"{results}/scaling_cpu.json",
-            "scaling_gpu_json": "data/results/scaling/gpu_h200.json",
-            "decode_json": "data/results/scaling/decode_cpu.json",
-            "longctx_json": f"{results}/longctx.json",
+            "scaling_cpu_json": paths.scaling_cpu_json(preset),
+            "scaling_gpu_json": paths.GPU_SCALING_JSON,
+            "decode_json": paths.decode_json("cpu"),
+            "longctx_json": paths.longctx_json(preset),
             "figures_dir": figures,
         },
         "06_report.ipynb": {
             "preset": preset,
             "results_dir": results,
-            "lm_results_dir": f"{results}/lm",
-            "decode_json": "data/results/scaling/decode_cpu.json",
-            "scaling_gpu_json": "data/results/scaling/gpu_h200.json",
-            "arms_latency_json": "data/results/scaling/arms_full_cpu.json",
+            "lm_results_dir": lm_results_dir(preset),
+            "decode_json": paths.decode_json("cpu"),
+            "scaling_gpu_json": paths.GPU_SCALING_JSON,
+            "arms_latency_json": paths.ARMS_LATENCY_JSON,
             "figures_dir": figures,
         },
     }
@@ -84,7 +91,7 @@ SCALING_PRESET = {"smoke": "tiny", "quick": "tiny", "full": "cpu"}
 
 
 def scaling_json(preset: str) -> str:
-    return f"{results_dir(preset)}/scaling_cpu.json"
+    return paths.scaling_cpu_json(preset)
 
 
 def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callable[[], object]]]:
@@ -93,21 +100,16 @@ def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callabl
     ``python -m rpka report`` runs these first (progress in the terminal), then the
     notebooks, which load what these wrote (and compute it themselves if it is missing).
     """
-    from rpka import scaling
-    from rpka.longctx import run_longctx
-    from rpka.presets import get_longctx_preset
+    primary = STUDY_TRACKS[0]
+
+    def bench_step(name: str) -> tuple[str, Callable[[], object]]:
+        label = "bench" if name == primary else f"bench ({name})"
+        return label, lambda: bench.run_bench(
+            get_preset(preset, name), bench_dir(preset, name), progress=progress
+        )
 
     return [
-        (
-            "bench",
-            lambda: bench.run_bench(get_preset(preset), results_dir(preset), progress=progress),
-        ),
-        (
-            "bench (lm)",
-            lambda: bench.run_bench(
-                get_preset(preset, "lm"), lm_results_dir(preset), progress=progress
-            ),
-        ),
+        *(bench_step(name) for name in STUDY_TRACKS),
         (
             "scaling (CPU)",
             lambda: scaling.run_scaling(
@@ -143,7 +145,7 @@ def train_demo(preset: str, run_dir: str | Path, progress: bool = False) -> dict
             lr,
             [config.eval_seeds[0]],
             "test",
-            str(resolve("data/cache")),
+            str(resolve(paths.DATA_CACHE)),
             {"enable": progress},
         )
         path = resolve(run_dir) / f"{run_id(run_config)}.json"
@@ -160,7 +162,7 @@ def demo_forecasts(
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Context, truth and each run's forecast for ``n_windows`` evenly spaced test windows."""
     config = get_preset(preset)
-    track = get_track(config.track.name, config.track, resolve("data/cache"))
+    track = config.task.load(config.track, resolve(paths.DATA_CACHE))
     idx = np.linspace(0, len(track.test) - 1, n_windows).round().astype(int)
     x, y = track.test.x[idx], track.test.y[idx]
     forecasts = {}
@@ -178,11 +180,11 @@ def bench_config(preset: str) -> BenchConfig:
 
 
 def load_or_run_bench(
-    preset: str, out_dir: str | Path, progress: bool = False, track_name: str = "forecast"
+    preset: str, out_dir: str | Path, progress: bool = False, track_name: str = STUDY_TRACKS[0]
 ) -> dict:
     """``out_dir/bench_report.json`` if it exists (``python -m rpka report`` runs the bench
-    first), else the bench of ``preset`` (on ``track_name``: ``forecast`` or ``lm``, whose
-    folder is :func:`lm_results_dir`) run (or resumed from its run files) now."""
+    first), else the bench of ``preset`` on ``track_name`` (one of ``STUDY_TRACKS``, whose
+    folder is :func:`bench_dir`) run (or resumed from its run files) now."""
     path = resolve(out_dir) / "bench_report.json"
     if path.exists():
         return read_json(path)

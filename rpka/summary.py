@@ -21,14 +21,16 @@ from typing import Any
 
 import pandas as pd
 
-from rpka import narrative, study, tables
+from rpka import narrative, paths, study, tables
 from rpka.io import atomic_write_text
 from rpka.paths import resolve
+from rpka.presets import STUDY_TRACKS
+from rpka.tracks import get_task
 
 BEGIN = "<!-- BEGIN rpka summary (python -m rpka summary --preset full --readme README.md) -->"
 END = "<!-- END rpka summary -->"
-GPU_JSON = "data/results/scaling/gpu_h200.json"
-DECODE_JSON = "data/results/scaling/decode_cpu.json"
+GPU_JSON = paths.GPU_SCALING_JSON
+DECODE_JSON = paths.decode_json("cpu")
 
 
 def _load(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -38,13 +40,14 @@ def _load(path: str | os.PathLike) -> dict[str, Any] | None:
 
 def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
     """Every result file the summary reads (None where a file is missing)."""
-    results = study.results_dir(preset)
+    benches = {
+        name: _load(paths.bench_report(preset, get_task(name).out_dir)) for name in STUDY_TRACKS
+    }
     return {
-        "forecast": _load(f"{results}/bench_report.json"),
-        "lm": _load(f"{results}/lm/bench_report.json"),
-        "mechanism": _load(f"{results}/mechanism.json"),
-        "scaling_cpu": _load(study.scaling_json(preset)),
-        "longctx": _load(f"{results}/longctx.json"),
+        **benches,
+        "mechanism": _load(paths.mechanism_json(preset)),
+        "scaling_cpu": _load(paths.scaling_cpu_json(preset)),
+        "longctx": _load(paths.longctx_json(preset)),
         "decode": _load(DECODE_JSON),
         "scaling_gpu": _load(GPU_JSON),
     }
@@ -98,27 +101,10 @@ def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
     def add(target: str, measured: str, met: bool | None) -> None:
         rows.append((target, measured, _met(met)))
 
-    forecast, lm = results["forecast"], results["lm"]
-    if forecast:
-        le = forecast["learnability"]
-        add(
-            "forecast learnable: exact ≤ 0.6 × better naive, ≤ linear",
-            f"{le['ratio_to_better_naive']:.3f} ×; {le['ratio_to_linear']:.3f} × linear",
-            le["met"],
-        )
-        ratio = forecast["timings"]["step_ratio_vs_baseline"][forecast["primary_arm"]]
-        add(
-            f"{forecast['primary_arm']} training step ≤ 1.5 × exact",
-            f"{ratio:.2f} ×",
-            ratio <= 1.5,
-        )
-    if lm:
-        le = lm["learnability"]
-        add(
-            "lm learnable: exact closes ≥ 50 % of the n-gram-to-floor gap",
-            f"{le['gap_closed']:.0%}",
-            le["met"],
-        )
+    for name in STUDY_TRACKS:  # each track's own targets (Task.summary_targets)
+        if results[name]:
+            for target, measured, met in get_task(name).summary_targets(results[name]):
+                add(target, measured, met)
     mechanism = results["mechanism"]
     if mechanism:
         sig = mechanism["trained"]["mechanism_signature"]
@@ -171,33 +157,35 @@ def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
 def render(preset: str = "full") -> str:
     """The summary block (Markdown) for ``preset``'s committed results."""
     results = load_results(preset)
-    forecast, lm = results["forecast"], results["lm"]
-    if forecast is None:
+    primary, *others = STUDY_TRACKS
+    report = results[primary]
+    if report is None:
         raise FileNotFoundError(
-            f"no {study.results_dir(preset)}/bench_report.json: run "
+            f"no {paths.bench_report(preset, get_task(primary).out_dir)}: run "
             f"`python -m rpka report --preset {preset}` first"
         )
     parts = [
         f"Every number below is read from the committed result files of the `{preset}` "
         f"preset by `python -m rpka summary --preset {preset}`; the report shows the same.",
-        "**Forecast track.** " + narrative.headline(forecast),
-        narrative.control_reading(forecast),
-        narrative.learnability(forecast),
-        arm_table(forecast).to_markdown(index=False),
-        narrative.ablation_choice(forecast),
+        f"**{get_task(primary).title}.** " + narrative.headline(report),
+        narrative.control_reading(report),
+        narrative.learnability(report),
+        arm_table(report).to_markdown(index=False),
+        narrative.ablation_choice(report),
     ]
-    if lm:
-        parts += [
-            "**Language-model track.** " + narrative.headline(lm),
-            narrative.control_reading(lm),
-            narrative.lm_floor_gaps(lm),
-        ]
+    for name in others:  # the other tracks: headline, control and their own notes
+        if results[name]:
+            parts += [
+                f"**{get_task(name).title}.** " + narrative.headline(results[name]),
+                narrative.control_reading(results[name]),
+                narrative.track_notes(results[name]),
+            ]
     if results["mechanism"]:
         parts.append("**Mechanism.** " + study.mechanism_summary(results["mechanism"]))
     if results["scaling_cpu"]:
         parts.append("**Scaling.** " + narrative.scaling_summary(results["scaling_cpu"]))
     parts += [
-        "**Verdicts.**\n\n" + narrative.verdicts(forecast, lm),
+        "**Verdicts.**\n\n" + narrative.verdicts(*(results[name] for name in STUDY_TRACKS)),
         "**Targets.**",
         targets_table(results).to_markdown(index=False),
     ]

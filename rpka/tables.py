@@ -27,18 +27,7 @@ from scipy import stats as scipy_stats
 
 from rpka import stats
 from rpka.plots import save_figure
-
-NAIVE_NAMES = {
-    "mean": "naive: context mean",
-    "last_value": "naive: last value",
-    "seasonal_naive": "naive: seasonal",
-    "linear": "naive: linear (least squares)",
-}
-
-LM_NAMES = {
-    "floor": "floor: exact entropy of the source",
-    "source_optimal": "source-optimal predictor (realised)",
-}
+from rpka.tracks import get_task
 
 # --------------------------------------------------------------------------- bench
 
@@ -73,34 +62,21 @@ def sweep_table(report: Mapping) -> pd.DataFrame:
 def naive_rows(report: Mapping, split: str = "test") -> list[tuple[str, dict[str, float]]]:
     """The track's reference predictors as (label, {metric: value}) on ``split``.
 
-    forecast: the four naive forecasts. lm: the exact floor (a number of the source, the
-    same on every split), the source-optimal predictor's realised loss and the n-gram
-    models - each with ``nll`` (nats) and ``perplexity``.
+    (``Task.naive_rows``: e.g. the four naive forecasts, or track lm's floor and n-gram
+    models).
     """
-    naive = report["naive_baselines"]
-    if report["track"] == "forecast":
-        return [(NAIVE_NAMES.get(k, k), dict(f[split])) for k, f in naive["forecasts"].items()]
-    rows = [(LM_NAMES["floor"], dict(naive["floor"]))]
-    for key, predictor in naive["predictors"].items():
-        if key.startswith("ngram_"):
-            order = int(key.split("_")[1])
-            label = f"n-gram, {order} token{'s' if order > 1 else ''} of context"
-        else:
-            label = LM_NAMES.get(key, key)
-        rows.append((label, dict(predictor[split])))
-    return rows
+    return get_task(report["track"]).naive_rows(report, split)
 
 
 def results_table(report: Mapping, split: str = "test") -> pd.DataFrame:
     """Per arm on the evaluation seeds: mean +- sd, median, IQM, 95 % CI, wins, verdict,
     with the track's reference predictors as extra rows (deterministic: no spread).
 
-    Track lm adds the mean NLL (nats) and the gaps to the exact floor: perplexity - floor
-    perplexity and NLL - floor NLL (nats), for the arms and the reference rows alike.
+    A track may add columns (``Task.extra_columns``; track lm: the mean NLL and the gaps
+    to the exact floor), for the arms and the reference rows alike.
     """
     metric = report["metric"]
-    lm = report["track"] == "lm"
-    floor = report["naive_baselines"]["floor"] if lm else None
+    task = get_task(report["track"])
     rows = []
     for name, entry in report["arms"].items():
         full = entry["full"]
@@ -119,22 +95,12 @@ def results_table(report: Mapping, split: str = "test") -> pd.DataFrame:
             "wins vs exact": wins,
             "verdict": verdict_word(comparison["verdict"]) if comparison else "baseline",
         }
-        if lm:
-            gap = entry["floor_gap"]
-            row |= {
-                "NLL (nats)": gap["nll_mean"],
-                "perplexity - floor": gap["perplexity_gap"],
-                "NLL - floor (nats)": gap["nll_gap"],
-            }
+        means = {m: s["mean"] for m, s in entry["full_by_metric"].items()}
+        row |= task.extra_columns(report, means)
         rows.append(row)
     for label, values in naive_rows(report, split):
         row = {"arm": label, "attention": "-", f"{metric} mean": values[metric]}
-        if lm:
-            row |= {
-                "NLL (nats)": values["nll"],
-                "perplexity - floor": values["perplexity"] - floor["perplexity"],
-                "NLL - floor (nats)": values["nll"] - floor["nll"],
-            }
+        row |= task.extra_columns(report, values)
         rows.append(row)
     frame = pd.DataFrame(rows)
     frame["n"] = frame["n"].astype("Int64")  # a count; the reference rows have none

@@ -2,7 +2,7 @@
 
 A run trains the S seeds of one configuration (arm, learning rate) as one stacked model
 and scores it on a split. The loop is the same for every track; the model, the loss and
-the metrics come from the track's :class:`rpka.tasks.Task` (``forecast``: ``TransformerTiny``,
+the metrics come from the track's :class:`rpka.tracks.base.Task` (``forecast``: ``TransformerTiny``,
 mean squared error, MSE/MAE; ``lm``: the causal ``TransformerLM``, cross-entropy,
 perplexity/NLL). Everything it needs is in ``run_config``
 (JSON-able; see :func:`make_run_config`); everything it finds is in the returned dict. No
@@ -30,10 +30,10 @@ from torch import Tensor, nn
 from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 from rpka.attention import options_of
+from rpka.config import ArmConfig, BenchConfig, TrainConfig
 from rpka.io import atomic_torch_save, config_hash, read_json
-from rpka.presets import TRACK_CONFIGS, ArmConfig, BenchConfig, ModelConfig, TrainConfig
-from rpka.tasks import Task, task_of
-from rpka.tracks import get_track
+from rpka.model import ModelConfig
+from rpka.tracks import Task, get_task
 
 SCORE_SPLITS = ("val", "test")
 # keys of a run configuration that do not change its result (not hashed)
@@ -101,12 +101,9 @@ def _check_run_config(run_config: dict[str, Any]) -> None:
 
 
 def track_config_of(run_config: dict[str, Any]) -> Any:
-    """The track's configuration (``TrackConfig`` or ``LMConfig``) of a run, by its name."""
+    """The track's configuration (its task's ``config_class``) of a run, by its name."""
     track = dict(run_config["track"])
-    name = track.get("name", "forecast")
-    if name not in TRACK_CONFIGS:
-        raise ValueError(f"track.name must be one of {sorted(TRACK_CONFIGS)}, got {name!r}")
-    return TRACK_CONFIGS[name](**track)
+    return get_task(track.get("name")).config_class(**track)
 
 
 def build_model(run_config: dict[str, Any], track_config: Any, device: torch.device) -> nn.Module:
@@ -118,7 +115,7 @@ def build_model(run_config: dict[str, Any], track_config: Any, device: torch.dev
         seed = derive_seed(*run_config["seeds"], STREAM_PIVOTS)
         options["generator"] = torch.Generator(device=device).manual_seed(seed)
     init_seeds = [derive_seed(s, STREAM_INIT) for s in run_config["seeds"]]
-    task = task_of(track_config.name)
+    task = get_task(track_config.name)
     model = task.build_model(
         ModelConfig(**run_config["model"]), track_config, init_seeds, arm.method, options
     )
@@ -207,11 +204,11 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     cpu_start = time.process_time()
     device = torch.device(run_config["device"])
     track_config = track_config_of(run_config)
-    task = task_of(track_config.name)
+    task = get_task(track_config.name)
     train_config = TrainConfig(
         **{**run_config["train"], "betas": tuple(run_config["train"]["betas"])}
     )
-    track = get_track(track_config.name, track_config, run_config.get("data_dir"))
+    track = task.load(track_config, run_config.get("data_dir"))
     splits = {name: task.inputs_targets(track, name) for name in ("train", "val", "test")}
     n_train = len(splits["train"][0])
     seeds = list(run_config["seeds"])

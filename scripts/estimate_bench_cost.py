@@ -31,8 +31,9 @@ import torch
 from rpka.bench import n_swept_rates, seed_groups
 from rpka.io import write_json
 from rpka.mechanism import mechanism_study
-from rpka.presets import PRESETS, TrackConfig, get_preset
+from rpka.presets import PRESETS, get_preset
 from rpka.tracks import get_track
+from rpka.tracks.forecast import TrackConfig
 from rpka.train import build_model, make_run_config, train_run
 
 

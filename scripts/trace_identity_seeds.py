@@ -26,8 +26,7 @@ from rpka.bench import load_trained
 from rpka.io import read_json, write_json
 from rpka.mechanism import MechanismConfig, pivot_points, trace_identity
 from rpka.presets import get_preset
-from rpka.tasks import task_of
-from rpka.tracks import get_track
+from rpka.tracks import get_task, get_track
 
 N_WINDOWS = 4  # the test windows the bench's mechanism study feeds (rpka.bench)
 
@@ -39,7 +38,7 @@ def trained_points(results: Path) -> torch.Tensor:
     model, _ = load_trained(results / "runs" / f"{primary['run_ids'][0]}.json")
     config = get_preset(report["config"]["preset"])
     track = get_track("forecast", config.track, "data/cache")
-    x = task_of("forecast").inputs_targets(track, "test")[0][:N_WINDOWS]
+    x = get_task("forecast").inputs_targets(track, "test")[0][:N_WINDOWS]
     qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
     item = MechanismConfig().identity_item
     return torch.stack(

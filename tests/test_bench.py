@@ -11,9 +11,10 @@ from doc_keys import key_paths
 import rpka.bench as bench
 from rpka import tables
 from rpka.bench import InProcessExecutor, best_learning_rate, run_bench
+from rpka.config import BenchConfig
 from rpka.io import read_json
-from rpka.presets import BenchConfig, get_preset
-from rpka.tracks.lm import MarkovCopySource
+from rpka.presets import get_preset
+from rpka.tracks.lm import LM_NAMES, MarkovCopySource
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bench_report.md"
 SMOKE = get_preset("smoke", train={"epochs": 1})
@@ -159,7 +160,7 @@ def test_lm_report_has_the_floor_and_the_gaps(lm_smoke_report, capsys):
     assert len(list((root / "out" / "runs").glob("*.json"))) == report["timings"]["n_runs"]
     # the results table shows the reference predictors beside the arms, with their gaps
     table = tables.results_table(report).set_index("arm")
-    floor_row = table.loc[tables.LM_NAMES["floor"]]
+    floor_row = table.loc[LM_NAMES["floor"]]
     assert floor_row["perplexity mean"] == pytest.approx(naive["floor"]["perplexity"])
     assert floor_row["perplexity - floor"] == 0
     assert table.loc["exact", "NLL - floor (nats)"] == pytest.approx(

@@ -14,10 +14,12 @@ import torch
 
 from rpka import study
 from rpka.bench import default_out, parse_config
+from rpka.config import BenchConfig
 from rpka.leakage import LeakageConfig, leakage_check
-from rpka.model import TransformerLM
-from rpka.presets import BenchConfig, LMConfig, ModelConfig, get_preset
-from rpka.tasks import task_of
+from rpka.model import ModelConfig, TransformerLM
+from rpka.presets import get_preset
+from rpka.tracks import get_task
+from rpka.tracks.lm import LMConfig
 from rpka.train import evaluate
 
 CFG = ModelConfig(d_model=16, n_layers=2, n_heads=2, d_ff=32, embed_kernel=1, linear_skip=False)
@@ -116,7 +118,7 @@ def test_shorter_inputs_and_bad_inputs():
 
 
 def test_cross_entropy_and_perplexity_match_numpy():
-    task = task_of("lm")
+    task = get_task("lm")
     model = make().eval()
     seqs = tokens(batch=7, n=N + 1, seed=1)
     x, y = seqs[:, :-1], seqs[:, 1:]
@@ -134,7 +136,7 @@ def test_cross_entropy_and_perplexity_match_numpy():
 
 
 def test_forecast_metrics_unchanged_by_the_task_split():
-    task = task_of("forecast")
+    task = get_task("forecast")
     pred, y = torch.randn(2, 5, 3), torch.randn(5, 3)
     sums = task.error_sums(pred, y)
     metrics = task.finish(sums, y.numel())
@@ -142,7 +144,7 @@ def test_forecast_metrics_unchanged_by_the_task_split():
     np.testing.assert_allclose(metrics["mse"].numpy(), (diff**2).mean((1, 2)))
     np.testing.assert_allclose(metrics["mae"].numpy(), np.abs(diff).mean((1, 2)))
     with pytest.raises(ValueError, match="track must be one of"):
-        task_of("recall")
+        get_task("recall")
 
 
 # ----------------------------------------------------------------------------- presets

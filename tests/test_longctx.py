@@ -12,17 +12,11 @@ from doc_keys import key_paths
 
 from rpka import longctx
 from rpka.bench import InProcessExecutor
+from rpka.config import LongContextConfig
 from rpka.io import read_json
-from rpka.model import TransformerTiny
-from rpka.presets import (
-    LONGCTX_PRESETS,
-    LongContextConfig,
-    ModelConfig,
-    TrackConfig,
-    get_longctx_preset,
-    sized_track,
-)
-from rpka.tracks.forecast import split_bounds, window_starts
+from rpka.model import ModelConfig, TransformerTiny
+from rpka.presets import LONGCTX_PRESETS, get_longctx_preset
+from rpka.tracks.forecast import TrackConfig, sized_track, split_bounds, window_starts
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "longctx.md"
 SMOKE = get_longctx_preset("smoke")

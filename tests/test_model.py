@@ -5,8 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from rpka.attention import REGISTRY, options_of
-from rpka.model import Block, EnsembleLinear, TransformerTiny
-from rpka.presets import ModelConfig
+from rpka.model import Block, EnsembleLinear, ModelConfig, TransformerTiny
 
 CFG = ModelConfig(d_model=16, n_layers=2, n_heads=2, d_ff=32, embed_kernel=3)
 L, H = 24, 6

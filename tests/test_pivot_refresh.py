@@ -5,8 +5,7 @@ import torch
 
 from rpka.attention import build
 from rpka.attention.rpka import gather_points, new_batch, nystrom_softmax, share_pivot_cache
-from rpka.model import TransformerTiny
-from rpka.presets import ModelConfig
+from rpka.model import ModelConfig, TransformerTiny
 
 
 def qkv(seed=0, b=2, h=2, n=40, d=8):

@@ -15,12 +15,12 @@ matplotlib.use("Agg")
 from rpka import plots, scaling, tables  # noqa: E402
 from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
 from rpka.attention import REGISTRY, options_of  # noqa: E402
+from rpka.config import BenchConfig  # noqa: E402
 from rpka.mechanism import method_output_errors  # noqa: E402
 from rpka.presets import (  # noqa: E402
     ABLATION_RANK,
     PEERS,
     PRESETS,
-    BenchConfig,
     get_preset,
 )
 from rpka.train import make_run_config, train_run  # noqa: E402

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from rpka.presets import TrackConfig
 from rpka.tracks import forecast as fc
-from rpka.tracks import get_track, load_forecast, naive_baselines
+from rpka.tracks import get_track
+from rpka.tracks.baselines import naive_baselines
 from rpka.tracks.cache import cache_path
+from rpka.tracks.forecast import TrackConfig, load_forecast
 
 SMALL = TrackConfig(n_series=3, series_length=400, context=32, horizon=8, stride=4)
 
@@ -121,7 +122,7 @@ def test_linear_beats_mean_on_this_track(tmp_path):
 
 def test_get_track_registry_and_bad_config(tmp_path):
     assert isinstance(get_track("forecast", SMALL, tmp_path), fc.Track)
-    with pytest.raises(ValueError, match="unknown track"):
+    with pytest.raises(ValueError, match="track must be one of"):
         get_track("nope", SMALL, tmp_path)
     with pytest.raises(ValueError, match="track.context"):
         load_forecast(TrackConfig(context=4), tmp_path)

@@ -1,41 +1,35 @@
-"""Tracks (data sets) by name: ``get_track(name, config, data_dir)``.
+"""The tracks, by name: ``TRACKS`` is the one registry (see ``rpka.tracks.base.Task``).
 
-Each entry of ``TRACKS`` maps a name to a loader ``(config, data_dir) -> track``; adding a
-track is one entry here and one module beside this file.
+Adding a track is one module beside this file (its config class, data and ``Task``) and
+one line in ``TRACKS``. ``get_task(name)`` returns a track's task, ``get_track(name,
+config, data_dir)`` its data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rpka.tracks.baselines import NAIVE_FORECASTS, naive_baselines
-from rpka.tracks.forecast import SPLITS, Split, Track, load_forecast
-from rpka.tracks.lm import LMTrack, load_lm
+from rpka.tracks.base import Task
+from rpka.tracks.forecast import ForecastTask
+from rpka.tracks.lm import LMTask
 
-TRACKS: dict[str, Callable[..., Any]] = {
-    "forecast": load_forecast,
-    "lm": load_lm,
+TRACKS: dict[str, Task] = {
+    "forecast": ForecastTask(),
+    "lm": LMTask(),
 }
 
 
-def get_track(name: str, config: Any, data_dir: str | Path | None = None) -> Any:
-    """Load (or generate and cache) the track ``name`` for ``config``."""
+def get_task(name: str) -> Task:
+    """The :class:`Task` of the track named ``name``."""
     if name not in TRACKS:
-        raise ValueError(f"unknown track {name!r}; valid: {sorted(TRACKS)}")
-    return TRACKS[name](config, data_dir)
+        raise ValueError(f"track must be one of {sorted(TRACKS)}, got {name!r}")
+    return TRACKS[name]
 
 
-__all__ = [
-    "NAIVE_FORECASTS",
-    "SPLITS",
-    "TRACKS",
-    "LMTrack",
-    "Split",
-    "Track",
-    "get_track",
-    "load_forecast",
-    "load_lm",
-    "naive_baselines",
-]
+def get_track(name: str, config: Any, data_dir: str | Path | None = None) -> Any:
+    """Load (or generate and cache) the data of track ``name`` for ``config``."""
+    return get_task(name).load(config, data_dir)
+
+
+__all__ = ["TRACKS", "Task", "get_task", "get_track"]

@@ -1,4 +1,5 @@
-"""The ``forecast`` track: seeded synthetic series, windowed and split (DESIGN.md section 4).
+"""The ``forecast`` track: its config, seeded synthetic series windowed and split, and its
+:class:`ForecastTask` (docs/design.md, "Tracks").
 
 Each of ``n_series`` independent series is a sum of four parts (time t in steps, regime
 r(t) piecewise constant with geometric lengths):
@@ -28,15 +29,190 @@ standard deviation (targets too), so a model never sees the future's statistics.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from rpka.presets import TrackConfig
+from rpka.checks import is_int, is_number, require
+from rpka.model import TransformerTiny
+from rpka.tracks.base import Task
+from rpka.tracks.baselines import naive_baselines
 from rpka.tracks.cache import cached_arrays
+
+
+@dataclass(frozen=True)
+class TrackConfig:
+    """A forecasting track: the synthetic series, its windows and its splits.
+
+    The generator (``rpka.tracks.forecast``) draws ``n_series`` independent univariate
+    series of ``series_length`` steps; windows of ``context`` inputs and ``horizon``
+    targets start every ``stride`` steps; each series is cut chronologically into train /
+    validation / test segments and no window straddles two of them. (Several short series
+    rather than one long one: every split then holds many regimes.)
+
+    Generator parameters (all in units of the series' own scale, time in steps):
+        season_period: the dominant (daily-like) period, used by the seasonal-naive
+            forecast.
+        season_harmonics: harmonics of ``season_period`` in its (fixed) waveform.
+        weekly_period: a slow period that multiplies the daily amplitude (multiplicative
+            seasonality).
+        weekly_depth: depth of that modulation in [0, 1).
+        regime_mean_length: mean length of a regime (geometric), in steps.
+        regime_period_min, regime_period_max: each regime draws the period of its own
+            oscillation uniformly from this range (a continuum, so no fixed linear filter
+            extrapolates every regime - the nonlinear part of the task).
+        regime_amplitude: scale of that oscillation's amplitude.
+        noise_scale, noise_ar: innovation scale and lag-one coefficient of the AR(1) noise.
+        seasonless_fraction: share of regimes without the daily season (only the regime's
+            own oscillation, trend and noise). Which kind of regime a context shows is a
+            nonlinear feature of it: the best forecast switches between two spectra, while
+            a linear forecast has one filter for both.
+        jump_scale: standard deviation of the level jump at a regime change.
+        trend_scale, trend_ar: innovation scale and lag-one coefficient of the trend's slope
+            (an AR(1) process, integrated into the level).
+    """
+
+    name: str = "forecast"
+    n_series: int = 34
+    series_length: int = 1_000
+    stride: int = 8
+    context: int = 96
+    horizon: int = 24
+    val_fraction: float = 0.2
+    test_fraction: float = 0.2
+    seed: int = 0
+    season_period: int = 24
+    season_harmonics: int = 3
+    weekly_period: int = 168
+    weekly_depth: float = 0.5
+    regime_mean_length: int = 400
+    regime_period_min: float = 12.0
+    regime_period_max: float = 40.0
+    regime_amplitude: float = 1.5
+    noise_scale: float = 0.15
+    noise_ar: float = 0.5
+    seasonless_fraction: float = 0.4
+    jump_scale: float = 0.1
+    trend_scale: float = 0.0001
+    trend_ar: float = 0.998
+
+    @property
+    def attention_tokens(self) -> int:
+        """Tokens one attention call sees: one per context step."""
+        return self.context
+
+    def validate(self) -> None:
+        require(self.name == "forecast", "track.name", "'forecast'", self.name)
+        require(
+            is_int(self.n_series) and self.n_series >= 1, "track.n_series", ">= 1", self.n_series
+        )
+        require(is_int(self.context) and self.context >= 8, "track.context", ">= 8", self.context)
+        require(is_int(self.horizon) and self.horizon >= 1, "track.horizon", ">= 1", self.horizon)
+        require(is_int(self.stride) and self.stride >= 1, "track.stride", ">= 1", self.stride)
+        for name in ("val_fraction", "test_fraction"):
+            value = getattr(self, name)
+            require(is_number(value) and 0 < value < 0.5, f"track.{name}", "in (0, 0.5)", value)
+        require(is_int(self.seed) and self.seed >= 0, "track.seed", "an integer >= 0", self.seed)
+        window = self.context + self.horizon
+        shortest = self.series_length * min(self.val_fraction, self.test_fraction)
+        require(
+            is_int(self.series_length) and shortest >= window,
+            "track.series_length",
+            f"long enough that the smallest split holds one window ({window} steps)",
+            self.series_length,
+        )
+        require(
+            is_int(self.season_period) and 2 <= self.season_period <= self.context,
+            "track.season_period",
+            f"an integer in [2, context={self.context}]",
+            self.season_period,
+        )
+        require(
+            is_int(self.season_harmonics) and self.season_harmonics >= 1,
+            "track.season_harmonics",
+            ">= 1",
+            self.season_harmonics,
+        )
+        require(
+            is_int(self.weekly_period) and self.weekly_period >= 2,
+            "track.weekly_period",
+            ">= 2",
+            self.weekly_period,
+        )
+        require(
+            is_number(self.weekly_depth) and 0 <= self.weekly_depth < 1,
+            "track.weekly_depth",
+            "in [0, 1)",
+            self.weekly_depth,
+        )
+        require(
+            is_int(self.regime_mean_length) and self.regime_mean_length >= 1,
+            "track.regime_mean_length",
+            ">= 1",
+            self.regime_mean_length,
+        )
+        require(
+            is_number(self.regime_period_min)
+            and is_number(self.regime_period_max)
+            and 2 <= self.regime_period_min <= self.regime_period_max,
+            "track.regime_period_min/max",
+            "2 <= min <= max",
+            (self.regime_period_min, self.regime_period_max),
+        )
+        for name in (
+            "regime_amplitude",
+            "noise_scale",
+            "jump_scale",
+            "trend_scale",
+        ):
+            value = getattr(self, name)
+            require(is_number(value) and value >= 0, f"track.{name}", ">= 0", value)
+        for name in ("noise_ar", "trend_ar"):
+            value = getattr(self, name)
+            require(is_number(value) and -1 < value < 1, f"track.{name}", "in (-1, 1)", value)
+        require(
+            is_number(self.seasonless_fraction) and 0 <= self.seasonless_fraction <= 1,
+            "track.seasonless_fraction",
+            "in [0, 1]",
+            self.seasonless_fraction,
+        )
+
+
+
+def sized_track(
+    track: TrackConfig, context: int, train_windows: int, eval_windows: int
+) -> TrackConfig:
+    """``track`` at ``context``, its series just long enough for the windows asked for.
+
+    Every series holds exactly ``train_windows`` training windows and ``eval_windows``
+    windows in each of validation and test (one every ``track.stride`` steps), whatever
+    the context: a split of ``w + (k - 1) * stride`` steps holds k windows of
+    ``w = context + horizon`` steps, and the series is the three splits end to end.
+    """
+    for name, value in (("train_windows", train_windows), ("eval_windows", eval_windows)):
+        require(is_int(value) and value >= 1, name, ">= 1", value)
+    require(is_int(context) and context >= 8, "context", ">= 8", context)
+    window = context + track.horizon
+    train_steps = window + (train_windows - 1) * track.stride
+    eval_steps = window + (eval_windows - 1) * track.stride
+    length = train_steps + 2 * eval_steps
+    # split_bounds rounds length * fraction back to eval_steps exactly (the error is ~1e-12)
+    fraction = eval_steps / length
+    return dataclasses.replace(
+        track,
+        context=context,
+        series_length=length,
+        val_fraction=fraction,
+        test_fraction=fraction,
+    )
+
+
 
 SPLITS = ("train", "val", "test")
 # a context whose standard deviation is below this is flat: divide by this instead
@@ -224,3 +400,151 @@ def load_forecast(
         val=split("val"),
         test=split("test"),
     )
+
+
+# ----------------------------------------------------------------------------- the task
+
+# learnability bar (issue 3): exact attention's mean test MSE must be at most this times
+# the better of the mean and last-value forecasts, and no worse than the linear forecast
+LEARNABILITY_RATIO = 0.6
+NAIVE_NAMES = {
+    "mean": "naive: context mean",
+    "last_value": "naive: last value",
+    "seasonal_naive": "naive: seasonal",
+    "linear": "naive: linear (least squares)",
+}
+
+
+class ForecastTask(Task):
+    """``TransformerTiny`` maps a standardised context (S, B, L) to a horizon (S, B, H);
+    loss = mean squared error; metrics MSE and MAE; the naive forecasts of
+    ``rpka.tracks.baselines``; learnability = beating them by a margin.
+
+    A forecast-like track with another generator subclasses this and overrides
+    ``name``, ``config_class`` and :meth:`load` (a wider input window per token is the
+    model's ``embed_kernel``; another embedding overrides :meth:`build_model`)."""
+
+    name = "forecast"
+    config_class = TrackConfig
+    metrics = ("mse", "mae")
+    loss_label = "MSE (standardised units)"
+    title = "Forecast track"
+
+    def load(self, config: TrackConfig, data_dir: str | Path | None = None) -> Track:
+        return load_forecast(config, data_dir)
+
+    def build_model(self, model, track: TrackConfig, seeds, method, options) -> nn.Module:
+        return TransformerTiny(model, track.context, track.horizon, seeds, method, options)
+
+    def inputs_targets(self, track: Track, split: str) -> tuple[Tensor, Tensor]:
+        data = track.split(split)
+        return data.x, data.y
+
+    def loss(self, pred: Tensor, y: Tensor) -> Tensor:
+        return (pred - y).pow(2).mean((1, 2))
+
+    def error_sums(self, pred: Tensor, y: Tensor) -> dict[str, Tensor]:
+        diff = (pred - y).double()
+        return {"mse": diff.pow(2).sum((1, 2)), "mae": diff.abs().sum((1, 2))}
+
+    def finish(self, sums: dict[str, Tensor], count: int) -> dict[str, Tensor]:
+        return {"mse": sums["mse"] / count, "mae": sums["mae"] / count}
+
+    def naive_baselines(self, track: Track) -> dict[str, Any]:
+        return naive_baselines(track)
+
+    def naive_rows(self, report: Mapping, split: str) -> list[tuple[str, dict[str, float]]]:
+        forecasts = report["naive_baselines"]["forecasts"]
+        return [(NAIVE_NAMES.get(k, k), dict(f[split])) for k, f in forecasts.items()]
+
+    def reference_lines(self, report: Mapping, split: str) -> list[tuple[str, float, str]]:
+        """The mean and linear forecasts."""
+        metric, naive = report["metric"], report["naive_baselines"]
+        return [
+            (f"naive {key} ({split})", naive["forecasts"][key][split][metric], ls)
+            for key, ls in (("mean", ":"), ("linear", "--"))
+        ]
+
+    def learnability(self, baseline: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
+        return forecast_learnability(baseline["full_by_metric"]["mse"]["mean"], naive)
+
+    def learnability_text(self, report: Mapping) -> str:
+        le = report["learnability"]
+        met = "met" if le["met"] else "**not met**"
+        return (
+            f"Exact attention's test MSE {le['baseline_test_mse']:.4f} is "
+            f"{le['ratio_to_better_naive']:.2f} × the better of the mean and last-value "
+            f"forecasts (required ≤ {le['ratio_required']}) and {le['ratio_to_linear']:.3f} × "
+            f"the least-squares linear forecast ({le['linear_mse']:.4f}; required ≤ 1): the "
+            f"learnability bar is {met}."
+        )
+
+    def data_summary(self, track: Track) -> dict[str, Any]:
+        return {
+            "n_train_windows": len(track.train),
+            "n_val_windows": len(track.val),
+            "n_test_windows": len(track.test),
+            "context": track.config.context,
+            "horizon": track.config.horizon,
+        }
+
+    def metric_label(self, metric: str) -> str:
+        return f"{metric.upper()} (standardised units)"
+
+    def metric_short(self, metric: str) -> str:
+        return metric.upper()
+
+    def setup_text(self, report: Mapping, protocol: str) -> str:
+        data, model, train = report["data"], report["config"]["model"], report["config"]["train"]
+        return (
+            f"**Track `{report['track']}`.** Synthetic univariate series from a seeded "
+            f"generator (daily season with multiplicative weekly modulation, regimes with "
+            f"their own oscillations, level jumps, AR(1) noise and trend). Windows of context "
+            f"{data['context']} and horizon {data['horizon']}, each standardised by its own "
+            f"context: {data['n_train_windows']} training, {data['n_val_windows']} validation "
+            f"and {data['n_test_windows']} test windows, split chronologically.\n\n"
+            f"**Model `{report['model']}`.** {model['n_layers']} pre-norm encoder layers, "
+            f"d_model {model['d_model']}, {model['n_heads']} heads, one token per time step "
+            f"(attention sees {data['context']} tokens), a linear context-to-horizon skip. "
+            f"Adam, {train['epochs']} epochs, batch {train['batch_size']}, "
+            f"{train['lr_schedule']} schedule.\n\n" + protocol
+        )
+
+    def summary_targets(self, report: Mapping) -> list[tuple[str, str, bool | None]]:
+        le = report["learnability"]
+        ratio = report["timings"]["step_ratio_vs_baseline"][report["primary_arm"]]
+        return [
+            (
+                "forecast learnable: exact ≤ 0.6 × better naive, ≤ linear",
+                f"{le['ratio_to_better_naive']:.3f} ×; {le['ratio_to_linear']:.3f} × linear",
+                le["met"],
+            ),
+            (
+                f"{report['primary_arm']} training step ≤ 1.5 × exact",
+                f"{ratio:.2f} ×",
+                ratio <= 1.5,
+            ),
+        ]
+
+
+def forecast_learnability(baseline_mean: float, naive: dict[str, Any]) -> dict[str, Any]:
+    """The issue's bar: exact <= 0.6 x min(mean, last value) and <= linear (test MSE)."""
+    test = {name: f["test"]["mse"] for name, f in naive["forecasts"].items()}
+    better_naive = min(test["mean"], test["last_value"])
+    threshold = LEARNABILITY_RATIO * better_naive
+    meets_ratio = bool(baseline_mean <= threshold)
+    meets_linear = bool(baseline_mean <= test["linear"])
+    return {
+        "baseline_test_mse": baseline_mean,
+        "mean_forecast_mse": test["mean"],
+        "last_value_mse": test["last_value"],
+        "seasonal_naive_mse": test["seasonal_naive"],
+        "linear_mse": test["linear"],
+        "ratio_required": LEARNABILITY_RATIO,
+        "threshold": threshold,
+        "ratio_to_better_naive": baseline_mean / better_naive,
+        "ratio_to_linear": baseline_mean / test["linear"],
+        "meets_ratio": meets_ratio,
+        "meets_linear": meets_linear,
+        "met": meets_ratio and meets_linear,
+    }

@@ -1,8 +1,9 @@
-"""Track ``lm``: text from a seeded Markov source with copies, whose entropy is known exactly.
+"""Track ``lm``: text from a seeded Markov source with copies, whose entropy is known exactly;
+its config and its :class:`LMTask` (docs/design.md, "Tracks"; issue 7).
 
-DESIGN.md section 4 (``lm``), issue 7. A language model's perplexity has a floor: the
-entropy rate of the source. Here it is computed exactly, so every arm's perplexity can be
-reported next to the floor and the gap read off.
+A language model's perplexity has a floor: the entropy rate of the source. Here it is
+computed exactly, so every arm's perplexity can be reported next to the floor and the gap
+read off.
 
 **The source** ("Markov text with copies"). Tokens ``0 .. V-1`` are content, ``V .. V+K-1``
 are K copy markers, marker ``m`` with its own lag ``D_m``. Every position is in one of two
@@ -40,15 +41,105 @@ have fewer markers available). Perplexity floor: ``exp(floor)``.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.linalg
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from rpka.presets import LMConfig  # the one source of truth for configurations
+from rpka.attention import build
+from rpka.checks import is_int, is_number, require
+from rpka.model import TransformerLM
+from rpka.tracks.base import Task
 from rpka.tracks.cache import cached_arrays
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """Track ``lm``: the seeded Markov-copy source and its splits (``rpka.tracks.lm``).
+
+    Tokens ``0 .. vocab_size-1`` are content, then one copy marker per lag in ``lags``:
+    after marker m the next ``copy_length`` tokens repeat the token ``lags[m]`` positions
+    back. Fresh positions draw a marker with probability ``marker_prob``, else content from
+    an ``order``-th order Markov chain whose rows are permutations of one Dirichlet
+    (``concentration``) distribution - so the entropy rate, hence the perplexity floor, is
+    exact. ``n_train`` / ``n_val`` / ``n_test`` sequences of ``seq_len`` tokens each; a
+    model reads tokens 0..L-2 and predicts 1..L-1, so attention sees ``seq_len - 1`` tokens.
+    """
+
+    vocab_size: int = 48  # content tokens V (markers come on top)
+    lags: tuple[int, ...] = (16, 32, 64, 128)  # one copy marker per lag
+    copy_length: int = 8  # s
+    marker_prob: float = 0.05  # p
+    order: int = 1  # context length of the content Markov chain
+    concentration: float = 0.3  # Dirichlet concentration of the base distribution b
+    seq_len: int = 256
+    n_train: int = 2048
+    n_val: int = 256
+    n_test: int = 256
+    seed: int = 0
+    name: str = field(default="lm", repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lags, list):  # e.g. from JSON: store the hashable form
+            object.__setattr__(self, "lags", tuple(self.lags))
+
+    @property
+    def n_tokens(self) -> int:
+        """Vocabulary size of a model: content tokens plus markers."""
+        return self.vocab_size + len(self.lags)
+
+    @property
+    def attention_tokens(self) -> int:
+        """Tokens one attention call sees: inputs 0..L-2 predict 1..L-1."""
+        return self.seq_len - 1
+
+    def validate(self) -> None:
+        def at_least(name: str, low: int) -> None:
+            value = getattr(self, name)
+            require(
+                is_int(value) and value >= low, f"track.{name}", f"an integer >= {low}", value
+            )
+
+        require(self.name == "lm", "track.name", "'lm'", self.name)
+        at_least("vocab_size", 2)
+        at_least("copy_length", 1)
+        at_least("seq_len", 2)
+        for name in ("n_train", "n_val", "n_test"):
+            at_least(name, 1)
+        at_least("seed", 0)
+        require(
+            is_int(self.order) and 1 <= self.order <= 3, "track.order", "1, 2 or 3", self.order
+        )
+        require(
+            isinstance(self.lags, tuple) and len(self.lags) >= 1,
+            "track.lags",
+            "a non-empty tuple of integers",
+            self.lags,
+        )
+        for lag in self.lags:
+            require(is_int(lag) and lag >= 1, "track.lags: each lag", "an integer >= 1", lag)
+        require(
+            is_number(self.marker_prob) and 0.0 <= self.marker_prob < 1.0,
+            "track.marker_prob",
+            "in [0, 1)",
+            self.marker_prob,
+        )
+        require(
+            is_number(self.concentration) and self.concentration > 0,
+            "track.concentration",
+            "> 0",
+            self.concentration,
+        )
+
+
 
 SPLITS = ("train", "val", "test")
 MODES = {"init": 0, "fresh": 1, "copy": 2}
@@ -298,3 +389,275 @@ def ngram_baseline_nats(
     probs = counts / counts.sum(1, keepdims=True)
     ctx, nxt = contexts(test)
     return float(-np.log(probs[ctx, nxt]).mean())
+
+
+# ----------------------------------------------------------------------------- the task
+
+# learnability bar: exact attention must close at least this fraction of the gap between
+# the best n-gram model and the exact floor (test NLL, nats)
+LM_GAP_CLOSED_REQUIRED = 0.5
+# n-gram baselines: context lengths (an order-k model conditions on k tokens)
+NGRAM_ORDERS = (1, 2)
+LM_NAMES = {
+    "floor": "floor: exact entropy of the source",
+    "source_optimal": "source-optimal predictor (realised)",
+}
+
+
+class LMTask(Task):
+    """The causal decoder ``TransformerLM`` reads tokens 0..L-2 and predicts 1..L-1.
+
+    Loss = cross-entropy (nats); metrics the mean negative log-likelihood per predicted
+    token ``NLL = -(1/N) sum log p(x_t | x_<t)`` and the perplexity ``exp(NLL)``, per member
+    over the whole split (so the perplexity of a split is that of its pooled tokens, not a
+    mean of per-sequence perplexities); baselines the exact floor, the source-optimal
+    predictor and n-gram models; learnability = exact attention closing at least half of
+    the gap between the best n-gram model and the floor.
+    """
+
+    name = "lm"
+    config_class = LMConfig
+    metrics = ("perplexity", "nll")
+    causal = True
+    sample_unit = "sequences"
+    loss_label = "cross-entropy (nats/token)"
+    out_dir = "lm"
+    title = "Language-model track"
+
+    def load(self, config: LMConfig, data_dir: str | Path | None = None) -> LMTrack:
+        return load_lm(config, data_dir)
+
+    def build_model(self, model, track: LMConfig, seeds, method, options) -> nn.Module:
+        return TransformerLM(model, track.n_tokens, track.attention_tokens, seeds, method, options)
+
+    def validate_bench(self, bench: Any) -> None:
+        """A causal decoder: token embedding of width 1, no skip, causal attention."""
+        require(
+            bench.model.embed_kernel == 1 and not bench.model.linear_skip,
+            "model (track lm)",
+            "embed_kernel=1 and linear_skip=False (a token embeds itself; no horizon skip)",
+            (bench.model.embed_kernel, bench.model.linear_skip),
+        )
+        for arm in bench.arms:
+            try:
+                build(arm.method, causal=True, **arm.options)
+            except ValueError as err:
+                raise ValueError(f"arm {arm.name!r} cannot run on track lm: {err}") from None
+
+    def inputs_targets(self, track: LMTrack, split: str) -> tuple[Tensor, Tensor]:
+        tokens = torch.from_numpy(track.split(split)).long()
+        return tokens[:, :-1], tokens[:, 1:]  # inputs 0..L-2 predict 1..L-1
+
+    @staticmethod
+    def token_nll(logits: Tensor, y: Tensor) -> Tensor:
+        """-log p(y) per token: logits (S, B, n, V), y (S or 1, B, n) -> (S, B, n)."""
+        targets = y.expand(logits.shape[:-1])
+        flat = F.cross_entropy(logits.flatten(0, 2), targets.flatten(), reduction="none")
+        return flat.view(targets.shape)
+
+    def loss(self, pred: Tensor, y: Tensor) -> Tensor:
+        return self.token_nll(pred, y).mean((1, 2))  # cross-entropy per member (nats)
+
+    def error_sums(self, pred: Tensor, y: Tensor) -> dict[str, Tensor]:
+        return {"nll": self.token_nll(pred.double(), y.unsqueeze(0)).sum((1, 2))}
+
+    def finish(self, sums: dict[str, Tensor], count: int) -> dict[str, Tensor]:
+        nll = sums["nll"] / count
+        return {"perplexity": nll.exp(), "nll": nll}
+
+    def naive_baselines(self, track: LMTrack) -> dict[str, Any]:
+        return lm_baselines(track)
+
+    def naive_rows(self, report: Mapping, split: str) -> list[tuple[str, dict[str, float]]]:
+        """The exact floor (a number of the source, the same on every split), the
+        source-optimal predictor's realised loss and the n-gram models."""
+        naive = report["naive_baselines"]
+        rows = [(LM_NAMES["floor"], dict(naive["floor"]))]
+        for key, predictor in naive["predictors"].items():
+            if key.startswith("ngram_"):
+                order = int(key.split("_")[1])
+                label = f"n-gram, {order} token{'s' if order > 1 else ''} of context"
+            else:
+                label = LM_NAMES.get(key, key)
+            rows.append((label, dict(predictor[split])))
+        return rows
+
+    def reference_lines(self, report: Mapping, split: str) -> list[tuple[str, float, str]]:
+        """The exact floor and the bigram model."""
+        metric, naive = report["metric"], report["naive_baselines"]
+        return [
+            ("exact floor", naive["floor"][metric], ":"),
+            ("n-gram, 1 token", naive["predictors"]["ngram_1"][split][metric], "--"),
+        ]
+
+    def learnability(self, baseline: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
+        return lm_learnability(baseline["full_by_metric"]["nll"]["mean"], naive)
+
+    def learnability_text(self, report: Mapping) -> str:
+        le = report["learnability"]
+        met = "met" if le["met"] else "**not met**"
+        return (
+            f"Exact attention's test perplexity {le['baseline_test_perplexity']:.3f} "
+            f"(NLL {le['baseline_test_nll']:.4f} nats) against the best n-gram model "
+            f"(`{le['best_ngram']}`) {le['best_ngram_perplexity']:.3f} "
+            f"({le['best_ngram_nll']:.4f} nats) and the exact floor "
+            f"{le['floor_perplexity']:.3f} ({le['floor_nll']:.4f} nats): it closes "
+            f"{le['gap_closed']:.0%} of the gap between the n-gram model and the floor "
+            f"(required ≥ {le['gap_closed_required']:.0%}): the learnability bar is {met}."
+        )
+
+    def data_summary(self, track: LMTrack) -> dict[str, Any]:
+        config = track.config
+        return {
+            "n_train_sequences": len(track.train),
+            "n_val_sequences": len(track.val),
+            "n_test_sequences": len(track.test),
+            "seq_len": config.seq_len,
+            "attention_tokens": config.attention_tokens,
+            "n_tokens": config.n_tokens,
+            "copy_lags": list(config.lags),
+            "tokens_per_split": {
+                s: int(track.split(s).shape[0] * config.attention_tokens)
+                for s in ("train", "val", "test")
+            },
+        }
+
+    def arm_extras(self, entry: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
+        return {"floor_gap": floor_gap(entry, naive)}
+
+    def extra_columns(self, report: Mapping, values: Mapping[str, float]) -> dict[str, Any]:
+        """The mean NLL (nats) and the gaps to the exact floor."""
+        floor = report["naive_baselines"]["floor"]
+        return {
+            "NLL (nats)": values["nll"],
+            "perplexity - floor": values["perplexity"] - floor["perplexity"],
+            "NLL - floor (nats)": values["nll"] - floor["nll"],
+        }
+
+    def metric_label(self, metric: str) -> str:
+        return "NLL (nats/token)" if metric == "nll" else metric
+
+    def setup_text(self, report: Mapping, protocol: str) -> str:
+        cfg, data = report["config"], report["data"]
+        track, model, train = cfg["track"], cfg["model"], cfg["train"]
+        return (
+            f"**Track `lm`.** Token sequences from a seeded Markov source with copies: "
+            f"{track['vocab_size']} content tokens from an order-{track['order']} Markov chain, "
+            f"and copy markers (lags {data['copy_lags']}) after which the next "
+            f"{track['copy_length']} tokens repeat the token that many positions back. Its "
+            f"entropy is exact, so perplexity has a known floor. {data['n_train_sequences']} "
+            f"training, {data['n_val_sequences']} validation and {data['n_test_sequences']} "
+            f"test sequences of {data['seq_len']} tokens ({data['n_tokens']} token types).\n\n"
+            f"**Model `{report['model']}` in causal mode.** A decoder of {model['n_layers']} "
+            f"pre-norm causal layers, d_model {model['d_model']}, {model['n_heads']} heads, "
+            f"learned positions, output head tied to the token embedding; it reads tokens "
+            f"0..{data['seq_len'] - 2} and predicts 1..{data['seq_len'] - 1} (attention sees "
+            f"{data['attention_tokens']} tokens). Cross-entropy, Adam, {train['epochs']} "
+            f"epochs, batch {train['batch_size']}, {train['lr_schedule']} schedule.\n\n" + protocol
+        )
+
+    def result_notes(self, report: Mapping) -> str:
+        """Track lm: every arm's test perplexity next to the exact floor, and the gaps."""
+        floor = report["naive_baselines"]["floor"]
+        rate = report["naive_baselines"]["entropy_rate"]
+        parts = [
+            f"`{arm}` {e['floor_gap']['perplexity_mean']:.3f} "
+            f"(+{e['floor_gap']['perplexity_gap']:.3f}; NLL +{e['floor_gap']['nll_gap']:.4f} nats)"
+            for arm, e in report["arms"].items()
+        ]
+        return (
+            f"The source's exact perplexity floor for these sequences is {floor['perplexity']:.3f} "
+            f"({floor['nll']:.4f} nats/token; stationary entropy rate {rate['nll']:.4f} nats, "
+            f"perplexity {rate['perplexity']:.3f}). Mean test perplexity over "
+            f"{report['n_seeds']} seeds, with the gap to the floor: " + "; ".join(parts) + "."
+        )
+
+    def summary_targets(self, report: Mapping) -> list[tuple[str, str, bool | None]]:
+        le = report["learnability"]
+        return [
+            (
+                "lm learnable: exact closes ≥ 50 % of the n-gram-to-floor gap",
+                f"{le['gap_closed']:.0%}",
+                le["met"],
+            )
+        ]
+
+
+def source_optimal_nats(track: LMTrack, split: str) -> float:
+    """Realised mean loss of the Bayes-optimal predictor (the source itself) on a split."""
+    return float(-MarkovCopySource(track.config).log_probs(track.split(split))[:, 1:].mean())
+
+
+def _nats(value: float) -> dict[str, float]:
+    return {"nll": value, "perplexity": math.exp(value)}
+
+
+def lm_baselines(track: LMTrack, splits: tuple[str, ...] = ("val", "test")) -> dict[str, Any]:
+    """The floor and the reference predictors of track ``lm``, in nats and perplexity.
+
+    ``floor``: the exact expected loss of the best predictor of tokens 1..L-1 (the
+    perplexity floor ``exp(floor)``); ``entropy_rate``: the stationary rate it tends to.
+    ``predictors``: ``source_optimal`` (the source's own conditional probabilities on the
+    split: the floor's realised value) and ``ngram_<k>`` (add-one-smoothed n-gram models
+    with k tokens of context, fit on train; without long context they cannot copy). The
+    n-gram losses average positions k..L-1; every other number positions 1..L-1.
+    """
+    n_tokens = track.config.n_tokens
+    predictors: dict[str, dict[str, dict[str, float]]] = {
+        "source_optimal": {s: _nats(source_optimal_nats(track, s)) for s in splits}
+    }
+    for order in NGRAM_ORDERS:
+        predictors[f"ngram_{order}"] = {
+            s: _nats(ngram_baseline_nats(track.train, track.split(s), n_tokens, order))
+            for s in splits
+        }
+    return {
+        "floor": _nats(track.floor_nats),
+        "entropy_rate": _nats(track.entropy_rate_nats),
+        "ngram_orders": list(NGRAM_ORDERS),
+        "predictors": predictors,
+    }
+
+
+def lm_learnability(baseline_nll: float, naive: dict[str, Any]) -> dict[str, Any]:
+    """Exact attention against the best n-gram model and the floor (test NLL, nats).
+
+    ``gap_closed = (ngram - baseline) / (ngram - floor)``: 0 = no better than an n-gram
+    model, 1 = at the floor. The bar: at least ``LM_GAP_CLOSED_REQUIRED``.
+    """
+    ngrams = {k: v["test"]["nll"] for k, v in naive["predictors"].items() if k.startswith("ngram")}
+    best = min(ngrams, key=ngrams.get)
+    ngram, floor = ngrams[best], naive["floor"]["nll"]
+    gap_closed = (ngram - baseline_nll) / (ngram - floor)
+    return {
+        "baseline_test_nll": baseline_nll,
+        "baseline_test_perplexity": math.exp(baseline_nll),
+        "best_ngram": best,
+        "best_ngram_nll": ngram,
+        "best_ngram_perplexity": math.exp(ngram),
+        "floor_nll": floor,
+        "floor_perplexity": math.exp(floor),
+        "gap_closed": gap_closed,
+        "gap_closed_required": LM_GAP_CLOSED_REQUIRED,
+        "met": bool(gap_closed >= LM_GAP_CLOSED_REQUIRED),
+    }
+
+
+def floor_gap(entry: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
+    """An arm's test perplexity and NLL next to the floor: the gaps (arm - floor)."""
+    floor = naive["floor"]
+    ppl = entry["full_by_metric"]["perplexity"]
+    nll = entry["full_by_metric"]["nll"]
+    per_seed = [
+        None if v is None or not np.isfinite(v) else v - floor["nll"] for v in nll["per_seed"]
+    ]
+    return {
+        "floor_perplexity": floor["perplexity"],
+        "floor_nll": floor["nll"],
+        "perplexity_mean": ppl["mean"],
+        "perplexity_gap": ppl["mean"] - floor["perplexity"],
+        "perplexity_ratio": ppl["mean"] / floor["perplexity"],
+        "nll_mean": nll["mean"],
+        "nll_gap": nll["mean"] - floor["nll"],
+        "nll_gap_per_seed": per_seed,
+    }
