@@ -32,15 +32,26 @@ import numpy as np
 import pandas as pd
 import statsmodels.api as sm
 
+from rpka.checks import is_number, require
 from rpka.tracks.cache import cached_arrays
 from rpka.tracks.forecast import SPLITS, STD_FLOOR, Track
-from rpka.tracks.windows import is_number, require, require_int, standardise, windows_track
+from rpka.tracks.windows import (
+    WindowForecastTask,
+    require_int,
+    standardise,
+    windows_track,
+)
 
 # name -> (loader returning a pandas Series, seasonal period in steps)
 DATASETS = {
     "co2": (lambda: sm.datasets.co2.load_pandas().data["co2"], 52),
     "sunspots": (lambda: sm.datasets.sunspots.load_pandas().data["SUNACTIVITY"], 11),
 }
+
+
+# learnability bar: exact attention no worse than the linear forecast (a smooth seasonal
+# series is what a linear forecast does well; this track may fail the gate)
+REAL_LINEAR_RATIO = 1.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,11 @@ class RealConfig:
     @property
     def season_period(self) -> int:
         return DATASETS[self.dataset][1]
+
+    @property
+    def attention_tokens(self) -> int:
+        """Tokens one attention call sees: one per context step."""
+        return self.context
 
     def validate(self) -> None:
         require(self.name == "forecast-real", "name", "'forecast-real'", self.name)
@@ -143,3 +159,21 @@ def load_real(
     config = RealConfig() if config is None else config
     config.validate()
     return windows_track(config, cached_arrays(config, build_arrays, data_dir, use_cache))
+
+
+class RealTask(WindowForecastTask):
+    """``forecast-real``: the forecast model, loss and naive forecasts on this generator's windows;
+    learnable when exact attention's test MSE is at most 1.0 x the linear forecast's."""
+
+    name = "forecast-real"
+    config_class = RealConfig
+    out_dir = "forecast-real"
+    title = "Real-series forecast track"
+    linear_ratio = REAL_LINEAR_RATIO
+    description = (
+        "A real series bundled with statsmodels (loaded offline), split chronologically, "
+        "scaled by a scaler fitted on the training segment only."
+    )
+
+    def load(self, config: RealConfig, data_dir: str | Path | None = None) -> Track:
+        return load_real(config, data_dir)

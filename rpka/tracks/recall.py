@@ -31,14 +31,23 @@ generalisation), each from an independent seed stream.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
+from rpka.attention import build
+from rpka.checks import is_int, require
+from rpka.model import TransformerLM
+from rpka.tracks.base import Task
 from rpka.tracks.cache import cached_arrays
 from rpka.tracks.forecast import SPLITS
-from rpka.tracks.windows import is_int, require, require_int
+from rpka.tracks.windows import require_int
 
 FILLER = 0
 IGNORE = -1
@@ -58,6 +67,15 @@ class RecallConfig:
     n_val: int = 1_000
     n_test: int = 1_000
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.length_factors, list):  # e.g. from JSON: store the hashable form
+            object.__setattr__(self, "length_factors", tuple(self.length_factors))
+
+    @property
+    def attention_tokens(self) -> int:
+        """Tokens one attention call sees in training."""
+        return self.seq_len
 
     @property
     def n_keys(self) -> int:
@@ -165,3 +183,151 @@ def recall_baselines(config: RecallConfig) -> dict[str, float]:
     matching keys: 1 / n_pairs when values rarely repeat)."""
     n_values = config.vocab_size - 1 - config.n_keys
     return {"chance": 1.0 / n_values, "in_context": 1.0 / config.n_pairs}
+
+
+# ----------------------------------------------------------------------------- the task
+
+# learnability bar (issue 14): exact attention's query accuracy at the training length
+RECALL_ACCURACY = 0.95
+
+
+def query_nll(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """-log p(target) and the query mask, both (S, B, n): logits (S, B, n, V), y (S|1, B, n)
+    with ``IGNORE`` away from the queries."""
+    targets = y.expand(logits.shape[:-1])
+    mask = targets != IGNORE
+    flat = F.cross_entropy(logits.flatten(0, 2), targets.clamp(min=0).flatten(), reduction="none")
+    return flat.view(targets.shape) * mask, mask
+
+
+class RecallTask(Task):
+    """The causal decoder ``TransformerLM`` reads a sequence and, at each query key, predicts
+    its value. Loss = cross-entropy at the query positions only; metrics ``error`` (1 -
+    query accuracy, so that lower is better like every metric) and ``nll`` (nats per
+    query); baselines chance and a guess among the sequence's own values; learnability =
+    exact attention's accuracy >= 95 %."""
+
+    name = "recall"
+    config_class = RecallConfig
+    metrics = ("error", "nll")
+    causal = True
+    sample_unit = "sequences"
+    loss_label = "cross-entropy at queries (nats)"
+    out_dir = "recall"
+    title = "Associative-recall track (MQAR)"
+
+    def load(self, config: RecallConfig, data_dir: str | Path | None = None) -> RecallTrack:
+        return load_recall(config, data_dir)
+
+    def build_model(self, model, track: RecallConfig, seeds, method, options) -> nn.Module:
+        return TransformerLM(model, track.vocab_size, track.max_len, seeds, method, options)
+
+    def validate_bench(self, bench: Any) -> None:
+        require(
+            bench.model.embed_kernel == 1 and not bench.model.linear_skip,
+            "model (track recall)",
+            "embed_kernel=1 and linear_skip=False (a token embeds itself; no horizon skip)",
+            (bench.model.embed_kernel, bench.model.linear_skip),
+        )
+        for arm in bench.arms:
+            try:
+                build(arm.method, causal=True, **arm.options)
+            except ValueError as err:
+                raise ValueError(f"arm {arm.name!r} cannot run on track recall: {err}") from None
+
+    def inputs_targets(self, track: RecallTrack, split: str) -> tuple[Tensor, Tensor]:
+        tokens, targets = track.split(split)
+        return torch.from_numpy(tokens).long(), torch.from_numpy(targets).long()
+
+    def loss(self, pred: Tensor, y: Tensor) -> Tensor:
+        nll, mask = query_nll(pred, y)
+        return nll.sum((1, 2)) / mask.sum((1, 2))
+
+    def error_sums(self, pred: Tensor, y: Tensor) -> dict[str, Tensor]:
+        nll, mask = query_nll(pred.double(), y.unsqueeze(0))
+        wrong = (pred.argmax(-1) != y.unsqueeze(0)) & mask
+        return {"error": wrong.sum((1, 2)).double(), "nll": nll.sum((1, 2))}
+
+    def count(self, y: Tensor) -> int:
+        return int((y != IGNORE).sum())
+
+    def finish(self, sums: dict[str, Tensor], count: int) -> dict[str, Tensor]:
+        return {"error": sums["error"] / count, "nll": sums["nll"] / count}
+
+    def naive_baselines(self, track: RecallTrack) -> dict[str, Any]:
+        """Predictors that need no recall, as errors and NLLs (the same on every split)."""
+        rows = {}
+        for key, accuracy in recall_baselines(track.config).items():
+            values = {"error": 1 - accuracy, "nll": float(-np.log(accuracy))}
+            rows[key] = {split: dict(values) for split in SPLITS}
+        return {"predictors": rows}
+
+    def naive_rows(self, report: Mapping, split: str) -> list[tuple[str, dict[str, float]]]:
+        names = {"chance": "chance (uniform value)", "in_context": "a value of the sequence"}
+        rows = report["naive_baselines"]["predictors"]
+        return [(names[key], dict(row[split])) for key, row in rows.items()]
+
+    def reference_lines(self, report: Mapping, split: str) -> list[tuple[str, float, str]]:
+        rows, metric = report["naive_baselines"]["predictors"], report["metric"]
+        return [("a value of the sequence", rows["in_context"][split][metric], ":")]
+
+    def learnability(self, baseline: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
+        accuracy = 1 - baseline["full_by_metric"]["error"]["mean"]
+        return {
+            "baseline_test_accuracy": accuracy,
+            "accuracy_required": RECALL_ACCURACY,
+            "in_context_accuracy": 1 - naive["predictors"]["in_context"]["test"]["error"],
+            "met": bool(accuracy >= RECALL_ACCURACY),
+        }
+
+    def learnability_text(self, report: Mapping) -> str:
+        le = report["learnability"]
+        met = "met" if le["met"] else "**not met**"
+        return (
+            f"Exact attention's test query accuracy is {le['baseline_test_accuracy']:.1%} "
+            f"(required ≥ {le['accuracy_required']:.0%}; guessing a value of the sequence "
+            f"gives {le['in_context_accuracy']:.1%}): the learnability bar is {met}."
+        )
+
+    def summary_targets(self, report: Mapping) -> list[tuple[str, str, bool | None]]:
+        le = report["learnability"]
+        return [
+            (
+                f"recall learnable: exact ≥ {RECALL_ACCURACY:.0%} query accuracy",
+                f"{le['baseline_test_accuracy']:.1%}",
+                le["met"],
+            )
+        ]
+
+    def data_summary(self, track: RecallTrack) -> dict[str, Any]:
+        config = track.config
+        return {
+            "n_train_sequences": config.n_train,
+            "n_val_sequences": config.n_val,
+            "n_test_sequences": config.n_test,
+            "seq_len": config.seq_len,
+            "attention_tokens": config.attention_tokens,
+            "vocab_size": config.vocab_size,
+            "n_pairs": config.n_pairs,
+            "n_queries": config.n_queries,
+            "length_factors": list(config.length_factors),
+        }
+
+    def metric_label(self, metric: str) -> str:
+        return "NLL at queries (nats)" if metric == "nll" else "query error (1 - accuracy)"
+
+    def setup_text(self, report: Mapping, protocol: str) -> str:
+        data, model, train = report["data"], report["config"]["model"], report["config"]["train"]
+        return (
+            f"**Track `recall` (MQAR).** Sequences of {data['seq_len']} tokens "
+            f"(vocabulary {data['vocab_size']}): {data['n_pairs']} key-value pairs, then "
+            f"{data['n_queries']} of the keys again at random positions; the model must "
+            f"predict each queried key's value. {data['n_train_sequences']} training, "
+            f"{data['n_val_sequences']} validation and {data['n_test_sequences']} test "
+            f"sequences.\n\n"
+            f"**Model `{report['model']}` in causal mode.** {model['n_layers']} pre-norm "
+            f"causal layers, d_model {model['d_model']}, {model['n_heads']} heads, learned "
+            f"positions, tied output head; loss and metrics at the query positions only. "
+            f"Adam, {train['epochs']} epochs, batch {train['batch_size']}, "
+            f"{train['lr_schedule']} schedule.\n\n" + protocol
+        )

@@ -1,7 +1,7 @@
 """What the window-per-example forecast tracks share (``forecast-motif``, ``forecast-regimes``,
-``forecast-real``): config checks, per-split seeds, context standardisation, and the
+``forecast-real``): config checks, per-split seeds, context standardisation, the
 :class:`~rpka.tracks.forecast.Track` the forecast machinery (model, loss, naive baselines)
-consumes.
+consumes, and :class:`WindowForecastTask`, their ``Task`` (``rpka.tracks.base``).
 
 Every example is one window of ``context`` inputs and ``horizon`` targets, standardised by
 its *context* mean and standard deviation (targets too, as in ``rpka.tracks.forecast``), so
@@ -11,29 +11,23 @@ the arrays a generator's ``build_arrays`` returns are ``<split>_x`` (N, L), ``<s
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from rpka.tracks.forecast import SPLITS, STD_FLOOR, Split, Track
+from rpka.checks import is_int, require
+from rpka.tracks.forecast import (
+    SPLITS,
+    STD_FLOOR,
+    ForecastTask,
+    Split,
+    Track,
+    forecast_learnability,
+)
 
 WINDOW_FIELDS = ("x", "y", "mean", "std")
-
-
-def require(ok: bool, name: str, allowed: str, value: object) -> None:
-    """Raise ``ValueError("<name> must be <allowed>, got <value>")`` unless ``ok``."""
-    if not ok:
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-
-
-def is_int(value: object) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
-
-
-def is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def require_int(config: Any, name: str, low: int, high: int | None = None) -> None:
@@ -75,3 +69,60 @@ def windows_track(config: Any, arrays: dict[str, np.ndarray]) -> Track:
         val=split("val"),
         test=split("test"),
     )
+
+
+# ----------------------------------------------------------------------------- the task
+
+
+class WindowForecastTask(ForecastTask):
+    """A forecast task over window-per-example tracks: the forecast model, loss, metrics and
+    naive forecasts, with its own learnability bar - exact attention's test MSE at most
+    ``linear_ratio`` x the least-squares linear forecast's - and its own setup words.
+
+    A subclass sets ``name``, ``config_class``, ``out_dir``, ``title``, ``linear_ratio``,
+    ``description`` (one sentence on the data) and :meth:`load`."""
+
+    linear_ratio: ClassVar[float] = 1.0
+    description: ClassVar[str] = ""
+
+    def learnability(self, baseline: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
+        out = forecast_learnability(baseline["full_by_metric"]["mse"]["mean"], naive)
+        out["linear_ratio_required"] = self.linear_ratio
+        out["meets_linear"] = bool(out["ratio_to_linear"] <= self.linear_ratio)
+        out["met"] = out["meets_linear"]
+        return out
+
+    def learnability_text(self, report: Mapping) -> str:
+        le = report["learnability"]
+        met = "met" if le["met"] else "**not met**"
+        return (
+            f"Exact attention's test MSE {le['baseline_test_mse']:.4f} is "
+            f"{le['ratio_to_linear']:.3f} × the least-squares linear forecast "
+            f"({le['linear_mse']:.4f}; required ≤ {le['linear_ratio_required']}): the "
+            f"learnability bar is {met}."
+        )
+
+    def summary_targets(self, report: Mapping) -> list[tuple[str, str, bool | None]]:
+        le = report["learnability"]
+        return [
+            (
+                f"{self.name} learnable: exact ≤ {self.linear_ratio} × linear",
+                f"{le['ratio_to_linear']:.3f} × linear",
+                le["met"],
+            )
+        ]
+
+    def setup_text(self, report: Mapping, protocol: str) -> str:
+        data, model, train = report["data"], report["config"]["model"], report["config"]["train"]
+        return (
+            f"**Track `{report['track']}`.** {self.description} Windows of context "
+            f"{data['context']} and horizon {data['horizon']}, each standardised by its own "
+            f"context: {data['n_train_windows']} training, {data['n_val_windows']} validation "
+            f"and {data['n_test_windows']} test windows.\n\n"
+            f"**Model `{report['model']}`.** {model['n_layers']} pre-norm encoder layers, "
+            f"d_model {model['d_model']}, {model['n_heads']} heads, one token per time step "
+            f"embedding its {model['embed_kernel']} neighbouring values (attention sees "
+            f"{data['context']} tokens), a linear context-to-horizon skip. Adam, "
+            f"{train['epochs']} epochs, batch {train['batch_size']}, {train['lr_schedule']} "
+            f"schedule.\n\n" + protocol
+        )
