@@ -3,18 +3,19 @@ attention, q = 0) and the linear least-squares forecast, per track (issue 14).
 
 Tracks: ``forecast-motif`` and ``forecast-regimes`` (short form) with the encoder
 ``TransformerTiny`` (flatten head + linear skip), ``recall`` (MQAR) with the causal
-``TransformerLM``. The seeds of an arm train as one stacked model (``rpka.model``); the
-loop is written here rather than reusing ``rpka.train.train_run`` because that one reaches
-tracks through ``rpka.tasks``, which does not know these tracks yet, and because recall's
-loss is taken at the query positions only (a mask the bench's lm loss does not have).
-AdamW, constant learning rate after a short warm-up then a half-cosine decay, gradients
-clipped per member to norm 1, fresh batches of the training split every step.
+``TransformerLM``; model, loss and metrics are the registered tasks' (``rpka.tracks``;
+recall's loss and error are taken at the query positions only). The seeds of an arm
+train as one stacked model. The loop is a short one of its own rather than
+``rpka.train.train_run`` because it counts optimiser *steps* on fresh random batches
+(the learnability question is "does it learn in N steps"), where the bench counts epochs:
+AdamW, linear warm-up over 5 % of the steps then a half-cosine decay, gradients clipped
+per member to norm 1.
 
 The issue's bars: motif exact <= 0.3 x linear test MSE and control >= 25 % worse than
 exact; recall exact >= 95 % query accuracy at the training length.
 
     python scripts/track_learnability.py --track forecast-motif --steps 3000 --seeds 0 1
-    python scripts/track_learnability.py --track recall --steps 3000 --lr 1e-3
+    python scripts/track_learnability.py --track recall --d-model 64 --steps 3000
 
 Results are merged into ``--out`` (default data/results/track_learnability.json) under
 ``tracks.<track>.arms.<arm>`` with per-seed metrics, wall and CPU seconds, and the command.
@@ -31,109 +32,65 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from rpka.io import read_json, write_json
-from rpka.model import TransformerLM, TransformerTiny
-from rpka.presets import ModelConfig
-from rpka.tracks.baselines import fit_linear, linear_forecast
-from rpka.tracks.motif import MotifConfig, load_motif
-from rpka.tracks.recall import IGNORE, RecallConfig, load_recall, recall_baselines
-from rpka.tracks.regimes import RegimesConfig, load_regimes
-from rpka.train import clip_per_member, derive_seed, lr_factor
+from rpka.model import ModelConfig
+from rpka.tracks import get_task
+from rpka.tracks.motif import MotifConfig
+from rpka.tracks.recall import RecallConfig
+from rpka.tracks.regimes import RegimesConfig
+from rpka.train import clip_per_member, derive_seed, evaluate, lr_factor
 
 TRACKS = ("forecast-motif", "forecast-regimes", "recall")
 ARMS = ("exact", "mean")
 DEFAULT_OUT = Path("data/results/track_learnability.json")
+EVAL_BATCH = 250
 # the issue's learnability bars
 MOTIF_LINEAR_RATIO = 0.3
 CONTROL_WORSE = 0.25
 RECALL_ACCURACY = 0.95
 
 
-def track_data(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, tuple[Tensor, Tensor]]]:
-    """(config, {split: (inputs, targets)}) of a track, from the cache under data/cache."""
+def track_config(name: str, args: argparse.Namespace) -> Any:
     if name == "recall":
-        config = RecallConfig(
+        return RecallConfig(
             vocab_size=args.vocab,
             n_pairs=args.pairs,
             n_queries=args.pairs,
             seq_len=args.seq_len,
             n_train=args.n_train,
         )
-        track = load_recall(config)
-        splits = {s: tuple(torch.from_numpy(a) for a in track.split(s)) for s in config.split_names}
-        return config, splits
-    cls, load = {
-        "forecast-motif": (MotifConfig, load_motif),
-        "forecast-regimes": (RegimesConfig, load_regimes),
-    }[name]
-    config = cls(n_train=args.n_train)
-    track = load(config)
-    return config, {s: (track.split(s).x, track.split(s).y) for s in ("train", "val", "test")}
+    return {"forecast-motif": MotifConfig, "forecast-regimes": RegimesConfig}[name](
+        n_train=args.n_train
+    )
 
 
-def build_model(
-    name: str, config: Any, args: argparse.Namespace, seeds: list[int], method: str
-) -> nn.Module:
-    init = [derive_seed(s, 0) for s in seeds]
-    if name == "recall":
-        model_config = ModelConfig(
-            d_model=args.d_model,
-            n_layers=args.layers,
-            n_heads=args.heads,
-            d_ff=2 * args.d_model,
-            embed_kernel=1,
-            linear_skip=False,
-        )
-        return TransformerLM(model_config, config.vocab_size, config.max_len, init, method)
-    model_config = ModelConfig(
+def model_config(name: str, args: argparse.Namespace) -> ModelConfig:
+    recall = name == "recall"
+    default_kernel = 1 if recall else 17 if name == "forecast-motif" else 5
+    return ModelConfig(
         d_model=args.d_model,
         n_layers=args.layers,
         n_heads=args.heads,
         d_ff=2 * args.d_model,
-        embed_kernel=args.embed_kernel or (17 if name == "forecast-motif" else 5),
+        embed_kernel=args.embed_kernel or default_kernel,
+        linear_skip=not recall,
     )
-    return TransformerTiny(model_config, config.context, config.horizon, init, method)
-
-
-def member_loss(name: str, pred: Tensor, y: Tensor) -> Tensor:
-    """Per-member training loss (S,): MSE, or recall's cross-entropy at query positions."""
-    if name != "recall":
-        return (pred - y).pow(2).mean((1, 2))
-    nll = F.cross_entropy(pred.flatten(0, 2), y.flatten().clamp(min=0), reduction="none")
-    mask = (y != IGNORE).flatten(1).float()
-    return (nll.view_as(mask) * mask).sum(1) / mask.sum(1)
-
-
-@torch.no_grad()
-def evaluate(name: str, model: nn.Module, x: Tensor, y: Tensor, batch: int = 250) -> list[float]:
-    """Per-member test metric: MSE (forecasts) or query accuracy (recall)."""
-    model.eval()
-    s = model.n_members
-    total = torch.zeros(s, dtype=torch.float64)
-    count = 0
-    for start in range(0, len(x), batch):
-        xb, yb = x[start : start + batch], y[start : start + batch]
-        pred = model(xb.expand(s, *xb.shape))
-        if name == "recall":
-            mask = yb != IGNORE
-            total += ((pred.argmax(-1) == yb) & mask).flatten(1).sum(1).double()
-            count += int(mask.sum())
-        else:
-            total += (pred - yb).double().pow(2).flatten(1).sum(1)
-            count += yb.numel()
-    model.train()
-    return (total / count).tolist()
 
 
 def train_arm(
-    name: str, config: Any, splits: dict, args: argparse.Namespace, method: str
+    name: str,
+    config: Any,
+    splits: dict[str, tuple[Tensor, Tensor]],
+    args: argparse.Namespace,
+    method: str,
 ) -> dict[str, Any]:
     """Train the stacked seeds of one arm; per-seed metrics on every evaluation split."""
+    task = get_task(name)
     seeds = list(args.seeds)
-    model = build_model(name, config, args, seeds, method)
+    init = [derive_seed(s, 0) for s in seeds]
+    model = task.build_model(model_config(name, args), config, init, method, {})
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
     warmup = max(1, args.steps // 20)
@@ -147,7 +104,7 @@ def train_arm(
     curve = []
     for step in range(args.steps):
         batch = torch.stack([torch.randint(len(train_x), (args.batch,), generator=g) for g in gens])
-        loss = member_loss(name, model(train_x[batch]), train_y[batch])
+        loss = task.loss(model(train_x[batch]), train_y[batch])  # (S,)
         if not torch.isfinite(loss).all():
             return {"diverged_at_step": step, "seeds": seeds}
         loss.sum().backward()  # sum: each member's gradient is that of its own loss
@@ -165,24 +122,23 @@ def train_arm(
         "train_cpu_s": time.process_time() - cpu,
         "loss_curve": curve,
     }
-    metric = "accuracy" if name == "recall" else "mse"
-    for split in splits:
-        if split != "train":
-            out[f"{split}_{metric}"] = evaluate(name, model, *splits[split])
+    for split, (x, y) in splits.items():
+        if split == "train":
+            continue
+        metrics = evaluate(model, task, x, y, EVAL_BATCH)
+        if name == "recall":
+            out[f"{split}_accuracy"] = (1 - metrics["error"]).tolist()
+        else:
+            out[f"{split}_mse"] = metrics["mse"].tolist()
     return out
 
 
-def baselines(name: str, config: Any, splits: dict) -> dict[str, Any]:
-    """Linear least squares (fit on train) and the mean forecast (0); recall: chance."""
+def baselines(name: str, track: Any) -> dict[str, Any]:
+    """Linear least squares (fit on train) and the mean forecast; recall: chance accuracies."""
+    naive = get_task(name).naive_baselines(track)
     if name == "recall":
-        return recall_baselines(config)
-    x, y = (t.double().numpy() for t in splits["train"])
-    weights = fit_linear(x, y)
-    test_x, test_y = (t.double().numpy() for t in splits["test"])
-    return {
-        "linear_test_mse": float(np.mean((linear_forecast(test_x, weights) - test_y) ** 2)),
-        "mean_test_mse": float(np.mean(test_y**2)),
-    }
+        return {k: 1 - row["test"]["error"] for k, row in naive["predictors"].items()}
+    return {f"{k}_test_mse": f["test"]["mse"] for k, f in naive["forecasts"].items()}
 
 
 def verdict(name: str, entry: dict[str, Any]) -> dict[str, Any]:
@@ -240,11 +196,15 @@ def main() -> None:
         raise ValueError(f"--lr must be a positive finite number, got {args.lr}")
     torch.set_num_threads(1)
 
-    config, splits = track_data(args.track, args)
+    task = get_task(args.track)
+    config = track_config(args.track, args)
+    track = task.load(config)
+    names = config.split_names if args.track == "recall" else ("train", "val", "test")
+    splits = {split: task.inputs_targets(track, split) for split in names}
     results = read_json(args.out) if args.out.exists() else {"tracks": {}}
     entry = results["tracks"].setdefault(args.track, {"arms": {}})
-    entry["config"] = {k: v for k, v in vars(config).items()}
-    entry["baselines"] = baselines(args.track, config, splits)
+    entry["config"] = dict(vars(config))
+    entry["baselines"] = baselines(args.track, track)
     print(args.track, entry["baselines"], flush=True)
     for method in args.arms:
         arm = train_arm(args.track, config, splits, args, method)
