@@ -4,7 +4,10 @@
 ``quick`` for a few minutes, ``full`` for the real study - the rank sweep, RPKA's
 ablations and the peers - ``quick-study``, the full study's arms at the quick size, and
 ``smoke-study``, its structure in miniature for tests) and ``LM_PRESETS`` the ``smoke`` /
-``quick`` / ``full`` studies of the ``lm`` track; ``PRESETS_BY_TRACK`` maps a track's name
+``quick`` / ``full`` studies of the ``lm`` track; ``MOTIF_PRESETS``, ``REGIMES_PRESETS``,
+``REAL_PRESETS`` and ``RECALL_PRESETS`` the ``smoke`` (seconds, for tests) and ``gate``
+(exact, the control and RPKA ranks at the measured learnable sizes) studies of the tracks
+that need attention (issue 14); ``PRESETS_BY_TRACK`` maps a track's name
 to its presets and ``STUDY_TRACKS`` names the tracks a study runs (the report's sections).
 :func:`get_preset` (``name``, ``track_name``) returns one, with overrides, validated;
 ``LONGCTX_PRESETS`` / :func:`get_longctx_preset` the long-context studies.
