@@ -1,6 +1,6 @@
 """Track ``forecast-motif``: continue a white-noise motif that occurred earlier in the window.
 
-DESIGN.md section 4, issue 14. The primary forecast track: one that *needs attention*.
+Issue 14 (docs/design.md). The primary forecast track: one that *needs attention*.
 Every window draws a fresh library of ``n_motifs`` motifs, each ``motif_length`` i.i.d.
 N(0, 1) steps, and lays them out one after another, each after a gap of 0..``gap_max``
 N(0, 1) steps, starting at a random offset (so the first motif may be cut). The context

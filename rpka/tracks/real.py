@@ -1,6 +1,6 @@
 """Track ``forecast-real``: a real series that ships inside a PyPI package (no download).
 
-DESIGN.md section 4, issue 14: external validity. ``dataset`` names one of the series in
+Issue 14 (docs/design.md): external validity. ``dataset`` names one of the series in
 ``DATASETS``, each bundled as a csv file with ``statsmodels`` and read through
 ``statsmodels.datasets`` (which reads that file; nothing is fetched):
 

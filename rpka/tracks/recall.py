@@ -1,6 +1,6 @@
 """Track ``recall``: multi-query associative recall (MQAR; Arora et al. 2023, *Zoology*).
 
-DESIGN.md section 4, issue 14. A sequence first lists ``n_pairs`` key-value pairs, then, in
+Issue 14 (docs/design.md). A sequence first lists ``n_pairs`` key-value pairs, then, in
 the rest of the sequence, asks ``n_queries`` of those keys again; the next token after a
 queried key must be its value:
 

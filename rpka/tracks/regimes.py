@@ -1,6 +1,6 @@
 """Track ``forecast-regimes``: the window returns to a regime it showed earlier.
 
-DESIGN.md section 4, issue 14. Every window draws ``n_regimes`` regimes, each a periodic
+Issue 14 (docs/design.md). Every window draws ``n_regimes`` regimes, each a periodic
 waveform: one cycle of ``period`` steps (an integer in [period_min, period_max]) of
 N(0, 1) values smoothed circularly with the kernel (1/4, 1/2, 1/4) and scaled to zero mean
 and unit variance, and a phase. Regime j at time t reads ``w_j[(t + phase_j) mod P_j]``
