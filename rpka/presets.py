@@ -4,7 +4,10 @@
 ``quick`` for a few minutes, ``full`` for the real study - the rank sweep, RPKA's
 ablations and the peers - ``quick-study``, the full study's arms at the quick size, and
 ``smoke-study``, its structure in miniature for tests) and ``LM_PRESETS`` the ``smoke`` /
-``quick`` / ``full`` studies of the ``lm`` track; ``PRESETS_BY_TRACK`` maps a track's name
+``quick`` / ``full`` studies of the ``lm`` track; ``MOTIF_PRESETS``, ``REGIMES_PRESETS``,
+``REAL_PRESETS`` and ``RECALL_PRESETS`` the ``smoke`` (seconds, for tests) and ``gate``
+(exact, the control and RPKA ranks at the measured learnable sizes) studies of the tracks
+that need attention (issue 14); ``PRESETS_BY_TRACK`` maps a track's name
 to its presets and ``STUDY_TRACKS`` names the tracks a study runs (the report's sections).
 :func:`get_preset` (``name``, ``track_name``) returns one, with overrides, validated;
 ``LONGCTX_PRESETS`` / :func:`get_longctx_preset` the long-context studies.
@@ -29,6 +32,10 @@ from rpka.config import (
 from rpka.model import ModelConfig
 from rpka.tracks.forecast import TrackConfig, sized_track
 from rpka.tracks.lm import LMConfig
+from rpka.tracks.motif import MotifConfig
+from rpka.tracks.real import RealConfig
+from rpka.tracks.recall import RecallConfig
+from rpka.tracks.regimes import RegimesConfig
 
 EXACT = ArmConfig("exact", "exact", {})
 # the control: uniform attention (q = 0) at exact's tuned rate - how much the track needs
@@ -68,7 +75,6 @@ def ablation_arms(rank: int = ABLATION_RANK) -> tuple[ArmConfig, ...]:
 def peer_arms(rank: int = ABLATION_RANK) -> tuple[ArmConfig, ...]:
     """Every peer method at ``rank``: ``<method>-r<rank>``."""
     return tuple(peer_arm(method, rank) for method in PEERS)
-
 
 
 def _smoke() -> BenchConfig:
@@ -195,7 +201,6 @@ PRESETS: dict[str, BenchConfig] = {
 }
 
 
-
 # --------------------------------------------------------------------------- track lm
 #
 # The causal decoder on the Markov-copy source (issue 7), sized for about 4 minutes of the
@@ -289,8 +294,112 @@ LM_PRESETS: dict[str, BenchConfig] = {
     "quick": _lm_quick(),
     "full": _lm_full(),
 }
+
+
+# --------------------------------------------------------------------------- attention-gate tracks
+# The tracks that need attention (issue 14): ``smoke`` runs each through the bench in
+# seconds (tests, CI); ``gate`` is its attention gate - exact, the control, RPKA at a few
+# ranks - at the sizes scripts/track_learnability.py measured (d_model 32, 2 layers, 2
+# heads, batch 64, ~3,000 steps; a width-17 input window on motif, 5 on regimes).
+GATE_ARMS = (EXACT, MEAN_CONTROL, rpka_arm(8), rpka_arm(16), rpka_arm(32))
+GATE_MODEL = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64)
+GATE_TRAIN = TrainConfig(epochs=10, batch_size=64)  # 20,000 windows: ~3,100 steps
+
+
+def _window_smoke(track: Any, embed_kernel: int) -> BenchConfig:
+    return dataclasses.replace(
+        _smoke(),
+        track=track,
+        model=dataclasses.replace(_smoke().model, embed_kernel=embed_kernel),
+        arms=(EXACT, MEAN_CONTROL, rpka_arm(4)),
+        mechanism=None,
+        output_error_ranks=(),
+    )
+
+
+def _window_gate(track: Any, embed_kernel: int) -> BenchConfig:
+    return BenchConfig(
+        preset="gate",
+        track=track,
+        model=dataclasses.replace(GATE_MODEL, embed_kernel=embed_kernel),
+        train=GATE_TRAIN,
+        arms=GATE_ARMS,
+        primary_arm="rpka-r16",
+        learning_rates=(1e-3, 3e-3),
+        sweep_seeds=(0,),
+        eval_seeds=tuple(range(100, 108)),
+        mechanism=None,
+    )
+
+
+SMALL_WINDOWS = {"n_train": 128, "n_val": 32, "n_test": 32}
+MOTIF_PRESETS: dict[str, BenchConfig] = {
+    "smoke": _window_smoke(MotifConfig(**SMALL_WINDOWS), embed_kernel=17),
+    "gate": _window_gate(MotifConfig(), embed_kernel=17),
+}
+REGIMES_PRESETS: dict[str, BenchConfig] = {
+    "smoke": _window_smoke(RegimesConfig(**SMALL_WINDOWS), embed_kernel=5),
+    "gate": _window_gate(RegimesConfig(), embed_kernel=5),
+}
+REAL_PRESETS: dict[str, BenchConfig] = {
+    "smoke": _window_smoke(RealConfig(context=52, stride=8), embed_kernel=5),
+    # 1,259 training windows of CO2: 50 epochs of batch 64 is ~1,000 steps
+    "gate": dataclasses.replace(
+        _window_gate(RealConfig(), embed_kernel=5), train=TrainConfig(epochs=50, batch_size=64)
+    ),
+}
+# Measured (scripts/track_learnability.py, 8 pairs, 64 tokens): this plain causal model
+# does NOT learn recall in 3,000 steps (exact 38 % = the control's 39 %); with each token
+# also embedding its predecessor (the script's PreviousTokenLM) exact reached 90 % in
+# 2,000 steps at d_model 32 against the control's 32 %. Until rpka.model offers that
+# embedding, this gate would read "not learnable".
+RECALL_MODEL = ModelConfig(
+    d_model=64, n_layers=2, n_heads=2, d_ff=128, embed_kernel=1, linear_skip=False
+)
+RECALL_PRESETS: dict[str, BenchConfig] = {
+    "smoke": dataclasses.replace(
+        _lm_smoke(),
+        track=RecallConfig(
+            vocab_size=17,
+            n_pairs=4,
+            n_queries=4,
+            seq_len=32,
+            length_factors=(2,),
+            n_train=64,
+            n_val=16,
+            n_test=16,
+        ),
+        arms=(EXACT, MEAN_CONTROL, rpka_arm(4, causal_block=8)),
+        metric="error",
+    ),
+    "gate": BenchConfig(
+        preset="gate",
+        track=RecallConfig(),
+        model=RECALL_MODEL,
+        train=GATE_TRAIN,
+        arms=(
+            EXACT,
+            MEAN_CONTROL,
+            *(rpka_arm(r, causal_block=LM_CAUSAL_BLOCK) for r in (4, 8, 16)),
+        ),
+        primary_arm="rpka-r8",  # rank = pairs; 4 below and 16 above (rank / pairs 0.5, 1, 2)
+        learning_rates=(1e-3, 3e-3),
+        sweep_seeds=(0,),
+        eval_seeds=tuple(range(100, 108)),
+        metric="error",
+        mechanism=None,
+    ),
+}
+
 # every study preset, by track: ``get_preset(name, track_name)`` looks it up here
-PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {"forecast": PRESETS, "lm": LM_PRESETS}
+PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {
+    "forecast": PRESETS,
+    "lm": LM_PRESETS,
+    "forecast-motif": MOTIF_PRESETS,
+    "forecast-regimes": REGIMES_PRESETS,
+    "forecast-real": REAL_PRESETS,
+    "recall": RECALL_PRESETS,
+}
 # the tracks a study runs, in the report's order (each with the study's preset name)
 STUDY_TRACKS: tuple[str, ...] = ("forecast", "lm")
 
@@ -319,7 +428,6 @@ def get_preset(name: str, track_name: str = "forecast", **overrides: Any) -> Ben
             f"preset must be one of {sorted(presets)} for track {track_name!r}, got {name!r}"
         )
     return apply_overrides(presets[name], **overrides)
-
 
 
 # --------------------------------------------------------------------------- long context

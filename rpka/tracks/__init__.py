@@ -13,10 +13,18 @@ from typing import Any
 from rpka.tracks.base import Task
 from rpka.tracks.forecast import ForecastTask
 from rpka.tracks.lm import LMTask
+from rpka.tracks.motif import MotifTask
+from rpka.tracks.real import RealTask
+from rpka.tracks.recall import RecallTask
+from rpka.tracks.regimes import RegimesTask
 
 TRACKS: dict[str, Task] = {
     "forecast": ForecastTask(),
     "lm": LMTask(),
+    "forecast-motif": MotifTask(),
+    "forecast-regimes": RegimesTask(),
+    "forecast-real": RealTask(),
+    "recall": RecallTask(),
 }
 
 

@@ -1,0 +1,333 @@
+"""Track ``recall``: multi-query associative recall (MQAR; Arora et al. 2023, *Zoology*).
+
+Issue 14 (docs/design.md). A sequence first lists ``n_pairs`` key-value pairs, then, in
+the rest of the sequence, asks ``n_queries`` of those keys again; the next token after a
+queried key must be its value:
+
+    k1 v1 k2 v2 ... kP vP | _ _ k7 v7 _ _ _ _ k2 v2 _ _ ...      (_ = the filler token 0)
+                              ^ target v7     ^ target v2
+
+Tokens: 0 is the filler; keys are ``1 .. n_keys`` and values ``n_keys + 1 .. vocab_size - 1``
+with ``n_keys = (vocab_size - 1) // 2``. Per sequence the keys are drawn without
+replacement, the values with replacement, the queried keys *with* replacement among the
+pairs (asked without replacement, the values not yet asked would narrow down as queries go
+by - a model counting which values occurred twice reached 37 % accuracy with uniform
+attention at 8 pairs - so each query is independent of the earlier ones), and the queries
+sit in random two-token slots after the pairs (uniform positions; Zoology draws query gaps
+from a power law - uniform slots keep every distance equally likely). A causal model
+reads ``tokens`` (N, n); ``targets`` (N, n) holds the value at a query key's position
+and -1 (ignored) everywhere else, so loss and accuracy are taken at the query positions
+only.
+
+Solving it needs content-based lookup (find the earlier copy of the key, read the token
+after it): a 2-layer attention model does it (an induction head), softmax attention
+reaches ~100 % while a low-rank or recurrent state loses accuracy once the pairs outgrow
+it - for RPKA, accuracy against rank / pairs is the direct test of the low-rank idea.
+
+Splits ``train`` / ``val`` / ``test`` at ``seq_len``, and ``test_x<f>`` for each factor f
+in ``length_factors`` (sequences f times longer, the same pairs and queries: length
+generalisation), each from an independent seed stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rpka.attention import build
+from rpka.checks import is_int, require
+from rpka.model import TransformerLM
+from rpka.tracks.base import Task
+from rpka.tracks.cache import cached_arrays
+from rpka.tracks.forecast import SPLITS
+from rpka.tracks.windows import require_int
+
+FILLER = 0
+IGNORE = -1
+
+
+@dataclass(frozen=True)
+class RecallConfig:
+    """``recall`` (see the module docstring)."""
+
+    name: str = "recall"
+    vocab_size: int = 64
+    n_pairs: int = 8
+    n_queries: int = 8
+    seq_len: int = 64
+    length_factors: tuple[int, ...] = (2, 4)
+    n_train: int = 20_000
+    n_val: int = 1_000
+    n_test: int = 1_000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.length_factors, list):  # e.g. from JSON: store the hashable form
+            object.__setattr__(self, "length_factors", tuple(self.length_factors))
+
+    @property
+    def attention_tokens(self) -> int:
+        """Tokens one attention call sees in training."""
+        return self.seq_len
+
+    @property
+    def n_keys(self) -> int:
+        return (self.vocab_size - 1) // 2
+
+    @property
+    def max_len(self) -> int:
+        """The longest sequence of any split (the model's positions must cover it)."""
+        return self.seq_len * max((1, *self.length_factors))
+
+    @property
+    def split_names(self) -> tuple[str, ...]:
+        return (*SPLITS, *(f"test_x{f}" for f in self.length_factors))
+
+    def validate(self) -> None:
+        require(self.name == "recall", "name", "'recall'", self.name)
+        require_int(self, "vocab_size", 5)
+        require_int(self, "n_pairs", 1, self.n_keys)
+        require_int(self, "n_queries", 1)
+        require_int(self, "seq_len", 2 * (self.n_pairs + self.n_queries))
+        factors = self.length_factors
+        require(
+            isinstance(factors, tuple) and all(is_int(f) and f >= 2 for f in factors),
+            "recall.length_factors",
+            "a tuple of integers >= 2",
+            factors,
+        )
+        for split in SPLITS:
+            require_int(self, f"n_{split}", 1)
+        require_int(self, "seed", 0)
+
+    def split_rng(self, split: str) -> np.random.Generator:
+        """An independent stream per split (the length tests after the three splits)."""
+        index = self.split_names.index(split)
+        return np.random.default_rng(np.random.SeedSequence([self.seed, 1 + index]))
+
+    def split_size(self, split: str) -> int:
+        return getattr(self, f"n_{split}") if split in SPLITS else self.n_test
+
+
+def sample(
+    config: RecallConfig, n: int, seq_len: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """n sequences of ``seq_len`` tokens: ``tokens`` (N, n) int64 and ``targets`` (N, n) int64
+    (the value at query keys, -1 elsewhere); see the module docstring."""
+    p, q = config.n_pairs, config.n_queries
+    # keys without replacement: the first p of a random permutation of 1..n_keys
+    keys = 1 + np.argsort(rng.random((n, config.n_keys)), axis=1)[:, :p]
+    values = rng.integers(config.n_keys + 1, config.vocab_size, (n, p))
+    tokens = np.full((n, seq_len), FILLER, dtype=np.int64)
+    targets = np.full((n, seq_len), IGNORE, dtype=np.int64)
+    tokens[:, 0 : 2 * p : 2], tokens[:, 1 : 2 * p : 2] = keys, values
+    # which pairs are asked (with replacement: no elimination) and in which two-token slots
+    asked = rng.integers(0, p, (n, q))
+    n_slots = (seq_len - 2 * p) // 2
+    slots = np.sort(np.argsort(rng.random((n, n_slots)), axis=1)[:, :q], axis=1)
+    at = 2 * p + 2 * slots  # (N, q) query key positions
+    rows = np.arange(n)[:, None]
+    query_keys = np.take_along_axis(keys, asked, 1)
+    query_values = np.take_along_axis(values, asked, 1)
+    tokens[rows, at], tokens[rows, at + 1] = query_keys, query_values
+    targets[rows, at] = query_values
+    return {"tokens": tokens, "targets": targets}
+
+
+def build_arrays(config: RecallConfig) -> dict[str, np.ndarray]:
+    """``<split>_tokens`` and ``<split>_targets`` for every split in ``config.split_names``."""
+    config.validate()
+    arrays: dict[str, np.ndarray] = {}
+    for split in config.split_names:
+        factor = int(split.removeprefix("test_x")) if split.startswith("test_x") else 1
+        drawn = sample(
+            config, config.split_size(split), config.seq_len * factor, config.split_rng(split)
+        )
+        for key, value in drawn.items():
+            arrays[f"{split}_{key}"] = value
+    return arrays
+
+
+@dataclass
+class RecallTrack:
+    """Per split, ``tokens`` and ``targets`` (N, n) int64 (see :func:`sample`)."""
+
+    config: RecallConfig
+    arrays: dict[str, np.ndarray]
+
+    def split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        if name not in self.config.split_names:
+            raise ValueError(f"split must be one of {self.config.split_names}, got {name!r}")
+        return self.arrays[f"{name}_tokens"], self.arrays[f"{name}_targets"]
+
+
+def load_recall(
+    config: RecallConfig | None = None, data_dir: str | Path | None = None, use_cache: bool = True
+) -> RecallTrack:
+    """The ``recall`` track: read from the cache, or generated (and cached)."""
+    config = RecallConfig() if config is None else config
+    config.validate()
+    return RecallTrack(config, cached_arrays(config, build_arrays, data_dir, use_cache))
+
+
+def recall_baselines(config: RecallConfig) -> dict[str, float]:
+    """Accuracies that need no recall: ``chance`` (uniform over the value tokens) and
+    ``in_context`` (uniform over the sequence's own values, which a model can find without
+    matching keys: 1 / n_pairs when values rarely repeat)."""
+    n_values = config.vocab_size - 1 - config.n_keys
+    return {"chance": 1.0 / n_values, "in_context": 1.0 / config.n_pairs}
+
+
+# ----------------------------------------------------------------------------- the task
+
+# learnability bar (issue 14): exact attention's query accuracy at the training length
+RECALL_ACCURACY = 0.95
+
+
+def query_nll(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """-log p(target) and the query mask, both (S, B, n): logits (S, B, n, V), y (S|1, B, n)
+    with ``IGNORE`` away from the queries."""
+    targets = y.expand(logits.shape[:-1])
+    mask = targets != IGNORE
+    flat = F.cross_entropy(logits.flatten(0, 2), targets.clamp(min=0).flatten(), reduction="none")
+    return flat.view(targets.shape) * mask, mask
+
+
+class RecallTask(Task):
+    """The causal decoder ``TransformerLM`` reads a sequence and, at each query key, predicts
+    its value. Loss = cross-entropy at the query positions only; metrics ``error`` (1 -
+    query accuracy, so that lower is better like every metric) and ``nll`` (nats per
+    query); baselines chance and a guess among the sequence's own values; learnability =
+    exact attention's accuracy >= 95 %."""
+
+    name = "recall"
+    config_class = RecallConfig
+    metrics = ("error", "nll")
+    causal = True
+    sample_unit = "sequences"
+    loss_label = "cross-entropy at queries (nats)"
+    out_dir = "recall"
+    title = "Associative-recall track (MQAR)"
+
+    def load(self, config: RecallConfig, data_dir: str | Path | None = None) -> RecallTrack:
+        return load_recall(config, data_dir)
+
+    def build_model(self, model, track: RecallConfig, seeds, method, options) -> nn.Module:
+        return TransformerLM(model, track.vocab_size, track.max_len, seeds, method, options)
+
+    def validate_bench(self, bench: Any) -> None:
+        require(
+            bench.model.embed_kernel == 1 and not bench.model.linear_skip,
+            "model (track recall)",
+            "embed_kernel=1 and linear_skip=False (a token embeds itself; no horizon skip)",
+            (bench.model.embed_kernel, bench.model.linear_skip),
+        )
+        for arm in bench.arms:
+            try:
+                build(arm.method, causal=True, **arm.options)
+            except ValueError as err:
+                raise ValueError(f"arm {arm.name!r} cannot run on track recall: {err}") from None
+
+    def inputs_targets(self, track: RecallTrack, split: str) -> tuple[Tensor, Tensor]:
+        tokens, targets = track.split(split)
+        return torch.from_numpy(tokens).long(), torch.from_numpy(targets).long()
+
+    def loss(self, pred: Tensor, y: Tensor) -> Tensor:
+        nll, mask = query_nll(pred, y)
+        return nll.sum((1, 2)) / mask.sum((1, 2))
+
+    def error_sums(self, pred: Tensor, y: Tensor) -> dict[str, Tensor]:
+        nll, mask = query_nll(pred.double(), y.unsqueeze(0))
+        wrong = (pred.argmax(-1) != y.unsqueeze(0)) & mask
+        return {"error": wrong.sum((1, 2)).double(), "nll": nll.sum((1, 2))}
+
+    def count(self, y: Tensor) -> int:
+        return int((y != IGNORE).sum())
+
+    def finish(self, sums: dict[str, Tensor], count: int) -> dict[str, Tensor]:
+        return {"error": sums["error"] / count, "nll": sums["nll"] / count}
+
+    def naive_baselines(self, track: RecallTrack) -> dict[str, Any]:
+        """Predictors that need no recall, as errors and NLLs (the same on every split)."""
+        rows = {}
+        for key, accuracy in recall_baselines(track.config).items():
+            values = {"error": 1 - accuracy, "nll": float(-np.log(accuracy))}
+            rows[key] = {split: dict(values) for split in SPLITS}
+        return {"predictors": rows}
+
+    def naive_rows(self, report: Mapping, split: str) -> list[tuple[str, dict[str, float]]]:
+        names = {"chance": "chance (uniform value)", "in_context": "a value of the sequence"}
+        rows = report["naive_baselines"]["predictors"]
+        return [(names[key], dict(row[split])) for key, row in rows.items()]
+
+    def reference_lines(self, report: Mapping, split: str) -> list[tuple[str, float, str]]:
+        rows, metric = report["naive_baselines"]["predictors"], report["metric"]
+        return [("a value of the sequence", rows["in_context"][split][metric], ":")]
+
+    def learnability(self, baseline: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
+        accuracy = 1 - baseline["full_by_metric"]["error"]["mean"]
+        return {
+            "baseline_test_accuracy": accuracy,
+            "accuracy_required": RECALL_ACCURACY,
+            "in_context_accuracy": 1 - naive["predictors"]["in_context"]["test"]["error"],
+            "met": bool(accuracy >= RECALL_ACCURACY),
+        }
+
+    def learnability_text(self, report: Mapping) -> str:
+        le = report["learnability"]
+        met = "met" if le["met"] else "**not met**"
+        return (
+            f"Exact attention's test query accuracy is {le['baseline_test_accuracy']:.1%} "
+            f"(required ≥ {le['accuracy_required']:.0%}; guessing a value of the sequence "
+            f"gives {le['in_context_accuracy']:.1%}): the learnability bar is {met}."
+        )
+
+    def summary_targets(self, report: Mapping) -> list[tuple[str, str, bool | None]]:
+        le = report["learnability"]
+        return [
+            (
+                f"recall learnable: exact ≥ {RECALL_ACCURACY:.0%} query accuracy",
+                f"{le['baseline_test_accuracy']:.1%}",
+                le["met"],
+            )
+        ]
+
+    def data_summary(self, track: RecallTrack) -> dict[str, Any]:
+        config = track.config
+        return {
+            "n_train_sequences": config.n_train,
+            "n_val_sequences": config.n_val,
+            "n_test_sequences": config.n_test,
+            "seq_len": config.seq_len,
+            "attention_tokens": config.attention_tokens,
+            "vocab_size": config.vocab_size,
+            "n_pairs": config.n_pairs,
+            "n_queries": config.n_queries,
+            "length_factors": list(config.length_factors),
+        }
+
+    def metric_label(self, metric: str) -> str:
+        return "NLL at queries (nats)" if metric == "nll" else "query error (1 - accuracy)"
+
+    def setup_text(self, report: Mapping, protocol: str) -> str:
+        data, model, train = report["data"], report["config"]["model"], report["config"]["train"]
+        return (
+            f"**Track `recall` (MQAR).** Sequences of {data['seq_len']} tokens "
+            f"(vocabulary {data['vocab_size']}): {data['n_pairs']} key-value pairs, then "
+            f"{data['n_queries']} of the keys again at random positions; the model must "
+            f"predict each queried key's value. {data['n_train_sequences']} training, "
+            f"{data['n_val_sequences']} validation and {data['n_test_sequences']} test "
+            f"sequences.\n\n"
+            f"**Model `{report['model']}` in causal mode.** {model['n_layers']} pre-norm "
+            f"causal layers, d_model {model['d_model']}, {model['n_heads']} heads, learned "
+            f"positions, tied output head; loss and metrics at the query positions only. "
+            f"Adam, {train['epochs']} epochs, batch {train['batch_size']}, "
+            f"{train['lr_schedule']} schedule.\n\n" + protocol
+        )

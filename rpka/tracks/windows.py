@@ -1,0 +1,128 @@
+"""What the window-per-example forecast tracks share (``forecast-motif``, ``forecast-regimes``,
+``forecast-real``): config checks, per-split seeds, context standardisation, the
+:class:`~rpka.tracks.forecast.Track` the forecast machinery (model, loss, naive baselines)
+consumes, and :class:`WindowForecastTask`, their ``Task`` (``rpka.tracks.base``).
+
+Every example is one window of ``context`` inputs and ``horizon`` targets, standardised by
+its *context* mean and standard deviation (targets too, as in ``rpka.tracks.forecast``), so
+the arrays a generator's ``build_arrays`` returns are ``<split>_x`` (N, L), ``<split>_y``
+(N, H), ``<split>_mean`` and ``<split>_std`` (N,), plus generator-specific metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from rpka.checks import is_int, require
+from rpka.tracks.forecast import (
+    SPLITS,
+    STD_FLOOR,
+    ForecastTask,
+    Split,
+    Track,
+    forecast_learnability,
+)
+
+WINDOW_FIELDS = ("x", "y", "mean", "std")
+
+
+def require_int(config: Any, name: str, low: int, high: int | None = None) -> None:
+    """``config.<name>`` is an integer in [low, high] (no upper bound when ``high`` is None)."""
+    value = getattr(config, name)
+    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+    ok = is_int(value) and value >= low and (high is None or value <= high)
+    require(ok, f"{config.name}.{name}", allowed, value)
+
+
+def split_rng(seed: int, split: str) -> np.random.Generator:
+    """An independent stream per split: ``SeedSequence([seed, 1 + index of split])``."""
+    return np.random.default_rng(np.random.SeedSequence([seed, 1 + SPLITS.index(split)]))
+
+
+def standardise(raw: np.ndarray, context: int) -> dict[str, np.ndarray]:
+    """Windows (N, L + H) -> x (N, L), y (N, H), mean, std (N,), scaled by the context only."""
+    ctx = raw[:, :context]
+    mean = ctx.mean(1)
+    std = np.maximum(ctx.std(1), STD_FLOOR)
+    scaled = (raw - mean[:, None]) / std[:, None]
+    return {"x": scaled[:, :context], "y": scaled[:, context:], "mean": mean, "std": std}
+
+
+def windows_track(config: Any, arrays: dict[str, np.ndarray]) -> Track:
+    """A forecast :class:`Track` over window-per-example arrays (each window its own series:
+    ``series`` = its index, ``start`` = 0; ``Track.series`` is empty)."""
+
+    def split(name: str) -> Split:
+        fields = {k: torch.from_numpy(arrays[f"{name}_{k}"]).float() for k in WINDOW_FIELDS}
+        n = fields["x"].shape[0]
+        index = {"series": torch.arange(n), "start": torch.zeros(n, dtype=torch.int64)}
+        return Split(**index, **fields)
+
+    return Track(
+        config=config,
+        series=torch.empty(0, dtype=torch.float64),
+        train=split("train"),
+        val=split("val"),
+        test=split("test"),
+    )
+
+
+# ----------------------------------------------------------------------------- the task
+
+
+class WindowForecastTask(ForecastTask):
+    """A forecast task over window-per-example tracks: the forecast model, loss, metrics and
+    naive forecasts, with its own learnability bar - exact attention's test MSE at most
+    ``linear_ratio`` x the least-squares linear forecast's - and its own setup words.
+
+    A subclass sets ``name``, ``config_class``, ``out_dir``, ``title``, ``linear_ratio``,
+    ``description`` (one sentence on the data) and :meth:`load`."""
+
+    linear_ratio: ClassVar[float] = 1.0
+    description: ClassVar[str] = ""
+
+    def learnability(self, baseline: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
+        out = forecast_learnability(baseline["full_by_metric"]["mse"]["mean"], naive)
+        out["linear_ratio_required"] = self.linear_ratio
+        out["meets_linear"] = bool(out["ratio_to_linear"] <= self.linear_ratio)
+        out["met"] = out["meets_linear"]
+        return out
+
+    def learnability_text(self, report: Mapping) -> str:
+        le = report["learnability"]
+        met = "met" if le["met"] else "**not met**"
+        return (
+            f"Exact attention's test MSE {le['baseline_test_mse']:.4f} is "
+            f"{le['ratio_to_linear']:.3f} × the least-squares linear forecast "
+            f"({le['linear_mse']:.4f}; required ≤ {le['linear_ratio_required']}): the "
+            f"learnability bar is {met}."
+        )
+
+    def summary_targets(self, report: Mapping) -> list[tuple[str, str, bool | None]]:
+        le = report["learnability"]
+        return [
+            (
+                f"{self.name} learnable: exact ≤ {self.linear_ratio} × linear",
+                f"{le['ratio_to_linear']:.3f} × linear",
+                le["met"],
+            )
+        ]
+
+    def setup_text(self, report: Mapping, protocol: str) -> str:
+        data, model, train = report["data"], report["config"]["model"], report["config"]["train"]
+        return (
+            f"**Track `{report['track']}`.** {self.description} Windows of context "
+            f"{data['context']} and horizon {data['horizon']}, each standardised by its own "
+            f"context: {data['n_train_windows']} training, {data['n_val_windows']} validation "
+            f"and {data['n_test_windows']} test windows.\n\n"
+            f"**Model `{report['model']}`.** {model['n_layers']} pre-norm encoder layers, "
+            f"d_model {model['d_model']}, {model['n_heads']} heads, one token per time step "
+            f"embedding its {model['embed_kernel']} neighbouring values (attention sees "
+            f"{data['context']} tokens), a linear context-to-horizon skip. Adam, "
+            f"{train['epochs']} epochs, batch {train['batch_size']}, {train['lr_schedule']} "
+            f"schedule.\n\n" + protocol
+        )

@@ -1,0 +1,39 @@
+"""Each track that needs attention (issue 14) runs through the bench at its smoke size: the
+plug-in registry, the task's model, loss, metrics, baselines and learnability bar, and the
+report layer's words for it."""
+
+import math
+
+import pytest
+
+from rpka.bench import InProcessExecutor, run_bench
+from rpka.presets import get_preset
+from rpka.tracks import get_task
+
+NEW_TRACKS = ("forecast-motif", "forecast-regimes", "forecast-real", "recall")
+
+
+@pytest.mark.parametrize("track", NEW_TRACKS)
+def test_smoke_bench_runs_each_new_track(track, tmp_path):
+    config = get_preset("smoke", track)
+    report = run_bench(
+        config, tmp_path / "out", InProcessExecutor(), progress=False, data_dir=tmp_path / "data"
+    )
+    task = get_task(track)
+    assert report["track"] == track
+    assert set(report["arms"]) == {arm.name for arm in config.arms}
+    for name, arm in report["arms"].items():
+        values = arm["full"]["per_seed"]
+        assert len(values) == len(config.eval_seeds), name
+        assert all(v is not None and math.isfinite(v) for v in values), name
+    learnability = report["learnability"]
+    assert isinstance(learnability["met"], bool)
+    text = task.learnability_text(report)
+    assert "learnability bar is" in text
+    assert task.setup_text(report, "PROTOCOL").endswith("PROTOCOL")
+    assert task.naive_rows(report, "test")
+    if track == "recall":  # query error = 1 - accuracy, in [0, 1]; chance over 8 values
+        for arm in report["arms"].values():
+            assert all(0.0 <= v <= 1.0 for v in arm["full"]["per_seed"])
+        chance = report["naive_baselines"]["predictors"]["chance"]["test"]["error"]
+        assert chance == pytest.approx(1 - 1 / 8)  # vocab 17: 8 keys, 8 values
