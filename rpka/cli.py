@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -26,6 +27,7 @@ import torch
 
 from rpka import bench, decoding, longctx, paths, pipeline, scaling, study, summary
 from rpka.config import DEVICES, BenchConfig, LongContextConfig
+from rpka.executors import EXECUTOR_KINDS, make_executor
 from rpka.io import atomic_write_text, write_json
 from rpka.paths import resolve
 from rpka.presets import (
@@ -36,6 +38,24 @@ from rpka.presets import (
     get_preset,
 )
 from rpka.tracks import get_task
+
+# evaluation seeds a paired comparison can use: at least 2 pairs; at most what any study
+# here would run (more is a typo, and 10**20 overflows the seed arithmetic)
+SEEDS_RANGE = (2, 1_000)
+
+
+def _check_out_dir(parser: argparse.ArgumentParser, flag: str, folder: Path) -> None:
+    """Refuse, before any compute, an output folder that is a file or cannot be written
+    (probe: create it and a temporary file in it)."""
+    if folder.exists() and not folder.is_dir():
+        parser.error(f"argument {flag}: {folder} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        parser.error(f"argument {flag}: cannot write to {folder} ({err.strerror})")
 
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
@@ -69,15 +89,27 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     parser.add_argument("--epochs", type=int, help="training epochs")
     parser.add_argument("--device", choices=DEVICES)
     parser.add_argument("--workers", type=int, help="parallel worker processes")
+    parser.add_argument(
+        "--executor",
+        choices=EXECUTOR_KINDS,
+        default="local",
+        help="where runs go: a local process pool, in-process, or a local Dask cluster",
+    )
+    parser.add_argument(
+        "--scheduler", help="a Dask scheduler address (tcp://host:port); implies --executor dask"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
+    if args.scheduler is not None and "://" not in args.scheduler:
+        parser.error(f"argument --scheduler: expected tcp://host:port, got {args.scheduler!r}")
 
     overrides: dict[str, Any] = {}
     if args.ranks is not None:
         overrides["ranks"] = args.ranks
     if args.seeds is not None:
-        if args.seeds < 1:
-            parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
+        low, high = SEEDS_RANGE
+        if not low <= args.seeds <= high:
+            parser.error(f"argument --seeds: must be in [{low}, {high}], got {args.seeds}")
         try:
             base = get_preset(args.preset, args.track)
         except ValueError as err:
@@ -98,13 +130,19 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
         parser.error(str(err))
     if config.device == "cuda" and not torch.cuda.is_available():
         parser.error("argument --device: cuda requested but CUDA is not available")
+    if len(config.eval_seeds) < SEEDS_RANGE[0]:
+        parser.error(f"preset {args.preset}: a paired comparison needs >= 2 evaluation seeds")
+    args.out = resolve(args.out or bench.default_out(config))
+    _check_out_dir(parser, "--out", args.out)
     return config, args
 
 
 def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config, args = parse_bench(argv)
-    out = resolve(args.out or bench.default_out(config))
-    report = bench.run_bench(config, out, progress=not args.no_progress)
+    kind = args.scheduler or args.executor
+    with make_executor(kind, n_workers=config.n_workers) as executor:
+        report = bench.run_bench(config, args.out, executor, progress=not args.no_progress)
+    out = args.out
     print_bench_summary(report, out)
     return report
 

@@ -1,4 +1,4 @@
-"""Where the bench's jobs run: the ``concurrent.futures`` seam of DESIGN.md section 9.
+"""Where the bench's jobs run: the ``concurrent.futures`` seam of docs/design.md section 9.
 
 A job is a pure function of its configuration that writes one result file, so any
 ``concurrent.futures.Executor`` can run it:

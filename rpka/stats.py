@@ -1,4 +1,4 @@
-"""Per-arm summaries, paired comparisons and the decision rule (DESIGN.md section 5,
+"""Per-arm summaries, paired comparisons and the decision rule (docs/design.md section 5,
 ``docs/statistics.md``).
 
 The tests come from ``scipy.stats`` (t, Wilcoxon, binomial, noncentral t, chi-square,
@@ -609,7 +609,7 @@ def apply_gate(comparison: dict[str, Any], gate: Mapping[str, Any]) -> dict[str,
 
 
 def pooled_z(z_scores_by_seed: Sequence[Sequence[float]], alpha: float = ALPHA) -> dict[str, Any]:
-    """Pool the mechanism's z-scores over Monte Carlo seeds (DESIGN.md section 5.6).
+    """Pool the mechanism's z-scores over Monte Carlo seeds (docs/design.md section 5.6).
 
     chi2 = sum z^2 ~ chi2(count) (``scipy.stats.chi2.sf``) detects any miscalibration;
     Stouffer Z = sum z / sqrt(count) ~ N(0, 1) detects a consistent bias. ``confirmed``

@@ -17,14 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rpka"
 MAX_LINES = 700
-# rpka/attention's internals are being reorganised (issue 12, item 4): its own cycles and
-# local imports are checked once that lands; its place in the layers is checked now
-ATTENTION = PACKAGE / "attention"
 
 
-def modules(exclude_attention: bool = True) -> list[Path]:
-    files = sorted(PACKAGE.rglob("*.py"))
-    return [f for f in files if not (exclude_attention and ATTENTION in f.parents)]
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 def test_import_layers_hold():
@@ -61,11 +57,10 @@ def _cycle(graph: grimp.ImportGraph, names: set[str]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycles_outside_attention_internals():
+def test_no_import_cycles():
     sys.path.insert(0, str(ROOT))
     graph = grimp.build_graph("rpka")
-    names = {m for m in graph.modules if not m.startswith("rpka.attention.")}
-    assert _cycle(graph, names) is None
+    assert _cycle(graph, set(graph.modules)) is None
 
 
 def test_no_imports_hidden_in_functions():
@@ -111,7 +106,7 @@ def test_no_branch_on_a_track_name_outside_tracks():
     names = "|".join(re.escape(n) for n in TRACKS)
     pattern = re.compile(rf"""(==|!=|\bin)\s*["']({names})["']|["']({names})["']\s*(==|!=)""")
     offenders = []
-    for path in modules(exclude_attention=False):
+    for path in modules():
         if PACKAGE / "tracks" in path.parents:
             continue
         for i, line in enumerate(path.read_text().splitlines(), 1):

@@ -145,7 +145,7 @@ def test_forecast_metrics_unchanged_by_the_task_split():
     np.testing.assert_allclose(metrics["mse"].numpy(), (diff**2).mean((1, 2)))
     np.testing.assert_allclose(metrics["mae"].numpy(), np.abs(diff).mean((1, 2)))
     with pytest.raises(ValueError, match="track must be one of"):
-        get_task("recall")
+        get_task("no-such-track")
 
 
 # ----------------------------------------------------------------------------- presets

@@ -24,7 +24,7 @@ from rpka.attention.rpka import RPKAttention
 REGISTRY: dict[str, type[AttentionMethod]] = {
     "exact": ExactAttention,
     "rpka": RPKAttention,
-    # peers (DESIGN.md section 2), each citing its paper
+    # peers (docs/design.md section 2), each citing its paper
     "nystrom-uniform": NystromUniformAttention,
     "keys-coreset": KeysCoresetAttention,
     "nystromformer": NystromformerAttention,

@@ -1,6 +1,6 @@
 """Causal RPKA: exact attention inside each block, Nystrom attention to the blocks before it.
 
-DESIGN.md section 2 ("Causal use"), issue 7. Landmarks drawn from the whole sequence leak
+docs/design.md section 2 ("Causal use"), issue 7. Landmarks drawn from the whole sequence leak
 the future into earlier positions, so a causal mask on plain Nystrom attention is wrong.
 
 **Layout.** The sequence is cut into blocks of ``b`` positions, block ``c = [cb, (c+1)b)``.

@@ -2,7 +2,7 @@
 
 A Nystrom estimate of ``softmax(q k^T) v`` is a ratio ``num / den`` whose implied weights are
 not entrywise positive, so ``den`` can be tiny or negative and the output can leave the
-convex hull of the values. Two guards (DESIGN.md section 2) keep it sane, and their firing
+convex hull of the values. Two guards (docs/design.md section 2) keep it sane, and their firing
 is counted so that reports can say how often they acted:
 
 * **denominator floor**: ``den`` is raised to a caller-chosen floor (the exact denominator

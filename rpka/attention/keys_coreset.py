@@ -15,7 +15,7 @@ so attention runs over r keys carrying the compressed values ``W V`` and weights
 The coreset ``S`` is drawn by RPCholesky on the tempered keys ``k' = k beta^{1/2} / tau``,
 sampling proportional to the residual diagonal of ``E_tau`` itself (``weighting="exp"``).
 With ``tau > 1`` the key norms shrink before sampling, which softens RPCholesky's pull
-towards the largest keys (DESIGN.md section 2). At r = number of keys, ``W = I``: exact.
+towards the largest keys (docs/design.md section 2). At r = number of keys, ``W = I``: exact.
 
 How it is computed here (same algebra, overflow-free). ``E_tau = D G D`` with the Gaussian
 ``G = g(k', k')`` and ``D = diag(e^{|k'|^2/2})``, hence ``W = D_S^{-1} G_SS^{-1} G_SK D_K``.

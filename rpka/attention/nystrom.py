@@ -6,7 +6,7 @@ With ``q~ = q d^{-1/4}``, ``k~ = k d^{-1/4}``, ``exp(q~.k~) = e^{|q~|^2/2} e^{|k
 with the Gaussian ``g``; the query factor cancels in the softmax, the key factor is a
 weight ``w_j``, and ``g`` is replaced by ``G_QS G_SS^{-1} G_SK`` on landmarks ``Z_S``:
 
-    out = G_QS G_SS^{-1} G_SK (w * V) / G_QS G_SS^{-1} G_SK w          (DESIGN.md section 2)
+    out = G_QS G_SS^{-1} G_SK (w * V) / G_QS G_SS^{-1} G_SK w          (docs/design.md section 2)
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ so on a point set ``Z`` the kernel matrix is ``A = D G D`` with ``D = diag(e^{|z
 A Nystrom approximation built on pivots ``S`` commutes with that scaling:
 ``A - A_S = D (G - G_S) D``. The Cholesky factor is therefore computed for the Gaussian
 matrix ``G`` only (entries in (0, 1], unit diagonal, no overflow), and the scaling only
-enters the *pivot distribution*, in the log domain (DESIGN.md section 2).
+enters the *pivot distribution*, in the log domain (docs/design.md section 2).
 
 ``weighting`` chooses which PSD matrix is pivoted, ``A_tau = D^tau G D^tau``:
 
@@ -20,7 +20,7 @@ enters the *pivot distribution*, in the log domain (DESIGN.md section 2).
 
 All three share one factor of ``G``; only the sampling probabilities differ. The residual
 trace that is recorded is that of the pivoted matrix ``A_tau``, scaled by
-``exp(-log_scale)`` so that it stays finite (the trace identity of DESIGN.md section 3
+``exp(-log_scale)`` so that it stays finite (the trace identity of docs/design.md section 3
 is invariant to a positive scale).
 
 Pivot rules (Chen, Epperly, Tropp, Webber 2023, "Randomly pivoted Cholesky", Alg. 1):
@@ -147,7 +147,7 @@ def select_pivot(
 
     ``log_residual`` is the log of the residual diagonal of the pivoted matrix (-inf where
     zero). Where it carries no usable mass (all -inf, or not finite) the rule falls back
-    to uniform sampling over the points not yet picked (DESIGN.md section 2).
+    to uniform sampling over the points not yet picked (docs/design.md section 2).
     """
     unpicked = torch.where(picked, float("-inf"), 0.0).to(log_residual.dtype)
     if rule == "uniform":

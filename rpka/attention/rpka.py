@@ -6,7 +6,7 @@ cancels in the softmax, the key factor becomes a weight ``w_j`` (kept in the log
 and the Gaussian ``g`` is replaced by its Nystrom approximation on landmarks ``Z_S``:
 
     g(Q~, K~) ~ G_QS G_SS^{-1} G_SK,
-    out = G_QS G_SS^{-1} G_SK (w * V) / G_QS G_SS^{-1} G_SK w          (DESIGN.md section 2)
+    out = G_QS G_SS^{-1} G_SK (w * V) / G_QS G_SS^{-1} G_SK w          (docs/design.md section 2)
 
 in O(n r d). Landmarks are RPCholesky pivots of the joint set ``[Q~; K~]`` (or of the keys
 only), picked without gradient; the factor is rebuilt differentiably from them.
