@@ -44,7 +44,7 @@ from rpka.bench import (
     versions,
 )
 from rpka.config import BenchConfig, LongContextConfig
-from rpka.io import write_json
+from rpka.io import read_json, write_json
 from rpka.paths import resolve
 from rpka.scaling import peak_memory_mib
 from rpka.tracks import get_task
@@ -154,8 +154,7 @@ def run_longctx(
             executor.shutdown(cancel_futures=True)
     result["load_average_end"] = _load_average()
     result["wall_s"] = time.perf_counter() - started
-    write_json(out / FILE_NAME, result)
-    return result
+    return read_json(write_json(out / FILE_NAME, result))  # as saved: NaN/inf are null
 
 
 def header(config: LongContextConfig) -> dict[str, Any]:

@@ -3,7 +3,9 @@ result dict, never typed by hand. Each function returns Markdown for ``06_report
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +36,15 @@ def setup(report: Mapping) -> str:
     return get_task(report["track"]).setup_text(report, protocol)
 
 
+def mde_text(c: dict[str, Any]) -> str:
+    """The MDE of the rule in words; null in the file means the rule cannot detect any
+    effect (its ``mde_note`` says why) or the MDE is undefined."""
+    if c.get("mde") is None or not math.isfinite(c["mde"]):
+        return f"not finite ({c.get('mde_note') or 'the rule cannot reject with these pairs'})"
+    rel = c.get("mde_rel_pct")
+    return f"{c['mde']:.4f}" + (f" ({rel:.1f} % of exact's mean)" if rel is not None else "")
+
+
 def headline(report: Mapping) -> str:
     """The primary comparison in two sentences, with its statistics."""
     c = report["comparison"]
@@ -48,7 +59,7 @@ def headline(report: Mapping) -> str:
         f"{c['n_pairs']} seeds; sign-flip p = {c['p_value']:.3g} ({c['p_value_method']}), "
         f"Holm-adjusted p = {c['p_adjusted']:.3g}. **Verdict: {c['verdict']}.** "
         f"With {c['n_pairs']} pairs the minimum detectable effect at α = 0.05 and 80 % power "
-        f"is {c['mde']:.4f} ({c['mde_rel_pct']:.1f} % of exact's mean); the CI half-width is "
+        f"is {mde_text(c)}; the CI half-width is "
         f"{c['ci_halfwidth']:.4f}."
     )
 

@@ -180,7 +180,7 @@ def test_lm_preset_overrides_and_errors():
     assert all(a.options["causal_block"] == 8 for a in config.arms if a.method == "rpka")
     assert isinstance(config.track, LMConfig) and config.track.seq_len == 17
     with pytest.raises(ValueError, match="track_name"):
-        get_preset("smoke", "recall")
+        get_preset("smoke", "no-such-track")
     with pytest.raises(ValueError, match="metric"):
         get_preset("smoke", "lm", metric="mse")
     with pytest.raises(ValueError, match="embed_kernel"):
