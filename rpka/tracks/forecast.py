@@ -352,7 +352,11 @@ def make_windows(
 ) -> dict[str, np.ndarray]:
     """Context-standardised windows of one series (T,): x (N, L), y (N, H), mean, std (N,)."""
     offsets = np.arange(context + horizon)
-    raw = series[starts[:, None] + offsets]  # (N, L + H)
+    return standardise(series[starts[:, None] + offsets], context)  # windows (N, L + H)
+
+
+def standardise(raw: np.ndarray, context: int) -> dict[str, np.ndarray]:
+    """Windows (N, L + H) -> x (N, L), y (N, H), mean, std (N,), scaled by the context only."""
     ctx = raw[:, :context]
     mean = ctx.mean(1)
     std = np.maximum(ctx.std(1), STD_FLOOR)

@@ -33,9 +33,8 @@ from rpka.tracks.cache import cached_arrays
 from rpka.tracks.forecast import SPLITS, Track
 from rpka.tracks.windows import (
     WindowForecastTask,
+    generated_arrays,
     require_int,
-    split_rng,
-    standardise,
     windows_track,
 )
 
@@ -144,15 +143,7 @@ def generate(config: MotifConfig, n: int, rng: np.random.Generator) -> dict[str,
 
 def build_arrays(config: MotifConfig) -> dict[str, np.ndarray]:
     """``<split>_{x, y, mean, std}`` (standardised windows) and ``<split>_{source, motif}``."""
-    config.validate()
-    arrays: dict[str, np.ndarray] = {}
-    for split in SPLITS:
-        drawn = generate(config, getattr(config, f"n_{split}"), split_rng(config.seed, split))
-        for key, value in standardise(drawn.pop("raw"), config.context).items():
-            arrays[f"{split}_{key}"] = value
-        for key, value in drawn.items():
-            arrays[f"{split}_{key}"] = value
-    return arrays
+    return generated_arrays(config, generate)
 
 
 def load_motif(

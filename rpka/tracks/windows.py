@@ -11,7 +11,7 @@ the arrays a generator's ``build_arrays`` returns are ``<split>_x`` (N, L), ``<s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -20,11 +20,11 @@ import torch
 from rpka.checks import is_int, require
 from rpka.tracks.forecast import (
     SPLITS,
-    STD_FLOOR,
     ForecastTask,
     Split,
     Track,
     forecast_learnability,
+    standardise,
 )
 
 WINDOW_FIELDS = ("x", "y", "mean", "std")
@@ -43,13 +43,21 @@ def split_rng(seed: int, split: str) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, 1 + SPLITS.index(split)]))
 
 
-def standardise(raw: np.ndarray, context: int) -> dict[str, np.ndarray]:
-    """Windows (N, L + H) -> x (N, L), y (N, H), mean, std (N,), scaled by the context only."""
-    ctx = raw[:, :context]
-    mean = ctx.mean(1)
-    std = np.maximum(ctx.std(1), STD_FLOOR)
-    scaled = (raw - mean[:, None]) / std[:, None]
-    return {"x": scaled[:, :context], "y": scaled[:, context:], "mean": mean, "std": std}
+def generated_arrays(
+    config: Any, generate: Callable[[Any, int, np.random.Generator], dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """``<split>_{x, y, mean, std}`` (standardised windows) and every other field that
+    ``generate(config, n_windows, rng)`` draws beside ``raw``, per split, each split from its
+    own stream (:func:`split_rng`)."""
+    config.validate()
+    arrays: dict[str, np.ndarray] = {}
+    for split in SPLITS:
+        drawn = generate(config, getattr(config, f"n_{split}"), split_rng(config.seed, split))
+        for key, value in standardise(drawn.pop("raw"), config.context).items():
+            arrays[f"{split}_{key}"] = value
+        for key, value in drawn.items():
+            arrays[f"{split}_{key}"] = value
+    return arrays
 
 
 def windows_track(config: Any, arrays: dict[str, np.ndarray]) -> Track:
