@@ -63,6 +63,13 @@ class ModelConfig:
         ``lm`` requires 1: a token embeds only itself.
     linear_skip: add a linear context -> horizon path (RLinear-style) beside the encoder.
         Track ``lm`` requires False (there is no horizon to map to).
+    previous_tokens: causal models only (``TransformerLM``): token t also embeds tokens
+        t - 1 ... t - previous_tokens, one embedding table per offset - the token analogue
+        of ``embed_kernel``, the short causal convolution of Zoology's MQAR models (Arora et
+        al. 2023). With 1, a value token carries its key, so one attention layer can match a
+        query against it; without it the model must first learn a previous-token head
+        (measured: scripts/track_learnability.py, recall). 0 (default): a token embeds
+        itself only. Encoder forecasters require 0 (``embed_kernel`` does this job there).
     head_init_std: standard deviation of the flatten head's initial weights (GPT-2's 0.02
         by default). Its fan-in is context x d_model, so the initial output's scale grows
         like the square root of the context: at 2,048 tokens 0.02 starts every forecast
@@ -80,6 +87,7 @@ class ModelConfig:
     dropout: float = 0.0
     linear_skip: bool = True
     head_init_std: float = 0.02
+    previous_tokens: int = 0
 
     def validate(self) -> None:
         require(self.name == "transformer_tiny", "model.name", "'transformer_tiny'", self.name)
@@ -112,6 +120,12 @@ class ModelConfig:
             "model.head_init_std",
             ">= 0",
             self.head_init_std,
+        )
+        require(
+            is_int(self.previous_tokens) and 0 <= self.previous_tokens <= 16,
+            "model.previous_tokens",
+            "an integer in [0, 16]",
+            self.previous_tokens,
         )
 
 
@@ -307,6 +321,12 @@ class TransformerTiny(EnsembleTransformer):
     ) -> None:
         super().__init__()
         config.validate()
+        require(  # a forecaster's tokens see their neighbours through embed_kernel instead
+            config.previous_tokens == 0,
+            "model.previous_tokens",
+            "0 for the forecaster (use embed_kernel)",
+            config.previous_tokens,
+        )
         n_members = len(seeds)
         d = config.d_model
         self.config, self.context, self.horizon = config, context, horizon
@@ -384,7 +404,8 @@ class TransformerLM(EnsembleTransformer):
     block's attention is built with ``causal=True``; everything else acts per position).
 
     Args:
-        config: the model's shape (``embed_kernel`` and ``linear_skip`` do not apply).
+        config: the model's shape (``embed_kernel`` and ``linear_skip`` do not apply;
+            ``previous_tokens`` adds one embedding table per earlier offset).
         n_tokens: vocabulary size V.
         max_len: the longest input n (learned positions).
         seeds: one per member; member s is initialised from ``seeds[s]`` alone.
@@ -418,6 +439,10 @@ class TransformerLM(EnsembleTransformer):
         )
         self.norm_out = EnsembleLayerNorm(n_members, d)
         self.head_bias = nn.Parameter(torch.zeros(n_members, 1, n_tokens))
+        # registered last: with previous_tokens = 0 every other parameter initialises as before
+        self.previous = nn.ModuleList(
+            EnsembleEmbedding(n_members, n_tokens, d) for _ in range(config.previous_tokens)
+        )
         self.reset_parameters()
 
     @torch.no_grad()
@@ -428,9 +453,13 @@ class TransformerLM(EnsembleTransformer):
         self.head_bias[s].zero_()
 
     def tokens(self, x: Tensor) -> Tensor:
-        """(S, B, n) token ids -> (S, B, n, d): embedding plus learned position."""
+        """(S, B, n) token ids -> (S, B, n, d): embedding plus learned position, plus the
+        embeddings of the ``previous_tokens`` earlier tokens (token 0 before the start)."""
         n = x.shape[-1]
-        return self.embed(x) + self.position[:, :n].unsqueeze(1)
+        h = self.embed(x) + self.position[:, :n].unsqueeze(1)
+        for offset, table in enumerate(self.previous, 1):
+            h = h + table(F.pad(x, (offset, 0))[..., :n])  # token t - offset
+        return h
 
     def forward(self, x: Tensor) -> Tensor:
         if (

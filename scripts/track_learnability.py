@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from rpka.io import read_json, write_json
-from rpka.model import EnsembleEmbedding, ModelConfig, TransformerLM
+from rpka.model import ModelConfig
 from rpka.tracks import get_task
 from rpka.tracks.motif import MotifConfig
 from rpka.tracks.recall import RecallConfig
@@ -76,32 +76,8 @@ def model_config(name: str, args: argparse.Namespace) -> ModelConfig:
         d_ff=2 * args.d_model,
         embed_kernel=args.embed_kernel or default_kernel,
         linear_skip=not recall,
+        previous_tokens=int(recall and args.previous_token),
     )
-
-
-class PreviousTokenLM(TransformerLM):
-    """``TransformerLM`` whose token ``t`` also embeds token ``t - 1`` (a causal width-2
-    input window, the token analogue of the forecaster's ``embed_kernel``; Zoology's
-    short convolutions play this part): the value's token then carries its key, so one
-    attention layer can match a query against it without first learning a previous-token
-    head. An experiment of this script, not (yet) a model of the package."""
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        n_tokens: int,
-        max_len: int,
-        seeds: list[int],
-        method: str = "exact",
-        options: dict | None = None,
-    ) -> None:
-        super().__init__(config, n_tokens, max_len, seeds, method, options)
-        self.previous = EnsembleEmbedding(len(seeds), n_tokens, config.d_model)
-        self.reset_parameters()
-
-    def tokens(self, x: Tensor) -> Tensor:
-        shifted = torch.nn.functional.pad(x[..., :-1], (1, 0))  # token t - 1 (0 before the start)
-        return super().tokens(x) + self.previous(shifted)
 
 
 def train_arm(
@@ -115,12 +91,7 @@ def train_arm(
     task = get_task(name)
     seeds = list(args.seeds)
     init = [derive_seed(s, 0) for s in seeds]
-    if args.previous_token:
-        model = PreviousTokenLM(
-            model_config(name, args), config.vocab_size, config.max_len, init, method
-        )
-    else:
-        model = task.build_model(model_config(name, args), config, init, method, {})
+    model = task.build_model(model_config(name, args), config, init, method, {})
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
     warmup = max(1, args.steps // 20)
@@ -218,7 +189,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=64)
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--previous-token", action="store_true", help="recall: PreviousTokenLM")
+    parser.add_argument(
+        "--previous-token", action="store_true", help="recall: model.previous_tokens=1"
+    )
     parser.add_argument("--log-every", type=int, default=250)
     parser.add_argument("--tag", default="", help="suffix of the arm's key (sweeps)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)

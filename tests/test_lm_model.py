@@ -27,11 +27,11 @@ CFG = ModelConfig(d_model=16, n_layers=2, n_heads=2, d_ff=32, embed_kernel=1, li
 V, N = 11, 24  # vocabulary, tokens read
 
 
-def make(method="exact", seeds=(0, 1), **options):
+def make(method="exact", seeds=(0, 1), config=CFG, **options):
     if method == "rpka":
         options = {"rank": 6, "causal_block": 8, **options}
         options["generator"] = torch.Generator().manual_seed(0)
-    return TransformerLM(CFG, V, N, list(seeds), method, options)
+    return TransformerLM(config, V, N, list(seeds), method, options)
 
 
 def tokens(batch=3, n=N, seed=0):
@@ -55,9 +55,11 @@ def numpy_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- the model
 
 
+@pytest.mark.parametrize("previous_tokens", [0, 2])
 @pytest.mark.parametrize("method", ["exact", "rpka"])
-def test_logits_up_to_t_ignore_tokens_after_t(method):
-    model = make(method).eval()
+def test_logits_up_to_t_ignore_tokens_after_t(method, previous_tokens):
+    config = dataclasses.replace(CFG, previous_tokens=previous_tokens)
+    model = make(method, config=config).eval()
     x = tokens()
     with torch.no_grad():
         reseed(model)
@@ -70,6 +72,23 @@ def test_logits_up_to_t_ignore_tokens_after_t(method):
             assert torch.equal(out[:, :, : t + 1], base[:, :, : t + 1]), t
             # the future did change
             assert not torch.allclose(out[:, :, t + 1 :], base[:, :, t + 1 :])
+
+
+def test_previous_tokens_embed_the_earlier_tokens():
+    """Token t's input is embed(x_t) + position_t + sum_o previous[o](x_{t-o}) (token 0
+    before the start): written out with the model's own tables, one offset at a time."""
+    model = make(config=dataclasses.replace(CFG, previous_tokens=2))
+    x = tokens(batch=2, n=5).expand(2, 2, 5)
+    with torch.no_grad():
+        got = model.tokens(x)
+        for t in range(5):
+            want = model.embed.weight[:, x[0, :, t]] + model.position[:, t, None]
+            for offset, table in enumerate(model.previous, 1):
+                earlier = x[0, :, t - offset] if t >= offset else torch.zeros_like(x[0, :, t])
+                want = want + table.weight[:, earlier]
+            torch.testing.assert_close(got[:, :, t], want)
+    with pytest.raises(ValueError, match="model.previous_tokens"):
+        dataclasses.replace(CFG, previous_tokens=-1).validate()
 
 
 def test_shapes_gradients_and_attention_inputs():

@@ -115,3 +115,5 @@ def test_linear_skip_is_optional_and_bad_input_is_rejected():
         make()(torch.randn(3, 1, L))  # 3 members given, 2 in the model
     with pytest.raises(ValueError, match="model.d_model"):
         ModelConfig(d_model=10, n_heads=4).validate()
+    with pytest.raises(ValueError, match="model.previous_tokens"):
+        make(config=ModelConfig(**{**CFG.__dict__, "previous_tokens": 1}))  # lm/recall only
