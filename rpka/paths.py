@@ -55,6 +55,12 @@ def bench_report(preset: str, track_dir: str = "") -> str:
     return f"{bench_dir(preset, track_dir)}/bench_report.json"
 
 
+def study_json(preset: str) -> str:
+    """The study index (every track's bench report, attention gate, primary arm and
+    verdicts): ``data/results/<preset>/study.json``; where the report and README start."""
+    return f"{results_dir(preset)}/study.json"
+
+
 def mechanism_json(preset: str) -> str:
     return f"{results_dir(preset)}/mechanism.json"
 
