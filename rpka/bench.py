@@ -551,12 +551,13 @@ def build_report(
     base = arms[config.baseline_arm]
     comparisons = {
         name: stats.paired_comparison(
-            base["full"]["per_seed"], entry["full"]["per_seed"], METRIC_DIRECTION
+            base["full"]["per_seed"], entry["full"]["per_seed"], METRIC_DIRECTION, config.margin
         )
         for name, entry in arms.items()
         if name != config.baseline_arm
     }
-    stats.apply_holm(comparisons)
+    gate = attention_gate(config, arms)
+    decide(config, comparisons, gate)
     for name, comparison in comparisons.items():
         arms[name]["comparison"] = comparison
     primary = arms[config.primary_arm]
@@ -576,6 +577,8 @@ def build_report(
         "baseline": earlier_keys(base, config.baseline_arm),
         "idea": earlier_keys(primary, config.primary_arm),
         "comparison": primary["comparison"],
+        "attention_gate": gate,
+        "decision": decision_of(config),
         "mechanism_signature": None,
         "output_error": None,
         "ablation_choice": None,
@@ -589,6 +592,61 @@ def build_report(
     }
     report["ablation_choice"] = choose_default(report)  # validation scores only
     return report
+
+
+def attention_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The track's attention gate (``rpka.stats.attention_gate``): does the control lose to
+    the baseline by ``config.gate_min_rel``? None when the study has no control arm."""
+    control = config.control
+    if control is None or control not in arms:
+        return None
+    gate = stats.attention_gate(
+        arms[config.baseline_arm]["full"]["per_seed"],
+        arms[control]["full"]["per_seed"],
+        METRIC_DIRECTION,
+        min_rel=config.gate_min_rel,
+    )
+    return {"control_arm": control, **gate}
+
+
+def decide(
+    config: BenchConfig, comparisons: dict[str, dict[str, Any]], gate: dict[str, Any] | None
+) -> None:
+    """The decision rule (docs/statistics.md): the primary unadjusted, Holm over the
+    secondary family, the control outside both (it is the gate's), then the gate."""
+    control = config.control
+    family = {name: c for name, c in comparisons.items() if name != control}
+    stats.apply_holm(family, primary=config.primary_arm)
+    if control in comparisons:
+        comparisons[control]["adjustment"] = "none (the control: read by the attention gate)"
+    if gate is not None:
+        for name, comparison in comparisons.items():
+            if name != control:
+                stats.apply_gate(comparison, gate)
+
+
+def decision_of(config: BenchConfig) -> dict[str, Any]:
+    """The rule the verdicts come from, as data (``bench_report.json["decision"]``)."""
+    return {
+        "primary_arm": config.primary_arm,
+        "baseline_arm": config.baseline_arm,
+        "control_arm": config.control,
+        "secondary_family": list(config.secondary_arms),
+        "margin": config.margin,
+        "alpha": stats.ALPHA,
+        "rule": (
+            f"{config.primary_arm} vs {config.baseline_arm}: paired sign-flip test, unadjusted "
+            f"(pre-registered primary); the {len(config.secondary_arms)} other arm(s): Holm "
+            "over that family; equivalent when TOST at +-margin rejects both sides"
+            + (" (no margin: no equivalence test)" if config.margin is None else "")
+            + (
+                f"; every verdict 'uninformative' unless {config.control} loses to "
+                f"{config.baseline_arm} by >= {config.gate_min_rel:.0%} (attention gate)"
+                if config.control
+                else "; no control arm: no attention gate"
+            )
+        ),
+    }
 
 
 def timings(

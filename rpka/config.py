@@ -21,6 +21,7 @@ the parameter and its allowed range.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -254,6 +255,14 @@ class BenchConfig:
     ``n_workers`` processes run jobs in parallel (1 = in this process);
     ``seeds_per_job`` seeds are stacked in one model per job (more seeds per job: less
     overhead; fewer: better load balance across workers).
+
+    The decision rule (docs/statistics.md): ``primary_arm`` against the baseline is the one
+    pre-registered comparison, unadjusted; every other arm but the control is the secondary
+    family, Holm-adjusted; ``margin`` (metric units) is the TOST equivalence margin (None:
+    no equivalence test, so no verdict "equivalent"). ``control_arm`` (None: the arm of
+    method ``mean`` if there is one) is the attention gate's control: it must lose to the
+    baseline by at least ``gate_min_rel`` of the baseline's mean (one-sided p < 0.05), or
+    every verdict of the track reads "uninformative".
     """
 
     preset: str
@@ -280,6 +289,23 @@ class BenchConfig:
     # ranks at which every arm's attention is compared with exact on its trained Q/K
     # (rpka.quality.method_output_errors; non-causal forecast models); () skips the study
     output_error_ranks: tuple[int, ...] = ()
+    margin: float | None = None
+    control_arm: str | None = None
+    gate_min_rel: float = 0.25
+
+    @property
+    def control(self) -> str | None:
+        """The attention gate's control arm: ``control_arm``, else the arm of method
+        ``mean`` (attention replaced by the context mean), else None (no gate)."""
+        if self.control_arm is not None:
+            return self.control_arm
+        return next((a.name for a in self.arms if a.method == "mean"), None)
+
+    @property
+    def secondary_arms(self) -> tuple[str, ...]:
+        """The Holm family: every arm but the baseline, the primary and the control."""
+        skip = {self.baseline_arm, self.primary_arm, self.control}
+        return tuple(a.name for a in self.arms if a.name not in skip)
 
     @property
     def track_name(self) -> str:
@@ -322,6 +348,34 @@ class BenchConfig:
                 )
         require(self.baseline_arm in names, "baseline_arm", f"one of {names}", self.baseline_arm)
         require(self.primary_arm in names, "primary_arm", f"one of {names}", self.primary_arm)
+        require(
+            self.primary_arm != self.baseline_arm,
+            "primary_arm",
+            f"an arm other than the baseline {self.baseline_arm!r}",
+            self.primary_arm,
+        )
+        require(
+            self.margin is None or (is_number(self.margin) and 0 < self.margin < math.inf),
+            "margin",
+            "a finite number > 0 (metric units) or None",
+            self.margin,
+        )
+        require(
+            self.control_arm is None
+            or (
+                self.control_arm in names
+                and self.control_arm not in (self.baseline_arm, self.primary_arm)
+            ),
+            "control_arm",
+            f"None or an arm other than the baseline and the primary, one of {names}",
+            self.control_arm,
+        )
+        require(
+            is_number(self.gate_min_rel) and 0 <= self.gate_min_rel < math.inf,
+            "gate_min_rel",
+            "a finite number >= 0",
+            self.gate_min_rel,
+        )
         require(
             len(self.learning_rates) >= 1
             and all(is_number(lr) and 0 < lr for lr in self.learning_rates),

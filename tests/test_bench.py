@@ -14,6 +14,7 @@ from rpka.bench import InProcessExecutor, best_learning_rate, run_bench
 from rpka.config import BenchConfig
 from rpka.io import read_json
 from rpka.presets import get_preset
+from rpka.stats import VERDICTS
 from rpka.tracks.lm import LM_NAMES, MarkovCopySource
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bench_report.md"
@@ -118,7 +119,10 @@ def test_report_content(smoke_report):
         b - a for a, b in zip(full["per_seed"], arms["rpka-r4"]["full"]["per_seed"], strict=True)
     ]
     assert report["comparison"]["per_seed_diffs"] == pytest.approx(diffs)
-    assert "Holm" in report["comparison"]["adjustment"]
+    # the pre-registered primary is not adjusted (the smoke study has no other arm)
+    assert report["comparison"]["adjustment"] == "none (pre-registered primary)"
+    assert report["decision"]["primary_arm"] == "rpka-r4"
+    assert report["comparison"]["verdict"] in VERDICTS
     assert BenchConfig.from_dict(report["config"]) == SMOKE
     assert len(list((root / "out" / "runs").glob("*.json"))) == report["timings"]["n_runs"]
     # run files are complete results, named by their hash

@@ -117,12 +117,24 @@ def test_every_full_arm_trains_on_the_smoke_track(tmp_path, arm):
 # --------------------------------------------------------------------------- default choice
 
 
-def test_report_holds_holm_over_every_arm_and_the_choice(smoke_study_report):
+def test_report_holds_holm_over_the_secondary_arms_and_the_choice(smoke_study_report):
+    """The decision rule: the primary unadjusted, the control read by the gate, Holm over
+    the rest; the gate decides whether any verdict is informative."""
     report, _ = smoke_study_report
-    n_others = len(report["arms"]) - 1
-    for name, arm in report["arms"].items():
-        if name != report["baseline_arm"]:
-            assert arm["comparison"]["adjustment"] == f"Holm over {n_others} comparison(s)"
+    decision, gate = report["decision"], report["attention_gate"]
+    secondary = decision["secondary_family"]
+    assert gate["control_arm"] == decision["control_arm"] == "mean-attention"
+    outside = {"exact", report["primary_arm"], "mean-attention"}
+    assert set(secondary) == set(report["arms"]) - outside
+    for name in secondary:
+        assert report["arms"][name]["comparison"]["adjustment"] == (
+            f"Holm over {len(secondary)} comparison(s)"
+        )
+    primary = report["arms"][report["primary_arm"]]["comparison"]
+    assert primary["adjustment"] == "none (pre-registered primary)"
+    assert primary["gate_passed"] is gate["passed"]
+    if not gate["passed"]:  # the smooth smoke track does not need attention
+        assert primary["verdict"] == "uninformative"
     choice = report["ablation_choice"]
     assert choice["reference"] == "rpka-r4" and choice["split"] == "val"
     assert [c["arm"] for c in choice["candidates"]] == [
