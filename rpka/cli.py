@@ -394,6 +394,8 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--preset", default="full", choices=sorted(study.SCALING_PRESET))
     parser.add_argument("--readme", type=Path, help="rewrite this file's summary block")
     args = parser.parse_args(argv)
+    index = study.write_study_index(args.preset)  # study.json: where every reader starts
+    print(f"study index: {paths.study_json(args.preset)} ({len(index['tracks'])} track(s))")
     block = summary.render(args.preset)
     if args.readme is None:
         print(block)

@@ -9,6 +9,7 @@ it is missing (every computation resumes from its run files).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 
 from rpka import bench, paths, scaling
 from rpka.config import BenchConfig
-from rpka.io import read_json, read_json_or_heal
+from rpka.io import read_json, read_json_or_heal, write_json
 from rpka.longctx import run_longctx
 from rpka.paths import resolve
 from rpka.presets import STUDY_TRACKS, get_longctx_preset, get_preset
@@ -127,7 +128,70 @@ def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callabl
             "long-context training",
             lambda: run_longctx(get_longctx_preset(preset), results_dir(preset), progress=progress),
         ),
+        ("study index", lambda: write_study_index(preset)),
     ]
+
+
+# --------------------------------------------------------------------------- study index
+
+
+def track_entry(report: dict[str, Any], report_path: Path, index_dir: Path) -> dict[str, Any]:
+    """One track's line in ``study.json``: where its report is, its gate, its verdicts."""
+    primary = report["arms"][report["primary_arm"]]["comparison"]
+    return {
+        "bench_report": os.path.relpath(report_path, index_dir),
+        "preset": report["config"]["preset"],
+        "metric": report["metric"],
+        "attention_gate": report.get("attention_gate"),
+        "primary_arm": report["primary_arm"],
+        "primary": {
+            k: primary.get(k)
+            for k in ("verdict", "delta_mean", "ci_low", "ci_high", "p_value", "margin", "mde")
+        },
+        "verdicts": {
+            name: arm["comparison"]["verdict"]
+            for name, arm in report["arms"].items()
+            if arm.get("comparison")
+        },
+        "run_time_s": report["timings"]["phases"]["total_s"],
+        "learnability_met": report["learnability"].get("met"),
+    }
+
+
+def write_study_index(
+    preset: str, tracks: tuple[str, ...] = STUDY_TRACKS, out_dir: str | Path | None = None
+) -> dict[str, Any]:
+    """Write ``study.json`` in ``out_dir`` (default ``data/results/<preset>``,
+    ``rpka.paths.study_json``) from the tracks' bench reports and the long-context result
+    found there, and return it.
+
+    Keys: ``preset``, ``tracks`` (``{<track>: track_entry}`` in the study's order; a track
+    without a report yet is left out and named in ``missing``) and ``longctx`` (per
+    context: a ``track_entry`` of its bench, or null without a long-context result).
+    """
+    out = resolve(out_dir or results_dir(preset))
+    required = ("config", "arms", "primary_arm")
+    entries, missing = {}, []
+    for name in tracks:
+        path = out / get_task(name).out_dir / "bench_report.json"
+        report = read_json_or_heal(path, required)
+        if report is None:
+            missing.append(name)
+            continue
+        entries[name] = track_entry(report, path, out)
+    longctx = read_json_or_heal(out / Path(paths.longctx_json(preset)).name, ("per_context",))
+    longctx_entry = None
+    if longctx is not None:
+        longctx_entry = {"contexts": {}}
+        for context, entry in longctx["per_context"].items():
+            report = read_json_or_heal(out / entry["bench_report"], required)
+            if report is not None:
+                longctx_entry["contexts"][context] = track_entry(
+                    report, out / entry["bench_report"], out
+                )
+    index = {"preset": preset, "tracks": entries, "missing": missing, "longctx": longctx_entry}
+    write_json(out / Path(paths.study_json(preset)).name, index)
+    return index
 
 
 # --------------------------------------------------------------------------- 01_train
