@@ -58,6 +58,14 @@ def _check_out_dir(parser: argparse.ArgumentParser, flag: str, folder: Path) -> 
         parser.error(f"argument {flag}: cannot write to {folder} ({err.strerror})")
 
 
+def _check_out_file(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
+    """Refuse, before any compute, an output file that is a folder or whose folder cannot
+    be created and written (the result is written to a temporary file there, then renamed)."""
+    if path.is_dir():
+        parser.error(f"argument {flag}: {path} is a folder, not a file")
+    _check_out_dir(parser, flag, path.parent)
+
+
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
     """The one argparse setup of every command."""
     return argparse.ArgumentParser(
@@ -228,12 +236,14 @@ def parse_longctx(
         parser.error(str(err))
     if config.bench.device == "cuda" and not torch.cuda.is_available():
         parser.error("argument --device: cuda requested but CUDA is not available")
+    args.out = resolve(args.out or paths.results_dir(config.preset))
+    _check_out_dir(parser, "--out", args.out)
     return config, args
 
 
 def longctx_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config, args = parse_longctx(argv)
-    out = resolve(args.out or paths.results_dir(config.preset))
+    out = args.out
     result = longctx.run_longctx(config, out, progress=not args.no_progress)
     print("\n".join(longctx.summary_lines(result)), file=sys.stdout)
     print(f"written to {out / longctx.FILE_NAME}")
@@ -260,6 +270,7 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     if args.print_parameters:
         print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
         return
+    _check_out_file(parser, "--html", Path(args.html))
     try:
         pipeline.run_pipeline(
             steps,
@@ -328,7 +339,8 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
         config.validate()
     except ValueError as err:
         parser.error(str(err))
-    out = Path(args.out or default_out)
+    out = resolve(args.out or default_out)
+    _check_out_file(parser, "--out", out)
     result = scaling.run_scaling(config, progress=not args.quiet, out=out, preset=args.preset)
     print("\n".join(scaling.summary_lines(result)))
     print(f"written to {out}")
@@ -370,7 +382,8 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
         config.validate()
     except ValueError as err:
         parser.error(str(err))
-    out = args.out or paths.decode_json(config.device)
+    out = resolve(args.out or paths.decode_json(config.device))
+    _check_out_file(parser, "--out", out)
     result = decoding.run_decoding(config)
     write_json(out, result)
     print(f"{'method':>6} {'context':>8} {'ms/token':>9} {'mean':>8} {'max':>8} {'prefill ms':>11}")
@@ -394,6 +407,8 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--preset", default="full", choices=sorted(study.SCALING_PRESET))
     parser.add_argument("--readme", type=Path, help="rewrite this file's summary block")
     args = parser.parse_args(argv)
+    if args.readme is not None and not args.readme.is_file():
+        parser.error(f"argument --readme: {args.readme} is not a file")
     block = summary.render(args.preset)
     if args.readme is None:
         print(block)
