@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -156,9 +157,12 @@ def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def print_bench_summary(report: dict[str, Any], out: Path) -> None:
-    """A results table: every arm and the naive baselines, the primary test metric."""
+    """A results table: every arm and the naive baselines, the primary test metric; an arm
+    with diverged evaluation seeds says how many (their scores are missing: n/a)."""
     metric = report["metric"]
-    width = max(12, *(len(name) for name in report["arms"]))
+    task = get_task(report["track"])
+    naive = task.naive_rows(report, "test")
+    width = max(12, *(len(name) for name in report["arms"]), *(len(label) for label, _ in naive))
     lines = [
         f"{'arm':<{width}} {'points':>6} {'best lr':>8} {'test ' + metric:>18} {'vs exact':>30}"
     ]
@@ -167,14 +171,17 @@ def print_bench_summary(report: dict[str, Any], out: Path) -> None:
         points = arm["pivot_points"] or arm["attention_tokens"]
         cmp_ = arm["comparison"]
         versus = (
-            "-" if cmp_ is None else f"{cmp_['delta_mean']:+.4f} p_adj={cmp_['p_adjusted']:.3g}"
+            "-"
+            if cmp_ is None
+            else f"{_number(cmp_['delta_mean'], '+.4f')} p_adj={_number(cmp_['p_adjusted'], '.3g')}"
         )
+        diverged = arm["n_diverged"]
         lines.append(
-            f"{name:<{width}} {points:>6} {arm['best_cfg']['lr']:>8.0e} "
-            f"{full['mean']:>9.4f} +- {full['std']:<6.4f} {versus:>30}"
+            f"{name:<{width}} {points:>6} {_number(arm['best_cfg']['lr'], '.0e'):>8} "
+            f"{_number(full['mean'], '.4f'):>9} +- {_number(full['std'], '.4f'):<6} {versus:>30}"
+            + (f"  {diverged}/{len(full['per_seed'])} seeds diverged" if diverged else "")
         )
-    task = get_task(report["track"])
-    for label, values in task.naive_rows(report, "test"):
+    for label, values in naive:
         lines.append(f"{label:<{width}} {'':>6} {'':>8} {values[metric]:>9.4f}")
     choice = report.get("ablation_choice")
     if choice is not None:
@@ -184,12 +191,20 @@ def print_bench_summary(report: dict[str, Any], out: Path) -> None:
             f"{choice['reference_val_score']:.4f})"
         )
     lines.append(task.learnability_text(report).replace("**", ""))
+    if all(arm["n_diverged"] == len(arm["full"]["per_seed"]) for arm in report["arms"].values()):
+        lines.append("every evaluation seed of every arm diverged: try lower --lrs")
     t = report["timings"]
     lines.append(
         f"wall {t['phases']['total_s']:.1f} s; step ms {t['step_ms_median']}; "
         f"written to {out / 'bench_report.json'}"
     )
     print("\n".join(lines), file=sys.stdout)
+
+
+def _number(value: float | None, spec: str) -> str:
+    """``value`` formatted by ``spec``, or "n/a" where it is missing or not finite (a
+    diverged seed has no score; NaN is saved as null)."""
+    return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
 
 
 # --------------------------------------------------------------------------- longctx
