@@ -3,6 +3,7 @@ path that a clone does not have (issue 17 item 8)."""
 
 import re
 import subprocess
+import tomllib
 
 import pytest
 
@@ -37,6 +38,12 @@ def test_licence_and_citation_exist_and_agree():
     citation = (REPO_ROOT / "CITATION.cff").read_text()
     assert re.search(r"^license: MIT$", citation, re.M) and "cff-version:" in citation
     assert "[`LICENSE`](LICENSE)" in README and "[`CITATION.cff`](CITATION.cff)" in README
+
+
+def test_the_licence_is_an_spdx_string():
+    """A licence table in pyproject.toml makes setuptools warn at every install."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
 
 
 def test_usage_comes_before_the_generated_results():

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SMOKE = get_preset("smoke", train={"epochs": 1})
 
 
-def _train(tmp_path, progress):
-    rc = make_run_config(SMOKE, SMOKE.arm("exact"), 3e-3, [0], "val", str(tmp_path), progress)
+def _train(tmp_path, progress, split="val"):
+    rc = make_run_config(SMOKE, SMOKE.arm("exact"), 3e-3, [0], split, str(tmp_path), progress)
     train_run(rc)
 
 
@@ -23,9 +23,9 @@ def test_a_nested_bar_is_not_drawn_into_a_log(tmp_path, capsys):
     # under capsys stderr is not a terminal, like `make report 2> log` or a notebook
     _train(tmp_path, {"enable": True, "position": 1, "leave": False})
     assert capsys.readouterr().err == ""  # no bar, no cursor escape
-    _train(tmp_path, {"enable": True})  # a top-level bar (01_train's) is still drawn
-    err = capsys.readouterr().err
-    assert "exact lr=0.003 sweep" in err and "\x1b[A" not in err
+    _train(tmp_path, {"enable": True}, "test")  # a top-level bar (01_train's) is drawn,
+    err = capsys.readouterr().err  # named by its phase: it shows validation scores as it trains
+    assert "exact lr=0.003 eval" in err and "val_mse=" in err and "\x1b[A" not in err
 
 
 PROFILE = textwrap.dedent(
