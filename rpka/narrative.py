@@ -18,11 +18,19 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
 
 
+def readable_options(options: Mapping[str, Any] | None) -> str:
+    """{'rank': 64, 'pivot_method': 'plain'} -> "rank 64, pivot method plain"."""
+    if not options:
+        return "defaults"
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in options.items())
+
+
 def setup(report: Mapping) -> str:
     """Track, model, arms and protocol of a bench report."""
     cfg = report["config"]
     arms = ", ".join(
-        f"`{a['name']}`" + (f" ({a['options']})" if a["options"] else "") for a in cfg["arms"]
+        f"`{a['name']}`" + (f" ({readable_options(a['options'])})" if a["options"] else "")
+        for a in cfg["arms"]
     )
     metric = metric_label(report)
     protocol = (
@@ -88,8 +96,8 @@ def control_reading(report: Mapping) -> str:
         stats_ = (
             f"`{arm}` (uniform attention: queries and keys ignored) against "
             f"`{report['baseline_arm']}`: delta {c['delta_mean']:+.4f}, 95 % CI "
-            f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}], p = {c['p_adjusted']:.3g} "
-            f"({c.get('adjustment', 'Holm')}; {word})"
+            f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}], Holm p = {c['p_adjusted']:.3g} "
+            f"({word})"
         )
         if not fails_gate(report):
             parts.append(
@@ -225,7 +233,7 @@ def limitations(
             for arm, e in bench["arms"].items()
             if e["best_cfg"]["lr"] in (grid[0], grid[-1])
         ]
-        if at_edge:
+        if at_edge and len(grid) > 1:
             bullets.append(
                 f"On {track} the best learning rate of {', '.join(at_edge)} is at an edge of "
                 f"the grid {[float(f'{lr:g}') for lr in grid]}: a wider grid might move them."

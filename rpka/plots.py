@@ -593,6 +593,7 @@ def plot_error_vs_time(
     error against the attention's forward latency at ``latency_length`` tokens. The front
     (no arm both faster and better) is joined by a line and its points circled; it runs
     only through exact and the arms whose CI excludes 0 (none drawn with fewer than two).
+    The primary arm is framed by a square.
     """
     names = list(report["arms"])
     panels = [("step", report["timings"]["step_ms_median"], "training step (ms, median)")]
@@ -626,6 +627,8 @@ def plot_error_vs_time(
             ax.errorbar(
                 x[j], y[j], yerr=err, fmt=marker, color=colour, ms=7, capsize=2, label=arm_name
             )
+            if arm_name == report["primary_arm"]:  # the primary arm stands out
+                ax.plot(x[j], y[j], "s", ms=16, mfc="none", mec=colour, mew=2)
             if j in front:  # circled and named: the arms worth their cost
                 ax.plot(x[j], y[j], "o", ms=15, mfc="none", mec="k", mew=1.2)
                 rank_on_front = sorted(front, key=lambda i: x[i]).index(j)

@@ -122,7 +122,7 @@ def _forest_panel(
         tag = " (primary)" if arm == primary else ""
         ticks.append(f"{arm}{tag}\n{verdict_word(c['verdict'])}{flag}, {p_text}")
     ax.set_yticks(range(len(arms))[::-1], ticks, fontsize=8)
-    for label, arm in zip(ax.get_yticklabels(), arms[::-1], strict=True):
+    for label, arm in zip(ax.get_yticklabels(), arms, strict=True):  # as set: top first
         if arm == primary:
             label.set_fontweight("bold")
             label.set_color(PRIMARY_COLOUR)

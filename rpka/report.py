@@ -224,8 +224,8 @@ def track_headline(track: Mapping[str, Any]) -> str:
         f"{num(idea['full']['std'], '.2g')} against {num(base['full']['mean'], '.4g')} ± "
         f"{num(base['full']['std'], '.2g')} (mean ± sd over {c['n_pairs']} seeds). Paired "
         f"delta {ci_text(c)} (95 % CI); the primary arm wins {c.get('idea_wins', '?')}/"
-        f"{c['n_pairs']} seeds; sign-flip p = {num(c['p_value'], '.3g')} "
-        f"({esc(c.get('adjustment', 'Holm'))}){tost_text}; MDE of the rule {mde_text(c)}."
+        f"{c['n_pairs']} seeds; sign-flip p = {num(c['p_value'], '.3g')}, adjustment "
+        f"{esc(c.get('adjustment', 'Holm'))}{tost_text}; MDE of the rule {mde_text(c)}."
         f"{robust} **Verdict: {verdict_word(c['verdict'])}.**"
     )
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rpka.narrative import control_arms, mde_text
+from rpka.narrative import control_arms, mde_text, readable_options
 from rpka.plots import metric_label
 from rpka.plots_report import relative_interval
 from rpka.scaling_analysis import crossover_table
@@ -460,13 +460,6 @@ def cost_caption(track: Mapping[str, Any]) -> tuple[str, str]:
 
 
 # --------------------------------------------------------------------------- appendix
-
-
-def readable_options(options: Mapping[str, Any] | None) -> str:
-    """{'rank': 64, 'pivot_method': 'plain'} -> "rank 64, pivot method plain"."""
-    if not options:
-        return "defaults"
-    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in options.items())
 
 
 def arms_table(report: Mapping[str, Any]) -> pd.DataFrame:

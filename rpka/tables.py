@@ -187,7 +187,9 @@ def styled(frame: pd.DataFrame, precision: int = 4):
     (``<arm>`` stays text) - a pandas ``Styler``; notebooks render it as an HTML table."""
     if frame.index.name is not None:
         frame = frame.reset_index()
-    return frame.style.format(precision=precision, na_rep="", escape="html").hide(axis="index")
+    text = [c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
+    style = frame.style.format(precision=precision, na_rep="", escape="html").hide(axis="index")
+    return style.set_properties(subset=text, **{"text-align": "left"})
 
 
 # --------------------------------------------------------------------------- long-context training
