@@ -66,7 +66,7 @@ def plot_headline(
     ``rows``: dicts with ``label``, ``comparison``, ``gate`` ("passed", "failed" or
     "none") and ``margin_pct`` (None without a margin), in display order (top first).
     """
-    fig, ax = plt.subplots(figsize=(8.5, 0.75 * len(rows) + 1.8), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(rows) + 1.5), constrained_layout=True)
     labels = []
     for i, row in enumerate(rows):
         y = len(rows) - 1 - i

@@ -134,10 +134,28 @@ def decode_numbers(decode: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "growth": rp["per_token_ms"] / first["per_token_ms"],
         "growth_with_redraw": with_redraw(rp) / with_redraw(first),
         "has_redraw": "amortised_redraw_ms_per_token" in rp,
-        "prefill_ratio": rp["prefill_ms"] / ex["prefill_ms"]
-        if rp.get("prefill_ms") and ex.get("prefill_ms")
-        else None,
+        "prefill_ratio": _prefill_ratio(rp, ex),
+        **_worst_prefill(rows, contexts),
     }
+
+
+def _prefill_ratio(rpka: Mapping[str, Any] | None, exact: Mapping[str, Any] | None) -> float | None:
+    if rpka and exact and rpka.get("prefill_ms") and exact.get("prefill_ms"):
+        return rpka["prefill_ms"] / exact["prefill_ms"]
+    return None
+
+
+def _worst_prefill(rows: Mapping[tuple[str, int], Mapping], contexts: list[int]) -> dict:
+    """The context where RPKA's prefill is slowest against exact's, and that ratio."""
+    ratios = {
+        n: r
+        for n in contexts
+        if (r := _prefill_ratio(rows.get(("rpka", n)), rows.get(("exact", n))))
+    }
+    if not ratios:
+        return {"prefill_worst_ratio": None, "prefill_worst_context": None}
+    worst = max(ratios, key=ratios.get)
+    return {"prefill_worst_ratio": ratios[worst], "prefill_worst_context": worst}
 
 
 def decode_cost(decode: Mapping[str, Any] | None) -> str:
@@ -153,7 +171,8 @@ def decode_cost(decode: Mapping[str, Any] | None) -> str:
         else "the landmark redraw is not in this file"
     )
     prefill = (
-        f"; the prefill of the prompt takes {d['prefill_ratio']:.1f}× exact's"
+        f"; the prefill of the prompt takes {d['prefill_ratio']:.1f}× exact's time there, and "
+        f"up to {d['prefill_worst_ratio']:.1f}× (at {d['prefill_worst_context']:,} tokens)"
         if d["prefill_ratio"]
         else ""
     )

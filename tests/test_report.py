@@ -191,7 +191,8 @@ def test_decode_cost_includes_the_redraw_and_the_prefill():
     assert d["growth"] == 1.0 and d["growth_with_redraw"] == pytest.approx(1.5)
     assert d["prefill_ratio"] == pytest.approx(7.0)
     text = report_text.decode_cost(decode)
-    assert "1.50×" in text and "7.0× exact's" in text
+    assert d["prefill_worst_ratio"] == pytest.approx(14.0) and d["prefill_worst_context"] == 1
+    assert "1.50×" in text and "7.0× exact's" in text and "up to 14.0× (at 1 tokens)" in text
 
 
 def test_the_mechanism_names_its_model_from_the_description_key():
