@@ -45,7 +45,6 @@ from rpka.report_text import (
 from rpka.tables import arm_group, verdict_word
 from rpka.tracks import get_task
 
-TITLE = "Residual-pivoted kernel attention: does it replace softmax attention?"
 PREVIEW_PRESETS = ("smoke", "quick")
 
 # --------------------------------------------------------------------------- page

@@ -292,7 +292,7 @@ def summary_bullets(
     gated = (
         "**Tracks that do not need attention** (uniform attention cannot be told apart "
         "from exact, so they cannot tell attention methods apart):"
-        + (sub(failed) if failed else " none: every gated track passed its attention gate.")
+        + (sub(failed) if failed else " none (no track failed an attention gate).")
     )
     failed_items = failures(study, targets)
     what_failed = "**What failed.** " + (
