@@ -124,9 +124,13 @@ def test_limitations_flag_learning_rates_at_the_grid_edge(smoke_study_report):
     grid = sorted(report["config"]["learning_rates"])
     text = narrative.limitations(report)
     at_edge = [a for a, e in report["arms"].items() if e["best_cfg"]["lr"] in (grid[0], grid[-1])]
+    at_edge = at_edge if len(grid) > 1 else []  # a one-rate grid: nothing to widen from
     assert ("edge of the grid" in text) == bool(at_edge)
     for arm in at_edge:
         assert f"`{arm}`" in text
+    wider = {**report, "config": {**report["config"], "learning_rates": [grid[0] / 10, *grid]}}
+    text = narrative.limitations(wider)  # every arm's rate is now the grid's top
+    assert "edge of the grid" in text and all(f"`{arm}`" in text for arm in report["arms"])
 
 
 def test_z_variance_and_the_overdispersion_caveat():
