@@ -96,9 +96,16 @@ def control_reading(report: Mapping) -> str:
         stats_ = (
             f"`{arm}` (uniform attention: queries and keys ignored) against "
             f"`{report['baseline_arm']}`: delta {c['delta_mean']:+.4f}, 95 % CI "
-            f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}], Holm p = {c['p_adjusted']:.3g} "
+            f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}], p = {c['p_adjusted']:.3g} "
             f"({word})"
         )
+        gate = report.get("attention_gate")
+        if gate:
+            stats_ += (
+                f"; attention gate {'passed' if gate['passed'] else 'failed'} (the control is "
+                f"{gate['control_rel']:.0%} worse than exact, one-sided p = "
+                f"{gate['p_value']:.3g}; {gate['rule']})"
+            )
         if not fails_gate(report):
             parts.append(
                 f"**Control:** {stats_}. This track needs attention, so it can tell "

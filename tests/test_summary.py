@@ -195,10 +195,10 @@ def test_control_reading_says_whether_the_track_needs_attention(smoke_study_repo
     report, _ = smoke_study_report
     assert narrative.control_arms(report) == ["mean-attention"]
     rigged = copy.deepcopy(report)
-    comparison = rigged["arms"]["mean-attention"]["comparison"]
-    comparison["verdict"] = "significant loss (95% CI of the delta [+0.1, +0.2])"
+    rigged["attention_gate"]["passed"] = True
     assert "needs attention" in narrative.control_reading(rigged)
-    comparison["verdict"] = "inconclusive (95% CI of the delta [-0.1, +0.2])"
+    assert "attention gate passed" in narrative.control_reading(rigged)
+    rigged["attention_gate"]["passed"] = False
     reading = narrative.control_reading(rigged)
     assert "shows no need for attention" in reading
     assert "uninformative" in narrative.limitations(rigged)
