@@ -99,7 +99,7 @@ def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
         rows.append((target, measured, _met(met)))
 
     for name in STUDY_TRACKS:  # each track's own targets (Task.summary_targets)
-        if results[name]:
+        if results.get(name):
             for target, measured, met in get_task(name).summary_targets(results[name]):
                 add(target, measured, met)
     mechanism = results["mechanism"]
@@ -171,7 +171,7 @@ def render(preset: str = "full") -> str:
         narrative.ablation_choice(report),
     ]
     for name in others:  # the other tracks: headline, control and their own notes
-        if results[name]:
+        if results.get(name):
             parts += [
                 f"**{get_task(name).title}.** " + narrative.headline(results[name]),
                 narrative.control_reading(results[name]),
