@@ -124,15 +124,21 @@ def study_mechanism(
     previous = read_json_or_heal(path, ("model", "options", "trained"))
     if previous is not None:  # resume: this model was studied with these options already
         if previous.get("model") == described and previous.get("options") == study_options:
-            return {**previous["trained"]["mechanism_signature"], "trained_model": True, "trained_model_description": described}
+            return {**previous["trained"]["mechanism_signature"], **trained_model(described)}
     studies = {}
     for name, model in (("trained", trained), ("init", init)):
         qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
         member0 = [tuple(t[: len(x)] for t in layer) for layer in qkv]  # member 0: first seed
         studies[name] = mechanism_study(member0, progress=progress, **study_options)
-    signature = {**studies["trained"]["mechanism_signature"], "trained_model": True, "trained_model_description": described}
+    signature = {**studies["trained"]["mechanism_signature"], **trained_model(described)}
     write_json(path, {"model": described, "options": study_options, **studies})
     return signature
+
+
+def trained_model(described: str) -> dict[str, Any]:
+    """The signature's model keys: ``trained_model`` a boolean (the earlier check's type),
+    the words beside it."""
+    return {"trained_model": True, "trained_model_description": described}
 
 
 OUTPUT_ERROR_SEEDS = 5  # pivot / feature draws per method and rank in the output-error study

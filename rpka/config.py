@@ -172,7 +172,11 @@ class MechanismConfig:
             package's update at every candidate, cost O(N^2 t^2) per step), ``"explicit"``
             (``|R[:, s]|^2 / R_ss`` of the explicit residual, O(N^2); the package's update
             is then checked along the run only, ``max_rel_error_trace``).
-        z_threshold: "confirmed" means ``|z| <= z_threshold`` at every step of every head.
+        z_threshold: the per-step display rule: ``|z| <= z_threshold`` at every step of every
+            head (``per_step_rule_met``); the decision is the pooled test over ``mc_seeds``.
+        mc_seeds: independent Monte Carlo seeds (a fresh RPCholesky run and fresh draws
+            each, seeds ``seed``, ``seed + 1``, ...); their z-scores are pooled
+            (``rpka.stats.pooled_z``: chi-square of sum z^2 and Stouffer's sum z) to decide.
         pivot_set, weighting, tempering, den_floor: as :class:`RPKAttention`.
         quality_ranks: ranks of the approximation-quality study (each capped at N).
         quality_seeds: pivot seeds per rule and rank.
@@ -192,6 +196,7 @@ class MechanismConfig:
     monte_carlo: str = "auto"
     candidate_decreases: str = "package"
     z_threshold: float = 4.0
+    mc_seeds: int = 4
     pivot_set: str = "joint"
     weighting: str = "gauss"
     tempering: float = 0.5
@@ -208,7 +213,13 @@ class MechanismConfig:
     optimum_floor: float = 1e-9
 
     def validate(self) -> None:
-        for name, low in (("rank", 1), ("draws", 2), ("quality_seeds", 1), ("quality_items", 1)):
+        for name, low in (
+            ("rank", 1),
+            ("draws", 2),
+            ("quality_seeds", 1),
+            ("quality_items", 1),
+            ("mc_seeds", 1),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")

@@ -247,6 +247,10 @@ def test_mechanism_study_signature_and_json(tmp_path):
     ):  # fmt: skip
         assert key in sig, key
     assert sig["confirmed"] and sig["max_abs_z"] <= 4 and sig["rank"] == 5
+    # the decision is the pooled test over the Monte Carlo seeds (default 4), each a fresh run
+    pooled = sig["pooled"]
+    assert pooled["n_seeds"] == 4 and pooled["count"] == 4 * sig["n_tests"]
+    assert sig["confirmed"] is pooled["confirmed"] and sig["per_step_rule_met"]
     assert sig["max_rel_error_exact"] < 1e-10 and sig["head"] == 1 and sig["n_heads"] == 2
     assert sig["monte_carlo"] == "resample"  # "auto" on the CPU
     assert sig["candidate_decreases"] == "package" and sig["max_rel_error_trace"] < 1e-10
@@ -272,6 +276,7 @@ def test_mechanism_study_signature_and_json(tmp_path):
         ({"heads": (5,)}, "heads"),
         ({"layers": (2,)}, "layers"),
         ({"identity_item": 3}, "identity_item"),
+        ({"mc_seeds": 0}, "mc_seeds"),
         ({"no_such_option": 1}, "no_such_option"),
     ],
 )

@@ -384,3 +384,13 @@ def test_pooled_z_against_scipy_and_decides():
     assert np.all(np.abs(np.concatenate(biased)) <= 4) and not pooled_z(biased)["confirmed"]
     with pytest.raises(ValueError, match="finite z"):
         pooled_z([[float("nan")]])
+
+
+def test_pooled_z_catches_a_bias_the_per_step_rule_passes():
+    """A bias of 0.5 SE at every one of 1,000 steps never crosses |z| = 4 at one step, yet
+    Stouffer's pooled sum rejects it (issue 15: the per-step rule does not decide)."""
+    z = np.random.default_rng(0).standard_normal((4, 250)) * 0.5 + 0.5
+    assert np.abs(z).max() < 4
+    pooled = pooled_z(list(z))
+    assert not pooled["confirmed"] and pooled["stouffer_p"] < 1e-10
+    assert pooled_z(list(np.random.default_rng(1).standard_normal((4, 250))))["confirmed"]
