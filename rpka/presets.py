@@ -359,12 +359,12 @@ RECALL_MODEL = ModelConfig(
 RECALL_PRESETS: dict[str, BenchConfig] = {
     "smoke": dataclasses.replace(
         _lm_smoke(),
+        model=dataclasses.replace(_lm_smoke().model, previous_tokens=1),
         track=RecallConfig(
             vocab_size=17,
             n_pairs=4,
             n_queries=4,
             seq_len=32,
-            length_factors=(2,),
             n_train=64,
             n_val=16,
             n_test=16,
