@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rpka.attention import build
-from rpka.checks import is_int, require
+from rpka.checks import require
 from rpka.io import atomic_save_npz
 from rpka.model import TransformerLM
 from rpka.tracks.base import Task
@@ -113,12 +113,6 @@ class RecallConfig:
         require_int(self, "n_queries", 1)
         require_int(self, "seq_len", 2 * (self.n_pairs + self.n_queries))
         factors = self.length_factors
-        require(
-            isinstance(factors, tuple) and all(is_int(f) for f in factors),
-            "recall.length_factors",
-            f"the tuple {LENGTH_FACTORS} (the metrics error_x2, error_x4)",
-            factors,
-        )
         require(
             factors == LENGTH_FACTORS,
             "recall.length_factors",
@@ -221,7 +215,7 @@ def load_recall(
     arrays = cached_arrays(config, build_arrays, data_dir, use_cache)
     if any(f"{split}_tokens" not in arrays for split in config.split_names):
         # a cache written before the val_x<f> splits existed: rebuilt, the same config
-        arrays = cached_arrays(config, build_arrays, data_dir, use_cache=False)
+        arrays = build_arrays(config)
         if use_cache:
             atomic_save_npz(cache_path(config, data_dir), **arrays)
     return RecallTrack(config, arrays)
