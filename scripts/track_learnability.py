@@ -38,7 +38,7 @@ from rpka.io import read_json, write_json
 from rpka.model import ModelConfig
 from rpka.tracks import get_task
 from rpka.tracks.motif import MotifConfig
-from rpka.tracks.recall import RecallConfig
+from rpka.tracks.recall import LENGTH_METRICS, RecallConfig
 from rpka.tracks.regimes import RegimesConfig
 from rpka.train import clip_per_member, derive_seed, evaluate, lr_factor
 
@@ -127,8 +127,12 @@ def train_arm(
         if split == "train":
             continue
         metrics = evaluate(model, task, x, y, EVAL_BATCH)
-        if name == "recall":
+        if name == "recall":  # val / test hold every length (rpka.tracks.recall)
             out[f"{split}_accuracy"] = (1 - metrics["error"]).tolist()
+            for metric in LENGTH_METRICS:
+                out[f"{split}{metric.removeprefix('error')}_accuracy"] = (
+                    1 - metrics[metric]
+                ).tolist()
         else:
             out[f"{split}_mse"] = metrics["mse"].tolist()
     return out
@@ -203,8 +207,7 @@ def main() -> None:
     task = get_task(args.track)
     config = track_config(args.track, args)
     track = task.load(config)
-    names = config.split_names if args.track == "recall" else ("train", "val", "test")
-    splits = {split: task.inputs_targets(track, split) for split in names}
+    splits = {split: task.inputs_targets(track, split) for split in ("train", "val", "test")}
     results = read_json(args.out) if args.out.exists() else {"tracks": {}}
     entry = results["tracks"].setdefault(args.track, {"arms": {}})
     entry["config"] = dict(vars(config))

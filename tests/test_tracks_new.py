@@ -13,7 +13,7 @@ from rpka.tracks.motif import MotifConfig, load_motif
 from rpka.tracks.motif import build_arrays as motif_arrays
 from rpka.tracks.real import RealConfig, load_real, load_series, split_bounds
 from rpka.tracks.real import build_arrays as real_arrays
-from rpka.tracks.recall import IGNORE, RecallConfig, load_recall
+from rpka.tracks.recall import IGNORE, RecallConfig, length_factor, load_recall
 from rpka.tracks.recall import build_arrays as recall_arrays
 from rpka.tracks.regimes import RegimesConfig, load_regimes
 from rpka.tracks.regimes import build_arrays as regimes_arrays
@@ -113,7 +113,7 @@ def test_recall_targets_are_the_paired_values():
     p, q = RECALL.n_pairs, RECALL.n_queries
     for split in RECALL.split_names:
         tokens, targets = arrays[f"{split}_tokens"], arrays[f"{split}_targets"]
-        factor = int(split.removeprefix("test_x")) if split.startswith("test_x") else 1
+        factor = length_factor(split)
         assert tokens.shape == targets.shape == (RECALL.split_size(split), RECALL.seq_len * factor)
         assert ((targets != IGNORE).sum(1) == q).all()
         for seq, tgt in zip(tokens, targets, strict=True):
@@ -187,7 +187,7 @@ def test_loaders_cache_round_trip(tmp_path):
         (RecallConfig(n_pairs=40), r"n_pairs must be an integer in \[1, 31\]"),
         (RecallConfig(n_queries=0), "n_queries must be an integer >= 1"),
         (RecallConfig(seq_len=16), "seq_len must be an integer >= 32"),
-        (RecallConfig(length_factors=(1,)), "length_factors must be a tuple of integers >= 2"),
+        (RecallConfig(length_factors=(2,)), r"length_factors must be the tuple \(2, 4\)"),
         (RealConfig(dataset="airline"), "dataset must be one of"),
         (RealConfig(test_fraction=0.6), r"test_fraction must be in \(0, 0.5\)"),
         (RealConfig(context=500), "context \\+ horizon must be at most"),

@@ -24,9 +24,19 @@ after it): a 2-layer attention model does it (an induction head), softmax attent
 reaches ~100 % while a low-rank or recurrent state loses accuracy once the pairs outgrow
 it - for RPKA, accuracy against rank / pairs is the direct test of the low-rank idea.
 
-Splits ``train`` / ``val`` / ``test`` at ``seq_len``, and ``test_x<f>`` for each factor f
-in ``length_factors`` (sequences f times longer, the same pairs and queries: length
-generalisation), each from an independent seed stream.
+Splits ``train`` / ``val`` / ``test`` at ``seq_len``, and ``test_x<f>`` / ``val_x<f>`` for
+each factor f in ``length_factors`` (sequences f times longer, the same pairs and queries:
+length generalisation), each from an independent seed stream.
+
+**Length generalisation in the bench.** The bench scores one ``val`` and one ``test``
+tensor per run, so the task's ``val`` / ``test`` inputs stack the sequences of every length
+(each padded with filler to ``max_len``; a causal model's outputs at a position do not
+depend on the padding after it) and the targets carry each sequence's length factor in
+an extra last column: the metrics ``error`` / ``nll`` (training length) and ``error_x2`` /
+``error_x4`` (2x and 4x) come from one pass, and every run's scores - the bench report's
+``full_by_metric`` per arm - hold the accuracy at each length. The learned positions
+cover ``max_len`` = 4 x ``seq_len`` (``TransformerLM``'s ``max_len``); positions past
+``seq_len`` are never trained, which is part of what the length test measures.
 """
 
 from __future__ import annotations
@@ -42,15 +52,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rpka.attention import build
-from rpka.checks import is_int, require
+from rpka.checks import require
+from rpka.io import atomic_save_npz
 from rpka.model import TransformerLM
 from rpka.tracks.base import Task
-from rpka.tracks.cache import cached_arrays
+from rpka.tracks.cache import cache_path, cached_arrays
 from rpka.tracks.forecast import SPLITS
 from rpka.tracks.windows import require_int
 
 FILLER = 0
 IGNORE = -1
+# the longer evaluation lengths, as multiples of seq_len: fixed because the task's metric
+# names (error_x2, error_x4) are fixed for every bench of the track
+LENGTH_FACTORS = (2, 4)
 
 
 @dataclass(frozen=True)
@@ -62,7 +76,7 @@ class RecallConfig:
     n_pairs: int = 8
     n_queries: int = 8
     seq_len: int = 64
-    length_factors: tuple[int, ...] = (2, 4)
+    length_factors: tuple[int, ...] = LENGTH_FACTORS
     n_train: int = 20_000
     n_val: int = 1_000
     n_test: int = 1_000
@@ -88,7 +102,9 @@ class RecallConfig:
 
     @property
     def split_names(self) -> tuple[str, ...]:
-        return (*SPLITS, *(f"test_x{f}" for f in self.length_factors))
+        # val_x<f> last: the streams of the earlier splits do not move
+        lengths = [f"{base}_x{f}" for base in ("test", "val") for f in self.length_factors]
+        return (*SPLITS, *lengths)
 
     def validate(self) -> None:
         require(self.name == "recall", "name", "'recall'", self.name)
@@ -98,9 +114,9 @@ class RecallConfig:
         require_int(self, "seq_len", 2 * (self.n_pairs + self.n_queries))
         factors = self.length_factors
         require(
-            isinstance(factors, tuple) and all(is_int(f) and f >= 2 for f in factors),
+            factors == LENGTH_FACTORS,
             "recall.length_factors",
-            "a tuple of integers >= 2",
+            f"the tuple {LENGTH_FACTORS} (the metrics error_x2, error_x4)",
             factors,
         )
         for split in SPLITS:
@@ -113,7 +129,12 @@ class RecallConfig:
         return np.random.default_rng(np.random.SeedSequence([self.seed, 1 + index]))
 
     def split_size(self, split: str) -> int:
-        return getattr(self, f"n_{split}") if split in SPLITS else self.n_test
+        return getattr(self, f"n_{split.split('_x')[0]}")
+
+
+def length_factor(split: str) -> int:
+    """The length of a split's sequences in units of ``seq_len``: "test_x4" -> 4, "val" -> 1."""
+    return int(split.split("_x")[1]) if "_x" in split else 1
 
 
 def sample(
@@ -146,10 +167,8 @@ def build_arrays(config: RecallConfig) -> dict[str, np.ndarray]:
     config.validate()
     arrays: dict[str, np.ndarray] = {}
     for split in config.split_names:
-        factor = int(split.removeprefix("test_x")) if split.startswith("test_x") else 1
-        drawn = sample(
-            config, config.split_size(split), config.seq_len * factor, config.split_rng(split)
-        )
+        n, length = config.split_size(split), config.seq_len * length_factor(split)
+        drawn = sample(config, n, length, config.split_rng(split))
         for key, value in drawn.items():
             arrays[f"{split}_{key}"] = value
     return arrays
@@ -167,6 +186,25 @@ class RecallTrack:
             raise ValueError(f"split must be one of {self.config.split_names}, got {name!r}")
         return self.arrays[f"{name}_tokens"], self.arrays[f"{name}_targets"]
 
+    def scored(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """The model inputs (N', n') and targets (N', n' + 1) of ``train``, ``val`` or ``test``
+        (module docstring): ``train`` as drawn (n' = seq_len); ``val`` / ``test`` with the
+        sequences of every length factor stacked, padded to ``max_len`` (filler tokens,
+        ignored targets). The targets' last column is each sequence's length factor."""
+        if name not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {name!r}")
+        config = self.config
+        longer = [] if name == "train" else [f"{name}_x{f}" for f in config.length_factors]
+        width = config.seq_len if name == "train" else config.max_len
+        tokens, targets = [], []
+        for part in (name, *longer):
+            x, y = self.split(part)
+            pad = ((0, 0), (0, width - x.shape[1]))
+            tokens.append(np.pad(x, pad, constant_values=FILLER))
+            factor = np.full((len(y), 1), length_factor(part), dtype=y.dtype)
+            targets.append(np.concatenate([np.pad(y, pad, constant_values=IGNORE), factor], 1))
+        return np.concatenate(tokens), np.concatenate(targets)
+
 
 def load_recall(
     config: RecallConfig | None = None, data_dir: str | Path | None = None, use_cache: bool = True
@@ -174,7 +212,13 @@ def load_recall(
     """The ``recall`` track: read from the cache, or generated (and cached)."""
     config = RecallConfig() if config is None else config
     config.validate()
-    return RecallTrack(config, cached_arrays(config, build_arrays, data_dir, use_cache))
+    arrays = cached_arrays(config, build_arrays, data_dir, use_cache)
+    if any(f"{split}_tokens" not in arrays for split in config.split_names):
+        # a cache written before the val_x<f> splits existed: rebuilt, the same config
+        arrays = build_arrays(config)
+        if use_cache:
+            atomic_save_npz(cache_path(config, data_dir), **arrays)
+    return RecallTrack(config, arrays)
 
 
 def recall_baselines(config: RecallConfig) -> dict[str, float]:
@@ -191,10 +235,14 @@ def recall_baselines(config: RecallConfig) -> dict[str, float]:
 RECALL_ACCURACY = 0.95
 
 
+# the metrics: query error and NLL at the training length, then the error at each longer one
+LENGTH_METRICS = tuple(f"error_x{f}" for f in LENGTH_FACTORS)
+
+
 def query_nll(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    """-log p(target) and the query mask, both (S, B, n): logits (S, B, n, V), y (S|1, B, n)
-    with ``IGNORE`` away from the queries."""
-    targets = y.expand(logits.shape[:-1])
+    """-log p(target) and the query mask, both (S, B, n): logits (S, B, n, V), y (S|1, B,
+    n + 1) - the targets, ``IGNORE`` away from the queries, then the length factor."""
+    targets = y[..., :-1].expand(logits.shape[:-1])
     mask = targets != IGNORE
     flat = F.cross_entropy(logits.flatten(0, 2), targets.clamp(min=0).flatten(), reduction="none")
     return flat.view(targets.shape) * mask, mask
@@ -205,11 +253,12 @@ class RecallTask(Task):
     its value. Loss = cross-entropy at the query positions only; metrics ``error`` (1 -
     query accuracy, so that lower is better like every metric) and ``nll`` (nats per
     query); baselines chance and a guess among the sequence's own values; learnability =
-    exact attention's accuracy >= 95 %."""
+    exact attention's accuracy >= 95 %. ``error_x2`` / ``error_x4``: the query error on
+    sequences 2x and 4x the training length (module docstring)."""
 
     name = "recall"
     config_class = RecallConfig
-    metrics = ("error", "nll")
+    metrics = ("error", "nll", *LENGTH_METRICS)
     causal = True
     sample_unit = "sequences"
     loss_label = "cross-entropy at queries (nats)"
@@ -236,7 +285,8 @@ class RecallTask(Task):
                 raise ValueError(f"arm {arm.name!r} cannot run on track recall: {err}") from None
 
     def inputs_targets(self, track: RecallTrack, split: str) -> tuple[Tensor, Tensor]:
-        tokens, targets = track.split(split)
+        """Tokens (N, n) and targets (N, n + 1), see :meth:`RecallTrack.scored`."""
+        tokens, targets = track.scored(split)
         return torch.from_numpy(tokens).long(), torch.from_numpy(targets).long()
 
     def loss(self, pred: Tensor, y: Tensor) -> Tensor:
@@ -244,23 +294,48 @@ class RecallTask(Task):
         return nll.sum((1, 2)) / mask.sum((1, 2))
 
     def error_sums(self, pred: Tensor, y: Tensor) -> dict[str, Tensor]:
+        """Per length factor f (suffix "" for 1, "_x<f>" else): wrong answers, NLL and the
+        number of queries, summed over the batch's sequences of that length."""
         nll, mask = query_nll(pred.double(), y.unsqueeze(0))
-        wrong = (pred.argmax(-1) != y.unsqueeze(0)) & mask
-        return {"error": wrong.sum((1, 2)).double(), "nll": nll.sum((1, 2))}
+        wrong = ((pred.argmax(-1) != y[:, :-1].unsqueeze(0)) & mask).double()
+        factor = y[:, -1]
+        sums = {}
+        for f in (1, *LENGTH_FACTORS):
+            rows = factor == f
+            suffix = "" if f == 1 else f"_x{f}"
+            sums[f"wrong{suffix}"] = wrong[:, rows].sum((1, 2))
+            sums[f"nll{suffix}"] = nll[:, rows].sum((1, 2))
+            sums[f"queries{suffix}"] = mask[:, rows].sum((1, 2)).double()
+        return sums
 
     def count(self, y: Tensor) -> int:
-        return int((y != IGNORE).sum())
+        return int((y[:, :-1] != IGNORE).sum())
 
     def finish(self, sums: dict[str, Tensor], count: int) -> dict[str, Tensor]:
-        return {"error": sums["error"] / count, "nll": sums["nll"] / count}
+        """Each length's sums over its own number of queries (``count`` spans them all)."""
+        out = {"error": sums["wrong"] / sums["queries"], "nll": sums["nll"] / sums["queries"]}
+        for metric in LENGTH_METRICS:
+            suffix = metric.removeprefix("error")
+            out[metric] = sums[f"wrong{suffix}"] / sums[f"queries{suffix}"]
+        return out
 
     def naive_baselines(self, track: RecallTrack) -> dict[str, Any]:
-        """Predictors that need no recall, as errors and NLLs (the same on every split)."""
+        """Predictors that need no recall, as errors and NLLs (the same on every split and
+        at every length: neither reads the positions)."""
         rows = {}
         for key, accuracy in recall_baselines(track.config).items():
             values = {"error": 1 - accuracy, "nll": float(-np.log(accuracy))}
+            values |= {metric: 1 - accuracy for metric in LENGTH_METRICS}
             rows[key] = {split: dict(values) for split in SPLITS}
         return {"predictors": rows}
+
+    def extra_columns(self, report: Mapping, values: Mapping[str, float]) -> dict[str, Any]:
+        """Query accuracy at the training length and at each longer one."""
+        return {
+            f"accuracy{metric.removeprefix('error')}": 1 - values[metric]
+            for metric in ("error", *LENGTH_METRICS)
+            if metric in values
+        }
 
     def naive_rows(self, report: Mapping, split: str) -> list[tuple[str, dict[str, float]]]:
         names = {"chance": "chance (uniform value)", "in_context": "a value of the sequence"}
@@ -304,6 +379,7 @@ class RecallTask(Task):
         return {
             "n_train_sequences": config.n_train,
             "n_val_sequences": config.n_val,
+            "max_len": config.max_len,
             "n_test_sequences": config.n_test,
             "seq_len": config.seq_len,
             "attention_tokens": config.attention_tokens,
@@ -314,20 +390,34 @@ class RecallTask(Task):
         }
 
     def metric_label(self, metric: str) -> str:
-        return "NLL at queries (nats)" if metric == "nll" else "query error (1 - accuracy)"
+        if metric == "nll":
+            return "NLL at queries (nats)"
+        if metric in LENGTH_METRICS:
+            return f"query error at {metric.removeprefix('error_x')}x the training length"
+        return "query error (1 - accuracy)"
 
     def setup_text(self, report: Mapping, protocol: str) -> str:
         data, model, train = report["data"], report["config"]["model"], report["config"]["train"]
+        previous = model.get("previous_tokens", 0)
+        embeds = (
+            f"each token also embeds the {previous} token(s) before it (Zoology's short "
+            f"convolution), "
+            if previous
+            else ""
+        )
         return (
             f"**Track `recall` (MQAR).** Sequences of {data['seq_len']} tokens "
             f"(vocabulary {data['vocab_size']}): {data['n_pairs']} key-value pairs, then "
             f"{data['n_queries']} of the keys again at random positions; the model must "
             f"predict each queried key's value. {data['n_train_sequences']} training, "
             f"{data['n_val_sequences']} validation and {data['n_test_sequences']} test "
-            f"sequences.\n\n"
+            f"sequences, and as many validation and test sequences at "
+            f"{' and '.join(f'{f}x' for f in data['length_factors'])} the length (the same "
+            f"pairs and queries; learned positions up to {data['max_len']}, trained up to "
+            f"{data['seq_len']}).\n\n"
             f"**Model `{report['model']}` in causal mode.** {model['n_layers']} pre-norm "
             f"causal layers, d_model {model['d_model']}, {model['n_heads']} heads, learned "
-            f"positions, tied output head; loss and metrics at the query positions only. "
+            f"positions, {embeds}tied output head; loss and metrics at the query positions only. "
             f"Adam, {train['epochs']} epochs, batch {train['batch_size']}, "
             f"{train['lr_schedule']} schedule.\n\n" + protocol
         )
