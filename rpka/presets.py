@@ -5,9 +5,9 @@
 ablations and the peers - ``quick-study``, the full study's arms at the quick size, and
 ``smoke-study``, its structure in miniature for tests) and ``LM_PRESETS`` the ``smoke`` /
 ``quick`` / ``full`` studies of the ``lm`` track; ``MOTIF_PRESETS``, ``REGIMES_PRESETS``,
-``REAL_PRESETS`` and ``RECALL_PRESETS`` the ``smoke`` (seconds, for tests) and ``gate``
-(exact, the control and RPKA ranks at the measured learnable sizes) studies of the tracks
-that need attention (issue 14); ``PRESETS_BY_TRACK`` maps a track's name
+``REAL_PRESETS`` and ``RECALL_PRESETS`` the ``smoke`` (seconds, for tests), ``quick``
+(previews), ``gate`` (the attention gate alone) and ``full`` studies of the tracks that
+need attention (issue 14); ``PRESETS_BY_TRACK`` maps a track's name
 to its presets and ``STUDY_TRACKS`` names the tracks a study runs (the report's sections).
 :func:`get_preset` (``name``, ``track_name``) returns one, with overrides, validated;
 ``LONGCTX_PRESETS`` / :func:`get_longctx_preset` the long-context studies.
@@ -41,9 +41,10 @@ EXACT = ArmConfig("exact", "exact", {})
 # Equivalence margins (TOST, metric units; docs/statistics.md), fixed before the data:
 # forecasts score standardised MSE, where 0.02 is 2 % of the target's variance (3 % of exact's
 # test MSE on the smooth track, a tenth of what the control loses on the motif track); the
-# lm track scores perplexity (exact ~4.2): 0.2 is 5 % of it.
+# lm track scores perplexity (exact ~4.2): 0.2 is 5 % of it; recall, its error rate.
 FORECAST_MARGIN = 0.02
 LM_MARGIN = 0.2
+RECALL_MARGIN = 0.02  # recall scores the error rate at the query positions: 2 points
 # the control: uniform attention (q = 0) at exact's tuned rate - how much the track needs
 # attention at all; an approximation cannot beat exact by more than exact beats this
 MEAN_CONTROL = ArmConfig("mean-attention", "mean", {}, lr_from="exact")
@@ -469,6 +470,7 @@ def _recall(preset: str, arms: tuple[ArmConfig, ...], eval_seeds: tuple[int, ...
         eval_seeds=eval_seeds,
         metric="error",
         mechanism=None,
+        margin=RECALL_MARGIN,
     )
 
 
@@ -487,6 +489,13 @@ RECALL_PRESETS: dict[str, BenchConfig] = {
         ),
         arms=(EXACT, MEAN_CONTROL, rpka_arm(4, causal_block=8)),
         metric="error",
+        margin=RECALL_MARGIN,
+    ),
+    # a preview of the study in a minute or two: the gate's arms on 1,000 sequences
+    "quick": dataclasses.replace(
+        _recall("quick", (EXACT, MEAN_CONTROL, lm_rpka_arm(8)), tuple(range(100, 104))),
+        track=dataclasses.replace(RECALL_TRACK, n_train=1000),
+        learning_rates=(3e-3,),
     ),
     # the attention gate alone: exact, the control and RPKA at rank = pairs, 4 seeds
     # (estimated as below: ~900 CPU s, ~8 minutes on 2 cores)
@@ -517,7 +526,7 @@ PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {
 # the tracks a study runs (each with the study's preset name); the report puts those that
 # pass their attention gate first. forecast-regimes runs as the long-context study
 # (LONGCTX_PRESETS); its 96-step form is available as `bench --track forecast-regimes`.
-STUDY_TRACKS: tuple[str, ...] = ("forecast", "lm", "forecast-motif", "forecast-real")
+STUDY_TRACKS: tuple[str, ...] = ("forecast", "lm", "forecast-motif", "recall", "forecast-real")
 
 
 def get_preset(name: str, track_name: str = "forecast", **overrides: Any) -> BenchConfig:
