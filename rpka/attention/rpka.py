@@ -63,12 +63,14 @@ from rpka.attention.base import AttentionMethod
 from rpka.attention.nystrom import gather_points, nystrom_softmax, nystrom_softmax_chunked
 from rpka.attention.options import check_generator, check_open_unit
 from rpka.attention.rpcholesky import PIVOT_RULES, rpcholesky, weighting_power
+from rpka.attention.streamed import nystrom_softmax_streamed
 
 PIVOT_SETS = ("joint", "keys")
 SELECTION_METHODS = ("auto", "plain", "accelerated")
 PIVOT_REFRESH = ("call", "batch")
-# options that choose how pivots are computed, not their law (the same estimator either way)
-IMPLEMENTATION_OPTIONS = ("pivot_method", "block_size", "refresh")
+GRAD_PATHS = ("autograd", "streamed")
+# options that choose how the estimate is computed, not its law (the same estimator either way)
+IMPLEMENTATION_OPTIONS = ("pivot_method", "block_size", "refresh", "grad_path")
 
 
 class PivotCache:
@@ -141,6 +143,12 @@ class RPKAttention(AttentionMethod):
             Reusing calls take the differentiable (unchunked) path.
         causal_block: with ``causal=True``, the block length b >= 1: exact attention inside
             a block, Nystrom attention to earlier blocks (``causal.py``).
+        grad_path: how the differentiable (training) path computes the estimate:
+            ``"streamed"`` (default; :func:`nystrom_softmax_streamed`: a custom backward
+            that recomputes the (n x r) weights in cache-sized groups, O(n d) memory held
+            for backward) or ``"autograd"`` (:func:`nystrom_softmax` under autograd, the
+            reference). Bitwise the same output and gradients in float32 (docs/speed.md).
+            The causal path (its own blockwise estimate, ``causal.py``) ignores it.
 
     Without gradients (inference) the accelerated path never materialises the joint set
     or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
@@ -167,6 +175,7 @@ class RPKAttention(AttentionMethod):
         causal_block: int = 64,
         causal: bool = False,
         check_inputs: bool = True,
+        grad_path: str = "streamed",
     ) -> None:
         super().__init__(causal=causal, check_inputs=check_inputs)
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
@@ -196,6 +205,9 @@ class RPKAttention(AttentionMethod):
             )
         if not isinstance(causal_block, int) or isinstance(causal_block, bool) or causal_block < 1:
             raise ValueError(f"causal_block must be a positive integer, got {causal_block!r}")
+        if grad_path not in GRAD_PATHS:
+            raise ValueError(f"grad_path must be one of {GRAD_PATHS}, got {grad_path!r}")
+        self.grad_path = grad_path
         self.causal_block = causal_block
         self.pivot_method = pivot_method
         self.method = method  # the one in use ("auto" resolved)
@@ -265,7 +277,8 @@ class RPKAttention(AttentionMethod):
             if not per_call:
                 self.pivot_cache.store(pivots, key)
         landmarks = gather_points(points, pivots)  # differentiable in q and k
-        out, self._guards = nystrom_softmax(
+        estimate = nystrom_softmax_streamed if self.grad_path == "streamed" else nystrom_softmax
+        out, self._guards = estimate(
             q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor
         )
         return out.to(q.dtype)
