@@ -49,6 +49,8 @@ ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "rpka-r16": ("rpka", {"rank": 16}),
     "rpka-r64": ("rpka", {"rank": 64}),  # pivot_method="auto": accelerated
     "rpka-r64-plain": ("rpka", {"rank": 64, "pivot_method": "plain"}),
+    # opt-in: the proposal refresh by L^{-1} and matrix products (same law, not bitwise)
+    "rpka-r64-inverse": ("rpka", {"rank": 64, "residual_solve": "inverse"}),
     # the reference differentiable path (nystrom_softmax under autograd), before issue 16
     "rpka-r64-autograd": ("rpka", {"rank": 64, "grad_path": "autograd"}),
 }

@@ -35,7 +35,6 @@ from rpka.attention.nystrom import (
     CORE_DTYPE,
     finite_or_zero,
     landmark_cholesky,
-    landmark_logits,
     solve_core,
 )
 
@@ -52,6 +51,22 @@ def batch_groups(batch: int, item_bytes: int) -> list[slice]:
 
 def _flat(x: Tensor) -> Tensor:
     return x.reshape(-1, *x.shape[-2:])
+
+
+def _logits(x: Tensor, landmarks: Tensor, valid: Tensor | None) -> Tensor:
+    """:func:`rpka.attention.nystrom.landmark_logits` in place; ``valid=None``: all valid."""
+    logits = (x @ landmarks.transpose(-1, -2)).sub_(landmarks.pow(2).sum(-1).unsqueeze(-2) / 2)
+    return logits if valid is None else logits.masked_fill_(~valid.unsqueeze(-2), float("-inf"))
+
+
+def _mask_or_none(valid: Tensor) -> Tensor | None:
+    """``valid``, or None when it is all True (the common case: masking is then a no-op)."""
+    return None if bool(valid.all()) else valid
+
+
+def _zero_invalid_(grad_logits: Tensor, valid: Tensor | None) -> Tensor:
+    """The gradient of masked_fill: 0 at the masked (invalid) landmarks."""
+    return grad_logits if valid is None else grad_logits.masked_fill_(~valid.unsqueeze(-2), 0.0)
 
 
 def _landmark_norm_grad(grad_logits: Tensor, landmarks: Tensor) -> Tensor:
@@ -71,8 +86,9 @@ class KeyMoments(torch.autograd.Function):
         batch, m, rank = k.shape[0], k.shape[-2], landmarks.shape[-2]
         rho = k.new_empty(batch, rank)
         moments = k.new_empty(batch, rank, v.shape[-1] + 1)
+        mask = _mask_or_none(valid)
         for g in batch_groups(batch, m * rank * k.element_size()):
-            logits = landmark_logits(k[g], landmarks[g], valid[g])  # (b, m, r)
+            logits = _logits(k[g], landmarks[g], None if mask is None else mask[g])  # (b, m, r)
             rho[g] = finite_or_zero(logits.amax(-2))
             terms = logits.sub_(rho[g].unsqueeze(-2)).exp_()
             moments[g] = terms.transpose(-1, -2) @ torch.cat(
@@ -90,12 +106,14 @@ class KeyMoments(torch.autograd.Function):
             torch.empty_like(v),
             torch.empty_like(landmarks),
         )
+        mask = _mask_or_none(valid)
         for g in batch_groups(k.shape[0], k.shape[-2] * landmarks.shape[-2] * k.element_size()):
-            terms = landmark_logits(k[g], landmarks[g], valid[g]).sub_(rho[g].unsqueeze(-2)).exp_()
+            mask_g = None if mask is None else mask[g]
+            terms = _logits(k[g], landmarks[g], mask_g).sub_(rho[g].unsqueeze(-2)).exp_()
             v1 = torch.cat([v[g], torch.ones_like(v[g, :, :1])], -1)
             grad_v[g] = (terms @ grad_moments[g])[..., :-1]
             grad_logits = (grad_moments[g] @ v1.transpose(-1, -2)).transpose(-1, -2).mul_(terms)
-            grad_logits.masked_fill_(~valid[g].unsqueeze(-2), 0.0)
+            grad_logits = _zero_invalid_(grad_logits, mask_g)
             grad_k[g] = grad_logits @ landmarks[g]
             grad_lm[g] = (k[g].transpose(-1, -2) @ grad_logits).transpose(-1, -2)
             grad_lm[g] += _landmark_norm_grad(grad_logits, landmarks[g])
@@ -112,8 +130,8 @@ class Readout(torch.autograd.Function):
     """
 
     @staticmethod
-    def _weights(x: Tensor, landmarks: Tensor, valid: Tensor, log_scale: Tensor) -> Tensor:
-        logits = landmark_logits(x, landmarks, valid).add_(log_scale.unsqueeze(-2))
+    def _weights(x: Tensor, landmarks: Tensor, valid: Tensor | None, log_scale: Tensor) -> Tensor:
+        logits = _logits(x, landmarks, valid).add_(log_scale.unsqueeze(-2))
         return logits.sub_(finite_or_zero(logits.amax(-1, keepdim=True))).exp_()
 
     @staticmethod
@@ -128,8 +146,11 @@ class Readout(torch.autograd.Function):
         batch, n, rank = x.shape[0], x.shape[-2], landmarks.shape[-2]
         full = x.new_empty(batch, n, core.shape[-1])
         total = x.new_empty(batch, n, 1)
+        mask = _mask_or_none(valid)
         for g in batch_groups(batch, n * rank * x.element_size()):
-            a = Readout._weights(x[g], landmarks[g], valid[g], log_scale[g])
+            a = Readout._weights(
+                x[g], landmarks[g], None if mask is None else mask[g], log_scale[g]
+            )
             full[g] = a @ core[g]
             total[g] = a.sum(-1, keepdim=True)
         ctx.save_for_backward(x, landmarks, valid, log_scale, core)
@@ -140,11 +161,13 @@ class Readout(torch.autograd.Function):
         x, landmarks, valid, log_scale, core = ctx.saved_tensors
         grad_x, grad_lm = torch.empty_like(x), torch.empty_like(landmarks)
         grad_core = torch.empty_like(core)
+        mask = _mask_or_none(valid)
         for g in batch_groups(x.shape[0], x.shape[-2] * landmarks.shape[-2] * x.element_size()):
-            a = Readout._weights(x[g], landmarks[g], valid[g], log_scale[g])
+            mask_g = None if mask is None else mask[g]
+            a = Readout._weights(x[g], landmarks[g], mask_g, log_scale[g])
             grad_core[g] = a.transpose(-1, -2) @ grad_full[g]
             grad_a = (grad_full[g] @ core[g].transpose(-1, -2)).add_(grad_total[g])
-            grad_logits = grad_a.mul_(a).masked_fill_(~valid[g].unsqueeze(-2), 0.0)
+            grad_logits = _zero_invalid_(grad_a.mul_(a), mask_g)
             grad_x[g] = grad_logits @ landmarks[g]
             grad_lm[g] = (x[g].transpose(-1, -2) @ grad_logits).transpose(-1, -2)
             grad_lm[g] += _landmark_norm_grad(grad_logits, landmarks[g])
