@@ -49,8 +49,9 @@ class FastPathDefaults:
     refresh_below: float = 0.5
     # working-set budget of one chunk of points in the passes over all N points (bytes)
     chunk_bytes: int = 32 * 2**20
-    # the same for residual_solve="inverse" (matrix products, faster in cache)
-    inverse_chunk_bytes: int = 2**20
+    # the same for the proposal refresh (residual_diagonal): its (B, r, rows) buffers are
+    # live beside a training step's activations, and its matrix products run faster in cache
+    refresh_chunk_bytes: int = 2**21
 
 
 FAST = FastPathDefaults()
@@ -359,12 +360,13 @@ def residual_diagonal(
     out = torch.empty(points.batch, points.n_points, dtype=points.dtype, device=points.device)
     # g(Z, Z_S)^T with masked (exactly zero) rows for unused slots
     lm_half_sq = half_sq_norms(state.landmarks, state.valid).transpose(-1, -2)  # (B, r, 1)
-    inverse, budget = None, None
+    inverse = None
     if residual_solve == "inverse":
         eye = torch.eye(rank, dtype=points.dtype, device=points.device)
         inverse = torch.linalg.solve_triangular(state.chol, eye, upper=False)
-        # cache-sized chunks of at least 64 points (the products slow down below that)
-        budget = max(FAST.inverse_chunk_bytes, 64 * points.row_bytes(rank))
+    # cache-sized chunks of at least 64 points (the products slow down below that); each
+    # point's residual is computed alone, so the chunking does not change the values
+    budget = max(FAST.refresh_chunk_bytes, 64 * points.row_bytes(rank))
     for start, z in points.chunks(rank, budget):
         k = gaussian_kernel_(state.landmarks, z, x_half_sq=lm_half_sq)  # (B, r, c)
         if inverse is None:

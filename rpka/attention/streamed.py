@@ -77,45 +77,50 @@ def _landmark_norm_grad(grad_logits: Tensor, landmarks: Tensor) -> Tensor:
 class KeyMoments(torch.autograd.Function):
     """``(rho, moments)`` of :func:`rpka.attention.nystrom.key_moments`, streamed.
 
-    Inputs k (B, m, d), v (B, m, d_v), landmarks (B, r, d) in ``CORE_DTYPE``, valid (B, r).
+    Inputs k (B, m, d), v (B, m, d_v) in any float dtype, landmarks (B, r, d) in
+    ``CORE_DTYPE``, valid (B, r). k and v are widened to ``CORE_DTYPE`` group by group (the
+    same values as widening them whole, without holding float64 copies for backward).
     ``rho`` (B, r) is a detached reference (no gradient), as in the reference.
     """
 
     @staticmethod
     def forward(ctx: FunctionCtx, k: Tensor, v: Tensor, landmarks: Tensor, valid: Tensor):
         batch, m, rank = k.shape[0], k.shape[-2], landmarks.shape[-2]
-        rho = k.new_empty(batch, rank)
-        moments = k.new_empty(batch, rank, v.shape[-1] + 1)
+        rho = landmarks.new_empty(batch, rank)
+        moments = landmarks.new_empty(batch, rank, v.shape[-1] + 1)
         mask = _mask_or_none(valid)
-        for g in batch_groups(batch, m * rank * k.element_size()):
-            logits = _logits(k[g], landmarks[g], None if mask is None else mask[g])  # (b, m, r)
+        for g in batch_groups(batch, m * rank * landmarks.element_size()):
+            k_g, v1 = KeyMoments._widened(k[g], v[g], landmarks.dtype)
+            logits = _logits(k_g, landmarks[g], None if mask is None else mask[g])  # (b, m, r)
             rho[g] = finite_or_zero(logits.amax(-2))
             terms = logits.sub_(rho[g].unsqueeze(-2)).exp_()
-            moments[g] = terms.transpose(-1, -2) @ torch.cat(
-                [v[g], torch.ones_like(v[g, :, :1])], -1
-            )
+            moments[g] = terms.transpose(-1, -2) @ v1
         ctx.save_for_backward(k, v, landmarks, valid, rho)
         ctx.mark_non_differentiable(rho)
         return rho, moments
 
     @staticmethod
+    def _widened(k: Tensor, v: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """k and ``[v, 1]`` of one group in ``dtype``."""
+        v = v.to(dtype)
+        return k.to(dtype), torch.cat([v, torch.ones_like(v[..., :1])], -1)
+
+    @staticmethod
     def backward(ctx: FunctionCtx, _grad_rho: Tensor, grad_moments: Tensor):
         k, v, landmarks, valid, rho = ctx.saved_tensors
-        grad_k, grad_v, grad_lm = (
-            torch.empty_like(k),
-            torch.empty_like(v),
-            torch.empty_like(landmarks),
-        )
+        grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
+        grad_lm = torch.empty_like(landmarks)
         mask = _mask_or_none(valid)
-        for g in batch_groups(k.shape[0], k.shape[-2] * landmarks.shape[-2] * k.element_size()):
+        item_bytes = k.shape[-2] * landmarks.shape[-2] * landmarks.element_size()
+        for g in batch_groups(k.shape[0], item_bytes):
             mask_g = None if mask is None else mask[g]
-            terms = _logits(k[g], landmarks[g], mask_g).sub_(rho[g].unsqueeze(-2)).exp_()
-            v1 = torch.cat([v[g], torch.ones_like(v[g, :, :1])], -1)
-            grad_v[g] = (terms @ grad_moments[g])[..., :-1]
+            k_g, v1 = KeyMoments._widened(k[g], v[g], landmarks.dtype)
+            terms = _logits(k_g, landmarks[g], mask_g).sub_(rho[g].unsqueeze(-2)).exp_()
+            grad_v[g] = (terms @ grad_moments[g])[..., :-1]  # narrowed as .to() would
             grad_logits = (grad_moments[g] @ v1.transpose(-1, -2)).transpose(-1, -2).mul_(terms)
             grad_logits = _zero_invalid_(grad_logits, mask_g)
             grad_k[g] = grad_logits @ landmarks[g]
-            grad_lm[g] = (k[g].transpose(-1, -2) @ grad_logits).transpose(-1, -2)
+            grad_lm[g] = (k_g.transpose(-1, -2) @ grad_logits).transpose(-1, -2)
             grad_lm[g] += _landmark_norm_grad(grad_logits, landmarks[g])
         return grad_k, grad_v, grad_lm, None
 
@@ -189,9 +194,7 @@ def nystrom_softmax_streamed(
     batch_shape = q_s.shape[:-2]
     q_s, k_s, v, landmarks = (_flat(x) for x in (q_s, k_s, v, landmarks))
     valid = valid.reshape(-1, valid.shape[-1])
-    rho, moments = KeyMoments.apply(
-        k_s.to(CORE_DTYPE), v.to(CORE_DTYPE), landmarks.to(CORE_DTYPE), valid
-    )
+    rho, moments = KeyMoments.apply(k_s, v, landmarks.to(CORE_DTYPE), valid)
     core = solve_core(rho, moments, landmark_cholesky(landmarks, valid), k_s.dtype)
     full, total = Readout.apply(q_s, landmarks, valid, core.log_scale, core.scaled)
     tiny = torch.finfo(full.dtype).tiny  # keeps 0/0 out if every term vanished
