@@ -13,7 +13,10 @@ Arms: exact (torch SDPA), rpka-r16, rpka-r64 with the accelerated (block + rejec
 pivot selection (the default, ``pivot_method="auto"``) and with the plain one-pivot loop.
 
 * ``step_ms``: median wall time of ``--repeats`` steps after ``--warmup`` steps
-  (``time.perf_counter``), and the quartiles;
+  (``time.perf_counter``), and the quartiles; ``step_cpu_ms``: the median CPU time of the
+  same steps (``time.process_time``). On a shared, loaded machine the wall time includes
+  waiting for a core; with one thread (``OMP_NUM_THREADS=1``) the CPU time is close to
+  the step's time on an idle core, so the ratios are taken of it;
 * ``peak_mib``: peak memory of one step above what was held before it (weights, Adam
   state, batch), ``rpka.scaling.peak_memory_mib``: on the CPU the running sum of the tensor
   allocations ``torch.profiler`` records - PyTorch tensors only, a lower bound of RSS.
@@ -40,7 +43,7 @@ import torch
 from rpka import paths
 from rpka.io import write_json
 from rpka.model import ModelConfig, TransformerTiny
-from rpka.scaling import peak_memory_mib, time_call
+from rpka.scaling import peak_memory_mib
 
 DEFAULT_OUTPUT = f"{paths.SCALING_RESULTS}/training_step_cpu.json"
 HORIZON = 24  # the forecast track's horizon (rpka.tracks.forecast.TrackConfig)
@@ -111,7 +114,14 @@ def measure(shape: Shape, arm: str, warmup: int, repeats: int) -> dict[str, Any]
     step = training_step(shape, method, options)
     if shape.context >= LONG_CONTEXT:
         repeats = min(repeats, LONG_REPEATS)
-    times = time_call(step, "cpu", warmup, repeats)
+    for _ in range(warmup):
+        step()
+    times, cpu_times = [], []
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        step()
+        cpu_times.append((time.process_time() - cpu) * 1e3)
+        times.append((time.perf_counter() - wall) * 1e3)
     q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else times * 3
     return {
         "shape": shape.name,
@@ -122,18 +132,21 @@ def measure(shape: Shape, arm: str, warmup: int, repeats: int) -> dict[str, Any]
         "step_ms": statistics.median(times),
         "step_ms_q1": q1,
         "step_ms_q3": q3,
+        "step_cpu_ms": statistics.median(cpu_times),
         "repeats": repeats,
         "peak_mib": peak_memory_mib(step, "cpu"),
     }
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """``*_vs_exact``: each arm's median step time and peak against exact at its shape."""
+    """``*_vs_exact``: each arm's median step CPU time, wall time and peak against exact at
+    its shape."""
     exact = {(r["shape"], r["context"]): r for r in rows if r["arm"] == "exact"}
     for row in rows:
         base = exact.get((row["shape"], row["context"]))
         if base:
-            row["step_vs_exact"] = row["step_ms"] / base["step_ms"]
+            row["step_cpu_vs_exact"] = row["step_cpu_ms"] / base["step_cpu_ms"]
+            row["step_wall_vs_exact"] = row["step_ms"] / base["step_ms"]
             row["peak_vs_exact"] = row["peak_mib"] / base["peak_mib"] if base["peak_mib"] else None
 
 
@@ -146,7 +159,8 @@ def run(tiny: bool, repeats: int, warmup: int, arms: list[str]) -> dict[str, Any
             rows.append(row)
             print(
                 f"{shape.name:8s} n={shape.context:5d} {arm:15s} "
-                f"{row['step_ms']:9.1f} ms  {row['peak_mib']:8.1f} MiB",
+                f"cpu {row['step_cpu_ms']:9.1f} ms  wall {row['step_ms']:9.1f} ms  "
+                f"{row['peak_mib']:8.1f} MiB",
                 flush=True,
             )
     add_ratios(rows)
