@@ -150,10 +150,14 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             row["peak_vs_exact"] = row["peak_mib"] / base["peak_mib"] if base["peak_mib"] else None
 
 
-def run(tiny: bool, repeats: int, warmup: int, arms: list[str]) -> dict[str, Any]:
+def run(
+    tiny: bool, repeats: int, warmup: int, arms: list[str], contexts: list[int] | None = None
+) -> dict[str, Any]:
     load_before = os.getloadavg()
     rows = []
     for shape in shapes(tiny):
+        if contexts and shape.context not in contexts:
+            continue
         for arm in arms:
             row = measure(shape, arm, warmup, repeats)
             rows.append(row)
@@ -193,6 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 1)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument(
+        "--contexts", nargs="+", type=int, default=None, help="only these token counts"
+    )
     parser.add_argument("--output", default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
     repeats = args.repeats if args.repeats is not None else (1 if args.tiny else 5)
@@ -200,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     if repeats < 1 or warmup < 0:
         parser.error(f"--repeats must be >= 1 and --warmup >= 0, got {repeats}, {warmup}")
     t0 = time.perf_counter()
-    result = run(args.tiny, repeats, warmup, args.arms)
+    result = run(args.tiny, repeats, warmup, args.arms, args.contexts)
     result["wall_s"] = time.perf_counter() - t0
     write_json(args.output, result)
     print(f"wrote {args.output} ({result['wall_s']:.0f} s)")
