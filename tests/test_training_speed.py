@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rpka.attention import build
+from rpka.attention import build, streamed
 from rpka.attention.accelerated import PointSet, accelerated_pivots, residual_diagonal
 from rpka.attention.nystrom import gather_points, nystrom_softmax
 from rpka.attention.rpcholesky import GumbelStream, _gumbel
@@ -49,6 +49,16 @@ def test_streamed_is_bitwise_the_autograd_reference_in_float32(options, std):
     inputs = qkv(std=std)
     out, grads = output_and_grads("autograd", inputs, **options)
     out_s, grads_s = output_and_grads("streamed", inputs, **options)
+    assert torch.equal(out, out_s)
+    for a, b in zip(grads, grads_s, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_streamed_in_several_batch_groups_is_bitwise_the_same(monkeypatch):
+    inputs = qkv(n=30, batch=(4, 2))
+    out, grads = output_and_grads("streamed", inputs, rank=8)
+    monkeypatch.setitem(streamed.STREAM_BYTES, "cpu", 1)  # one batch element per group
+    out_s, grads_s = output_and_grads("streamed", inputs, rank=8)
     assert torch.equal(out, out_s)
     for a, b in zip(grads, grads_s, strict=True):
         assert torch.equal(a, b)

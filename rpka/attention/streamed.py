@@ -38,14 +38,17 @@ from rpka.attention.nystrom import (
     solve_core,
 )
 
-# working-set budget of one group's (rows x r) buffer, in bytes: a few fit in L2 cache
-STREAM_BYTES = 2**21
+# working-set budget of one group's (rows x r) buffer, in bytes: on a CPU a few fit in L2
+# cache; on a GPU a group must be large enough to fill the device (memory is the limit)
+STREAM_BYTES = {"cpu": 2**21}
+STREAM_BYTES_OTHER = 2**26
 
 
-def batch_groups(batch: int, item_bytes: int) -> list[slice]:
-    """Split ``batch`` elements into consecutive groups of ``STREAM_BYTES // item_bytes``
-    (at least one)."""
-    size = max(1, STREAM_BYTES // max(item_bytes, 1))
+def batch_groups(batch: int, item_bytes: int, device: torch.device) -> list[slice]:
+    """Split ``batch`` elements into consecutive groups whose buffers fit the device's
+    ``STREAM_BYTES`` (at least one element per group)."""
+    budget = STREAM_BYTES.get(device.type, STREAM_BYTES_OTHER)
+    size = max(1, budget // max(item_bytes, 1))
     return [slice(start, min(start + size, batch)) for start in range(0, batch, size)]
 
 
@@ -89,7 +92,7 @@ class KeyMoments(torch.autograd.Function):
         rho = landmarks.new_empty(batch, rank)
         moments = landmarks.new_empty(batch, rank, v.shape[-1] + 1)
         mask = _mask_or_none(valid)
-        for g in batch_groups(batch, m * rank * landmarks.element_size()):
+        for g in batch_groups(batch, m * rank * landmarks.element_size(), k.device):
             k_g, v1 = KeyMoments._widened(k[g], v[g], landmarks.dtype)
             logits = _logits(k_g, landmarks[g], None if mask is None else mask[g])  # (b, m, r)
             rho[g] = finite_or_zero(logits.amax(-2))
@@ -112,7 +115,7 @@ class KeyMoments(torch.autograd.Function):
         grad_lm = torch.empty_like(landmarks)
         mask = _mask_or_none(valid)
         item_bytes = k.shape[-2] * landmarks.shape[-2] * landmarks.element_size()
-        for g in batch_groups(k.shape[0], item_bytes):
+        for g in batch_groups(k.shape[0], item_bytes, k.device):
             mask_g = None if mask is None else mask[g]
             k_g, v1 = KeyMoments._widened(k[g], v[g], landmarks.dtype)
             terms = _logits(k_g, landmarks[g], mask_g).sub_(rho[g].unsqueeze(-2)).exp_()
@@ -152,7 +155,7 @@ class Readout(torch.autograd.Function):
         full = x.new_empty(batch, n, core.shape[-1])
         total = x.new_empty(batch, n, 1)
         mask = _mask_or_none(valid)
-        for g in batch_groups(batch, n * rank * x.element_size()):
+        for g in batch_groups(batch, n * rank * x.element_size(), x.device):
             a = Readout._weights(
                 x[g], landmarks[g], None if mask is None else mask[g], log_scale[g]
             )
@@ -167,7 +170,8 @@ class Readout(torch.autograd.Function):
         grad_x, grad_lm = torch.empty_like(x), torch.empty_like(landmarks)
         grad_core = torch.empty_like(core)
         mask = _mask_or_none(valid)
-        for g in batch_groups(x.shape[0], x.shape[-2] * landmarks.shape[-2] * x.element_size()):
+        item_bytes = x.shape[-2] * landmarks.shape[-2] * x.element_size()
+        for g in batch_groups(x.shape[0], item_bytes, x.device):
             mask_g = None if mask is None else mask[g]
             a = Readout._weights(x[g], landmarks[g], mask_g, log_scale[g])
             grad_core[g] = a.transpose(-1, -2) @ grad_full[g]
