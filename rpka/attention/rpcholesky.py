@@ -132,9 +132,47 @@ def half_sq_norms(y: Tensor, valid: Tensor | None = None) -> Tensor:
 
 def _gumbel(shape: torch.Size, like: Tensor, generator: torch.Generator | None) -> Tensor:
     u = torch.rand(shape, dtype=like.dtype, device=like.device, generator=generator)
-    tiny = torch.finfo(like.dtype).tiny
+    return _gumbel_from_uniform(u)
+
+
+def _gumbel_from_uniform(u: Tensor) -> Tensor:
+    tiny = torch.finfo(u.dtype).tiny
     exponential = -torch.log(u.clamp(min=tiny))  # Exp(1) draws
     return -torch.log(exponential.clamp(min=tiny))
+
+
+class GumbelStream:
+    """The Gumbel noise of :func:`select_pivot` for ``steps`` consecutive draws, made in
+    blocks of steps: one ``torch.rand`` per block instead of one per step.
+
+    The generator yields the same numbers whether they are drawn one step at a time or a
+    block of steps at once (``torch.rand`` fills a tensor in order), so the noise - and the
+    pivots - are exactly those of drawing at each step.
+    """
+
+    BLOCK_BYTES = 2**22  # memory of one block of noise
+
+    def __init__(
+        self, shape: torch.Size, like: Tensor, generator: torch.Generator | None, steps: int
+    ) -> None:
+        self.shape, self.like, self.generator, self.left = shape, like, generator, steps
+        step_bytes = max(1, shape.numel() * like.element_size())
+        self.block = max(1, self.BLOCK_BYTES // step_bytes)
+        self.noise: list[Tensor] = []
+
+    def next(self) -> Tensor:
+        """The noise of the next step, shape ``shape``."""
+        if not self.noise:
+            count = min(self.block, self.left)
+            u = torch.rand(
+                (count, *self.shape),
+                dtype=self.like.dtype,
+                device=self.like.device,
+                generator=self.generator,
+            )
+            self.noise = list(_gumbel_from_uniform(u).unbind(0))[::-1]
+        self.left -= 1
+        return self.noise.pop()
 
 
 def select_pivot(
@@ -142,8 +180,12 @@ def select_pivot(
     picked: Tensor,
     rule: str,
     generator: torch.Generator | None = None,
+    gumbel: Tensor | None = None,
 ) -> Tensor:
     """One pivot per batch element. log_residual, picked: (..., N) -> (...,) long.
+
+    ``gumbel`` (..., N) may pass this step's Gumbel noise (:class:`GumbelStream`); without
+    it the noise is drawn here from ``generator``.
 
     ``log_residual`` is the log of the residual diagonal of the pivoted matrix (-inf where
     zero). Where it carries no usable mass (all -inf, or not finite) the rule falls back
@@ -160,7 +202,9 @@ def select_pivot(
         scores = torch.where(bad, unpicked, scores)
         if rule == "greedy":
             return scores.argmax(-1)
-    return (scores + _gumbel(scores.shape, scores, generator)).argmax(-1)
+    if gumbel is None:
+        gumbel = _gumbel(scores.shape, scores, generator)
+    return (scores + gumbel).argmax(-1)
 
 
 def check_arguments(
@@ -228,16 +272,27 @@ def rpcholesky(
     stop_trace = tol * trace[..., 0]
     # a pivot whose residual is tiny adds nothing but ill-conditioning (pivot_floor)
     round_off = pivot_floor(dtype)
+    forced = 0 if first_pivots is None else min(first_pivots.shape[-1], rank)
+    # the random rules' noise for every drawn step, in blocks (same numbers, fewer calls)
+    noise = None if rule == "greedy" else GumbelStream(residual.shape, z, generator, rank - forced)
+    z_half_sq = z.pow(2).sum(-1, keepdim=True) / 2  # as gaussian_kernel computes it
+    # weighting "gauss" (tau = 0): log_weight is exactly 0, and adding it changes nothing
+    add_weight = bool((log_weight != 0).any())
 
     for t in range(rank):
-        log_res = torch.log(residual) + log_weight
-        if first_pivots is not None and t < first_pivots.shape[-1]:
+        log_res = torch.log(residual)
+        if add_weight:
+            log_res = log_res + log_weight
+        if t < forced:
             s = torch.broadcast_to(first_pivots[..., t], batch).to(z.device)
         else:
-            s = select_pivot(log_res, picked, rule, generator)  # (...,)
+            gumbel = None if noise is None else noise.next()
+            s = select_pivot(log_res, picked, rule, generator, gumbel)  # (...,)
         idx = s.unsqueeze(-1)
         z_s = torch.gather(z, -2, idx.unsqueeze(-1).expand(*batch, 1, z.shape[-1]))
-        col = gaussian_kernel(z, z_s).squeeze(-1)  # (..., N)
+        # gaussian_kernel(z, z_s) with |z|^2/2 computed once (the same values)
+        sq_s = z_s.pow(2).sum(-1).unsqueeze(-2) / 2
+        col = torch.exp((z @ z_s.transpose(-1, -2) - z_half_sq - sq_s).clamp(max=0.0)).squeeze(-1)
         f_s = torch.gather(factor, -2, idx.unsqueeze(-1).expand(*batch, 1, rank))
         col = col - (factor @ f_s.transpose(-1, -2)).squeeze(-1)
         pivot_residual = torch.gather(col, -1, idx)  # (..., 1)

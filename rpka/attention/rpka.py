@@ -58,17 +58,25 @@ import torch
 from torch import Tensor, nn
 
 from rpka.attention import causal
-from rpka.attention.accelerated import PivotState, PointSet, accelerated_pivots, check_fast_options
+from rpka.attention.accelerated import (
+    RESIDUAL_SOLVES,
+    PivotState,
+    PointSet,
+    accelerated_pivots,
+    check_fast_options,
+)
 from rpka.attention.base import AttentionMethod
 from rpka.attention.nystrom import gather_points, nystrom_softmax, nystrom_softmax_chunked
 from rpka.attention.options import check_generator, check_open_unit
 from rpka.attention.rpcholesky import PIVOT_RULES, rpcholesky, weighting_power
+from rpka.attention.streamed import nystrom_softmax_streamed
 
 PIVOT_SETS = ("joint", "keys")
 SELECTION_METHODS = ("auto", "plain", "accelerated")
 PIVOT_REFRESH = ("call", "batch")
-# options that choose how pivots are computed, not their law (the same estimator either way)
-IMPLEMENTATION_OPTIONS = ("pivot_method", "block_size", "refresh")
+GRAD_PATHS = ("autograd", "streamed")
+# options that choose how the estimate is computed, not its law (the same estimator either way)
+IMPLEMENTATION_OPTIONS = ("pivot_method", "block_size", "refresh", "grad_path", "residual_solve")
 
 
 class PivotCache:
@@ -141,6 +149,16 @@ class RPKAttention(AttentionMethod):
             Reusing calls take the differentiable (unchunked) path.
         causal_block: with ``causal=True``, the block length b >= 1: exact attention inside
             a block, Nystrom attention to earlier blocks (``causal.py``).
+        grad_path: how the differentiable (training) path computes the estimate:
+            ``"streamed"`` (default; :func:`nystrom_softmax_streamed`: a custom backward
+            that recomputes the (n x r) weights in cache-sized groups, O(n d) memory held
+            for backward) or ``"autograd"`` (:func:`nystrom_softmax` under autograd, the
+            reference). Bitwise the same output and gradients in float32 (docs/speed.md).
+            The causal path (its own blockwise estimate, ``causal.py``) ignores it.
+        residual_solve: how the accelerated method's proposal refresh computes the
+            residuals: ``"triangular"`` (default, the reference) or ``"inverse"`` (about 3x
+            faster on a CPU; the same law, residuals equal up to round-off, so a draw can
+            differ from the reference's at a rounding boundary; docs/speed.md).
 
     Without gradients (inference) the accelerated path never materialises the joint set
     or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
@@ -167,6 +185,8 @@ class RPKAttention(AttentionMethod):
         causal_block: int = 64,
         causal: bool = False,
         check_inputs: bool = True,
+        grad_path: str = "streamed",
+        residual_solve: str = "triangular",
     ) -> None:
         super().__init__(causal=causal, check_inputs=check_inputs)
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
@@ -196,6 +216,14 @@ class RPKAttention(AttentionMethod):
             )
         if not isinstance(causal_block, int) or isinstance(causal_block, bool) or causal_block < 1:
             raise ValueError(f"causal_block must be a positive integer, got {causal_block!r}")
+        if grad_path not in GRAD_PATHS:
+            raise ValueError(f"grad_path must be one of {GRAD_PATHS}, got {grad_path!r}")
+        if residual_solve not in RESIDUAL_SOLVES:
+            raise ValueError(
+                f"residual_solve must be one of {RESIDUAL_SOLVES}, got {residual_solve!r}"
+            )
+        self.residual_solve = residual_solve
+        self.grad_path = grad_path
         self.causal_block = causal_block
         self.pivot_method = pivot_method
         self.method = method  # the one in use ("auto" resolved)
@@ -240,6 +268,7 @@ class RPKAttention(AttentionMethod):
             log_weight=tau * points.sq_norms() if tau > 0 else None,
             block_size=self.block_size,
             refresh=self.refresh,
+            residual_solve=self.residual_solve,
         )
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -265,7 +294,8 @@ class RPKAttention(AttentionMethod):
             if not per_call:
                 self.pivot_cache.store(pivots, key)
         landmarks = gather_points(points, pivots)  # differentiable in q and k
-        out, self._guards = nystrom_softmax(
+        estimate = nystrom_softmax_streamed if self.grad_path == "streamed" else nystrom_softmax
+        out, self._guards = estimate(
             q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor
         )
         return out.to(q.dtype)

@@ -1,0 +1,217 @@
+"""Model training step: time and peak memory of exact attention against RPKA (issue 16).
+
+One training step of the study's stacked model (``rpka.model.TransformerTiny``): forward
+on S members x B windows, the summed per-member MSE, backward, one Adam update, gradients
+freed - the step ``rpka.longctx.training_step_peak_mib`` probes. Two shapes:
+
+* ``forecast``: the main study's model (``ModelConfig()``: d_model 32, 2 layers, 2 heads)
+  at 96 tokens, 8 members x batch 32 (the bench's evaluation job);
+* ``longctx``: the long-context study's model (d_model 16, 1 layer, 1 head, no linear
+  skip) at 512 / 2,048 / 8,192 tokens, 4 members x batch 16.
+
+Arms: exact (torch SDPA), rpka-r16, rpka-r64 with the accelerated (block + rejection)
+pivot selection (the default, ``pivot_method="auto"``) and with the plain one-pivot loop.
+
+* ``step_ms``: median wall time of ``--repeats`` steps after ``--warmup`` steps
+  (``time.perf_counter``), and the quartiles; ``step_cpu_ms``: the median CPU time of the
+  same steps (``time.process_time``). On a shared, loaded machine the wall time includes
+  waiting for a core; with one thread (``OMP_NUM_THREADS=1``) the CPU time is close to
+  the step's time on an idle core, so the ratios are taken of it;
+* ``peak_mib``: peak memory of one step above what was held before it (weights, Adam
+  state, batch), ``rpka.scaling.peak_memory_mib``: on the CPU the running sum of the tensor
+  allocations ``torch.profiler`` records - PyTorch tensors only, a lower bound of RSS.
+
+The machine's load average is recorded before and after: on a shared machine the times
+are noisy, the ratios within one shape less so (every arm runs in the same process).
+
+    python scripts/bench_training_step.py           # -> data/results/scaling/training_step_cpu.json
+    python scripts/bench_training_step.py --tiny    # seconds: a smoke run of the same code
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rpka import paths
+from rpka.io import write_json
+from rpka.model import ModelConfig, TransformerTiny
+from rpka.scaling import peak_memory_mib
+
+DEFAULT_OUTPUT = f"{paths.SCALING_RESULTS}/training_step_cpu.json"
+HORIZON = 24  # the forecast track's horizon (rpka.tracks.forecast.TrackConfig)
+ARMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "exact": ("exact", {}),
+    "rpka-r16": ("rpka", {"rank": 16}),
+    "rpka-r64": ("rpka", {"rank": 64}),  # pivot_method="auto": accelerated
+    "rpka-r64-plain": ("rpka", {"rank": 64, "pivot_method": "plain"}),
+    # opt-in: the proposal refresh by L^{-1} and matrix products (same law, not bitwise)
+    "rpka-r64-inverse": ("rpka", {"rank": 64, "residual_solve": "inverse"}),
+    # the reference differentiable path (nystrom_softmax under autograd), before issue 16
+    "rpka-r64-autograd": ("rpka", {"rank": 64, "grad_path": "autograd"}),
+}
+# the long-context study's model (rpka.presets._LONGCTX_MODEL)
+LONGCTX_MODEL = ModelConfig(
+    d_model=16, n_layers=1, n_heads=1, d_ff=32, head_init_std=0.0, linear_skip=False
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One training shape: ``members`` x ``batch`` windows of ``context`` tokens."""
+
+    name: str
+    model: ModelConfig
+    context: int
+    members: int
+    batch: int
+
+
+def shapes(tiny: bool) -> list[Shape]:
+    if tiny:
+        small = ModelConfig(d_model=8, n_layers=1, n_heads=1, d_ff=16)
+        return [Shape("forecast", small, 24, 2, 4), Shape("longctx", small, 80, 2, 2)]
+    return [
+        Shape("forecast", ModelConfig(), 96, 8, 32),
+        *(Shape("longctx", LONGCTX_MODEL, n, 4, 16) for n in (512, 2048, 8192)),
+    ]
+
+
+def training_step(shape: Shape, method: str, options: dict[str, Any], seed: int = 0):
+    """A closure running one Adam training step of a fresh stacked model on random data."""
+    seeds = list(range(shape.members))
+    options = dict(options)
+    if method == "rpka":
+        options["generator"] = torch.Generator().manual_seed(seed)
+    model = TransformerTiny(shape.model, shape.context, HORIZON, seeds, method, options)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    data = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape.members, shape.batch, shape.context, generator=data)
+    y = torch.randn(shape.members, shape.batch, HORIZON, generator=data)
+
+    def step() -> None:
+        loss = (model(x) - y).pow(2).mean((1, 2)).sum()  # each member's gradient is its own
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+# steps of 8,192 tokens take tens of seconds for exact attention: fewer repeats there
+LONG_CONTEXT, LONG_REPEATS = 8192, 2
+
+
+def measure(shape: Shape, arm: str, warmup: int, repeats: int) -> dict[str, Any]:
+    method, options = ARMS[arm]
+    step = training_step(shape, method, options)
+    if shape.context >= LONG_CONTEXT:
+        repeats = min(repeats, LONG_REPEATS)
+    for _ in range(warmup):
+        step()
+    times, cpu_times = [], []
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        step()
+        cpu_times.append((time.process_time() - cpu) * 1e3)
+        times.append((time.perf_counter() - wall) * 1e3)
+    q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else times * 3
+    return {
+        "shape": shape.name,
+        "context": shape.context,
+        "arm": arm,
+        "method": method,
+        "options": options,
+        "step_ms": statistics.median(times),
+        "step_ms_q1": q1,
+        "step_ms_q3": q3,
+        "step_cpu_ms": statistics.median(cpu_times),
+        "repeats": repeats,
+        "peak_mib": peak_memory_mib(step, "cpu"),
+    }
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """``*_vs_exact``: each arm's median step CPU time, wall time and peak against exact at
+    its shape."""
+    exact = {(r["shape"], r["context"]): r for r in rows if r["arm"] == "exact"}
+    for row in rows:
+        base = exact.get((row["shape"], row["context"]))
+        if base:
+            row["step_cpu_vs_exact"] = row["step_cpu_ms"] / base["step_cpu_ms"]
+            row["step_wall_vs_exact"] = row["step_ms"] / base["step_ms"]
+            row["peak_vs_exact"] = row["peak_mib"] / base["peak_mib"] if base["peak_mib"] else None
+
+
+def run(
+    tiny: bool, repeats: int, warmup: int, arms: list[str], contexts: list[int] | None = None
+) -> dict[str, Any]:
+    load_before = os.getloadavg()
+    rows = []
+    for shape in shapes(tiny):
+        if contexts and shape.context not in contexts:
+            continue
+        for arm in arms:
+            row = measure(shape, arm, warmup, repeats)
+            rows.append(row)
+            print(
+                f"{shape.name:8s} n={shape.context:5d} {arm:15s} "
+                f"cpu {row['step_cpu_ms']:9.1f} ms  wall {row['step_ms']:9.1f} ms  "
+                f"{row['peak_mib']:8.1f} MiB",
+                flush=True,
+            )
+    add_ratios(rows)
+    return {
+        "what": "one Adam training step of TransformerTiny (forward, summed MSE, backward, "
+        "update), median wall time; peak memory above the state held before the step",
+        "memory_definition": "rpka.scaling.peak_memory_mib: running sum of tensor "
+        "allocations recorded by torch.profiler (CPU), a lower bound of RSS",
+        "tiny": tiny,
+        "warmup": warmup,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "shapes": {
+            s.name: {"model": vars(s.model), "members": s.members, "batch": s.batch}
+            for s in shapes(tiny)
+        },
+        "rows": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes: runs in seconds")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timed steps (default 5; 2 at 8,192 tokens)"
+    )
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 1)")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument(
+        "--contexts", nargs="+", type=int, default=None, help="only these token counts"
+    )
+    parser.add_argument("--output", default=DEFAULT_OUTPUT)
+    args = parser.parse_args(argv)
+    repeats = args.repeats if args.repeats is not None else (1 if args.tiny else 5)
+    warmup = args.warmup if args.warmup is not None else (0 if args.tiny else 1)
+    if repeats < 1 or warmup < 0:
+        parser.error(f"--repeats must be >= 1 and --warmup >= 0, got {repeats}, {warmup}")
+    t0 = time.perf_counter()
+    result = run(args.tiny, repeats, warmup, args.arms, args.contexts)
+    result["wall_s"] = time.perf_counter() - t0
+    write_json(args.output, result)
+    print(f"wrote {args.output} ({result['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Issue 16's training fast path: the streamed estimate against the autograd reference, the
+opt-in inverse refresh, the plain loop's block noise, and the training-step benchmark."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rpka.attention import build, streamed
+from rpka.attention.accelerated import PointSet, accelerated_pivots, residual_diagonal
+from rpka.attention.nystrom import gather_points, nystrom_softmax
+from rpka.attention.rpcholesky import GumbelStream, _gumbel
+from rpka.attention.streamed import nystrom_softmax_streamed
+from rpka.io import read_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def qkv(n=40, batch=(3, 2), d=8, std=1.0, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(*batch, n, d, generator=g, dtype=dtype) * std).requires_grad_(True)
+        for _ in range(3)
+    ]
+
+
+def output_and_grads(grad_path, inputs, **options):
+    q, k, v = (x.detach().clone().requires_grad_(True) for x in inputs)
+    attn = build("rpka", generator=torch.Generator().manual_seed(1), grad_path=grad_path, **options)
+    out = attn(q, k, v)
+    cotangent = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    (out * cotangent).sum().backward()
+    return out.detach(), [x.grad for x in (q, k, v)]
+
+
+@pytest.mark.parametrize(
+    "options, std",
+    [
+        ({"rank": 8}, 1.0),
+        ({"rank": 16, "weighting": "exp"}, 1.0),
+        ({"rank": 8}, 5.0),
+        ({"rank": 8, "pivot_set": "keys"}, 1.0),
+        ({"rank": 100}, 1.0),
+    ],
+)
+def test_streamed_is_bitwise_the_autograd_reference_in_float32(options, std):
+    inputs = qkv(std=std)
+    out, grads = output_and_grads("autograd", inputs, **options)
+    out_s, grads_s = output_and_grads("streamed", inputs, **options)
+    assert torch.equal(out, out_s)
+    for a, b in zip(grads, grads_s, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_streamed_in_several_batch_groups_is_bitwise_the_same(monkeypatch):
+    inputs = qkv(n=30, batch=(4, 2))
+    out, grads = output_and_grads("streamed", inputs, rank=8)
+    monkeypatch.setitem(streamed.STREAM_BYTES, "cpu", 1)  # one batch element per group
+    out_s, grads_s = output_and_grads("streamed", inputs, rank=8)
+    assert torch.equal(out, out_s)
+    for a, b in zip(grads, grads_s, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_streamed_matches_in_float64_and_with_invalid_landmarks():
+    """Invalid slots (pivot -1) are masked; float64 agrees to round-off (the gradient sums
+    of the landmarks are accumulated in another order)."""
+    q, k, v = qkv(n=12, batch=(2,), dtype=torch.float64)
+    valid = torch.tensor([[True] * 5 + [False] * 3] * 2)
+    results = []
+    for estimate in (nystrom_softmax, nystrom_softmax_streamed):
+        padding = torch.zeros(2, 3, 8, dtype=torch.float64)
+        landmarks = torch.cat([k[:, :5], padding], -2) / 8**0.25
+        out, counts = estimate(q / 8**0.25, k / 8**0.25, v, landmarks, valid)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        results.append((out, counts, grads))
+    (out, counts, grads), (out_s, counts_s, grads_s) = results
+    torch.testing.assert_close(out_s, out, rtol=1e-12, atol=1e-12)
+    assert {key: int(c) for key, c in counts.items()} == {
+        key: int(c) for key, c in counts_s.items()
+    }
+    for a, b in zip(grads, grads_s, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+
+
+def test_streamed_gradient_against_finite_differences():
+    q, k, v = qkv(n=10, batch=(1,), d=4, dtype=torch.float64)
+    landmarks_from = torch.tensor([[0, 3, 7, 12, 15]])
+
+    def f(q, k, v):
+        points = torch.cat([q, k], -2) / 4**0.25
+        landmarks = gather_points(points, landmarks_from)
+        return nystrom_softmax_streamed(
+            q / 4**0.25, k / 4**0.25, v, landmarks, landmarks_from >= 0
+        )[0]
+
+    assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-6)
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="grad_path"):
+        build("rpka", grad_path="fast")
+    with pytest.raises(ValueError, match="residual_solve"):
+        build("rpka", residual_solve="lu")
+
+
+def test_inverse_refresh_gives_the_same_residuals_to_round_off():
+    z = torch.randn(4, 300, 6, generator=torch.Generator().manual_seed(0)) * 0.6
+    points = PointSet([z[:, :150], z[:, 150:]])
+    state = accelerated_pivots(points, 24, generator=torch.Generator().manual_seed(2))
+    reference = residual_diagonal(points, state, "triangular")
+    torch.testing.assert_close(
+        residual_diagonal(points, state, "inverse"), reference, atol=1e-5, rtol=0
+    )
+    assert reference.min() >= 0 and reference.max() <= 1
+
+
+def test_gumbel_stream_draws_the_per_step_numbers():
+    like = torch.empty(0)
+    stream = GumbelStream(torch.Size([3, 5]), like, torch.Generator().manual_seed(4), steps=7)
+    stream.block = 3  # several blocks, the last one partial
+    per_step = torch.Generator().manual_seed(4)
+    for _ in range(7):
+        assert torch.equal(stream.next(), _gumbel(torch.Size([3, 5]), like, per_step))
+
+
+def test_bench_training_step_tiny_run(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "bench_training_step", ROOT / "scripts" / "bench_training_step.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclass looks its module up
+    spec.loader.exec_module(bench)
+    out = tmp_path / "training_step.json"
+    bench.main(["--tiny", "--arms", "exact", "rpka-r16", "--output", str(out)])
+    saved = read_json(out)
+    assert saved["tiny"] is True and len(saved["load_average_before"]) == 3
+    assert {(r["shape"], r["arm"]) for r in saved["rows"]} == {
+        (s, a) for s in ("forecast", "longctx") for a in ("exact", "rpka-r16")
+    }
+    for row in saved["rows"]:
+        assert row["step_ms"] > 0 and row["step_cpu_ms"] > 0 and row["peak_mib"] > 0
+        if row["arm"] == "exact":
+            assert row["step_cpu_vs_exact"] == 1.0 and row["peak_vs_exact"] == 1.0
+    with pytest.raises(SystemExit):
+        bench.main(["--tiny", "--repeats", "0", "--output", str(out)])
