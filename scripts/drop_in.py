@@ -71,7 +71,7 @@ def main() -> None:
     run_config = {**run["config"], "device": "cpu"}
     state = load_state(run_file.with_suffix(".pt"))
     task = get_task(report["track"])
-    track = task.load(track_config_of(run_config), run_config["data_dir"])
+    track = task.load(track_config_of(run_config), run_config.get("data_dir"))
     x, y = task.inputs_targets(track, "test")
     metric = report["metric"]
     tokens = track_config_of(run_config).attention_tokens
