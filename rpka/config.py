@@ -32,7 +32,6 @@ from rpka.attention.rpka import PIVOT_SETS
 from rpka.checks import is_int, is_number, require
 from rpka.model import ModelConfig
 from rpka.tracks import TRACKS, Task, get_task
-from rpka.tracks.forecast import sized_track
 
 DEVICES = ("cpu", "cuda")
 LR_SCHEDULES = ("cosine", "constant")
@@ -556,8 +555,8 @@ class LongContextConfig:
 
     ``bench`` is the template every context shares - model, training, arms, learning
     rates, seeds, workers (its ``mechanism`` study is off: the long-context study measures
-    cost and accuracy only). :meth:`bench_for` sets the track's context and sizes its
-    series (:func:`sized_track`) so every context trains on the same number of windows,
+    cost and accuracy only). :meth:`bench_for` resizes the track to each context with the
+    track's own ``Task.at_context``, so every context trains on the same number of windows,
     hence the same number of steps. ``memory_probe`` measures the peak memory of one
     training step of every arm (``rpka.longctx.training_step_peak_mib``).
     """
@@ -584,7 +583,9 @@ class LongContextConfig:
 
     def bench_for(self, context: int) -> BenchConfig:
         """The bench at ``context`` (validated)."""
-        track = sized_track(self.bench.track, context, self.train_windows, self.eval_windows)
+        track = self.bench.task.at_context(
+            self.bench.track, context, self.train_windows, self.eval_windows
+        )
         config = dataclasses.replace(self.bench, track=track)
         config.validate()
         return config

@@ -16,7 +16,12 @@ from rpka.config import LongContextConfig
 from rpka.io import read_json
 from rpka.model import ModelConfig, TransformerTiny
 from rpka.presets import LONGCTX_PRESETS, get_longctx_preset
+from rpka.tracks import get_task
 from rpka.tracks.forecast import TrackConfig, sized_track, split_bounds, window_starts
+from rpka.tracks.lm import LMConfig
+from rpka.tracks.motif import MotifConfig
+from rpka.tracks.real import RealConfig
+from rpka.tracks.regimes import RegimesConfig
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "longctx.md"
 SMOKE = get_longctx_preset("smoke")
@@ -95,6 +100,39 @@ def test_sized_track_holds_exactly_the_windows_asked_for(context, train, evaluat
     }
     assert counts == {"train": train, "val": evaluation, "test": evaluation}
     assert track.context == context
+
+
+def test_at_context_resizes_a_generated_track_and_keeps_the_rest():
+    for config in (RegimesConfig(n_regimes=16), MotifConfig()):
+        resized = get_task(config.name).at_context(config, 512, 40, 8)
+        assert (resized.context, resized.n_train, resized.n_val, resized.n_test) == (512, 40, 8, 8)
+        assert resized.horizon == config.horizon and resized.seed == config.seed
+    regimes = get_task("forecast-regimes").at_context(RegimesConfig(n_regimes=16), 2048, 4, 2)
+    assert regimes.n_regimes == 16
+    forecast = get_task("forecast").at_context(TrackConfig(stride=32), 512, 7, 3)
+    assert forecast == sized_track(TrackConfig(stride=32), 512, 7, 3)
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "match"),
+    [
+        ("forecast-regimes", (16, 4, 4), "context"),  # shorter than three segments
+        ("forecast-regimes", (512, 0, 4), "train_windows"),
+        ("forecast-regimes", (512, 4, 0), "eval_windows"),
+        ("forecast", (4, 4, 4), "context"),
+        ("forecast-real", (512, 4, 4), "long-context form"),
+        ("lm", (512, 4, 4), "long-context form"),
+    ],
+)
+def test_at_context_rejects_what_it_cannot_build(name, args, match):
+    config = {
+        "forecast-regimes": RegimesConfig(),
+        "forecast": TrackConfig(),
+        "forecast-real": RealConfig(),
+        "lm": LMConfig(),
+    }[name]
+    with pytest.raises(ValueError, match=match):
+        get_task(name).at_context(config, *args)
 
 
 def test_every_preset_validates_and_full_is_the_issue_study():
