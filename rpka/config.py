@@ -602,26 +602,4 @@ class LongContextConfig:
         return cls(**data)
 
 
-def rank_sweep(config: BenchConfig) -> BenchConfig:
-    """``config`` with only its baseline and its rank sweep ``rpka-r<rank>`` at default options.
-
-    No ablations, peers, ablation choice or output-error study: the long-context study
-    varies the context length, not RPKA's choices (and the full preset's training-shape
-    implementation choices, such as rpka-r64's plain pivot loop, do not carry over).
-    """
-    swept = [
-        rpka_arm(a.options["rank"])
-        for a in config.arms
-        if a.method == "rpka" and a.name == f"rpka-r{a.options.get('rank')}"
-    ]
-    return dataclasses.replace(
-        config,
-        arms=(config.arm(config.baseline_arm), *swept),
-        ablation_reference=None,
-        ablation_arms=(),
-        output_error_ranks=(),
-    )
-
-
-
 __all__ = ["ModelConfig"]  # re-exported: the model's config, beside the model

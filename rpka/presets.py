@@ -26,11 +26,10 @@ from rpka.config import (
     TrainConfig,
     apply_overrides,
     peer_arm,
-    rank_sweep,
     rpka_arm,
 )
 from rpka.model import ModelConfig
-from rpka.tracks.forecast import TrackConfig, sized_track
+from rpka.tracks.forecast import TrackConfig
 from rpka.tracks.lm import LMConfig
 from rpka.tracks.motif import MotifConfig
 from rpka.tracks.real import RealConfig
@@ -443,8 +442,9 @@ def get_preset(name: str, track_name: str = "forecast", **overrides: Any) -> Ben
 
 
 # --------------------------------------------------------------------------- long context
-# The long-context training study (issue 6, item 4; ``rpka.longctx``): one bench per
-# context length, every context sharing the template ``BenchConfig`` of its preset.
+# The long-context training study (issues 6 and 14; ``rpka.longctx``): one bench per
+# context length, every context sharing the template ``BenchConfig`` of its preset, the
+# track resized to each context by ``Task.at_context``.
 
 
 def _longctx(
@@ -452,47 +452,51 @@ def _longctx(
     contexts: tuple[int, ...],
     train_windows: int,
     eval_windows: int,
+    track: Any,
+    ranks: tuple[int, ...],
     **bench: Any,
 ) -> LongContextConfig:
-    """A long-context preset: the full bench preset's rank sweep with the reduced protocol's
-    overrides."""
-    template = apply_overrides(
-        rank_sweep(PRESETS["full"]),
+    """A long-context preset: exact, RPKA at ``ranks`` and the control on ``track``, resized
+    to each context; ``bench`` sets the template's other fields."""
+    template = BenchConfig(
         preset=f"longctx-{preset}",
+        track=track,
+        arms=(EXACT, *(rpka_arm(r) for r in ranks), MEAN_CONTROL),
         mechanism=None,
-        **{"track": sized_track(TrackConfig(**bench.pop("track", {})), contexts[0], 1, 1)},
+        margin=FORECAST_MARGIN,
         **bench,
+    )
+    template = dataclasses.replace(
+        template,
+        track=template.task.at_context(track, contexts[0], train_windows, eval_windows),
     )
     config = LongContextConfig(preset, contexts, template, train_windows, eval_windows)
     config.validate()
     return config
 
 
-# Reduced protocol (the CPU cannot afford the main study's at 2,048 tokens): one encoder
-# layer of width 16 with one head, 4 series, 2 epochs, learning rates {1e-4, 3e-4} on one
-# sweep seed, 4 evaluation seeds; ``full`` takes about 5 minutes on the 2-core machine.
-# The flatten head starts at zero (see ModelConfig.head_init_std) and there is no linear
-# skip: with 96 training windows per series its context x horizon weights overfit (test
-# MSE 0.61 with it, 0.50 without, exact at 2,048 tokens, 2 seeds), and without it every
-# forecast goes through the attention.
-_LONGCTX_MODEL = {
-    "d_model": 16,
-    "n_layers": 1,
-    "n_heads": 1,
-    "d_ff": 32,
-    "head_init_std": 0.0,
-    "linear_skip": False,
-}
+# MEASURED-PLACEHOLDER
+LONGCTX_TRACK = RegimesConfig(n_regimes=3)
+LONGCTX_MODEL = ModelConfig(
+    d_model=16,
+    n_layers=1,
+    n_heads=1,
+    d_ff=32,
+    embed_kernel=17,
+    head_init_std=0.0,
+    linear_skip=False,
+)
 LONGCTX_PRESETS: dict[str, LongContextConfig] = {
     "smoke": _longctx(
         "smoke",
-        contexts=(32, 64),
-        train_windows=8,
-        eval_windows=2,
-        track={"n_series": 2, "stride": 8},
-        model={**_LONGCTX_MODEL, "d_model": 8, "d_ff": 16, "embed_kernel": 3},
-        train={"epochs": 1, "batch_size": 8, "warmup_steps": 0},
+        contexts=(96, 128),
+        train_windows=16,
+        eval_windows=8,
+        track=LONGCTX_TRACK,
         ranks=(4, 8),
+        model=dataclasses.replace(LONGCTX_MODEL, d_model=8, d_ff=16),
+        train=TrainConfig(epochs=1, batch_size=8, warmup_steps=0),
+        primary_arm="rpka-r8",
         learning_rates=(3e-3,),
         sweep_seeds=(0,),
         eval_seeds=(100, 101),
@@ -502,14 +506,14 @@ LONGCTX_PRESETS: dict[str, LongContextConfig] = {
     "quick": _longctx(
         "quick",
         contexts=(512, 2048),
-        train_windows=48,
-        eval_windows=8,
-        track={"n_series": 2, "stride": 32},
-        model=_LONGCTX_MODEL,
-        train={"epochs": 1, "batch_size": 16, "warmup_steps": 1},
-        ranks=(16, 64, 128),
+        train_windows=1024,
+        eval_windows=128,
+        track=LONGCTX_TRACK,
+        ranks=(16, 64),
+        model=LONGCTX_MODEL,
+        train=TrainConfig(epochs=1, batch_size=16, warmup_steps=1),
         primary_arm="rpka-r64",  # the main study's primary arm
-        learning_rates=(1e-4, 3e-4),
+        learning_rates=(3e-3,),
         sweep_seeds=(0,),
         eval_seeds=(100, 101),
         seeds_per_job=2,
@@ -517,17 +521,17 @@ LONGCTX_PRESETS: dict[str, LongContextConfig] = {
     "full": _longctx(
         "full",
         contexts=(512, 2048),
-        train_windows=96,
-        eval_windows=16,
-        track={"n_series": 4, "stride": 32},
-        model=_LONGCTX_MODEL,
-        train={"epochs": 2, "batch_size": 16, "warmup_steps": 2},
+        train_windows=4000,
+        eval_windows=256,
+        track=LONGCTX_TRACK,
         ranks=(16, 64, 128),
+        model=LONGCTX_MODEL,
+        train=TrainConfig(epochs=1, batch_size=16, warmup_steps=2),
         primary_arm="rpka-r64",  # the main study's primary arm
-        learning_rates=(1e-4, 3e-4),
+        learning_rates=(3e-3,),
         sweep_seeds=(0,),
-        eval_seeds=(100, 101, 102, 103),
-        seeds_per_job=2,
+        eval_seeds=(100, 101, 102, 103, 104),
+        seeds_per_job=5,
     ),
 }
 LONGCTX_FIELDS = ("contexts", "train_windows", "eval_windows", "memory_probe")
