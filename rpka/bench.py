@@ -52,7 +52,9 @@ import rpka
 from rpka import paths, stats
 from rpka.ablations import choose_default, rpka_configuration
 from rpka.attention import options_of
+from rpka.attention.guards import guard_shares
 from rpka.config import ArmConfig, BenchConfig
+from rpka.decision import METRIC_DIRECTION, attention_gate, decide, decision_of
 from rpka.executors import InProcessExecutor  # noqa: F401 - re-exported for callers
 from rpka.executors import local_executor as default_executor
 from rpka.io import (
@@ -78,7 +80,6 @@ from rpka.train import (
 )
 
 BENCH_VERSION = "2.0"
-METRIC_DIRECTION = "lower"  # every metric (MSE, MAE, perplexity, NLL): lower is better
 
 
 def default_out(config: BenchConfig) -> str:
@@ -527,6 +528,7 @@ def arm_entry(
             f"val_{metric}": [m[f"val_{metric}"] for m in result["members"]],
         },
         "guard_counts": result["guard_counts"],
+        "guard_shares": guard_shares(result["guard_counts"]) if result["guard_counts"] else None,
         "step_ms_median": result["step_ms_median"],
         "run_ids": result["run_ids"],
         "comparison": None,
@@ -592,61 +594,6 @@ def build_report(
     }
     report["ablation_choice"] = choose_default(report)  # validation scores only
     return report
-
-
-def attention_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The track's attention gate (``rpka.stats.attention_gate``): does the control lose to
-    the baseline by ``config.gate_min_rel``? None when the study has no control arm."""
-    control = config.control
-    if control is None or control not in arms:
-        return None
-    gate = stats.attention_gate(
-        arms[config.baseline_arm]["full"]["per_seed"],
-        arms[control]["full"]["per_seed"],
-        METRIC_DIRECTION,
-        min_rel=config.gate_min_rel,
-    )
-    return {"control_arm": control, **gate}
-
-
-def decide(
-    config: BenchConfig, comparisons: dict[str, dict[str, Any]], gate: dict[str, Any] | None
-) -> None:
-    """The decision rule (docs/statistics.md): the primary unadjusted, Holm over the
-    secondary family, the control outside both (it is the gate's), then the gate."""
-    control = config.control
-    family = {name: c for name, c in comparisons.items() if name != control}
-    stats.apply_holm(family, primary=config.primary_arm)
-    if control in comparisons:
-        comparisons[control]["adjustment"] = "none (the control: read by the attention gate)"
-    if gate is not None:
-        for name, comparison in comparisons.items():
-            if name != control:
-                stats.apply_gate(comparison, gate)
-
-
-def decision_of(config: BenchConfig) -> dict[str, Any]:
-    """The rule the verdicts come from, as data (``bench_report.json["decision"]``)."""
-    return {
-        "primary_arm": config.primary_arm,
-        "baseline_arm": config.baseline_arm,
-        "control_arm": config.control,
-        "secondary_family": list(config.secondary_arms),
-        "margin": config.margin,
-        "alpha": stats.ALPHA,
-        "rule": (
-            f"{config.primary_arm} vs {config.baseline_arm}: paired sign-flip test, unadjusted "
-            f"(pre-registered primary); the {len(config.secondary_arms)} other arm(s): Holm "
-            "over that family; equivalent when TOST at +-margin rejects both sides"
-            + (" (no margin: no equivalence test)" if config.margin is None else "")
-            + (
-                f"; every verdict 'uninformative' unless {config.control} loses to "
-                f"{config.baseline_arm} by >= {config.gate_min_rel:.0%} (attention gate)"
-                if config.control
-                else "; no control arm: no attention gate"
-            )
-        ),
-    }
 
 
 def timings(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -56,6 +57,14 @@ def _check_out_dir(parser: argparse.ArgumentParser, flag: str, folder: Path) -> 
         probe.unlink()
     except OSError as err:
         parser.error(f"argument {flag}: cannot write to {folder} ({err.strerror})")
+
+
+def _check_out_file(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
+    """Refuse, before any compute, an output file that is a folder or whose folder cannot
+    be created and written (the result is written to a temporary file there, then renamed)."""
+    if path.is_dir():
+        parser.error(f"argument {flag}: {path} is a folder, not a file")
+    _check_out_dir(parser, flag, path.parent)
 
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
@@ -148,9 +157,12 @@ def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def print_bench_summary(report: dict[str, Any], out: Path) -> None:
-    """A results table: every arm and the naive baselines, the primary test metric."""
+    """A results table: every arm and the naive baselines, the primary test metric; an arm
+    with diverged evaluation seeds says how many (their scores are missing: n/a)."""
     metric = report["metric"]
-    width = max(12, *(len(name) for name in report["arms"]))
+    task = get_task(report["track"])
+    naive = task.naive_rows(report, "test")
+    width = max(12, *(len(name) for name in report["arms"]), *(len(label) for label, _ in naive))
     lines = [
         f"{'arm':<{width}} {'points':>6} {'best lr':>8} {'test ' + metric:>18} {'vs exact':>30}"
     ]
@@ -159,14 +171,17 @@ def print_bench_summary(report: dict[str, Any], out: Path) -> None:
         points = arm["pivot_points"] or arm["attention_tokens"]
         cmp_ = arm["comparison"]
         versus = (
-            "-" if cmp_ is None else f"{cmp_['delta_mean']:+.4f} p_adj={cmp_['p_adjusted']:.3g}"
+            "-"
+            if cmp_ is None
+            else f"{_number(cmp_['delta_mean'], '+.4f')} p_adj={_number(cmp_['p_adjusted'], '.3g')}"
         )
+        diverged = arm["n_diverged"]
         lines.append(
-            f"{name:<{width}} {points:>6} {arm['best_cfg']['lr']:>8.0e} "
-            f"{full['mean']:>9.4f} +- {full['std']:<6.4f} {versus:>30}"
+            f"{name:<{width}} {points:>6} {_number(arm['best_cfg']['lr'], '.0e'):>8} "
+            f"{_number(full['mean'], '.4f'):>9} +- {_number(full['std'], '.4f'):<6} {versus:>30}"
+            + (f"  {diverged}/{len(full['per_seed'])} seeds diverged" if diverged else "")
         )
-    task = get_task(report["track"])
-    for label, values in task.naive_rows(report, "test"):
+    for label, values in naive:
         lines.append(f"{label:<{width}} {'':>6} {'':>8} {values[metric]:>9.4f}")
     choice = report.get("ablation_choice")
     if choice is not None:
@@ -176,12 +191,20 @@ def print_bench_summary(report: dict[str, Any], out: Path) -> None:
             f"{choice['reference_val_score']:.4f})"
         )
     lines.append(task.learnability_text(report).replace("**", ""))
+    if all(arm["n_diverged"] == len(arm["full"]["per_seed"]) for arm in report["arms"].values()):
+        lines.append("every evaluation seed of every arm diverged: try lower --lrs")
     t = report["timings"]
     lines.append(
         f"wall {t['phases']['total_s']:.1f} s; step ms {t['step_ms_median']}; "
         f"written to {out / 'bench_report.json'}"
     )
     print("\n".join(lines), file=sys.stdout)
+
+
+def _number(value: float | None, spec: str) -> str:
+    """``value`` formatted by ``spec``, or "n/a" where it is missing or not finite (a
+    diverged seed has no score; NaN is saved as null)."""
+    return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
 
 
 # --------------------------------------------------------------------------- longctx
@@ -228,12 +251,14 @@ def parse_longctx(
         parser.error(str(err))
     if config.bench.device == "cuda" and not torch.cuda.is_available():
         parser.error("argument --device: cuda requested but CUDA is not available")
+    args.out = resolve(args.out or paths.results_dir(config.preset))
+    _check_out_dir(parser, "--out", args.out)
     return config, args
 
 
 def longctx_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config, args = parse_longctx(argv)
-    out = resolve(args.out or paths.results_dir(config.preset))
+    out = args.out
     result = longctx.run_longctx(config, out, progress=not args.no_progress)
     print("\n".join(longctx.summary_lines(result)), file=sys.stdout)
     print(f"written to {out / longctx.FILE_NAME}")
@@ -260,6 +285,7 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     if args.print_parameters:
         print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
         return
+    _check_out_file(parser, "--html", Path(args.html))
     try:
         pipeline.run_pipeline(
             steps,
@@ -328,7 +354,8 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
         config.validate()
     except ValueError as err:
         parser.error(str(err))
-    out = Path(args.out or default_out)
+    out = resolve(args.out or default_out)
+    _check_out_file(parser, "--out", out)
     result = scaling.run_scaling(config, progress=not args.quiet, out=out, preset=args.preset)
     print("\n".join(scaling.summary_lines(result)))
     print(f"written to {out}")
@@ -370,7 +397,8 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
         config.validate()
     except ValueError as err:
         parser.error(str(err))
-    out = args.out or paths.decode_json(config.device)
+    out = resolve(args.out or paths.decode_json(config.device))
+    _check_out_file(parser, "--out", out)
     result = decoding.run_decoding(config)
     write_json(out, result)
     print(f"{'method':>6} {'context':>8} {'ms/token':>9} {'mean':>8} {'max':>8} {'prefill ms':>11}")
@@ -394,6 +422,10 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--preset", default="full", choices=sorted(study.SCALING_PRESET))
     parser.add_argument("--readme", type=Path, help="rewrite this file's summary block")
     args = parser.parse_args(argv)
+    if args.readme is not None and not args.readme.is_file():
+        parser.error(f"argument --readme: {args.readme} is not a file")
+    index = study.write_study_index(args.preset)  # study.json: where every reader starts
+    print(f"study index: {paths.study_json(args.preset)} ({len(index['tracks'])} track(s))")
     block = summary.render(args.preset)
     if args.readme is None:
         print(block)

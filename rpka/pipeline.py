@@ -12,6 +12,7 @@ with a copy beside the executed notebooks in ``reports/<preset>/``.
 
 from __future__ import annotations
 
+import ast
 import html
 import time
 from collections.abc import Callable, Sequence
@@ -20,8 +21,11 @@ from pathlib import Path
 
 import nbformat
 import papermill
+import zmq
+from jupyter_client import KernelManager
 from nbconvert import HTMLExporter
 from papermill.exceptions import PapermillExecutionError
+from traitlets.config import Config
 
 from rpka import paths
 from rpka.io import atomic_write_text
@@ -53,7 +57,8 @@ def declared_parameters(notebook: str | Path) -> dict[str, dict]:
 
 
 def check_parameters(notebook: str | Path, parameters: dict) -> None:
-    """Reject names the notebook does not declare (papermill itself only warns)."""
+    """Reject names the notebook does not declare (papermill itself only warns) and values
+    whose type is not their default's (they would fail late, cells into the run)."""
     declared = declared_parameters(notebook)
     unknown = sorted(set(parameters) - set(declared))
     if unknown:
@@ -61,6 +66,31 @@ def check_parameters(notebook: str | Path, parameters: dict) -> None:
             f"{Path(notebook).name}: unknown parameter(s) {unknown}; the notebook declares "
             f"{sorted(declared)}"
         )
+    for name, value in parameters.items():
+        default = ast.literal_eval(declared[name]["default"])  # literals only (a test checks)
+        if not _same_type(value, default):
+            raise PipelineError(
+                f"{Path(notebook).name}: parameter {name} must be a {type(default).__name__} "
+                f"like its default {default!r}, got {value!r}"
+            )
+
+
+def _same_type(value: object, default: object) -> bool:
+    """``value`` can stand for ``default``: same type, an int for a float; any for None."""
+    if default is None:
+        return True
+    if type(default) is float:
+        return type(value) in (int, float)
+    return type(value) is type(default)
+
+
+def kernel_config() -> Config:
+    """Curve-encrypted kernel sockets where jupyter_client and zmq offer them (the python3
+    kernelspec declares support): over plain TCP, ipykernel warns at every start that the
+    traffic is unencrypted (six warnings per report)."""
+    if zmq.has("curve") and KernelManager.class_traits().get("transport_encryption"):
+        return Config({"KernelManager": {"transport_encryption": "auto"}})
+    return Config()
 
 
 def run_notebook(step: Step, progress: bool = True) -> Step:
@@ -76,6 +106,7 @@ def run_notebook(step: Step, progress: bool = True) -> Step:
             kernel_name="python3",  # this interpreter, not the notebooks' `rpka` kernel
             progress_bar=progress,
             cwd=str(REPO_ROOT),
+            config=kernel_config(),
         )
     except PapermillExecutionError as err:
         raise PipelineError(
@@ -159,4 +190,3 @@ def preset_steps(preset: str) -> list[Step]:
     return [
         Step(NOTEBOOK_DIR / name, out_dir / name, parameters) for name, parameters in params.items()
     ]
-

@@ -228,6 +228,11 @@ def peak_memory_mib(fn: Callable[[], object], device: str) -> float:
         fn()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / MiB
+    # kineto, behind torch.profiler, logs a "USDT" trace-marker line at every profiler start
+    # and stop (its level 5, above ERROR): 48 lines per report. It reads the level once, at
+    # the first profile; 6 silences kineto's own log (a failed profile still raises here),
+    # and a KINETO_LOG_LEVEL the user set wins.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     deltas = sorted(
@@ -534,4 +539,3 @@ def summary_lines(result: dict) -> list[str]:
         )
     lines.append(f"device: {result['device']}; {result['shapes']}")
     return lines
-

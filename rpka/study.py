@@ -9,6 +9,7 @@ it is missing (every computation resumes from its run files).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 
 from rpka import bench, paths, scaling
 from rpka.config import BenchConfig
-from rpka.io import read_json, read_json_or_heal
+from rpka.io import read_json, read_json_or_heal, write_json
 from rpka.longctx import run_longctx
 from rpka.paths import resolve
 from rpka.presets import STUDY_TRACKS, get_longctx_preset, get_preset
@@ -60,12 +61,14 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
     return {
         "01_train.ipynb": {"preset": preset, "run_dir": f"{results}/train", "figures_dir": figures},
         "02_sweep.ipynb": {"preset": preset, "results_dir": results, "figures_dir": figures},
-        "03_deltas.ipynb": {"bench_report": report, "figures_dir": figures},
+        "03_deltas.ipynb": {"preset": preset, "bench_report": report, "figures_dir": figures},
         "04_mechanism.ipynb": {
+            "preset": preset,
             "mechanism_json": paths.mechanism_json(preset),
             "figures_dir": figures,
         },
         "05_scaling.ipynb": {
+            "preset": preset,
             "scaling_cpu_json": paths.scaling_cpu_json(preset),
             "scaling_gpu_json": paths.GPU_SCALING_JSON,
             "decode_json": paths.decode_json("cpu"),
@@ -104,12 +107,22 @@ def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callabl
     ``python -m rpka report`` runs these first (progress in the terminal), then the
     notebooks, which load what these wrote (and compute it themselves if it is missing).
     """
+    return [(label, compute) for label, compute, _ in _study_steps(preset, progress)]
+
+
+def _study_steps(
+    preset: str, progress: bool
+) -> list[tuple[str, Callable[[], object], tuple[str, ...]]]:
+    """(label, computation, the result files it writes) of every step of the study."""
     primary = STUDY_TRACKS[0]
 
-    def bench_step(name: str) -> tuple[str, Callable[[], object]]:
+    def bench_step(name: str) -> tuple[str, Callable[[], object], tuple[str, ...]]:
         label = "bench" if name == primary else f"bench ({name})"
-        return label, lambda: bench.run_bench(
-            get_preset(preset, name), bench_dir(preset, name), progress=progress
+        out = bench_dir(preset, name)
+        return (
+            label,
+            lambda: bench.run_bench(get_preset(preset, name), out, progress=progress),
+            (f"{out}/bench_report.json", f"{out}/mechanism.json"),
         )
 
     return [
@@ -122,12 +135,104 @@ def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callabl
                 out=resolve(scaling_json(preset)),
                 preset=SCALING_PRESET[preset],
             ),
+            (scaling_json(preset),),
         ),
         (
             "long-context training",
             lambda: run_longctx(get_longctx_preset(preset), results_dir(preset), progress=progress),
+            (paths.longctx_json(preset),),
         ),
+        ("study index", lambda: write_study_index(preset), (paths.study_json(preset),)),
     ]
+
+
+# --------------------------------------------------------------------------- study index
+
+
+def track_entry(report: dict[str, Any], report_path: Path, index_dir: Path) -> dict[str, Any]:
+    """One track's line in ``study.json``: where its report is, its gate, its verdicts."""
+    primary = report["arms"][report["primary_arm"]]["comparison"]
+    return {
+        "bench_report": os.path.relpath(report_path, index_dir),
+        "preset": report["config"]["preset"],
+        "metric": report["metric"],
+        "attention_gate": report.get("attention_gate"),
+        "primary_arm": report["primary_arm"],
+        "primary": {
+            k: primary.get(k)
+            for k in ("verdict", "delta_mean", "ci_low", "ci_high", "p_value", "margin", "mde")
+        },
+        "verdicts": {
+            name: arm["comparison"]["verdict"]
+            for name, arm in report["arms"].items()
+            if arm.get("comparison")
+        },
+        "run_time_s": report["timings"]["phases"]["total_s"],
+        "learnability_met": report["learnability"].get("met"),
+    }
+
+
+def write_study_index(
+    preset: str, tracks: tuple[str, ...] = STUDY_TRACKS, out_dir: str | Path | None = None
+) -> dict[str, Any]:
+    """Write ``study.json`` in ``out_dir`` (default ``data/results/<preset>``,
+    ``rpka.paths.study_json``) from the tracks' bench reports and the long-context result
+    found there, and return it.
+
+    Keys: ``preset``, ``tracks`` (``{<track>: track_entry}`` in the study's order; a track
+    without a report yet is left out and named in ``missing``) and ``longctx`` (per
+    context: a ``track_entry`` of its bench, or null without a long-context result).
+    """
+    out = resolve(out_dir or results_dir(preset))
+    required = ("config", "arms", "primary_arm")
+    entries, missing = {}, []
+    for name in tracks:
+        path = out / get_task(name).out_dir / "bench_report.json"
+        report = read_json_or_heal(path, required)
+        if report is None:
+            missing.append(name)
+            continue
+        entries[name] = track_entry(report, path, out)
+    longctx = read_json_or_heal(out / Path(paths.longctx_json(preset)).name, ("per_context",))
+    longctx_entry = None
+    if longctx is not None:
+        longctx_entry = {"contexts": {}}
+        for context, entry in longctx["per_context"].items():
+            report = read_json_or_heal(out / entry["bench_report"], required)
+            if report is not None:
+                longctx_entry["contexts"][context] = track_entry(
+                    report, out / entry["bench_report"], out
+                )
+    index = {"preset": preset, "tracks": entries, "missing": missing, "longctx": longctx_entry}
+    write_json(out / Path(paths.study_json(preset)).name, index)
+    return index
+
+
+def load_result(path: str | Path, preset: str, progress: bool = True) -> dict:
+    """The result file ``path`` of ``preset``'s study; if it is missing (a fresh clone:
+    nothing run yet) or corrupt, the study step that writes it runs now - seconds for
+    ``smoke``, resumed from its run files otherwise - saying so in one line."""
+    file = resolve(path)
+    result = read_json_or_heal(file)  # a corrupt file is moved aside, then rebuilt
+    if result is not None:
+        return result
+    writers = [
+        (label, compute)
+        for label, compute, outputs in _study_steps(preset, progress)
+        if file in {resolve(output) for output in outputs}
+    ]
+    if not writers:
+        raise FileNotFoundError(
+            f"{path} does not exist and no step of the {preset!r} study writes it "
+            f"(`make report PRESET={preset}` computes the study's results)"
+        )
+    label, compute = writers[0]
+    print(
+        f"{path} is not there yet: computing it now ({label}, preset {preset}); "
+        f"`make report PRESET={preset}` computes every result of the study at once"
+    )
+    compute()
+    return read_json(file)
 
 
 # --------------------------------------------------------------------------- 01_train

@@ -338,15 +338,17 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     step_ms: list[float] = []
     guards: dict[str, int] = {}
     progress = run_config.get("progress") or {}
+    # a bar below another (position > 0, the bench's) moves the cursor with ANSI escapes,
+    # which show as "[A" where stderr is not a terminal (logs, notebooks): there only the
+    # outer bar is drawn
+    nested_in_a_log = bool(progress.get("position")) and not sys.stderr.isatty()
     bar = tqdm(
         total=train_config.epochs * steps_per_epoch,
         # the phase, not the scored split: every run shows its validation metric as it trains
         desc=f"{run_config['arm']['name']} lr={run_config['lr']:g} {PHASE_OF[run_config['split']]}",
-        # a bar below the first (position > 0) moves the cursor with ANSI escapes, which
-        # show as "[A" where stderr is not a terminal (logs, notebooks): there, no position
-        position=progress.get("position") if sys.stderr.isatty() else None,
+        position=progress.get("position"),
         leave=progress.get("leave", True),
-        disable=not progress.get("enable", True),
+        disable=not progress.get("enable", True) or nested_in_a_log,
         dynamic_ncols=True,
     )
 

@@ -44,3 +44,75 @@ def test_a_good_command_line_parses_and_probes_its_folder(tmp_path):
     config, args = cli.parse_bench(["--preset", "smoke", "--out", str(out), "--seeds", "3"])
     assert len(config.eval_seeds) == 3 and args.out == out and out.is_dir()
     assert list(out.iterdir()) == []  # the probe leaves nothing behind
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the compute ran before the output path was checked")
+
+
+@pytest.fixture
+def no_compute(monkeypatch):
+    """Any compute of report, scaling or decode fails the test: refusal must come first."""
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", _never)
+    monkeypatch.setattr(cli.scaling, "run_scaling", _never)
+    monkeypatch.setattr(cli.decoding, "run_decoding", _never)
+
+
+OUTPUT_FILE_COMMANDS = [
+    (cli.report_main, ["--preset", "smoke"], "--html"),
+    (cli.scaling_main, ["--preset", "tiny"], "--out"),
+    (cli.decode_main, [], "--out"),
+]
+
+
+@pytest.mark.parametrize(("main", "argv", "flag"), OUTPUT_FILE_COMMANDS)
+def test_an_output_file_that_is_a_folder_is_refused(main, argv, flag, tmp_path, capsys, no_compute):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, flag, str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(f"argument {flag}: {tmp_path} is a folder, not a file")
+
+
+@pytest.mark.parametrize(("main", "argv", "flag"), OUTPUT_FILE_COMMANDS)
+def test_an_output_file_below_a_file_is_refused(main, argv, flag, tmp_path, capsys, no_compute):
+    a_file = tmp_path / "file"
+    a_file.write_text("")  # file/x.json can never be created, root or not
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, flag, str(a_file / "x.json")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(f"argument {flag}: {a_file} is a file, not a folder")
+    assert a_file.read_text() == ""
+
+
+@pytest.mark.parametrize(("main", "argv", "flag"), OUTPUT_FILE_COMMANDS)
+def test_an_unwritable_output_folder_is_refused_for_files(
+    main, argv, flag, tmp_path, capsys, no_compute, monkeypatch
+):
+    def refuse(self, *args, **kwargs):  # a read-only folder, also when the tests run as root
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cli.Path, "write_text", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, flag, str(tmp_path / "x.json")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(f"argument {flag}: cannot write to {tmp_path} (Permission denied)")
+
+
+def test_longctx_refuses_an_output_folder_that_is_a_file(tmp_path, capsys):
+    a_file = tmp_path / "results"
+    a_file.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_longctx(["--preset", "smoke", "--out", str(a_file)])
+    assert exit_info.value.code == 2
+    assert f"argument --out: {a_file} is a file, not a folder" in capsys.readouterr().err
+
+
+def test_summary_refuses_a_missing_readme(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli.summary, "render", _never)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.summary_main(["--readme", str(tmp_path / "README.md")])
+    assert exit_info.value.code == 2
+    assert "argument --readme:" in capsys.readouterr().err

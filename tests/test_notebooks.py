@@ -12,8 +12,8 @@ import nbformat
 import pytest
 
 from rpka.paths import REPO_ROOT
-from rpka.pipeline import declared_parameters, preset_steps, run_pipeline
-from rpka.study import NOTEBOOKS, notebook_parameters
+from rpka.pipeline import Step, declared_parameters, preset_steps, run_notebook, run_pipeline
+from rpka.study import NOTEBOOKS, load_result, notebook_parameters
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
@@ -76,3 +76,21 @@ def test_smoke_html_has_the_verdict_table_and_no_code(smoke_html):
     assert re.search(r"significant (win|loss)|inconclusive", smoke_html)
     assert "read_json(" not in smoke_html  # code cells hidden
     assert "Traceback" not in smoke_html and "Warning" not in smoke_html
+
+
+@pytest.mark.slow
+def test_a_notebook_opened_in_a_fresh_clone_computes_what_it_reads(tmp_path, monkeypatch):
+    """Nothing run yet (an empty root): 03_deltas computes the smoke bench it reads, with
+    one line saying so, instead of failing on a missing file (issue 17 item 6)."""
+    monkeypatch.setenv("RPKA_ROOT", str(tmp_path))  # the kernel's rpka.paths root
+    executed = tmp_path / "executed.ipynb"
+    run_notebook(Step(NOTEBOOK_DIR / "03_deltas.ipynb", executed, {}), progress=False)
+    assert (tmp_path / "data/results/smoke/bench_report.json").exists()
+    outputs = [o for c in nbformat.read(executed, as_version=4).cells for o in c.get("outputs", [])]
+    said = [o["text"] for o in outputs if o.get("name") == "stdout"]
+    assert any("is not there yet: computing it now (bench, preset smoke)" in t for t in said)
+
+
+def test_a_result_no_study_step_writes_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.json does not exist and no step"):
+        load_result(tmp_path / "nowhere.json", "smoke")

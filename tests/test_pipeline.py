@@ -4,7 +4,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from rpka.pipeline import PipelineError, Step, check_parameters, run_pipeline
+from rpka.pipeline import PipelineError, Step, check_parameters, run_notebook, run_pipeline
 
 
 def write_notebook(path, cells):
@@ -91,3 +91,20 @@ def test_html_is_self_contained_with_code_hidden(plotting_notebook, tmp_path):
     assert any("done in" in line for line in lines) and any(str(html_out) in s for s in lines)
     executed = nbformat.read(tmp_path / "o" / "01_plot.ipynb", as_version=4)
     assert any("Injected title" in c.source for c in executed.cells)
+
+
+def test_wrongly_typed_parameter_is_rejected_before_running(plotting_notebook, tmp_path):
+    with pytest.raises(PipelineError, match=r"parameter title must be a str like its default"):
+        check_parameters(plotting_notebook, {"title": 3})
+    numbers = write_notebook(tmp_path / "02_n.ipynb", [params_cell("n = 3\nscale = 0.5")])
+    check_parameters(numbers, {"n": 4, "scale": 2})  # an int stands for a float
+    for bad in ({"n": 4.0}, {"n": "4"}, {"n": True}, {"scale": "0.5"}):
+        with pytest.raises(PipelineError, match=f"parameter {next(iter(bad))} must be a"):
+            check_parameters(numbers, bad)
+
+
+def test_the_kernel_does_not_warn_about_its_transport(plotting_notebook, tmp_path, capfd):
+    """ipykernel warns on stderr at every start over unencrypted TCP; the report's kernels
+    get Curve keys instead (issue 17 item 8: terminal noise)."""
+    run_notebook(Step(plotting_notebook, tmp_path / "o.ipynb", {}), progress=False)
+    assert "without encryption" not in capfd.readouterr().err

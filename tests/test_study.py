@@ -12,10 +12,11 @@ import torch
 
 matplotlib.use("Agg")
 
-from rpka import cli, plots, scaling, tables  # noqa: E402
+from rpka import cli, plots, scaling, study, tables  # noqa: E402
 from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
 from rpka.attention import REGISTRY, options_of  # noqa: E402
 from rpka.config import BenchConfig  # noqa: E402
+from rpka.io import read_json  # noqa: E402
 from rpka.presets import (  # noqa: E402
     ABLATION_RANK,
     PEERS,
@@ -437,3 +438,22 @@ def test_scaling_cli_times_a_bench_presets_arms(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.scaling_main([*argv, "--bench-preset", "nope", "--out", str(out)])
     assert "preset must be one of" in capsys.readouterr().err
+
+
+def test_study_index_reads_every_track_report_it_finds(smoke_study_report):
+    """study.json names each track's report (relative path), gate, primary and verdicts;
+    a track without a report is listed as missing, and a later call picks it up."""
+    report, out = smoke_study_report
+    index = study.write_study_index("smoke-study", ("forecast", "lm"), out_dir=out)
+    assert index["missing"] == ["lm"] and index["longctx"] is None
+    entry = index["tracks"]["forecast"]
+    assert (out / entry["bench_report"]).resolve() == (out / "bench_report.json").resolve()
+    assert entry["attention_gate"] == report["attention_gate"]
+    assert entry["primary_arm"] == report["primary_arm"]
+    assert entry["primary"]["verdict"] == report["comparison"]["verdict"]
+    assert entry["verdicts"] == {
+        name: arm["comparison"]["verdict"]
+        for name, arm in report["arms"].items()
+        if name != report["baseline_arm"]
+    }
+    assert read_json(out / "study.json") == json.loads(json.dumps(index))

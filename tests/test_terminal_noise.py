@@ -1,0 +1,52 @@
+"""What a study run prints to the terminal besides its progress: nothing harmless
+(issue 17 item 8: nested bars' "[A" escapes in logs, kineto's USDT lines)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from rpka.presets import get_preset
+from rpka.train import make_run_config, train_run
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = get_preset("smoke", train={"epochs": 1})
+
+
+def _train(tmp_path, progress, split="val"):
+    rc = make_run_config(SMOKE, SMOKE.arm("exact"), 3e-3, [0], split, str(tmp_path), progress)
+    train_run(rc)
+
+
+def test_a_nested_bar_is_not_drawn_into_a_log(tmp_path, capsys):
+    # under capsys stderr is not a terminal, like `make report 2> log` or a notebook
+    _train(tmp_path, {"enable": True, "position": 1, "leave": False})
+    assert capsys.readouterr().err == ""  # no bar, no cursor escape
+    _train(tmp_path, {"enable": True}, "test")  # a top-level bar (01_train's) is drawn,
+    err = capsys.readouterr().err  # named by its phase: it shows validation scores as it trains
+    assert "exact lr=0.003 eval" in err and "val_mse=" in err and "\x1b[A" not in err
+
+
+PROFILE = textwrap.dedent(
+    """
+    import torch
+    from rpka.scaling import peak_memory_mib
+
+    x = torch.randn(64, 64)
+    print(peak_memory_mib(lambda: x @ x, "cpu") > 0)
+    """
+)
+
+
+def test_the_memory_profiler_prints_no_trace_markers():
+    """In a fresh process: kineto reads its log level once, at the first profile."""
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    run = subprocess.run(
+        [sys.executable, "-c", PROFILE],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        check=True,
+    )
+    assert run.stdout.strip() == "True" and "USDT" not in run.stderr
