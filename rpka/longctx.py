@@ -300,7 +300,7 @@ def _load_average() -> list[float] | None:
 def summary_lines(result: dict[str, Any]) -> list[str]:
     """A plain-text table: step time, peak memory and test MSE per context and arm."""
     lines = [
-        f"{'context':>7} {'arm':<10} {'step ms':>9} {'peak MiB':>9} {'test MSE':>18} "
+        f"{'context':>7} {'arm':<14} {'step ms':>9} {'peak MiB':>9} {'test MSE':>18} "
         f"{'vs exact [95% CI]':>30}"
     ]
 
@@ -316,7 +316,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                 f"{fmt(cmp_['ci_high'], '+.4f')}]"
             )
         lines.append(
-            f"{row['context']:>7} {row['arm']:<10} {fmt(row['step_ms'], '9.1f'):>9} "
+            f"{row['context']:>7} {row['arm']:<14} {fmt(row['step_ms'], '9.1f'):>9} "
             f"{fmt(row['peak_mib'], '9.1f'):>9} {fmt(row['test_mse_mean'], '9.4f'):>9} +- "
             f"{fmt(row['test_mse_sd'], '6.4f'):<6} {versus:>30}"
         )
