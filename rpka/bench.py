@@ -124,13 +124,13 @@ def study_mechanism(
     previous = read_json_or_heal(path, ("model", "options", "trained"))
     if previous is not None:  # resume: this model was studied with these options already
         if previous.get("model") == described and previous.get("options") == study_options:
-            return {**previous["trained"]["mechanism_signature"], "trained_model": described}
+            return {**previous["trained"]["mechanism_signature"], "trained_model": True, "trained_model_description": described}
     studies = {}
     for name, model in (("trained", trained), ("init", init)):
         qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
         member0 = [tuple(t[: len(x)] for t in layer) for layer in qkv]  # member 0: first seed
         studies[name] = mechanism_study(member0, progress=progress, **study_options)
-    signature = {**studies["trained"]["mechanism_signature"], "trained_model": described}
+    signature = {**studies["trained"]["mechanism_signature"], "trained_model": True, "trained_model_description": described}
     write_json(path, {"model": described, "options": study_options, **studies})
     return signature
 

@@ -292,6 +292,7 @@ def report_main(argv: Sequence[str] | None = None) -> None:
             Path(args.html),
             progress=not args.no_progress,
             compute=study.compute_steps(args.preset, progress=not args.no_progress),
+            title=pipeline.preset_title(args.preset),
         )
     except pipeline.PipelineError as err:
         raise SystemExit(f"report failed: {err}") from None

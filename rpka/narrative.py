@@ -18,11 +18,19 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
 
 
+def readable_options(options: Mapping[str, Any] | None) -> str:
+    """{'rank': 64, 'pivot_method': 'plain'} -> "rank 64, pivot method plain"."""
+    if not options:
+        return "defaults"
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in options.items())
+
+
 def setup(report: Mapping) -> str:
     """Track, model, arms and protocol of a bench report."""
     cfg = report["config"]
     arms = ", ".join(
-        f"`{a['name']}`" + (f" ({a['options']})" if a["options"] else "") for a in cfg["arms"]
+        f"`{a['name']}`" + (f" ({readable_options(a['options'])})" if a["options"] else "")
+        for a in cfg["arms"]
     )
     metric = metric_label(report)
     protocol = (
@@ -88,10 +96,17 @@ def control_reading(report: Mapping) -> str:
         stats_ = (
             f"`{arm}` (uniform attention: queries and keys ignored) against "
             f"`{report['baseline_arm']}`: delta {c['delta_mean']:+.4f}, 95 % CI "
-            f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}], Holm p = {c['p_adjusted']:.3g} "
+            f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}], p = {c['p_adjusted']:.3g} "
             f"({word})"
         )
-        if needs_attention(report, arm):
+        gate = report.get("attention_gate")
+        if gate:
+            stats_ += (
+                f"; attention gate {'passed' if gate['passed'] else 'failed'} (the control is "
+                f"{gate['control_rel']:.0%} worse than exact, one-sided p = "
+                f"{gate['p_value']:.3g}; {gate['rule']})"
+            )
+        if not fails_gate(report):
             parts.append(
                 f"**Control:** {stats_}. This track needs attention, so it can tell "
                 "attention methods apart."
@@ -189,25 +204,35 @@ def z_variance(mechanism: Mapping, model: str = "trained") -> float:
     return float(np.var(z[np.isfinite(z)]))
 
 
+def fails_gate(report: Mapping) -> bool:
+    """Whether the track cannot tell attention methods apart: its attention gate failed
+    (``attention_gate``), or, in a report without the gate, a control arm is not
+    significantly worse than exact."""
+    gate = report.get("attention_gate")
+    if "attention_gate" in report:
+        return gate is not None and not gate["passed"]
+    return any(not needs_attention(report, arm) for arm in control_arms(report))
+
+
 def limitations(
-    report: Mapping,
-    lm: Mapping | None = None,
+    *benches: Mapping | None,
     mechanism: Mapping | None = None,
     seeds_check: Mapping | None = None,
 ) -> str:
     """The study's limitations as Markdown bullets: fixed caveats, and those the results
-    themselves show (learning rates at the edge of the grid, divergences, short sequences)."""
+    themselves show (learning rates at the edge of the grid, divergences, a failed
+    attention gate, short sequences), for each bench report in ``benches``."""
+    benches = tuple(b for b in benches if b is not None)
     bullets = [
-        "The tracks are synthetic; their generators are described in the set-up and their "
-        "code is `rpka/tracks/`.",
-        'A verdict of "inconclusive" is not evidence of no effect: read it with the CI and '
-        "the minimum detectable effect.",
+        "The tracks are synthetic (or one small real series); their generators are "
+        "described in the set-up and their code is `rpka/tracks/`.",
+        'A verdict of "inconclusive" is not evidence of no effect: read it with the CI, '
+        'the minimum detectable effect of the rule and the margin; only "equivalent" '
+        "(TOST at the stated margin) says the arms agree.",
         "Timings on a CPU depend on the load of the machine; every timing file records the "
         "load average.",
     ]
-    for bench in (report, lm):
-        if bench is None:
-            continue
+    for bench in benches:
         grid = sorted(bench["config"]["learning_rates"])
         track = f"track `{bench['track']}`"
         at_edge = [
@@ -215,7 +240,7 @@ def limitations(
             for arm, e in bench["arms"].items()
             if e["best_cfg"]["lr"] in (grid[0], grid[-1])
         ]
-        if at_edge:
+        if at_edge and len(grid) > 1:
             bullets.append(
                 f"On {track} the best learning rate of {', '.join(at_edge)} is at an edge of "
                 f"the grid {[float(f'{lr:g}') for lr in grid]}: a wider grid might move them."
@@ -227,15 +252,12 @@ def limitations(
                 f"On {track} evaluation seeds diverged ({listed}); the paired statistics "
                 "leave out their pairs."
             )
-    for bench in (report, lm):
-        if bench is None:
-            continue
-        if any(not needs_attention(bench, arm) for arm in control_arms(bench)):
+    for bench in benches:
+        if fails_gate(bench):
             bullets.append(
-                f"Track `{bench['track']}` shows no need for attention (its control, "
-                "uniform attention, cannot be told apart from exact attention): its "
-                "comparisons of attention methods are uninformative. A forecast task "
-                "whose answer depends on which past steps are attended is future work."
+                f"Track `{bench['track']}` does not need attention (its control, uniform "
+                "attention, is not clearly worse than exact attention): its comparisons of "
+                "attention methods are uninformative."
             )
     if mechanism is not None:
         sig = mechanism["trained"]["mechanism_signature"]
@@ -256,15 +278,18 @@ def limitations(
             else:
                 text += " Not checked over other Monte Carlo seeds."
             bullets.append(text)
-    primary = report["primary_arm"]
-    ratio = report["timings"]["step_ratio_vs_baseline"].get(primary)
-    if ratio is not None and ratio > 1:
-        bullets.append(
-            f"At the bench's {report['data'].get('context', '')} tokens `{primary}` trains "
-            f"{ratio:.1f}× slower per step than exact attention: RPKA's speed advantage needs "
-            "long sequences (section 4), which the quality comparison does not reach; the "
-            "long-context runs in `05_scaling` are the study's only training beyond it."
-        )
+    for bench in benches:
+        primary = bench["primary_arm"]
+        ratio = bench["timings"]["step_ratio_vs_baseline"].get(primary)
+        if ratio is not None and ratio > 1:
+            context = bench["data"].get("context")
+            at = f"At the bench's {context} tokens" if context else "At the bench's length"
+            bullets.append(
+                f"{at} `{primary}` trains {ratio:.1f}× slower per step than exact attention "
+                f"on track `{bench['track']}`: RPKA's speed advantage needs long sequences "
+                "(see Speed), which the quality comparison does not reach; the long-context "
+                "runs are the study's only training beyond it."
+            )
     return "\n".join(f"- {b}" for b in bullets)
 
 

@@ -6,14 +6,16 @@ Each notebook in ``notebooks/`` runs in order from a fresh kernel with the prese
 parameters (papermill), and its executed copy is kept under ``reports/<preset>/``.
 Notebooks exchange results only through files whose paths are parameters. The run stops at
 the first failing notebook, naming it and the cell. The last notebook is rendered to one
-self-contained HTML file (code hidden, images embedded) at ``reports/rpka_report.html``,
-with a copy beside the executed notebooks in ``reports/<preset>/``.
+self-contained HTML file (code hidden, images embedded, no script) at
+``reports/<preset>/rpka_report.html``, beside the executed notebooks, with a copy of the
+latest at ``reports/rpka_report.html``.
 """
 
 from __future__ import annotations
 
 import ast
 import html
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +29,7 @@ from nbconvert import HTMLExporter
 from papermill.exceptions import PapermillExecutionError
 from traitlets.config import Config
 
-from rpka import paths
+from rpka import paths, report
 from rpka.io import atomic_write_text
 from rpka.paths import REPO_ROOT, resolve
 from rpka.study import notebook_parameters
@@ -118,25 +120,47 @@ def run_notebook(step: Step, progress: bool = True) -> Step:
     return step
 
 
-def render_html(executed: Path, html_path: Path, links: Sequence[tuple[str, Path]] = ()) -> Path:
+SCRIPT = re.compile(r"<script\b[^>]*>.*?</script>\s*", re.S | re.I)
+REMOTE_LINK = re.compile(r"<link\b[^>]*href=[\"']https?:[^>]*>\s*", re.I)
+TITLE = re.compile(r"<title>.*?</title>", re.S | re.I)
+
+
+def offline(body: str, title: str | None = None) -> str:
+    """The page without scripts (nbconvert's require.js, MathJax and mermaid loaders come
+    from a CDN; the report needs none: its tables and figures are static) or remote
+    stylesheets, with ``title`` as its ``<title>``."""
+    body = REMOTE_LINK.sub("", SCRIPT.sub("", body))
+    if title is not None:
+        body = TITLE.sub(f"<title>{html.escape(title)}</title>", body, count=1)
+    return body
+
+
+def render_html(
+    executed: Path,
+    html_path: Path,
+    notebooks: Sequence[Path] = (),
+    title: str | None = None,
+) -> Path:
     """Render an executed notebook to one self-contained HTML file, code cells hidden.
 
-    Images are embedded (base64) and there is no external script for text, tables or
-    figures. ``links`` (title, path) are appended as a footer, relative to the HTML file.
+    Images are embedded (base64); nothing is loaded from the network (:func:`offline`).
+    ``notebooks`` (the executed copies) are listed in a footer by their path in the
+    repository, as text: links to files beside the HTML would break once it is shared.
     """
     exporter = HTMLExporter(
         exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True, embed_images=True
     )
     body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
-    if links:
+    body = offline(body, title)
+    if notebooks:
         items = "".join(
-            f'<li><a href="{html.escape(str(_relative(path, html_path.parent)))}">'
-            f"{html.escape(title)}</a></li>"
-            for title, path in links
+            f"<li><code>{html.escape(str(_relative(path, REPO_ROOT)))}</code></li>"
+            for path in notebooks
         )
         footer = (
             '<footer style="margin:2em auto;max-width:1000px;font-family:sans-serif">'
-            f"<h3>Executed notebooks</h3><ul>{items}</ul></footer>"
+            "<h3>Executed notebooks</h3><p>Written by this run in the repository (not "
+            f"part of this file):</p><ul>{items}</ul></footer>"
         )
         body = body.replace("</body>", footer + "</body>")
     return atomic_write_text(html_path, body)
@@ -149,15 +173,22 @@ def _relative(path: Path, start: Path) -> Path:
         return path.resolve()
 
 
+def preset_title(preset: str) -> str:
+    """The report's ``<title>``: what it is, the preset and the commit."""
+    return report.page_title(preset, report.provenance()["commit"])
+
+
 def run_pipeline(
     steps: Sequence[Step],
     html_out: Path,
     progress: bool = True,
     log: Callable[[str], None] = print,
     compute: Sequence[tuple[str, Callable[[], object]]] = (),
+    title: str | None = None,
 ) -> Path:
     """Run the ``compute`` stages, then the notebook ``steps`` in order (stop at the first
-    failure), and render the last notebook to HTML."""
+    failure), and render the last notebook to HTML (``title``: its ``<title>``) at
+    ``html_out`` and beside the executed notebooks."""
     for step in steps:  # check every notebook's parameters before running anything
         check_parameters(step.notebook, step.parameters)
     total = time.perf_counter()
@@ -172,11 +203,11 @@ def run_pipeline(
         log(f"[{i}/{len(steps)}] {step.notebook.name} ...")
         run_notebook(step, progress)
         log(f"[{i}/{len(steps)}] {step.notebook.name} done in {step.seconds:.1f} s")
-    links = [(s.notebook.stem, s.output) for s in steps]
-    render_html(steps[-1].output, html_out, links)
-    copy = steps[-1].output.parent / html_out.name
+    notebooks = [s.output for s in steps]
+    render_html(steps[-1].output, html_out, notebooks, title)
+    copy = steps[-1].output.parent / html_out.name  # reports/<preset>/: one per preset
     if copy.resolve() != html_out.resolve():
-        render_html(steps[-1].output, copy, links)
+        render_html(steps[-1].output, copy, notebooks, title)
     log(f"report: {html_out} (total {time.perf_counter() - total:.1f} s)")
     for name, seconds in timings + [(s.notebook.name, s.seconds) for s in steps]:
         log(f"  {name:<24} {seconds:8.1f} s")

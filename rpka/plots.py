@@ -569,6 +569,12 @@ def pareto_front(x: Sequence[float], y: Sequence[float]) -> list[int]:
     return front
 
 
+def excludes_zero(c: Mapping) -> bool:
+    """Whether a comparison's 95 % CI lies on one side of zero."""
+    low, high = c.get("ci_low"), c.get("ci_high")
+    return low is not None and high is not None and (low > 0 or high < 0)
+
+
 def plot_error_vs_time(
     report: Mapping,
     latency_ms: Mapping[str, float] | None = None,
@@ -585,7 +591,9 @@ def plot_error_vs_time(
     Right (when ``latency_ms`` is given, e.g. :func:`rpka.scaling.forward_latency` of a
     ``--bench-preset`` scaling run): the same
     error against the attention's forward latency at ``latency_length`` tokens. The front
-    (no arm both faster and better) is joined by a line and its points circled.
+    (no arm both faster and better) is joined by a line and its points circled; it runs
+    only through exact and the arms whose CI excludes 0 (none drawn with fewer than two).
+    The primary arm is framed by a square.
     """
     names = list(report["arms"])
     panels = [("step", report["timings"]["step_ms_median"], "training step (ms, median)")]
@@ -601,7 +609,14 @@ def plot_error_vs_time(
         x = [float(times[n]) for n in shown]
         deltas = [report["arms"][n].get("comparison") for n in shown]
         y = [c["delta_mean"] if c else 0.0 for c in deltas]
-        front = set(pareto_front(x, y))
+        # the front runs only through points told apart from exact (CI excluding 0, and
+        # exact itself): a point whose CI crosses 0 is not "better" than exact's cost
+        resolved = [j for j, c in enumerate(deltas) if not c or excludes_zero(c)]
+        front = {
+            resolved[i] for i in pareto_front([x[j] for j in resolved], [y[j] for j in resolved])
+        }
+        if len(front) < 2:
+            front = set()
         for j, arm_name in enumerate(shown):
             c = deltas[j]
             err = [[y[j] - c["ci_low"]], [c["ci_high"] - y[j]]] if c else None
@@ -612,6 +627,8 @@ def plot_error_vs_time(
             ax.errorbar(
                 x[j], y[j], yerr=err, fmt=marker, color=colour, ms=7, capsize=2, label=arm_name
             )
+            if arm_name == report["primary_arm"]:  # the primary arm stands out
+                ax.plot(x[j], y[j], "s", ms=16, mfc="none", mec=colour, mew=2)
             if j in front:  # circled and named: the arms worth their cost
                 ax.plot(x[j], y[j], "o", ms=15, mfc="none", mec="k", mew=1.2)
                 rank_on_front = sorted(front, key=lambda i: x[i]).index(j)
@@ -623,7 +640,14 @@ def plot_error_vs_time(
                     fontsize=8,
                 )
         order = sorted(front, key=lambda j: x[j])
-        ax.plot([x[j] for j in order], [y[j] for j in order], "k--", lw=1, label="Pareto front")
+        if order:
+            ax.plot(
+                [x[j] for j in order],
+                [y[j] for j in order],
+                "k--",
+                lw=1,
+                label="Pareto front (CIs excluding 0)",
+            )
         ax.axhline(0, color="0.4", lw=1, ls=":")
         ax.set(
             xscale="log",

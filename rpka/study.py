@@ -78,8 +78,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
         "06_report.ipynb": {
             "preset": preset,
             "results_dir": results,
-            "bench_report": report,
-            "lm_bench_report": f"{lm_results_dir(preset)}/bench_report.json",
+            "study_json": paths.study_json(preset),
             "mechanism_json": paths.mechanism_json(preset),
             "scaling_cpu_json": paths.scaling_cpu_json(preset),
             "seeds_check_json": paths.trace_identity_seeds_json(preset),
@@ -305,12 +304,23 @@ def load_or_run_bench(
 # --------------------------------------------------------------------------- 04 mechanism
 
 
+def mechanism_model(signature: dict, fallback: str = "the trained model") -> str:
+    """The trained model the mechanism was checked on, in words: the key
+    ``trained_model_description``; older files carry the words in ``trained_model``, which
+    the bench report's schema keeps a boolean."""
+    described = signature.get("trained_model_description")
+    if described:
+        return str(described)
+    old = signature.get("trained_model")
+    return old if isinstance(old, str) and old else fallback
+
+
 def mechanism_summary(mechanism: dict) -> str:
     """The trace-identity result in words (Markdown), every number from ``mechanism.json``."""
     sig = mechanism["trained"]["mechanism_signature"]
     verdict = "**confirmed**" if sig["confirmed"] else "**not confirmed**"
     return (
-        f"On {sig['trained_model'] or mechanism.get('model', 'the trained model')}: the "
+        f"On {mechanism_model(sig, mechanism.get('model', 'the trained model'))}: the "
         f"identity is {verdict} by the rule "
         f"*{sig['confirmation_rule']}*. "
         f"Over {sig['n_heads']} heads × {sig['rank']} steps = {sig['n_tests']} z-scores, the "

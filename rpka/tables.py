@@ -183,11 +183,13 @@ def latency_table(
 
 def styled(frame: pd.DataFrame, precision: int = 4):
     """A DataFrame for the report: blanks for missing values, fixed precision, and no index
-    column unless the index is named (then it becomes the first column) - a pandas
-    ``Styler``; notebooks render it as an HTML table."""
+    column unless the index is named (then it becomes the first column), text escaped
+    (``<arm>`` stays text) - a pandas ``Styler``; notebooks render it as an HTML table."""
     if frame.index.name is not None:
         frame = frame.reset_index()
-    return frame.style.format(precision=precision, na_rep="").hide(axis="index")
+    text = [c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
+    style = frame.style.format(precision=precision, na_rep="", escape="html").hide(axis="index")
+    return style.set_properties(subset=text, **{"text-align": "left"})
 
 
 # --------------------------------------------------------------------------- long-context training

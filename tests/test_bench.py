@@ -108,7 +108,8 @@ def test_report_content(smoke_report):
     assert report["comparison"] == arms["rpka-r4"]["comparison"]
     assert arms["exact"]["comparison"] is None
     signature = report["mechanism_signature"]  # the trained primary arm's trace identity
-    assert isinstance(signature["confirmed"], bool) and "rpka-r4" in signature["trained_model"]
+    assert isinstance(signature["confirmed"], bool) and signature["trained_model"] is True
+    assert "rpka-r4" in signature["trained_model_description"]
     assert signature["max_rel_error_exact"] < 1e-10  # the exact expectation is round-off
     mechanism = json.loads((root / "out" / "mechanism.json").read_text())
     assert {"trained", "init"} <= set(mechanism)

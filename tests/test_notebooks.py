@@ -12,7 +12,15 @@ import nbformat
 import pytest
 
 from rpka.paths import REPO_ROOT
-from rpka.pipeline import Step, declared_parameters, preset_steps, run_notebook, run_pipeline
+from rpka.pipeline import (
+    Step,
+    declared_parameters,
+    preset_steps,
+    preset_title,
+    run_notebook,
+    run_pipeline,
+)
+from rpka.report import provenance
 from rpka.study import NOTEBOOKS, load_result, notebook_parameters
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -60,6 +68,7 @@ def smoke_html(tmp_path_factory):
         progress=False,
         log=lambda s: None,
         compute=compute_steps("smoke", progress=False),
+        title=preset_title("smoke"),
     )
     return Path(html).read_text()
 
@@ -94,3 +103,25 @@ def test_a_notebook_opened_in_a_fresh_clone_computes_what_it_reads(tmp_path, mon
 def test_a_result_no_study_step_writes_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"nowhere\.json does not exist and no step"):
         load_result(tmp_path / "nowhere.json", "smoke")
+
+
+def test_smoke_html_has_a_title_the_commit_and_loads_nothing_from_the_network(smoke_html):
+    commit = provenance()["commit"]
+    assert f"<title>RPKA preview report (smoke preset, commit {commit})</title>" in smoke_html
+    assert f"<code>{commit}</code>" in smoke_html
+    assert "<script" not in smoke_html  # nbconvert's require.js / MathJax / mermaid loaders
+    assert not re.search(r"<(link|img|iframe)[^>]+(href|src)=[\"']https?:", smoke_html)
+    assert not re.search(r"<a [^>]*href=\"(?!#|https?:)", smoke_html), "a link to a local file"
+
+
+def test_smoke_html_gives_every_image_alt_text_and_a_numbered_caption(smoke_html):
+    images = re.findall(r"<img[^>]*>", smoke_html)
+    assert images and all(re.search(r'alt="[^"]{20,}"', img) for img in images), images
+    captions = re.findall(r"<figcaption><b>Figure (\d+)\.</b>", smoke_html)
+    assert [int(n) for n in captions] == list(range(1, len(images) + 1))
+
+
+def test_smoke_html_says_it_is_a_preview_and_starts_with_the_summary(smoke_html):
+    assert "Preview, not a result." in smoke_html and "draw no conclusions" in smoke_html
+    headings = re.findall(r"<h2[^>]*>(.*?)<", smoke_html)
+    assert headings[0] == "Summary" and headings[-1] == "Appendix"

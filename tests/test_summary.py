@@ -124,9 +124,13 @@ def test_limitations_flag_learning_rates_at_the_grid_edge(smoke_study_report):
     grid = sorted(report["config"]["learning_rates"])
     text = narrative.limitations(report)
     at_edge = [a for a, e in report["arms"].items() if e["best_cfg"]["lr"] in (grid[0], grid[-1])]
+    at_edge = at_edge if len(grid) > 1 else []  # a one-rate grid: nothing to widen from
     assert ("edge of the grid" in text) == bool(at_edge)
     for arm in at_edge:
         assert f"`{arm}`" in text
+    wider = {**report, "config": {**report["config"], "learning_rates": [grid[0] / 10, *grid]}}
+    text = narrative.limitations(wider)  # every arm's rate is now the grid's top
+    assert "edge of the grid" in text and all(f"`{arm}`" in text for arm in report["arms"])
 
 
 def test_z_variance_and_the_overdispersion_caveat():
@@ -191,10 +195,10 @@ def test_control_reading_says_whether_the_track_needs_attention(smoke_study_repo
     report, _ = smoke_study_report
     assert narrative.control_arms(report) == ["mean-attention"]
     rigged = copy.deepcopy(report)
-    comparison = rigged["arms"]["mean-attention"]["comparison"]
-    comparison["verdict"] = "significant loss (95% CI of the delta [+0.1, +0.2])"
+    rigged["attention_gate"]["passed"] = True
     assert "needs attention" in narrative.control_reading(rigged)
-    comparison["verdict"] = "inconclusive (95% CI of the delta [-0.1, +0.2])"
+    assert "attention gate passed" in narrative.control_reading(rigged)
+    rigged["attention_gate"]["passed"] = False
     reading = narrative.control_reading(rigged)
     assert "shows no need for attention" in reading
     assert "uninformative" in narrative.limitations(rigged)

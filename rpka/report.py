@@ -1,0 +1,334 @@
+"""The report page (``notebooks/06_report``): the header (title, commit, date, preview
+banner), the study index, numbered figures with captions and alt text, and each track's
+section; the words and tables come from ``rpka.report_text``.
+
+Every number is read from a result file. The study index ``data/results/<preset>/
+study.json`` (``rpka.paths.study_json``) names each track's bench report, attention gate,
+primary arm and verdicts; without it (a study run before the index existed) the index is
+rebuilt from the study tracks' bench reports. Keys that older result files lack are read
+with ``.get`` and the text says what is missing.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from IPython.display import HTML, Markdown
+from matplotlib.figure import Figure
+
+from rpka import narrative, paths, report_text, stats, summary, tables
+from rpka.io import read_json
+from rpka.narrative import mde_text
+from rpka.plots import DPI, metric_label, plot_error_vs_time, plot_output_error_by_arm
+from rpka.plots_report import plot_forest, primary_comparison
+from rpka.presets import STUDY_TRACKS
+from rpka.report_text import (
+    ci_text,
+    cost_caption,
+    disclosures,
+    esc,
+    forest_caption,
+    gate_text,
+    num,
+)
+from rpka.tables import arm_group, verdict_word
+from rpka.tracks import get_task
+
+PREVIEW_PRESETS = ("smoke", "quick")
+
+# --------------------------------------------------------------------------- page
+
+
+def inline_html(markdown: str) -> str:
+    """A one-paragraph caption in Markdown (``code``, **bold**, *italic*) as escaped HTML."""
+    out = html.escape(markdown, quote=False)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    out = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", out)
+    return re.sub(r"(?<![\w*])\*([^*]+)\*(?![\w*])", r"<i>\1</i>", out)
+
+
+@dataclass
+class Figures:
+    """Numbers the report's figures and shows each as ``<figure>`` with an embedded PNG,
+    alt text and a caption that states its message."""
+
+    count: int = 0
+
+    def show(self, fig: Figure, caption: str, alt: str) -> HTML:
+        """The figure as HTML (the matplotlib figure is closed, so the notebook's inline
+        backend does not show it a second time without alt text)."""
+        self.count += 1
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+        plt.close(fig)
+        png = base64.b64encode(buffer.getvalue()).decode("ascii")
+        return HTML(
+            f'<figure id="figure-{self.count}" style="margin:1.5em 0">'
+            f'<img alt="{html.escape(alt, quote=True)}" '
+            f'src="data:image/png;base64,{png}" style="max-width:100%"/>'
+            f"<figcaption><b>Figure {self.count}.</b> {inline_html(caption)}</figcaption>"
+            "</figure>"
+        )
+
+
+def provenance(root: Path = paths.REPO_ROOT) -> dict[str, str]:
+    """The commit the report was rendered from (short hash, its date, uncommitted changes)
+    and the time of rendering (UTC)."""
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    try:
+        commit = git("rev-parse", "--short=10", "HEAD")
+        date = git("log", "-1", "--format=%cd", "--date=short")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except OSError:  # no git on this machine
+        commit, date, dirty = "", "", False
+    return {
+        "commit": commit or "unknown",
+        "commit_date": date or "unknown",
+        "dirty": "yes" if dirty else "no",
+        "rendered": now,
+    }
+
+
+def page_title(preset: str, commit: str) -> str:
+    """The HTML ``<title>``."""
+    kind = "preview" if preset in PREVIEW_PRESETS else "study"
+    return f"RPKA {kind} report ({preset} preset, commit {commit})"
+
+
+def header(preset: str, study: Mapping[str, Any], source: Mapping[str, str]) -> str:
+    """The line under the title: preset, commit and dates, where the results come from;
+    then the preview banner for a preview preset."""
+    dirty = " with uncommitted changes" if source["dirty"] == "yes" else ""
+    line = (
+        f"*Preset `{preset}` · commit `{source['commit']}` of {source['commit_date']}{dirty} · "
+        f"rendered {source['rendered']} · results from `{study['source']}`.*"
+    )
+    return line + ("\n\n" + preview_banner(preset, study) if preset in PREVIEW_PRESETS else "")
+
+
+def preview_banner(preset: str, study: Mapping[str, Any]) -> str:
+    """What a smoke or quick report is: a preview that cannot reach significance."""
+    n_pairs = sorted(
+        {c["n_pairs"] for t in study["tracks"].values() if (c := t["comparison"]) is not None}
+    )
+    floors = ", ".join(
+        f"{stats.sign_flip_floor(n, 'two-sided'):.3g} with {n} pairs" for n in n_pairs if n
+    )
+    return (
+        f"> **Preview, not a result.** The `{preset}` preset runs the whole study with tiny "
+        "models, few training steps and few seeds, to check that every step works. Its "
+        "verdicts are printed as the rule gives them, but they **draw no conclusions**: the "
+        f"smallest p-value the sign-flip test can give is {floors or 'undefined'}, and the "
+        "models are far from trained. The study's answer is the `full` preset's report "
+        "(`make report PRESET=full`)."
+    )
+
+
+# --------------------------------------------------------------------------- study index
+
+
+def _entry(name: str, report: Mapping[str, Any], indexed: Mapping[str, Any]) -> dict[str, Any]:
+    gate = indexed.get("attention_gate", report.get("attention_gate"))
+    return {
+        "name": name,
+        "title": get_task(report["track"]).title,
+        "report": report,
+        "primary_arm": indexed.get("primary_arm", report["primary_arm"]),
+        "attention_gate": gate,
+        "gate": "none" if gate is None else ("passed" if gate["passed"] else "failed"),
+        "decision": report.get("decision") or {},
+        "comparison": primary_comparison(report),
+        "run_time_s": indexed.get("run_time_s", report["timings"].get("run_wall_s")),
+    }
+
+
+def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
+    """The study index with every track's bench report loaded.
+
+    Returns {"preset", "source", "tracks": {name: entry}, "longctx"}; each entry has
+    ``report`` (the bench report), ``gate`` ("passed", "failed", or "none" for a track
+    without a control or an older report), ``attention_gate``, ``decision``,
+    ``comparison`` (the primary arm's) and ``run_time_s``. Tracks are ordered: gate
+    passed, no gate, gate failed (the Summary's order).
+    """
+    path = paths.resolve(study_json)
+    tracks: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        index = read_json(path)
+        for name, indexed in index["tracks"].items():
+            bench = path.parent / indexed["bench_report"]
+            if not bench.exists():
+                raise FileNotFoundError(f"{path} names {indexed['bench_report']}: not found")
+            tracks[name] = _entry(name, read_json(bench), indexed)
+        source, longctx = str(study_json), index.get("longctx")
+    else:  # an index-less study: the study tracks' bench reports where they exist
+        for name in STUDY_TRACKS:
+            bench = paths.resolve(paths.bench_report(preset, get_task(name).out_dir))
+            if bench.exists():
+                tracks[name] = _entry(name, read_json(bench), {})
+        source, longctx = f"{paths.results_dir(preset)} (no study.json)", None
+    if not tracks:
+        raise FileNotFoundError(
+            f"no study index {path} and no bench report of preset {preset!r}: run "
+            f"`python -m rpka report --preset {preset}`"
+        )
+    order = {"passed": 0, "none": 1, "failed": 2}
+    ordered = sorted(tracks.values(), key=lambda t: order[t["gate"]])
+    return {
+        "preset": preset,
+        "source": source,
+        "tracks": {t["name"]: t for t in ordered},
+        "longctx": longctx,
+    }
+
+
+# --------------------------------------------------------------------------- a track's section
+
+
+def track_headline(track: Mapping[str, Any]) -> str:
+    """The primary comparison with its statistics (Markdown)."""
+    report, c = track["report"], track["comparison"]
+    base, idea = report["arms"][report["baseline_arm"]], report["arms"][track["primary_arm"]]
+    tost = c.get("tost_p")
+    tost_text = (
+        f"; TOST at ±{num(c.get('margin'), '.3g')}: p = {num(tost, '.3g')}"
+        if c.get("margin")
+        else "; no equivalence margin"
+    )
+    robust = (
+        f" Median delta {num(c['delta_median'])}; largest single-seed delta "
+        f"{num(c.get('largest_seed_delta'))}."
+        if "delta_median" in c
+        else ""
+    )
+    return (
+        f"**`{track['primary_arm']}` against `{report['baseline_arm']}`:** test "
+        f"{metric_label(report)} {num(idea['full']['mean'], '.4g')} ± "
+        f"{num(idea['full']['std'], '.2g')} against {num(base['full']['mean'], '.4g')} ± "
+        f"{num(base['full']['std'], '.2g')} (mean ± sd over {c['n_pairs']} seeds). Paired "
+        f"delta {ci_text(c)} (95 % CI); the primary arm wins {c.get('idea_wins', '?')}/"
+        f"{c['n_pairs']} seeds; sign-flip p = {num(c['p_value'], '.3g')}, adjustment "
+        f"{esc(c.get('adjustment', 'Holm'))}{tost_text}; MDE of the rule {mde_text(c)}."
+        f"{robust} **Verdict: {verdict_word(c['verdict'])}.**"
+    )
+
+
+def track_section(
+    track: Mapping[str, Any],
+    figs: Figures,
+    figures_dir: str | None = None,
+    latency_ms: Mapping[str, float] | None = None,
+    latency_length: int | None = None,
+) -> list[Any]:
+    """Everything the report shows for one track, in order (Markdown, tables, figures):
+    set-up, gate, primary comparison, forest plot, learnability and the track's notes,
+    disclosures, ablations and error against cost where the bench ran them."""
+    report, name = track["report"], track["name"]
+    out: list[Any] = [
+        Markdown(f"### {track['title']}"),
+        Markdown(narrative.setup(report)),
+        Markdown(f"**Attention gate.** {gate_text(track)}"),
+        Markdown(track_headline(track)),
+        figs.show(plot_forest(report, figures_dir, f"{name}_forest"), *forest_caption(track)),
+        Markdown(narrative.learnability(report)),
+    ]
+    notes = narrative.track_notes(report)
+    if notes:
+        out.append(Markdown(notes))
+    out.append(tables.styled(tables.results_table(report)))
+    told = disclosures(report)
+    if told:
+        out.append(Markdown("**What to know about these numbers.**\n\n" + told))
+    if report.get("ablation_choice"):
+        out.append(Markdown(narrative.ablation_choice(report)))
+    if report.get("output_error"):
+        fig = plot_output_error_by_arm(report, save_dir=figures_dir, name=f"{name}_output_error")
+        out.append(
+            figs.show(
+                fig,
+                f"**{track['title']}: how far each arm's attention output is from exact's**, "
+                "relative error on trained queries and keys against rank (lower is closer).",
+                f"Line plot of relative output error against rank per arm, {track['title']}.",
+            )
+        )
+    fig = plot_error_vs_time(
+        report, latency_ms, latency_length, save_dir=figures_dir, name=f"{name}_error_vs_time"
+    )
+    out.append(figs.show(fig, *cost_caption(track)))
+    return out
+
+
+def targets(
+    study: Mapping[str, Any],
+    mechanism: Mapping[str, Any] | None,
+    scaling: Mapping[str, Any] | None,
+    decode: Mapping[str, Any] | None,
+    gpu: Mapping[str, Any] | None,
+) -> pd.DataFrame:
+    """The study's targets table (``rpka.summary.targets_table``) for these results."""
+    results: dict[str, Any] = dict.fromkeys(STUDY_TRACKS)
+    results |= {name: t["report"] for name, t in study["tracks"].items()}
+    results |= {"mechanism": mechanism, "scaling_cpu": scaling, "decode": decode}
+    return summary.targets_table({**results, "scaling_gpu": gpu})
+
+
+def verdicts_table(study: Mapping[str, Any]) -> pd.DataFrame:
+    """Every compared arm of every track: group, verdict, delta and CI."""
+    rows = []
+    for t in study["tracks"].values():
+        report = t["report"]
+        for arm, e in report["arms"].items():
+            c = e.get("comparison")
+            if c:
+                rows.append(
+                    {
+                        "track": t["title"],
+                        "arm": arm + (" (primary)" if arm == t["primary_arm"] else ""),
+                        "group": arm_group(report, arm),
+                        "delta [95 % CI]": ci_text(c),
+                        "verdict": verdict_word(c["verdict"]),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def optional_json(path: str | Path) -> Any | None:
+    """A result file's content, or None where the study has not written it."""
+    resolved = paths.resolve(path)
+    return read_json(resolved) if resolved.exists() else None
+
+
+def appendix_section(track: Mapping[str, Any]) -> list[Any]:
+    """One track's appendix: selection rules, arms and options, full statistics, guard
+    shares, the learning-rate sweep."""
+    report = track["report"]
+    out: list[Any] = [
+        Markdown(f"#### {track['title']}"),
+        Markdown(report_text.selection_rules(track)),
+        tables.styled(report_text.arms_table(report)),
+        tables.styled(report_text.statistics_table(report)),
+    ]
+    shares = report_text.guard_shares(report)
+    if len(shares):
+        out += [Markdown("Numerical guards in training (docs/numerics.md):"), tables.styled(shares)]
+    out += [
+        Markdown("Validation score per learning rate:"),
+        tables.styled(tables.sweep_table(report)),
+    ]
+    return out

@@ -1,0 +1,647 @@
+"""The report's words and tables, read from the study index and the result files
+(``rpka.report`` lays them out): numbers in words, each track's answer, speed, the
+Summary's bullets, the disclosures the data calls for, figure captions (each states the
+figure's message) with alt text, and the appendix tables. Keys that older result files
+lack are read with ``.get``."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rpka.narrative import control_arms, mde_text, readable_options
+from rpka.plots import metric_label
+from rpka.plots_report import relative_interval
+from rpka.scaling_analysis import crossover_table
+from rpka.tables import arm_group, verdict_word
+
+GUARD_SHARE_NOTE = 0.01  # docs/numerics.md: a guard firing on > 1 % of rows is reported
+SPEED_RANK = 64  # the rank the speed targets are stated at (rpka.summary)
+
+
+def esc(text: object) -> str:
+    """Data text for Markdown or HTML outside code spans: ``<arm>`` stays text."""
+    return html.escape(str(text), quote=False)
+
+
+# --------------------------------------------------------------------------- numbers in words
+
+
+def num(x: float | None, fmt: str = "+.3g") -> str:
+    return "n/a" if x is None or not np.isfinite(x) else format(x, fmt)
+
+
+def ci_text(c: Mapping[str, Any]) -> str:
+    """ "+0.012 [−0.003, +0.027]" (delta and 95 % CI)."""
+    return f"{num(c['delta_mean'])} [{num(c.get('ci_low'))}, {num(c.get('ci_high'))}]"
+
+
+def seed_numbers(report: Mapping[str, Any], arm: str, positions: Sequence[int]) -> list[int]:
+    """The evaluation seeds at ``positions`` among an arm's finite pairs."""
+    c = report["arms"][arm]["comparison"]
+    dropped = set(c.get("diverged_positions", []))
+    used = [s for i, s in enumerate(report["arms"][arm]["seeds"]) if i not in dropped]
+    return [used[i] for i in positions if i < len(used)]
+
+
+def gate_text(track: Mapping[str, Any]) -> str:
+    """The attention gate's outcome in words."""
+    gate = track["attention_gate"]
+    if gate is None:
+        return "no attention gate (the track has no control arm, or its report predates it)"
+    outcome = "passed" if gate["passed"] else "failed"
+    floor = (
+        ""
+        if gate.get("rule_can_pass", True)
+        else f"; with {gate['n_pairs']} pairs its p cannot go below {num(gate['p_floor'], '.3g')}"
+        ", so the rule cannot pass"
+    )
+    return (
+        f"attention gate {outcome}: the control `{gate.get('control_arm', 'control')}` is "
+        f"{num(100 * gate['control_rel'], '+.1f')} % worse than exact (delta "
+        f"{num(gate['control_delta'])}, one-sided p = {num(gate['p_value'], '.3g')}){floor}. "
+        f"Rule: {esc(gate['rule'])}"
+    )
+
+
+def track_answer(track: Mapping[str, Any]) -> str:
+    """One track's answer in one sentence: the primary arm against exact with its CI and
+    verdict; a failed gate reads "uninformative"."""
+    report, c = track["report"], track["comparison"]
+    head = f"**{track['title']}** (`{track['primary_arm']}` vs `{report['baseline_arm']}`)"
+    if track["gate"] == "failed":
+        gate = track["attention_gate"]
+        return (
+            f"{head}: **uninformative: this track does not need attention** (uniform "
+            f"attention is only {num(100 * gate['control_rel'], '+.1f')} % worse than exact, "
+            f"one-sided p = {num(gate['p_value'], '.3g')}); without the gate the delta "
+            f"would read {ci_text(c)} ({verdict_word(c.get('verdict_before_gate', ''))})."
+        )
+    _, low, high = relative_interval(c)
+    margin = track["decision"].get("margin")
+    margin_text = f", margin ±{num(margin, '.3g')}" if margin else ""
+    flips = " One seed flips this verdict." if c.get("verdict_flipped_by_one_seed") else ""
+    return (
+        f"{head}: delta in test {metric_label(report)} {ci_text(c)} "
+        f"({num(low, '+.1f')} to {num(high, '+.1f')} % of exact's), "
+        f"**{verdict_word(c['verdict'])}** (MDE of the rule {mde_text(c)}{margin_text}).{flips}"
+    )
+
+
+# --------------------------------------------------------------------------- speed
+
+
+def speed_numbers(scaling: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The CPU crossover of rpka at ``SPEED_RANK`` (else its largest rank) against exact."""
+    if not scaling:
+        return None
+    table = crossover_table(scaling)
+    if table.empty:
+        return None
+    ranks = table["rank"].dropna().astype(int)
+    rank = SPEED_RANK if SPEED_RANK in set(ranks) else int(ranks.max())
+    row = table[table["rank"] == rank].iloc[0]
+    return {"rank": rank, "device": scaling.get("device", "?"), **row.to_dict()}
+
+
+def decode_numbers(decode: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Per-token decoding at the longest and shortest context, with the amortised landmark
+    redraw, and the prefill, against exact (``rpka.decoding`` JSON)."""
+    if not decode:
+        return None
+    rows = {(r["method"], r["context"]): r for r in decode["rows"]}
+    contexts = sorted(decode["config"]["contexts"])
+    short, long = contexts[0], contexts[-1]
+    rp, ex = rows.get(("rpka", long)), rows.get(("exact", long))
+    first = rows.get(("rpka", short))
+    if rp is None or ex is None or first is None:
+        return None
+
+    def with_redraw(r: Mapping[str, Any]) -> float:
+        return r["per_token_ms"] + r.get("amortised_redraw_ms_per_token", 0.0)
+
+    return {
+        "device": decode.get("device", "?"),
+        "short": short,
+        "long": long,
+        "per_token_ms": rp["per_token_ms"],
+        "with_redraw_ms": with_redraw(rp),
+        "exact_ms": ex["per_token_ms"],
+        "growth": rp["per_token_ms"] / first["per_token_ms"],
+        "growth_with_redraw": with_redraw(rp) / with_redraw(first),
+        "has_redraw": "amortised_redraw_ms_per_token" in rp,
+        "prefill_ratio": _prefill_ratio(rp, ex),
+        **_worst_prefill(rows, contexts),
+    }
+
+
+def _prefill_ratio(rpka: Mapping[str, Any] | None, exact: Mapping[str, Any] | None) -> float | None:
+    if rpka and exact and rpka.get("prefill_ms") and exact.get("prefill_ms"):
+        return rpka["prefill_ms"] / exact["prefill_ms"]
+    return None
+
+
+def _worst_prefill(rows: Mapping[tuple[str, int], Mapping], contexts: list[int]) -> dict:
+    """The context where RPKA's prefill is slowest against exact's, and that ratio."""
+    ratios = {
+        n: r
+        for n in contexts
+        if (r := _prefill_ratio(rows.get(("rpka", n)), rows.get(("exact", n))))
+    }
+    if not ratios:
+        return {"prefill_worst_ratio": None, "prefill_worst_context": None}
+    worst = max(ratios, key=ratios.get)
+    return {"prefill_worst_ratio": ratios[worst], "prefill_worst_context": worst}
+
+
+def decode_cost(decode: Mapping[str, Any] | None) -> str:
+    """Decoding in words, the landmark redraw and the prefill included."""
+    d = decode_numbers(decode)
+    if d is None:
+        return "No decoding measurement in this study."
+    redraw = (
+        f"with the landmark redraw amortised over the tokens it serves "
+        f"{d['with_redraw_ms']:.3f} ms ({d['growth_with_redraw']:.2f}× the {d['short']:,}-token "
+        "figure)"
+        if d["has_redraw"]
+        else "the landmark redraw is not in this file"
+    )
+    prefill = (
+        f"; the prefill of the prompt takes {d['prefill_ratio']:.1f}× exact's time there, and "
+        f"up to {d['prefill_worst_ratio']:.1f}× (at {d['prefill_worst_context']:,} tokens)"
+        if d["prefill_ratio"]
+        else ""
+    )
+    return (
+        f"Decoding on {esc(d['device'])} at {d['long']:,} tokens of context: RPKA "
+        f"{d['per_token_ms']:.3f} ms per token ({d['growth']:.2f}× its {d['short']:,}-token "
+        f"time) against exact's {d['exact_ms']:.3f} ms; {redraw}{prefill}."
+    )
+
+
+def speed_text(
+    study: Mapping[str, Any], scaling: Mapping[str, Any] | None, decode: Mapping[str, Any] | None
+) -> str:
+    """Where RPKA is faster (the CPU crossover), what training costs, and decoding."""
+    s = speed_numbers(scaling)
+    if s is None:
+        fast = "The latency sweep has no RPKA measurement."
+    elif s["status"] == "never":
+        fast = (
+            f"On {esc(s['device'])}, RPKA r={s['rank']}'s forward is not faster than exact up "
+            f"to n = {s['n_largest']:,.0f} ({s['speedup_at_largest']:.2f}× there)."
+        )
+    else:
+        at = s["crossover_n_interp"] or s["crossover_n"]
+        fast = (
+            f"On {esc(s['device'])}, RPKA r={s['rank']}'s forward is faster than exact from "
+            f"n ≈ {at:,.0f} tokens on, {s['speedup_at_largest']:.1f}× at n = "
+            f"{s['n_largest']:,.0f}."
+        )
+    costs = []
+    for t in study["tracks"].values():
+        timings = t["report"]["timings"]
+        ratio = timings["step_ratio_vs_baseline"].get(t["primary_arm"])
+        context = t["report"]["data"].get("context")
+        if ratio is not None:
+            at = f" at {context} tokens" if context else ""
+            costs.append(f"{ratio:.2f}× exact's step on the {t['title'].lower()}{at}")
+    train = f" Training the primary arm costs {'; '.join(costs)}." if costs else ""
+    return f"**Speed.** {fast}{train} {decode_cost(decode)}"
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def failures(study: Mapping[str, Any], targets: pd.DataFrame | None) -> list[str]:
+    """What failed: targets not met, arms that lose significantly (controls aside),
+    diverged runs."""
+    out = []
+    if targets is not None and len(targets):
+        missed = targets[targets["status"] == "not met"]
+        out += [f"{esc(r.target)} ({esc(r.measured)})" for r in missed.itertuples()]
+    for t in study["tracks"].values():
+        report = t["report"]
+        losses = [
+            f"`{arm}`"
+            for arm, e in report["arms"].items()
+            if (e.get("comparison") or {}).get("verdict") == "significant loss"
+            and arm_group(report, arm) != "control"
+        ]
+        if losses:
+            out.append(f"{t['title']}: {', '.join(losses)} significantly worse than exact")
+        diverged = sum(e.get("n_diverged") or 0 for e in report["arms"].values())
+        if diverged:
+            out.append(f"{t['title']}: {diverged} evaluation run(s) diverged")
+    return out
+
+
+def main_limitation(study: Mapping[str, Any], scaling: Mapping[str, Any] | None) -> str:
+    """The limitation that bounds the answer most, read from the results."""
+    s = speed_numbers(scaling)
+    contexts = [
+        t["report"]["data"].get("context")
+        for t in study["tracks"].values()
+        if t["report"]["data"].get("context")
+    ]
+    if s is not None and s["status"] != "never" and contexts:
+        at = s["crossover_n_interp"] or s["crossover_n"]
+        if max(contexts) < at:
+            return (
+                f"**Main limitation.** Quality is compared at {max(contexts):,} tokens or "
+                f"fewer, below the ≈ {at:,.0f} tokens where RPKA starts to pay off: the study "
+                "does not show quality and speed together (the long-context runs of the "
+                "speed section are its only training beyond that)."
+            )
+    failed = [t["title"] for t in study["tracks"].values() if t["gate"] == "failed"]
+    if failed:
+        return (
+            f"**Main limitation.** {', '.join(failed)}: the control without attention cannot "
+            "be told apart from exact attention, so those tracks say nothing about RPKA."
+        )
+    return (
+        "**Main limitation.** The tracks are synthetic (or one small real series): the "
+        "answer is about these tasks, not about attention in large models."
+    )
+
+
+def summary_bullets(
+    study: Mapping[str, Any],
+    scaling: Mapping[str, Any] | None = None,
+    decode: Mapping[str, Any] | None = None,
+    targets: pd.DataFrame | None = None,
+) -> str:
+    """The five bullets of the Summary (Markdown): tracks that need attention and their
+    answers; tracks that do not; speed; what failed; the main limitation."""
+    tracks = list(study["tracks"].values())
+    informative = [t for t in tracks if t["gate"] != "failed"]
+    failed = [t for t in tracks if t["gate"] == "failed"]
+
+    def sub(items: list[dict[str, Any]]) -> str:
+        return "".join(f"\n    - {track_answer(t)}" for t in items)
+
+    answer = (
+        "**Does RPKA match exact attention?** Primary arm against exact, paired over "
+        "evaluation seeds, on the tracks that need attention (or have no gate):"
+        + (sub(informative) if informative else " none.")
+    )
+    gated = (
+        "**Tracks that do not need attention** (uniform attention cannot be told apart "
+        "from exact, so they cannot tell attention methods apart):"
+        + (sub(failed) if failed else " none (no track failed an attention gate).")
+    )
+    failed_items = failures(study, targets)
+    what_failed = "**What failed.** " + (
+        "; ".join(failed_items) + "."
+        if failed_items
+        else "No target was missed, no arm lost significantly and no run diverged."
+    )
+    bullets = [answer, gated, speed_text(study, scaling, decode), what_failed]
+    bullets.append(main_limitation(study, scaling))
+    return "\n".join(f"- {b}" for b in bullets)
+
+
+def headline_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The headline figure's rows (``rpka.plots_report.plot_headline``)."""
+    rows = []
+    for t in study["tracks"].values():
+        c = t["comparison"]
+        margin, base = t["decision"].get("margin"), c.get("baseline_mean")
+        rows.append(
+            {
+                "label": f"{t['title']}: {t['primary_arm']}",
+                "comparison": c,
+                "gate": t["gate"],
+                "margin_pct": 100 * margin / abs(base) if margin and base else None,
+            }
+        )
+    return rows
+
+
+def headline_caption(study: Mapping[str, Any]) -> tuple[str, str]:
+    """(caption, alt text) of the headline figure."""
+    parts, alt = [], []
+    for t in study["tracks"].values():
+        c = t["comparison"]
+        mean, low, high = relative_interval(c)
+        verdict = verdict_word(c["verdict"])
+        parts.append(
+            f"{t['title']}: {num(mean, '+.1f')} % [{num(low, '+.1f')}, "
+            f"{num(high, '+.1f')}], {verdict}"
+        )
+        alt.append(
+            f"{t['title']} {num(mean, '+.1f')} percent, CI {num(low, '+.1f')} to "
+            f"{num(high, '+.1f')}, {verdict}, gate {t['gate']}"
+        )
+    caption = (
+        "**The answer per track.** The primary arm's paired difference from exact attention, "
+        "in percent of exact's test error (negative: RPKA better), mean and 95 % CI; shaded: "
+        "the equivalence margin; hollow grey: the track failed its attention gate. "
+        + "; ".join(parts)
+        + "."
+    )
+    return caption, "Headline dot plot, one row per track. " + "; ".join(alt) + "."
+
+
+# --------------------------------------------------------------------------- disclosures
+
+
+def borrowed_rates(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(arm, source arm) for arms that took another arm's learning rate (``lr_from``)."""
+    sources = {a["name"]: a.get("lr_from") for a in report["config"]["arms"]}
+    return [(arm, src) for arm, src in sources.items() if src]
+
+
+def guard_shares(report: Mapping[str, Any]) -> pd.DataFrame:
+    """Per arm: share of rows whose denominator was floored, share of output entries
+    clamped (``guard_counts``; docs/numerics.md). Arms without guards are left out."""
+    rows = []
+    for arm, e in report["arms"].items():
+        g = e.get("guard_counts")
+        if not g:
+            continue
+        row = {"arm": arm}
+        if g.get("rows"):
+            row["rows floored (%)"] = 100 * g.get("denominator", 0) / g["rows"]
+        if g.get("entries"):
+            row["entries clamped (%)"] = 100 * g.get("clamped", 0) / g["entries"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def single_seed_results(report: Mapping[str, Any]) -> list[str]:
+    """Arms whose verdict one seed flips (leave-one-seed-out), with that seed's delta."""
+    out = []
+    for arm, e in report["arms"].items():
+        c = e.get("comparison") or {}
+        if c.get("verdict_flipped_by_one_seed"):
+            seeds = seed_numbers(report, arm, c.get("flipping_seeds", []))
+            largest = c.get("largest_seed_delta")
+            out.append(
+                f"`{arm}` ({verdict_word(c['verdict'])}; dropping seed "
+                f"{', '.join(map(str, seeds)) or '?'} changes it; median delta "
+                f"{num(c.get('delta_median'))}, largest single-seed delta {num(largest)})"
+            )
+    return out
+
+
+def disclosures(report: Mapping[str, Any]) -> str:
+    """What a reader must know to weigh one track's numbers (Markdown bullets)."""
+    bullets = []
+    borrowed = borrowed_rates(report)
+    if borrowed:
+        listed = ", ".join(f"`{arm}` from `{src}`" for arm, src in borrowed)
+        bullets.append(
+            f"**Borrowed learning rates.** {len(borrowed)} arm(s) did not sweep their own "
+            f"rate but took another arm's ({listed}); they may be under-tuned."
+        )
+    flipped = single_seed_results(report)
+    if flipped:
+        bullets.append("**Single-seed-driven verdicts.** " + "; ".join(flipped) + ".")
+    shares = guard_shares(report)
+    if len(shares):
+        worst = shares.set_index("arm").max(axis=1)
+        high = worst[worst > 100 * GUARD_SHARE_NOTE]
+        text = (
+            "; ".join(f"`{arm}` {share:.1f} %" for arm, share in high.items())
+            if len(high)
+            else f"none above {GUARD_SHARE_NOTE:.0%} (largest {worst.max():.3f} %, "
+            f"`{worst.idxmax()}`)"
+        )
+        bullets.append(
+            "**Numerical guards** (share of rows floored or output entries clamped in "
+            f"training, docs/numerics.md): {text}."
+        )
+    lacking = [k for k in ("decision", "attention_gate") if k not in report]
+    if lacking:
+        bullets.append(
+            f"This bench report predates the keys {', '.join(f'`{k}`' for k in lacking)}: "
+            "its verdicts come from the older rule (Holm over every arm)."
+        )
+    return "\n".join(f"- {b}" for b in bullets)
+
+
+# --------------------------------------------------------------------------- captions
+
+
+def forest_caption(track: Mapping[str, Any]) -> tuple[str, str]:
+    """(caption, alt text) of a track's forest plot."""
+    report, c = track["report"], track["comparison"]
+    controls = control_arms(report)
+    control_text = (
+        f" Controls ({', '.join(f'`{a}`' for a in controls)}) have their own panel and scale."
+        if controls
+        else ""
+    )
+    verdict = verdict_word(c["verdict"])
+    caption = (
+        f"**{track['title']}: `{track['primary_arm']}` {verdict} against exact** "
+        f"(delta {ci_text(c)}). Each arm's paired difference from `{report['baseline_arm']}`: "
+        "seeds (dots), mean (diamond), 95 % CI (bar); primary arm in orange and bold; †: "
+        f"one seed flips the verdict.{control_text}"
+    )
+    n = sum(1 for e in report["arms"].values() if e.get("comparison"))
+    alt = (
+        f"Forest plot of {n} arms against exact on the {track['title']}; the primary arm "
+        f"{track['primary_arm']} has delta {ci_text(c)}, verdict {verdict}."
+    )
+    return caption, alt
+
+
+def cost_caption(track: Mapping[str, Any]) -> tuple[str, str]:
+    """(caption, alt) of the error-against-cost figure: which arms are told apart from
+    exact (only those can be on a Pareto front)."""
+    report = track["report"]
+    resolved = [
+        f"`{arm}`"
+        for arm, e in report["arms"].items()
+        if (c := e.get("comparison"))
+        and c.get("ci_low") is not None
+        and (c["ci_low"] > 0 or c["ci_high"] < 0)
+    ]
+    front = (
+        f"arms whose CI excludes 0: {', '.join(resolved)}; the dashed front joins those no "
+        "other such arm beats on both axes"
+        if resolved
+        else "no arm's CI excludes 0, so no Pareto front is drawn: every arm's error is "
+        "within noise of exact's and only the cost tells them apart"
+    )
+    caption = (
+        f"**{track['title']}: error against cost.** Each arm's paired test-error difference "
+        f"from exact (mean, 95 % CI) against its training step time (and attention latency "
+        f"where measured); {front}."
+    )
+    return caption, f"Scatter plot of error difference against time per arm, {track['title']}."
+
+
+# --------------------------------------------------------------------------- appendix
+
+
+def arms_table(report: Mapping[str, Any]) -> pd.DataFrame:
+    """Every arm's method, options in words, learning rate and how it was chosen."""
+    rows = []
+    for arm, e in report["arms"].items():
+        cfg = e["best_cfg"]
+        rows.append(
+            {
+                "arm": arm,
+                "group": arm_group(report, arm),
+                "method": e["method"],
+                "options": readable_options(e.get("options")),
+                "learning rate": cfg["lr"],
+                "how the rate was chosen": cfg.get("selection", ""),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+STAT_COLUMNS = {
+    "delta_mean": "delta mean",
+    "delta_median": "delta median",
+    "ci_low": "CI low",
+    "ci_high": "CI high",
+    "p_value": "p (sign-flip)",
+    "p_adjusted": "p used",
+    "adjustment": "adjustment",
+    "tost_p": "TOST p",
+    "margin": "margin",
+    "mde": "MDE of the rule",
+    "verdict_flipped_by_one_seed": "one seed flips it",
+    "verdict": "verdict",
+}
+
+
+def statistics_table(report: Mapping[str, Any]) -> pd.DataFrame:
+    """The full statistics of every comparison (the keys present in this report)."""
+    rows = []
+    for arm, e in report["arms"].items():
+        c = e.get("comparison")
+        if not c:
+            continue
+        row = {"arm": arm, "pairs": c["n_pairs"], "wins": c.get("idea_wins")}
+        for key, label in STAT_COLUMNS.items():
+            if key in c:
+                value = c[key]
+                row[label] = verdict_word(value) if key == "verdict" else value
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if "one seed flips it" in frame:
+        frame["one seed flips it"] = frame["one seed flips it"].map(
+            {True: "yes", False: "no", None: "not computed"}
+        )
+    return frame
+
+
+def selection_rules(track: Mapping[str, Any]) -> str:
+    """The rules the track's results were selected and decided by (Markdown)."""
+    report = track["report"]
+    decision = track["decision"]
+    lines = []
+    if decision:
+        family = ", ".join(f"`{a}`" for a in decision.get("secondary_family", []))
+        lines.append(
+            f"**Decision.** Primary arm `{decision.get('primary_arm', track['primary_arm'])}`, "
+            f"unadjusted; secondary family (Holm): {family or 'none'}; equivalence margin "
+            f"{num(decision.get('margin'), '.4g')} (TOST); α = {decision.get('alpha', 0.05)}. "
+            f"{esc(decision.get('rule', ''))}"
+        )
+    else:
+        lines.append("**Decision.** Holm-adjusted sign-flip p over every arm (older rule).")
+    lines.append(f"**Attention gate.** {gate_text(track)}")
+    rules = sorted({e["best_cfg"].get("selection", "") for e in report["arms"].values()} - {""})
+    if rules:
+        lines.append("**Learning rates.** " + "; ".join(esc(r) for r in rules) + ".")
+    choice = report.get("ablation_choice")
+    if choice:
+        lines.append(f"**Ablation default.** {esc(choice['rule'])}")
+    return "\n\n".join(lines)
+
+
+# --------------------------------------------------------------------------- other captions
+
+
+def mechanism_scope(mechanism: Mapping[str, Any]) -> str:
+    """What the trace-identity check tests and what it does not (Markdown)."""
+    sig = mechanism["trained"]["mechanism_signature"]
+    pooled = sig.get("pooled")  # the pooled-z decision over Monte Carlo seeds, when present
+    decided = (
+        f" The decision pools the z-scores over {pooled.get('n_seeds', 'several')} Monte "
+        "Carlo seeds (χ² for any miscalibration, Σz for a consistent bias); the per-step "
+        "±4 band is shown for display."
+        if isinstance(pooled, Mapping)
+        else ""
+    )
+    return (
+        "**What this checks.** The identity (one RPCholesky step lowers the residual trace by "
+        "‖R‖²_F / tr R in expectation) is algebraic: it holds for any positive semi-definite "
+        "kernel matrix. Checking it on a trained model's queries and keys therefore tests the "
+        "implementation (that the package draws pivots by the rule on real inputs), not "
+        "whether RPKA approximates trained attention well: that is the tracks' and the "
+        f"output-error figures' job.{decided}"
+    )
+
+
+def trace_identity_caption(mechanism: Mapping[str, Any]) -> tuple[str, str]:
+    sig = mechanism["trained"]["mechanism_signature"]
+    verdict = "holds" if sig["confirmed"] else "fails"
+    caption = (
+        f"**The trace identity {verdict} on the trained model**: predicted against observed "
+        f"residual-trace decrease per RPCholesky step; largest |z| {num(sig['max_abs_z'], '.2f')} "
+        f"over {sig['n_tests']} tests, {sig['n_exceeding']} beyond ±4 "
+        f"(χ² p = {num(sig.get('chi2_p_value'), '.3g')})."
+    )
+    alt = (
+        f"Per-step predicted and observed residual-trace decreases with z-scores for "
+        f"{sig['n_heads']} heads; largest absolute z {num(sig['max_abs_z'], '.2f')}."
+    )
+    return caption, alt
+
+
+def trained_vs_init_caption(mechanism: Mapping[str, Any]) -> tuple[str, str]:
+    caption = (
+        "**Training changes the attention kernel RPKA approximates**: eigenvalue spectra, "
+        "residual trace against rank (dashed: the optimum) and output error against rank, "
+        "for the trained model and the same model at initialisation."
+    )
+    alt = (
+        "Three panels comparing the trained and initial model: spectrum, residual trace "
+        "and output error against rank."
+    )
+    return caption, alt
+
+
+def speedup_caption(scaling: Mapping[str, Any]) -> tuple[str, str]:
+    s = speed_numbers(scaling)
+    if s is None or s["status"] == "never":
+        message = "RPKA is not faster than exact at the measured lengths"
+    else:
+        at = s["crossover_n_interp"] or s["crossover_n"]
+        message = (
+            f"RPKA r={s['rank']} overtakes exact at n ≈ {at:,.0f} and is "
+            f"{s['speedup_at_largest']:.1f}× faster at n = {s['n_largest']:,.0f}"
+        )
+    caption = (
+        f"**{message}** ({esc(scaling.get('device', '?'))}): exact's forward latency over "
+        "RPKA's against sequence length; above 1 RPKA is faster; ticks mark the crossovers."
+    )
+    return caption, f"Log-log line plot of speed-up against sequence length; {message}."
+
+
+def decode_caption(decode: Mapping[str, Any]) -> tuple[str, str]:
+    d = decode_numbers(decode)
+    message = (
+        f"RPKA's per-token decoding time stays flat ({d['growth']:.2f}× from {d['short']:,} to "
+        f"{d['long']:,} tokens, {d['growth_with_redraw']:.2f}× with the redraw) while exact's "
+        "grows with the context"
+        if d
+        else "per-token decoding time against context"
+    )
+    caption = (
+        f"**{message}.** Median step (solid) and RPKA with the landmark redraw amortised "
+        "(dashed), log-log; the prefill is not in this figure (see the text)."
+    )
+    return caption, f"Log-log plot of per-token decoding latency against context; {message}."

@@ -1,0 +1,234 @@
+"""The report page (rpka.report, rpka.report_text, rpka.plots_report) on a study index
+built from a real smoke bench, decided by rpka.stats' rule (primary unadjusted, Holm over
+the rest, TOST at a margin, the attention gate), as the bench writes it."""
+
+import copy
+import json
+import re
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from rpka import plots, plots_report, report, report_text, stats, study
+from rpka.pipeline import offline
+from rpka.tables import arm_group
+
+
+def decided(bench: dict, margin: float, min_rel: float, passed: bool | None = None) -> dict:
+    """``bench`` with the keys of the current rule, computed by rpka.stats from its
+    per-seed scores (what rpka.bench writes); ``passed`` overrides the gate (a smoke
+    bench has too few seeds to pass it)."""
+    bench = copy.deepcopy(bench)
+    base = bench["arms"][bench["baseline_arm"]]["full"]["per_seed"]
+    direction = bench["metric_direction"]
+    comparisons = {
+        arm: stats.paired_comparison(base, e["full"]["per_seed"], direction, margin)
+        for arm, e in bench["arms"].items()
+        if arm != bench["baseline_arm"]
+    }
+    stats.apply_holm(comparisons, primary=bench["primary_arm"])
+    control = next(a for a in bench["arms"] if arm_group(bench, a) == "control")
+    gate = stats.attention_gate(
+        base, bench["arms"][control]["full"]["per_seed"], direction, min_rel=min_rel
+    )
+    gate["control_arm"] = control
+    gate["passed"] = gate["passed"] if passed is None else passed
+    for arm, c in comparisons.items():
+        bench["arms"][arm]["comparison"] = stats.apply_gate(c, gate)
+    bench["attention_gate"] = gate
+    bench["decision"] = {
+        "primary_arm": bench["primary_arm"],
+        "margin": margin,
+        "secondary_family": [a for a in comparisons if a != bench["primary_arm"]],
+        "alpha": 0.05,
+        "rule": "primary unadjusted; Holm over <secondary>; TOST at the margin",
+    }
+    return bench
+
+
+@pytest.fixture(scope="module")
+def fake_study(smoke_study_report, tmp_path_factory):
+    """study.json with two tracks from the smoke bench: one whose gate passes (forced) and
+    one whose gate fails (the control must be 1000 % worse)."""
+    bench, _ = smoke_study_report
+    root = tmp_path_factory.mktemp("study")
+    passing = decided(bench, margin=0.05, min_rel=0.0, passed=True)
+    failing = decided(bench, margin=0.05, min_rel=10.0)
+    assert not failing["attention_gate"]["passed"]
+    primary = passing["primary_arm"]
+    passing["config"]["arms"][-1]["lr_from"] = primary  # a borrowed learning rate
+    flipped = passing["arms"][primary]["comparison"]
+    flipped.update(verdict_flipped_by_one_seed=True, flipping_seeds=[1])
+    passing["arms"][primary]["guard_counts"] = {
+        "denominator": 5,
+        "rows": 100,
+        "clamped": 0,
+        "entries": 1000,
+    }
+    tracks = {}
+    for name, data in (("failing", failing), ("passing", passing)):
+        (root / name).mkdir()
+        (root / name / "bench_report.json").write_text(json.dumps(data))
+        tracks[data["track"] if name == "passing" else f"{data['track']}-x"] = {
+            "bench_report": f"{name}/bench_report.json",
+            "attention_gate": data["attention_gate"],
+            "primary_arm": data["primary_arm"],
+            "verdicts": {
+                a: e["comparison"]["verdict"]
+                for a, e in data["arms"].items()
+                if e.get("comparison")
+            },
+            "run_time_s": 1.0,
+        }
+    path = root / "study.json"
+    path.write_text(json.dumps({"preset": "smoke", "tracks": tracks, "longctx": None}))
+    return report.load_study(path, "smoke")
+
+
+def test_the_index_lists_tracks_that_pass_the_gate_first(fake_study):
+    gates = [t["gate"] for t in fake_study["tracks"].values()]
+    assert gates == ["passed", "failed"]
+    first = next(iter(fake_study["tracks"].values()))
+    assert first["comparison"] is first["report"]["arms"][first["primary_arm"]]["comparison"]
+
+
+def test_without_an_index_or_bench_reports_the_error_names_the_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match="python -m rpka report --preset no-such"):
+        report.load_study(tmp_path / "study.json", "no-such")
+
+
+def test_summary_has_five_bullets_answers_with_ci_and_a_failed_gate_reads_uninformative(
+    fake_study,
+):
+    text = report_text.summary_bullets(fake_study)
+    top = re.split(r"^(?=- )", text, flags=re.M)[1:]  # each top bullet with its sub-bullets
+    assert len(top) == 5
+    passing, failing = fake_study["tracks"].values()
+    c = passing["comparison"]
+    assert report_text.ci_text(c) in top[0] and c["verdict"] in top[0]
+    assert c["verdict"] != "uninformative" and "uninformative" not in top[0]
+    assert "uninformative: this track does not need attention" in top[1]
+    assert "One seed flips this verdict" in top[0]
+    assert top[2].startswith("- **Speed.**") and top[4].startswith("- **Main limitation.**")
+
+
+def test_disclosures_name_borrowed_rates_single_seed_verdicts_and_guards(fake_study):
+    passing = next(iter(fake_study["tracks"].values()))
+    text = report_text.disclosures(passing["report"])
+    primary = passing["primary_arm"]
+    assert "Borrowed learning rates" in text and f"from `{primary}`" in text
+    seed = passing["report"]["arms"][primary]["seeds"][1]
+    assert "Single-seed-driven" in text and f"dropping seed {seed}" in text
+    assert f"`{primary}` 5.0 %" in text  # 5 of 100 rows floored
+    assert "predates" not in text  # the report has the rule's keys
+
+
+def test_figures_are_numbered_with_alt_text_and_escaped_captions():
+    figs = report.Figures()
+    for i in (1, 2):
+        fig, ax = plt.subplots()
+        out = figs.show(fig, f"**Message {i}** about `<arm>`", f'alt "{i}" <x>').data
+        assert f"<b>Figure {i}.</b> <b>Message {i}</b> about <code>&lt;arm&gt;</code>" in out
+        assert f'alt="alt &quot;{i}&quot; &lt;x&gt;"' in out
+        assert re.search(r'src="data:image/png;base64,[A-Za-z0-9+/=]+"', out)
+        assert not plt.fignum_exists(fig.number)  # not shown a second time without alt
+
+
+def test_forest_plot_puts_controls_in_their_own_panel_and_the_primary_first(fake_study):
+    bench = next(iter(fake_study["tracks"].values()))["report"]
+    fig = plots_report.plot_forest(bench)
+    main, controls = fig.axes
+    ticks = {t.get_text().split("\n")[0]: t for t in main.get_yticklabels()}
+    primary = ticks.pop(f"{bench['primary_arm']} (primary)")
+    assert primary.get_fontweight() == "bold"
+    assert all(t.get_fontweight() != "bold" for t in ticks.values())
+    assert all(primary.get_position()[1] > t.get_position()[1] for t in ticks.values())
+    assert all("mean-attention" in t.get_text() for t in controls.get_yticklabels())
+    plt.close(fig)
+
+
+def test_headline_plot_draws_a_failed_gate_hollow(fake_study):
+    fig = plots_report.plot_headline(report_text.headline_rows(fake_study))
+    markers = [line for line in fig.axes[0].lines if line.get_marker() == "o"]
+    assert [m.get_markerfacecolor() for m in markers][1] == "white"
+    plt.close(fig)
+
+
+def test_no_pareto_front_through_cis_that_cross_zero(fake_study):
+    bench = copy.deepcopy(next(iter(fake_study["tracks"].values()))["report"])
+    for entry in bench["arms"].values():
+        if entry.get("comparison"):
+            entry["comparison"].update(ci_low=-1.0, ci_high=1.0)
+    fig = plots.plot_error_vs_time(bench)
+    assert not [line for line in fig.axes[0].lines if line.get_linestyle() == "--"]
+    plt.close(fig)
+    arm = next(a for a, e in bench["arms"].items() if e.get("comparison"))
+    bench["arms"][arm]["comparison"].update(delta_mean=-0.5, ci_low=-0.6, ci_high=-0.4)
+    bench["timings"]["step_ms_median"][arm] = 2 * bench["timings"]["step_ms_median"]["exact"]
+    fig = plots.plot_error_vs_time(bench)
+    (front,) = [line for line in fig.axes[0].lines if line.get_linestyle() == "--"]
+    assert len(front.get_xdata()) == 2  # exact and the one arm told apart from it
+    plt.close(fig)
+
+
+def test_decode_cost_includes_the_redraw_and_the_prefill():
+    rows = [
+        {"method": m, "context": n, "per_token_ms": t, "prefill_ms": p}
+        for m, n, t, p in [("exact", 1, 1.0, 1.0), ("exact", 4, 4.0, 2.0)]
+    ] + [
+        {
+            "method": "rpka",
+            "context": n,
+            "per_token_ms": 1.0,
+            "prefill_ms": 14.0,
+            "amortised_redraw_ms_per_token": r,
+        }
+        for n, r in [(1, 0.0), (4, 0.5)]
+    ]
+    decode = {"device": "cpu", "config": {"contexts": [1, 4]}, "rows": rows}
+    d = report_text.decode_numbers(decode)
+    assert d["growth"] == 1.0 and d["growth_with_redraw"] == pytest.approx(1.5)
+    assert d["prefill_ratio"] == pytest.approx(7.0)
+    text = report_text.decode_cost(decode)
+    assert d["prefill_worst_ratio"] == pytest.approx(14.0) and d["prefill_worst_context"] == 1
+    assert "1.50×" in text and "7.0× exact's" in text and "up to 14.0× (at 1 tokens)" in text
+
+
+def test_the_mechanism_names_its_model_from_the_description_key():
+    sig = {"trained_model": True, "trained_model_description": "rpka-r64, seed 100"}
+    assert study.mechanism_model(sig) == "rpka-r64, seed 100"
+    assert study.mechanism_model({"trained_model": "old words"}) == "old words"
+    assert study.mechanism_model({"trained_model": True}, "fallback") == "fallback"
+
+
+def test_preview_banner_only_for_previews(fake_study):
+    source = {"commit": "abc", "commit_date": "2026-01-01", "dirty": "no", "rendered": "now"}
+    assert "Preview, not a result" in report.header("smoke", fake_study, source)
+    assert "draw no conclusions" in report.header("quick", fake_study, source)
+    assert "Preview" not in report.header("full", fake_study, source)
+    assert "commit `abc`" in report.header("full", fake_study, source)
+    assert report.page_title("full", "abc") == "RPKA study report (full preset, commit abc)"
+
+
+def test_offline_html_has_no_script_no_remote_link_and_the_title():
+    page = (
+        "<html><head><title>Notebook</title>"
+        '<script src="https://cdn.example/require.js"></script>'
+        '<link rel="stylesheet" href="https://cdn.example/x.css">'
+        '<script type="module">await import("https://cdn.example/m.mjs")</script>'
+        "</head><body><p>x</p></body></html>"
+    )
+    out = offline(page, "RPKA <report>")
+    assert "<script" not in out and "https:" not in out
+    assert "<title>RPKA &lt;report&gt;</title>" in out and "<p>x</p>" in out
+
+
+def test_appendix_tables_use_words_not_python_reprs(fake_study):
+    bench = next(iter(fake_study["tracks"].values()))["report"]
+    arms = report_text.arms_table(bench)
+    assert not arms["options"].str.contains(r"[{}']", regex=True).any()
+    stats_table = report_text.statistics_table(bench)
+    assert {"TOST p", "margin", "MDE of the rule", "one seed flips it"} <= set(stats_table)
+    assert set(stats_table["verdict"]) <= set(stats.VERDICTS)
+    assert np.isfinite(stats_table["delta mean"]).all()
