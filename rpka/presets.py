@@ -539,13 +539,15 @@ def _longctx(
 # other jobs; ``--context 512`` / ``--context 128``, variants by ``--model`` / ``--track``):
 # at 2,048 tokens exact 0.232 test MSE, mean-attention 0.465, least-squares linear 0.589,
 # seasonal naive 1.17; at 512 tokens 0.200 / 0.472 / 0.332 / 1.19 (rpka-r16 0.371); at 128
-# tokens 0.225 / 0.461 / 0.319 - the task is about as hard at every length. What did not learn in that budget: the flatten head (``readout="flatten"``,
-# L x d_model x horizon weights, more than there are training windows) at 512 tokens
-# (exact 0.81-0.86, control 0.71, 250-500 steps, lr 3e-3 / 1e-2); periods 12-16 in 16
-# regimes (one earlier occurrence) even at 128 tokens (exact 0.61 = the control after
-# 1,000 steps); periods 4-8 (the input window alone forecasts them: control 0.062 =
-# exact 0.058 at 128 tokens). A single earlier occurrence per window - the docstring's
-# 16 / 64 regimes - would need far longer training than this study can afford.
+# tokens 0.225 / 0.461 / 0.319 - the task is about as hard at every length. What did not
+# learn in that budget: the flatten head (``readout="flatten"``, L x d_model x horizon
+# weights, more than there are training windows) at 512 tokens (d_model 16, one head,
+# periods 7-16: exact 0.81-0.86, control 0.71, 250-500 steps, lr 3e-3 / 1e-2); periods
+# 12-16 in 16 regimes (about one earlier occurrence) even at 128 tokens (flatten head:
+# exact 0.61, control 0.67 after 1,000 steps); periods 4-8 (the input window alone
+# forecasts them: control 0.062, exact 0.058 at 128 tokens). A single earlier occurrence
+# per window - the regimes docstring's 16 / 64 regimes - would need far longer training
+# than this study can afford.
 LONGCTX_TRACK = RegimesConfig(n_regimes=3, period_min=7, period_max=10)
 LONGCTX_MODEL = ModelConfig(
     d_model=32,
