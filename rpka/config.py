@@ -32,7 +32,6 @@ from rpka.attention.rpka import PIVOT_SETS
 from rpka.checks import is_int, is_number, require
 from rpka.model import ModelConfig
 from rpka.tracks import TRACKS, Task, get_task
-from rpka.tracks.forecast import sized_track
 
 DEVICES = ("cpu", "cuda")
 LR_SCHEDULES = ("cosine", "constant")
@@ -567,8 +566,8 @@ class LongContextConfig:
 
     ``bench`` is the template every context shares - model, training, arms, learning
     rates, seeds, workers (its ``mechanism`` study is off: the long-context study measures
-    cost and accuracy only). :meth:`bench_for` sets the track's context and sizes its
-    series (:func:`sized_track`) so every context trains on the same number of windows,
+    cost and accuracy only). :meth:`bench_for` resizes the track to each context with the
+    track's own ``Task.at_context``, so every context trains on the same number of windows,
     hence the same number of steps. ``memory_probe`` measures the peak memory of one
     training step of every arm (``rpka.longctx.training_step_peak_mib``).
     """
@@ -595,7 +594,9 @@ class LongContextConfig:
 
     def bench_for(self, context: int) -> BenchConfig:
         """The bench at ``context`` (validated)."""
-        track = sized_track(self.bench.track, context, self.train_windows, self.eval_windows)
+        track = self.bench.task.at_context(
+            self.bench.track, context, self.train_windows, self.eval_windows
+        )
         config = dataclasses.replace(self.bench, track=track)
         config.validate()
         return config
@@ -610,28 +611,6 @@ class LongContextConfig:
         data["bench"] = BenchConfig.from_dict(data["bench"])
         data["contexts"] = tuple(data["contexts"])
         return cls(**data)
-
-
-def rank_sweep(config: BenchConfig) -> BenchConfig:
-    """``config`` with only its baseline and its rank sweep ``rpka-r<rank>`` at default options.
-
-    No ablations, peers, ablation choice or output-error study: the long-context study
-    varies the context length, not RPKA's choices (and the full preset's training-shape
-    implementation choices, such as rpka-r64's plain pivot loop, do not carry over).
-    """
-    swept = [
-        rpka_arm(a.options["rank"])
-        for a in config.arms
-        if a.method == "rpka" and a.name == f"rpka-r{a.options.get('rank')}"
-    ]
-    return dataclasses.replace(
-        config,
-        arms=(config.arm(config.baseline_arm), *swept),
-        ablation_reference=None,
-        ablation_arms=(),
-        output_error_ranks=(),
-    )
-
 
 
 __all__ = ["ModelConfig"]  # re-exported: the model's config, beside the model

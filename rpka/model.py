@@ -50,6 +50,8 @@ from rpka.attention import build
 from rpka.attention.rpka import new_batch, share_pivot_cache
 from rpka.checks import is_int, is_number, require
 
+READOUTS = ("flatten", "last")  # ModelConfig.readout
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -76,6 +78,14 @@ class ModelConfig:
         with a standard deviation of ~3.6 (MSE ~13 on standardised targets) that a short
         run cannot unlearn. 0 starts the model as its linear skip (a zero-initialised
         output layer, as in ReZero / Fixup); the long-context presets use it.
+    readout: how the forecaster's head reads the encoder (``TransformerTiny``):
+        ``"flatten"`` (default) maps all L tokens' features (L x d_model) to the horizon;
+        ``"last"`` maps the last token's features (d_model) only, as a decoder reads its
+        final position. The flatten head has L x d_model x horizon weights: at long context
+        that is more features than a short run has training windows (at 512 tokens and
+        d_model 16, 8,192 per horizon step against 4,000 windows), and its regression does
+        not find the last token's answer (rpka.presets, long context); the last-token
+        head's size does not grow with L, and everything it reads came through attention.
     """
 
     name: str = "transformer_tiny"
@@ -88,6 +98,7 @@ class ModelConfig:
     linear_skip: bool = True
     head_init_std: float = 0.02
     previous_tokens: int = 0
+    readout: str = "flatten"
 
     def validate(self) -> None:
         require(self.name == "transformer_tiny", "model.name", "'transformer_tiny'", self.name)
@@ -120,6 +131,9 @@ class ModelConfig:
             "model.head_init_std",
             ">= 0",
             self.head_init_std,
+        )
+        require(
+            self.readout in READOUTS, "model.readout", f"one of {READOUTS}", self.readout
         )
         require(
             is_int(self.previous_tokens) and 0 <= self.previous_tokens <= 16,
@@ -340,7 +354,8 @@ class TransformerTiny(EnsembleTransformer):
             for _ in range(config.n_layers)
         )
         self.norm_out = EnsembleLayerNorm(n_members, d)
-        self.head = EnsembleLinear(n_members, context * d, horizon, init_std=config.head_init_std)
+        read = d if config.readout == "last" else context * d
+        self.head = EnsembleLinear(n_members, read, horizon, init_std=config.head_init_std)
         self.skip = EnsembleLinear(n_members, context, horizon) if config.linear_skip else None
         # RPKA with pivot_refresh="batch": one pivot draw per forward, shared by the layers
         share_pivot_cache(self.attention_modules())
@@ -368,8 +383,9 @@ class TransformerTiny(EnsembleTransformer):
         h = self.tokens(x)
         for block in self.blocks:
             h = block(h)
-        h = self.norm_out(h).flatten(-2)  # (S, B, L * d)
-        out = self.head(h)
+        h = self.norm_out(h)
+        # (S, B, d) the last token, or (S, B, L * d) every token
+        out = self.head(h[..., -1, :] if self.config.readout == "last" else h.flatten(-2))
         if self.skip is not None:
             out = out + self.skip(x)
         return out

@@ -1,7 +1,6 @@
 """The long-context study: the smoke run's JSON against its documentation, the sized
 tracks, the memory probe, the configuration's validation and the CLI."""
 
-import math
 import re
 from pathlib import Path
 
@@ -10,13 +9,18 @@ import pytest
 import torch
 from doc_keys import key_paths
 
-from rpka import cli, longctx
+from rpka import cli, longctx, stats
 from rpka.bench import InProcessExecutor
 from rpka.config import LongContextConfig
 from rpka.io import read_json
 from rpka.model import ModelConfig, TransformerTiny
 from rpka.presets import LONGCTX_PRESETS, get_longctx_preset
+from rpka.tracks import get_task
 from rpka.tracks.forecast import TrackConfig, sized_track, split_bounds, window_starts
+from rpka.tracks.lm import LMConfig
+from rpka.tracks.motif import MotifConfig
+from rpka.tracks.real import RealConfig
+from rpka.tracks.regimes import RegimesConfig
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "longctx.md"
 SMOKE = get_longctx_preset("smoke")
@@ -28,6 +32,7 @@ OPAQUE = {
     "rows[].comparison",
     "per_context.<context>.data",
     "per_context.<context>.naive_test_mse",
+    "per_context.<context>.attention_gate",
 }
 
 
@@ -73,15 +78,42 @@ def test_smoke_content(smoke_result):
                 continue
             diffs = np.subtract(row["test_mse_per_seed"], exact["test_mse_per_seed"])
             assert row["comparison"]["per_seed_diffs"] == pytest.approx(diffs.tolist())
-            assert row["pivot_points"] == 2 * context and row["rank"] == int(name[6:])
+            if row["method"] == "rpka":
+                assert row["pivot_points"] == 2 * context and row["rank"] == int(name[6:])
         entry = result["per_context"][str(context)]
         report = read_json(root / "out" / entry["bench_report"])
+        assert report["track"] == bench.track_name == "forecast-regimes"
         assert report["data"] == entry["data"]
         assert report["data"]["context"] == context
-        assert report["data"]["n_train_windows"] == SMOKE.train_windows * bench.track.n_series
-        assert report["data"]["n_test_windows"] == SMOKE.eval_windows * bench.track.n_series
+        assert report["data"]["n_train_windows"] == SMOKE.train_windows
+        assert report["data"]["n_test_windows"] == SMOKE.eval_windows
         assert report["arms"]["exact"]["full"]["per_seed"] == rows["exact"]["test_mse_per_seed"]
     assert result["wall_s"] > 0 and "reduced" in result["protocol"]
+
+
+def test_smoke_reports_the_attention_gate_of_every_context(smoke_result):
+    """The gate is the control against exact on the same evaluation seeds, as
+    rpka.stats.attention_gate computes it, and the bench report's own."""
+    result, root = smoke_result
+    control = SMOKE.bench.control
+    assert control == "mean-attention"
+    for context in SMOKE.contexts:
+        rows = {r["arm"]: r for r in result["rows"] if r["context"] == context}
+        entry = result["per_context"][str(context)]
+        gate = entry["attention_gate"]
+        expected = stats.attention_gate(
+            rows["exact"]["test_mse_per_seed"], rows[control]["test_mse_per_seed"]
+        )
+        assert gate["control_arm"] == control
+        for key in ("passed", "n_pairs", "rule"):
+            assert gate[key] == expected[key]
+        for key in ("control_delta", "control_rel", "p_value"):
+            assert gate[key] == pytest.approx(expected[key])
+        report = read_json(root / "out" / entry["bench_report"])
+        assert report["attention_gate"] == gate
+        for row in rows.values():  # a failed gate turns every verdict uninformative
+            if row["method"] == "rpka" and not gate["passed"]:
+                assert row["comparison"]["verdict"] == "uninformative"
 
 
 @pytest.mark.parametrize("context", [32, 96, 512, 2048])
@@ -97,14 +129,57 @@ def test_sized_track_holds_exactly_the_windows_asked_for(context, train, evaluat
     assert track.context == context
 
 
+def test_at_context_resizes_a_generated_track_and_keeps_the_rest():
+    for config in (RegimesConfig(n_regimes=16), MotifConfig()):
+        resized = get_task(config.name).at_context(config, 512, 40, 8)
+        assert (resized.context, resized.n_train, resized.n_val, resized.n_test) == (512, 40, 8, 8)
+        assert resized.horizon == config.horizon and resized.seed == config.seed
+    regimes = get_task("forecast-regimes").at_context(RegimesConfig(n_regimes=16), 2048, 4, 2)
+    assert regimes.n_regimes == 16
+    forecast = get_task("forecast").at_context(TrackConfig(stride=32), 512, 7, 3)
+    assert forecast == sized_track(TrackConfig(stride=32), 512, 7, 3)
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "match"),
+    [
+        ("forecast-regimes", (16, 4, 4), "context"),  # shorter than three segments
+        ("forecast-regimes", (512, 0, 4), "train_windows"),
+        ("forecast-regimes", (512, 4, 0), "eval_windows"),
+        ("forecast", (4, 4, 4), "context"),
+        ("forecast-real", (512, 4, 4), "long-context form"),
+        ("lm", (512, 4, 4), "long-context form"),
+    ],
+)
+def test_at_context_rejects_what_it_cannot_build(name, args, match):
+    config = {
+        "forecast-regimes": RegimesConfig(),
+        "forecast": TrackConfig(),
+        "forecast-real": RealConfig(),
+        "lm": LMConfig(),
+    }[name]
+    with pytest.raises(ValueError, match=match):
+        get_task(name).at_context(config, *args)
+
+
 def test_every_preset_validates_and_full_is_the_issue_study():
     for name, config in LONGCTX_PRESETS.items():
         config.validate()
         assert config.bench.mechanism is None and config.preset == name
+    for name, config in LONGCTX_PRESETS.items():
+        assert config.bench.track_name == "forecast-regimes", name
+        assert config.bench.control == "mean-attention", name
     full = LONGCTX_PRESETS["full"]
     assert full.contexts == (512, 2048)
-    assert [a.name for a in full.bench.arms] == ["exact", "rpka-r16", "rpka-r64", "rpka-r128"]
-    assert 3 <= len(full.bench.eval_seeds) <= 4
+    assert [a.name for a in full.bench.arms] == [
+        "exact",
+        "rpka-r16",
+        "rpka-r64",
+        "mean-attention",
+    ]
+    # the gate's one-sided and the primary's two-sided sign-flip tests can reach p < 0.05
+    n_seeds = len(full.bench.eval_seeds)
+    assert stats.sign_flip_floor(n_seeds, "greater") < stats.sign_flip_floor(n_seeds) < stats.ALPHA
 
 
 def test_memory_probe_counts_every_gradient(tmp_path):
@@ -128,6 +203,22 @@ def test_zero_head_starts_the_model_as_its_linear_skip():
         assert torch.equal(model(x), model.skip(x))
     with pytest.raises(ValueError, match="head_init_std"):
         ModelConfig(head_init_std=-0.1).validate()
+
+
+def test_last_token_readout_does_not_grow_with_the_context():
+    def head_weights(readout: str, context: int) -> int:
+        config = ModelConfig(d_model=8, n_layers=1, n_heads=1, d_ff=16, readout=readout)
+        return TransformerTiny(config, context=context, horizon=6, seeds=[0]).head.weight.numel()
+
+    assert head_weights("last", 64) == head_weights("last", 2048) == 8 * 6
+    assert head_weights("flatten", 2048) == 2048 * 8 * 6
+    config = ModelConfig(d_model=8, n_layers=1, n_heads=1, d_ff=16, readout="last")
+    model = TransformerTiny(config, context=40, horizon=6, seeds=[3, 4])
+    x = torch.randn(2, 5, 40, requires_grad=True)
+    model(x).sum().backward()  # every input reaches the last token (through attention)
+    assert bool((x.grad[..., :20].abs().sum((0, 1)) > 0).all())
+    with pytest.raises(ValueError, match="model.readout"):
+        ModelConfig(readout="mean").validate()
 
 
 @pytest.mark.parametrize(
@@ -161,4 +252,5 @@ def test_cli_rejects_bad_values(capsys):
 def test_cli_overrides_keep_the_primary_arm():
     config, _ = cli.parse_longctx(["--preset", "full", "--ranks", "16", "64", "--seeds", "3"])
     assert config.bench.primary_arm == "rpka-r64" and len(config.bench.eval_seeds) == 3
-    assert math.isclose(config.bench.learning_rates[0], 1e-4)
+    assert config.bench.learning_rates == LONGCTX_PRESETS["full"].bench.learning_rates
+    assert config.bench.control == "mean-attention"  # --ranks keeps the control

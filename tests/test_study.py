@@ -70,13 +70,13 @@ def test_ranks_override_keeps_the_ablations_and_their_reference():
     assert get_preset("full", ranks=[8]).arm("rpka-r8").options == {"rank": 8}
 
 
-def test_other_studies_built_on_full_keep_only_its_rank_sweep():
+def test_other_studies_keep_only_a_rank_sweep_and_the_control():
     from rpka.presets import LONGCTX_PRESETS
 
     for name, longctx in LONGCTX_PRESETS.items():
         bench = longctx.bench
         assert bench.ablation_reference is None and bench.output_error_ranks == (), name
-        assert {a.method for a in bench.arms} == {"exact", "rpka"}, name
+        assert {a.method for a in bench.arms} == {"exact", "rpka", "mean"}, name
         assert all(set(a.options) == {"rank"} for a in bench.arms if a.method == "rpka"), name
     lm = get_preset("full", "lm")
     assert lm.output_error_ranks == () and lm.ablation_reference is None

@@ -11,7 +11,8 @@ A task has four groups of members:
 * **data** - ``config_class`` (a frozen dataclass with a ``name`` field equal to the
   task's name, ``validate()`` and the property ``attention_tokens``), :meth:`load` (the
   track's data for a config), :meth:`inputs_targets` (model inputs and targets of a split),
-  :meth:`data_summary` (the report's ``data`` block), ``sample_unit`` ("windows");
+  :meth:`data_summary` (the report's ``data`` block), ``sample_unit`` ("windows"),
+  :meth:`at_context` (the config resized for the long-context study, ``rpka.longctx``);
 * **model and loss** - :meth:`build_model` (the stacked model of S seeds), ``causal``
   (whether its attention is causal: non-causal studies such as the output-error study
   are skipped on causal tasks), :meth:`validate_bench` (what the track requires of a whole
@@ -67,6 +68,13 @@ class Task:
 
     def data_summary(self, track: Any) -> dict[str, Any]:
         raise NotImplementedError
+
+    def at_context(self, config: Any, context: int, train_windows: int, eval_windows: int) -> Any:
+        """``config`` resized for the long-context study (``rpka.longctx``): ``context``
+        tokens, ``train_windows`` training and ``eval_windows`` validation and test windows
+        (per series on a track cut from series), validated. A track without a long-context
+        form raises ``ValueError``."""
+        raise ValueError(f"track {self.name!r} has no long-context form (Task.at_context)")
 
     # ------------------------------------------------------------------ model and loss
     def build_model(

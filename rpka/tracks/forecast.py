@@ -437,6 +437,14 @@ class ForecastTask(Task):
     def load(self, config: TrackConfig, data_dir: str | Path | None = None) -> Track:
         return load_forecast(config, data_dir)
 
+    def at_context(
+        self, config: TrackConfig, context: int, train_windows: int, eval_windows: int
+    ) -> TrackConfig:
+        """Every series sized to hold the windows asked for (:func:`sized_track`)."""
+        track = sized_track(config, context, train_windows, eval_windows)
+        track.validate()
+        return track
+
     def build_model(self, model, track: TrackConfig, seeds, method, options) -> nn.Module:
         return TransformerTiny(model, track.context, track.horizon, seeds, method, options)
 

@@ -177,3 +177,9 @@ class RealTask(WindowForecastTask):
 
     def load(self, config: RealConfig, data_dir: str | Path | None = None) -> Track:
         return load_real(config, data_dir)
+
+    def at_context(self, config: RealConfig, context: int, train_windows: int, eval_windows: int):
+        raise ValueError(
+            f"track {self.name!r} has no long-context form: its windows come from one real "
+            "series, whose length does not grow with the context"
+        )

@@ -11,6 +11,7 @@ the arrays a generator's ``build_arrays`` returns are ``<split>_x`` (N, L), ``<s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -89,6 +90,17 @@ class WindowForecastTask(ForecastTask):
 
     A subclass sets ``name``, ``config_class``, ``out_dir``, ``title``, ``linear_ratio``,
     ``description`` (one sentence on the data) and :meth:`load`."""
+
+    def at_context(self, config: Any, context: int, train_windows: int, eval_windows: int) -> Any:
+        """A generated track (``context``, ``n_train``, ``n_val``, ``n_test`` fields) with
+        ``train_windows`` training and ``eval_windows`` validation and test windows."""
+        for name, value in (("train_windows", train_windows), ("eval_windows", eval_windows)):
+            require(is_int(value) and value >= 1, name, ">= 1", value)
+        resized = dataclasses.replace(
+            config, context=context, n_train=train_windows, n_val=eval_windows, n_test=eval_windows
+        )
+        resized.validate()
+        return resized
 
     linear_ratio: ClassVar[float] = 1.0
     description: ClassVar[str] = ""

@@ -1,0 +1,108 @@
+"""Does a long-context configuration learn, and what does a training step cost? (issue 14)
+
+The measurements behind ``rpka.presets.LONGCTX_PRESETS``: one bench run per arm (the
+study's own ``rpka.train.train_run``: its data, model, loss and schedule) on the long-context
+preset's track and model at one context, with fields replaced from the command line, and
+its test MSE beside the naive forecasts; or (``--step-time``) the CPU time of one training
+step of every arm of the preset at each of its contexts.
+
+    python scripts/longctx_probe.py --context 512 --arms exact mean-attention
+    python scripts/longctx_probe.py --context 128 --track '{"period_max": 16}' \\
+        --model '{"readout": "flatten"}' --lr 3e-3
+    python scripts/longctx_probe.py --step-time
+
+Fields: ``--track`` / ``--model`` / ``--train`` are JSON objects replacing fields of the
+``full`` preset's template (track resized to ``--context`` with ``--train-windows`` and
+``--eval-windows``). One thread per process (as in the bench's workers); on a machine
+shared with other jobs the wall times are slow, the CPU times less so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+import torch
+
+from rpka.presets import LONGCTX_PRESETS
+from rpka.tracks import get_task
+from rpka.train import build_model, make_run_config, track_config_of, train_run
+
+PRESET = LONGCTX_PRESETS["full"]
+DATA_DIR = "data/cache"
+
+
+def probe_bench(args: argparse.Namespace):
+    """The full preset's bench at ``args.context`` with the command line's fields replaced."""
+    bench = PRESET.bench
+    track = dataclasses.replace(bench.track, **json.loads(args.track))
+    track = get_task(track.name).at_context(
+        track, args.context, args.train_windows, args.eval_windows
+    )
+    model = dataclasses.replace(bench.model, **json.loads(args.model))
+    train = dataclasses.replace(bench.train, **json.loads(args.train))
+    return dataclasses.replace(bench, track=track, model=model, train=train)
+
+
+def learn(args: argparse.Namespace) -> None:
+    bench = probe_bench(args)
+    bench.validate()
+    task = bench.task
+    naive = task.naive_baselines(task.load(bench.track, DATA_DIR))["forecasts"]
+    print(f"track {bench.track}\nmodel {bench.model}\ntrain {bench.train}")
+    print("naive test MSE:", {k: round(v["test"]["mse"], 3) for k, v in naive.items()})
+    for name in args.arms:
+        run_config = make_run_config(bench, bench.arm(name), args.lr, args.seeds, "test", DATA_DIR)
+        out = train_run(run_config)
+        print(
+            f"{name}: test MSE {[round(x, 3) for x in out['scores']['mse']]}, "
+            f"{out['n_steps']} steps, {out['cpu_s']:.0f} CPU-s, {out['wall_s']:.0f} s wall",
+            flush=True,
+        )
+
+
+def step_time() -> None:
+    """CPU seconds of one training step (1 seed, one batch, Adam), best of 3 after a warm-up."""
+    batch = PRESET.bench.train.batch_size
+    for context in PRESET.contexts:
+        bench = PRESET.bench_for(context)
+        for arm in bench.arms:
+            run_config = make_run_config(bench, arm, bench.learning_rates[0], [100], "test")
+            model = build_model(run_config, track_config_of(run_config), torch.device("cpu"))
+            optimizer = torch.optim.Adam(model.parameters(), bench.learning_rates[0])
+            x = torch.randn(1, batch, context)
+            y = torch.randn(1, batch, bench.track.horizon)
+            times = []
+            for _ in range(4):
+                start = time.process_time()
+                (model(x) - y).pow(2).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                times.append(time.process_time() - start)
+            print(f"{context:>5} {arm.name:<15} {min(times[1:]):.3f} CPU-s / step", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--arms", nargs="+", default=["exact", "mean-attention"])
+    parser.add_argument("--track", default="{}", help="JSON: track fields to replace")
+    parser.add_argument("--model", default="{}", help="JSON: model fields to replace")
+    parser.add_argument("--train", default="{}", help="JSON: training fields to replace")
+    parser.add_argument("--train-windows", type=int, default=PRESET.train_windows)
+    parser.add_argument("--eval-windows", type=int, default=PRESET.eval_windows)
+    parser.add_argument("--lr", type=float, default=PRESET.bench.learning_rates[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--step-time", action="store_true", help="only time one step per arm")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.step_time:
+        step_time()
+    else:
+        learn(args)
+
+
+if __name__ == "__main__":
+    main()
