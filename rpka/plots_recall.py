@@ -68,6 +68,13 @@ def _length_metrics(report: Mapping) -> list[tuple[str, str]]:
     return panels
 
 
+def applies(report: Mapping) -> bool:
+    """Whether ``report`` is one this figure reads: a recall bench with ranked arms."""
+    return report.get("track") == RecallTask.name and any(
+        arm.get("rank") for arm in report["arms"].values()
+    )
+
+
 def plot_recall_accuracy_vs_rank(
     report: Mapping,
     save_dir: str | os.PathLike | None = None,

@@ -27,7 +27,7 @@ import pandas as pd
 from IPython.display import HTML, Markdown
 from matplotlib.figure import Figure
 
-from rpka import narrative, paths, report_text, stats, summary, tables
+from rpka import narrative, paths, plots_recall, report_text, stats, summary, tables
 from rpka.io import read_json
 from rpka.narrative import mde_text
 from rpka.plots import DPI, metric_label, plot_error_vs_time, plot_output_error_by_arm
@@ -248,6 +248,18 @@ def track_section(
         figs.show(plot_forest(report, figures_dir, f"{name}_forest"), *forest_caption(track)),
         Markdown(narrative.learnability(report)),
     ]
+    if plots_recall.applies(report):  # accuracy against rank / pairs: the low-rank test
+        fig = plots_recall.plot_recall_accuracy_vs_rank(report, figures_dir, f"{name}_vs_rank")
+        out.append(
+            figs.show(
+                fig,
+                f"**{track['title']}: query accuracy against rank / pairs**, at the training "
+                "length and at 2x and 4x it; exact attention and the control as horizontal "
+                "references (mean over evaluation seeds, 95 % CI).",
+                f"Line plot of query accuracy against RPKA rank divided by the number of "
+                f"key-value pairs, one panel per sequence length, {track['title']}.",
+            )
+        )
     notes = narrative.track_notes(report)
     if notes:
         out.append(Markdown(notes))
