@@ -202,11 +202,12 @@ def longctx_table(longctx: Mapping[str, Any], confidence_level: float = 0.95) ->
     Columns: ``method``, ``rank``, ``context``, ``arm``, ``step_ms`` (median training
     step), ``step_ratio`` (over exact's), ``peak_mib`` (one training step), ``peak_ratio``,
     ``test_mse_mean`` and ``test_mse_sd`` (ddof=1) over the evaluation seeds, ``n_seeds``,
-    and against exact at the same context, seed by seed
-    (``rpka.stats.paired_comparison``, Holm-adjusted across the RPKA arms of a context as
-    the bench does): ``delta`` (arm - exact, mean), ``delta_ci_low`` / ``delta_ci_high``
-    (t interval at ``confidence_level``), ``p_holm`` and ``verdict``. Exact's own row has
-    NaN there.
+    and against exact at the same context, seed by seed: the comparison of that context's
+    bench (its decision rule: primary unadjusted, Holm over the secondary family, the
+    control read by the attention gate; ``rpka.decision``), recomputed Holm across the arms
+    only for an older file whose rows lack it - ``delta`` (arm - exact, mean),
+    ``delta_ci_low`` / ``delta_ci_high`` (t interval), ``p_holm`` (the p the verdict
+    used, adjusted as its rule says) and ``verdict``. Exact's own row has NaN there.
     """
     if not 0 < confidence_level < 1:
         raise ValueError(f"confidence_level must lie in (0, 1), got {confidence_level}")
@@ -229,7 +230,7 @@ def longctx_table(longctx: Mapping[str, Any], confidence_level: float = 0.95) ->
         for r in arms:
             per_seed = _floats(r["test_mse_per_seed"])
             finite = per_seed[np.isfinite(per_seed)]
-            cmp_ = comparisons.get(r["arm"])
+            cmp_ = r.get("comparison") or comparisons.get(r["arm"])
             rows.append(
                 {
                     "method": r["method"],
