@@ -31,13 +31,8 @@ from rpka.config import DEVICES, BenchConfig, LongContextConfig
 from rpka.executors import EXECUTOR_KINDS, make_executor
 from rpka.io import atomic_write_text, write_json
 from rpka.paths import resolve
-from rpka.presets import (
-    LONGCTX_PRESETS,
-    PRESETS_BY_TRACK,
-    STUDY_TRACKS,
-    get_longctx_preset,
-    get_preset,
-)
+from rpka.presets import PRESETS_BY_TRACK, STUDY_TRACKS, get_preset
+from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
 from rpka.tracks import get_task
 
 # evaluation seeds a paired comparison can use: at least 2 pairs; at most what any study

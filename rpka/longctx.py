@@ -4,7 +4,7 @@
         [--ranks 16 64 128] [--seeds N] [--workers N] [--no-progress]
 
 The study is the bench (:func:`rpka.bench.run_bench`) run once per context length on the
-preset's template (``rpka.presets.LONGCTX_PRESETS``), its track resized to each context by
+preset's template (``rpka.presets_longctx.LONGCTX_PRESETS``), its track resized to each context by
 the track's own ``Task.at_context`` (same window counts, hence the same training steps, at
 every context): the same protocol - learning rates chosen on validation with the sweep
 seeds, fresh evaluation seeds scored on test, each RPKA arm compared seed by seed with
@@ -123,7 +123,7 @@ def run_longctx(
     """Run (or resume) the long-context study; write and return ``longctx.json``.
 
     Args:
-        config: the study (``rpka.presets.get_longctx_preset``).
+        config: the study (``rpka.presets_longctx.get_longctx_preset``).
         out_dir: results folder (default ``data/results/<preset>``); ``longctx.json`` goes
             there, each context's bench to ``longctx/context-<n>/``.
         executor: where runs and memory probes go (``concurrent.futures`` interface);

@@ -22,7 +22,8 @@ from rpka.config import BenchConfig
 from rpka.io import read_json, read_json_or_heal, write_json
 from rpka.longctx import run_longctx
 from rpka.paths import resolve
-from rpka.presets import STUDY_TRACKS, get_longctx_preset, get_preset
+from rpka.presets import STUDY_TRACKS, get_preset
+from rpka.presets_longctx import get_longctx_preset
 from rpka.tracks import get_task
 from rpka.train import load_trained, make_run_config, run_id
 

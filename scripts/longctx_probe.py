@@ -1,6 +1,6 @@
 """Does a long-context configuration learn, and what does a training step cost? (issue 14)
 
-The measurements behind ``rpka.presets.LONGCTX_PRESETS``: one bench run per arm (the
+The measurements behind ``rpka.presets_longctx.LONGCTX_PRESETS``: one bench run per arm (the
 study's own ``rpka.train.train_run``: its data, model, loss and schedule) on the long-context
 preset's track and model at one context, with fields replaced from the command line, and
 its test MSE beside the naive forecasts; or (``--step-time``) the CPU time of one training
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from rpka.presets import LONGCTX_PRESETS
+from rpka.presets_longctx import LONGCTX_PRESETS
 from rpka.tracks import get_task
 from rpka.train import build_model, make_run_config, track_config_of, train_run
 

@@ -14,7 +14,7 @@ from rpka.bench import InProcessExecutor
 from rpka.config import LongContextConfig
 from rpka.io import read_json
 from rpka.model import ModelConfig, TransformerTiny
-from rpka.presets import LONGCTX_PRESETS, get_longctx_preset
+from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
 from rpka.tracks import get_task
 from rpka.tracks.forecast import TrackConfig, sized_track, split_bounds, window_starts
 from rpka.tracks.lm import LMConfig

@@ -71,7 +71,7 @@ def test_ranks_override_keeps_the_ablations_and_their_reference():
 
 
 def test_other_studies_keep_only_a_rank_sweep_and_the_control():
-    from rpka.presets import LONGCTX_PRESETS
+    from rpka.presets_longctx import LONGCTX_PRESETS
 
     for name, longctx in LONGCTX_PRESETS.items():
         bench = longctx.bench
