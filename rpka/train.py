@@ -83,15 +83,22 @@ def _asdict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
-def run_id(run_config: dict[str, Any]) -> str:
-    """Hash of everything in a run configuration that can change its result."""
+def hashed_config(run_config: dict[str, Any]) -> dict[str, Any]:
+    """Everything in a run configuration that can change its result: what its run id
+    hashes and its result file stores (``VOLATILE_KEYS`` and ``LATER_MODEL_DEFAULTS`` at
+    their default left out)."""
     hashed = {k: v for k, v in run_config.items() if k not in VOLATILE_KEYS}
     hashed["model"] = {
         k: v
         for k, v in hashed["model"].items()
         if not (k in LATER_MODEL_DEFAULTS and v == LATER_MODEL_DEFAULTS[k])
     }
-    return config_hash(hashed)
+    return hashed
+
+
+def run_id(run_config: dict[str, Any]) -> str:
+    """Hash of everything in a run configuration that can change its result."""
+    return config_hash(hashed_config(run_config))
 
 
 def _check_run_config(run_config: dict[str, Any]) -> None:
@@ -416,7 +423,7 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     ]
     if run_config.get("state_path"):  # evaluation runs keep their weights for the mechanism
         atomic_torch_save(run_config["state_path"], model.state_dict())
-    clean = {k: v for k, v in run_config.items() if k not in VOLATILE_KEYS}
+    clean = hashed_config(run_config)
     return {
         "run_id": run_id(run_config),
         "config": clean,

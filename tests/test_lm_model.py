@@ -195,7 +195,7 @@ def test_full_study_has_the_lm_track_with_two_ranks():
 
 def test_lm_preset_overrides_and_errors():
     config = get_preset("smoke", "lm", ranks=[2, 6], track={"seq_len": 17})
-    assert [a.name for a in config.arms] == ["exact", "rpka-r2", "rpka-r6"]
+    assert [a.name for a in config.arms] == ["exact", "mean-attention", "rpka-r2", "rpka-r6"]
     assert all(a.options["causal_block"] == 8 for a in config.arms if a.method == "rpka")
     assert isinstance(config.track, LMConfig) and config.track.seq_len == 17
     with pytest.raises(ValueError, match="track_name"):
@@ -205,7 +205,7 @@ def test_lm_preset_overrides_and_errors():
     with pytest.raises(ValueError, match="embed_kernel"):
         get_preset("smoke", "lm", model={"embed_kernel": 3})
     peer = dataclasses.replace(
-        config.arms[1], name="performer-r4", method="performer", options={"rank": 4}
+        config.arms[2], name="performer-r4", method="performer", options={"rank": 4}
     )
     with pytest.raises(ValueError, match="performer-r4.*track lm"):
         get_preset("smoke", "lm", arms=(config.arms[0], peer))
