@@ -14,7 +14,8 @@ Protocol (docs/design.md section 5): for every arm, each learning rate trains th
 and is scored on validation; the best learning rate (lowest mean validation metric; a
 configuration with a diverged seed loses) trains the evaluation seeds - disjoint from the
 sweep seeds - and is scored on test. Each non-baseline arm is compared with the baseline
-(``exact``) seed by seed (``rpka.stats.paired_comparison``), Holm-adjusted across arms.
+(``exact``) seed by seed (``rpka.stats.paired_comparison``) and decided by the rule of
+``rpka.decision`` (pre-registered primary, Holm over the secondary arms, TOST, the gate).
 An arm with ``lr_from`` does not sweep: it takes the learning rate chosen for that arm
 (the ablations take their reference's) and trains only it with the sweep seeds, which
 still score it on validation.
@@ -54,7 +55,7 @@ from rpka.ablations import choose_default, rpka_configuration
 from rpka.attention import options_of
 from rpka.attention.guards import guard_shares
 from rpka.config import ArmConfig, BenchConfig
-from rpka.decision import METRIC_DIRECTION, attention_gate, decide, decision_of
+from rpka.decision import METRIC_DIRECTION, compare_arms, decision_of
 from rpka.executors import InProcessExecutor  # noqa: F401 - re-exported for callers
 from rpka.executors import local_executor as default_executor
 from rpka.io import (
@@ -557,17 +558,7 @@ def build_report(
     for entry in arms.values():  # e.g. track lm: the gap to the perplexity floor
         entry.update(task.arm_extras(entry, naive))
     base = arms[config.baseline_arm]
-    comparisons = {
-        name: stats.paired_comparison(
-            base["full"]["per_seed"], entry["full"]["per_seed"], METRIC_DIRECTION, config.margin
-        )
-        for name, entry in arms.items()
-        if name != config.baseline_arm
-    }
-    gate = attention_gate(config, arms)
-    decide(config, comparisons, gate)
-    for name, comparison in comparisons.items():
-        arms[name]["comparison"] = comparison
+    gate = compare_arms(config, arms)
     primary = arms[config.primary_arm]
 
     def earlier_keys(entry: dict[str, Any], name: str) -> dict[str, Any]:

@@ -47,6 +47,41 @@ def decide(
                 stats.apply_gate(comparison, gate)
 
 
+def compare_arms(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Every arm against the baseline on its per-seed test metric (``arms[name]["full"]
+    ["per_seed"]``), decided by the rule: sets ``arms[name]["comparison"]`` (None for the
+    baseline) and returns the attention gate (None without a control)."""
+    base = arms[config.baseline_arm]["full"]["per_seed"]
+    comparisons = {
+        name: stats.paired_comparison(
+            base, entry["full"]["per_seed"], METRIC_DIRECTION, config.margin
+        )
+        for name, entry in arms.items()
+        if name != config.baseline_arm
+    }
+    gate = attention_gate(config, arms)
+    decide(config, comparisons, gate)
+    for name, entry in arms.items():
+        entry["comparison"] = comparisons.get(name)
+    return gate
+
+
+def redecide(report: dict[str, Any], config: BenchConfig) -> dict[str, Any]:
+    """``report`` (a ``bench_report.json``, e.g. one written before the rule existed) with
+    its comparisons, gate and decision recomputed by today's rule from its per-seed test
+    metrics and ``config`` (its own, with ``margin`` and the control as the preset sets
+    them); nothing is retrained. ``baseline``/``idea``/``comparison`` follow."""
+    gate = compare_arms(config, report["arms"])
+    report["attention_gate"] = gate
+    report["decision"] = decision_of(config)
+    report["comparison"] = report["arms"][config.primary_arm]["comparison"]
+    report["redecided"] = (
+        "comparisons, gate and decision recomputed by rpka.decision.redecide from the "
+        "per-seed test metrics of this file (no run retrained)"
+    )
+    return report
+
+
 def decision_of(config: BenchConfig) -> dict[str, Any]:
     """The rule the verdicts come from, as data (``bench_report.json["decision"]``)."""
     return {
