@@ -275,6 +275,13 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--print-parameters", action="store_true", help="print each notebook's parameters and exit"
     )
+    parser.add_argument(
+        "--from-results",
+        action="store_true",
+        help="render the result files already there (e.g. the committed full study): no "
+        "bench, sweep or long-context run first, only the study index (a notebook still "
+        "computes a result file that is missing)",
+    )
     args = parser.parse_args(argv)
     steps = pipeline.preset_steps(args.preset)
     if args.print_parameters:
@@ -286,7 +293,11 @@ def report_main(argv: Sequence[str] | None = None) -> None:
             steps,
             Path(args.html),
             progress=not args.no_progress,
-            compute=study.compute_steps(args.preset, progress=not args.no_progress),
+            compute=[
+                (label, step)
+                for label, step in study.compute_steps(args.preset, progress=not args.no_progress)
+                if not args.from_results or label == "study index"
+            ],
             title=pipeline.preset_title(args.preset),
         )
     except pipeline.PipelineError as err:
