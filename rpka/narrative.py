@@ -294,7 +294,8 @@ def limitations(
 
 
 def verdicts(*reports: Mapping | None) -> str:
-    """Per track, the arms grouped by their Holm-adjusted verdict against the baseline."""
+    """Per track, the arms grouped by their verdict against the baseline (the bench's rule:
+    the primary unadjusted, Holm over the secondary family, the gate)."""
     lines = []
     for report in reports:
         if report is None:
@@ -305,9 +306,18 @@ def verdicts(*reports: Mapping | None) -> str:
                 word = verdict_word(entry["comparison"]["verdict"])
                 groups.setdefault(word, []).append(f"`{arm}`")
         parts = [f"{word}: {', '.join(arms)}" for word, arms in groups.items()]
+        decision = report.get("decision")
+        rule = (
+            f"primary `{decision['primary_arm']}` unadjusted, Holm across the "
+            f"{len(decision['secondary_family'])} secondary arm(s), control "
+            f"`{decision['control_arm']}` read by the attention gate"
+            if decision
+            else f"Holm across {sum(map(len, groups.values()))} arms"
+        )
         lines.append(
             f"- Track `{report['track']}`, against `{report['baseline_arm']}` on test "
-            f"{metric_label(report)}, {report['n_seeds']} paired seeds, Holm across "
-            f"{sum(map(len, groups.values()))} arms. " + "; ".join(parts) + "."
+            f"{metric_label(report)}, {report['n_seeds']} paired seeds, {rule}. "
+            + "; ".join(parts)
+            + "."
         )
     return "\n".join(lines)

@@ -131,11 +131,20 @@ def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
     decode = results["decode"]
     if decode:
         target = decode["summary"]["target"]
-        longest = max(decode["config"]["contexts"])
+        contexts = sorted(decode["config"]["contexts"])
+        rows_ = {(r["method"], r["context"]): r for r in decode["rows"]}
+
+        def with_redraw(context: int) -> float:  # the landmark redraw, amortised per token
+            row = rows_[("rpka", context)]
+            return row["per_token_ms"] + row.get("amortised_redraw_ms_per_token", 0.0)
+
+        growth = with_redraw(contexts[-1]) / with_redraw(contexts[0])
         add(
-            "decoding: per-token time at the longest context ≤ 1.2 × at 1k",
-            f"{target['ratio']:.2f} × at {longest:,} ({decode['device']})",
-            target["met"],
+            "decoding: per-token time at the longest context ≤ 1.2 × at 1k, landmark "
+            "redraw included",
+            f"{growth:.2f} × at {contexts[-1]:,} with the redraw amortised, "
+            f"{target['ratio']:.2f} × without ({decode['device']})",
+            growth <= 1.2,
         )
     gpu = results["scaling_gpu"]
     if gpu is None:
