@@ -27,7 +27,7 @@ import pandas as pd
 from IPython.display import HTML, Markdown
 from matplotlib.figure import Figure
 
-from rpka import narrative, paths, plots_recall, report_text, stats, summary, tables
+from rpka import narrative, paths, plots_recall, report_text, stats, study, summary, tables
 from rpka.io import read_json
 from rpka.narrative import mde_text
 from rpka.plots import DPI, metric_label, plot_error_vs_time, plot_output_error_by_arm
@@ -183,11 +183,10 @@ def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
             if bench.exists():
                 tracks[name] = _entry(name, read_json(bench), {})
         source, longctx = f"{paths.results_dir(preset)} (no study.json)", None
-    if not tracks:
-        raise FileNotFoundError(
-            f"no study index {path} and no bench report of preset {preset!r}: run "
-            f"`python -m rpka report --preset {preset}`"
-        )
+    if not tracks:  # nothing run yet (a fresh clone): compute the benches, saying so
+        for name in STUDY_TRACKS:
+            bench = paths.bench_report(preset, get_task(name).out_dir)
+            tracks[name] = _entry(name, study.load_result(bench, preset), {})
     order = {"passed": 0, "none": 1, "failed": 2}
     ordered = sorted(tracks.values(), key=lambda t: order[t["gate"]])
     return {

@@ -100,6 +100,15 @@ def test_a_notebook_opened_in_a_fresh_clone_computes_what_it_reads(tmp_path, mon
     assert any("is not there yet: computing it now (bench, preset smoke)" in t for t in said)
 
 
+@pytest.mark.slow
+def test_the_report_opened_in_a_fresh_clone_computes_its_benches(tmp_path, monkeypatch):
+    """06_report with nothing run yet computes the study's smoke benches it reads."""
+    monkeypatch.setenv("RPKA_ROOT", str(tmp_path))
+    executed = tmp_path / "executed.ipynb"
+    run_notebook(Step(NOTEBOOK_DIR / "06_report.ipynb", executed, {}), progress=False)
+    assert (tmp_path / "data/results/smoke/bench_report.json").exists()
+
+
 def test_a_result_no_study_step_writes_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"nowhere\.json does not exist and no step"):
         load_result(tmp_path / "nowhere.json", "smoke")
