@@ -183,6 +183,11 @@ def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
             if bench.exists():
                 tracks[name] = _entry(name, read_json(bench), {})
         source, longctx = f"{paths.results_dir(preset)} (no study.json)", None
+    if not tracks and preset not in study.SCALING_PRESET:  # not a study preset
+        raise FileNotFoundError(
+            f"no study index {path} and no bench report of preset {preset!r}: run "
+            f"`python -m rpka report --preset {preset}`"
+        )
     if not tracks:  # nothing run yet (a fresh clone): compute the benches, saying so
         for name in STUDY_TRACKS:
             bench = paths.bench_report(preset, get_task(name).out_dir)
