@@ -15,9 +15,13 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 def make_n(venv, *args):
     """The commands `make` would run, with the virtual environment at ``venv``."""
+    # under `make test` this is a sub-make: drop the parent's flags, which add
+    # "make[1]: Entering/Leaving directory" lines to the output
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     run = subprocess.run(
-        ["make", "-n", f"VENV={venv}", *args],
+        ["make", "--no-print-directory", "-n", f"VENV={venv}", *args],
         cwd=REPO_ROOT,
+        env=env,
         capture_output=True,
         text=True,
         check=True,
