@@ -81,6 +81,21 @@ LONGCTX_MODEL = ModelConfig(
     readout="last",
 )
 LONGCTX_TRAIN = TrainConfig(epochs=1, batch_size=16, warmup_steps=2)
+# everything but the contexts, shared by quick (512 tokens) and full (512 and 2,048)
+REGIMES_STUDY: dict[str, Any] = {
+    "train_windows": 4000,
+    "eval_windows": 256,
+    "track": LONGCTX_TRACK,
+    "ranks": (16, 64),
+    "model": LONGCTX_MODEL,
+    "train": LONGCTX_TRAIN,
+    "primary_arm": "rpka-r64",  # the main study's primary arm
+    "learning_rates": (1e-2,),
+    "sweep_seeds": (0,),
+    # 6 seeds: the one-sided gate's sign-flip p can reach 1/64, the primary's two-sided 1/32
+    "eval_seeds": tuple(range(100, 106)),
+    "seeds_per_job": 3,
+}
 LONGCTX_PRESETS: dict[str, LongContextConfig] = {
     # the study's structure in seconds (tests)
     "smoke": _longctx(
@@ -108,42 +123,13 @@ LONGCTX_PRESETS: dict[str, LongContextConfig] = {
     # the gate passed - exact 0.260 +- 0.089 test MSE, mean-attention 0.488 (+88 %, one-sided
     # p = 1/64), rpka-r64 0.287 and rpka-r16 0.381 (both significant losses, p = 1/32);
     # least-squares linear 0.332, so exact is 0.78 x linear: the track's 0.5 bar is not met
-    "quick": _longctx(
-        "quick",
-        contexts=(512,),
-        train_windows=4000,
-        eval_windows=256,
-        track=LONGCTX_TRACK,
-        ranks=(16, 64),
-        model=LONGCTX_MODEL,
-        train=LONGCTX_TRAIN,
-        primary_arm="rpka-r64",  # the main study's primary arm
-        learning_rates=(1e-2,),
-        sweep_seeds=(0,),
-        # 6 seeds: the one-sided gate's sign-flip p can reach 1/64, the primary's two-sided 1/32
-        eval_seeds=tuple(range(100, 106)),
-        seeds_per_job=3,
-    ),
+    "quick": _longctx("quick", contexts=(512,), **REGIMES_STUDY),
     # both lengths. At 2,048 tokens a step measured 0.99 CPU-s exact, 0.27 rpka-r16, 0.64
     # rpka-r64, 0.088 the control - and 2.16 rpka-r128 (its sequential pivot loop: slower
     # than exact, so r128 is left out). About 650 + 3,500 CPU-s: some 35 minutes on 2 idle
     # cores, over the 10 minutes this study was meant to cost; exact alone at 2,048 tokens
     # (7 runs x 250 steps) takes 1,730 CPU-s, and fewer steps learn less.
-    "full": _longctx(
-        "full",
-        contexts=(512, 2048),
-        train_windows=4000,
-        eval_windows=256,
-        track=LONGCTX_TRACK,
-        ranks=(16, 64),
-        model=LONGCTX_MODEL,
-        train=LONGCTX_TRAIN,
-        primary_arm="rpka-r64",  # the main study's primary arm
-        learning_rates=(1e-2,),
-        sweep_seeds=(0,),
-        eval_seeds=tuple(range(100, 106)),
-        seeds_per_job=3,
-    ),
+    "full": _longctx("full", contexts=(512, 2048), **REGIMES_STUDY),
 }
 LONGCTX_FIELDS = ("contexts", "train_windows", "eval_windows", "memory_probe")
 
