@@ -217,7 +217,6 @@ def fails_gate(report: Mapping) -> bool:
 def limitations(
     *benches: Mapping | None,
     mechanism: Mapping | None = None,
-    seeds_check: Mapping | None = None,
 ) -> str:
     """The study's limitations as Markdown bullets: fixed caveats, and those the results
     themselves show (learning rates at the edge of the grid, divergences, a failed
@@ -260,24 +259,7 @@ def limitations(
                 "attention methods are uninformative."
             )
     if mechanism is not None:
-        sig = mechanism["trained"]["mechanism_signature"]
-        if sig["chi2_p_value"] is not None and sig["chi2_p_value"] < 0.05:
-            text = (
-                f"The trace identity passes its rule at every step, but its {sig['n_tests']} "
-                f"z-scores are over-dispersed: variance {z_variance(mechanism):.2f} where 1 is "
-                f"expected (χ² p = {sig['chi2_p_value']:.3g}), with mean near 0."
-            )
-            if seeds_check:  # scripts/trace_identity_seeds.py: the same heads, other seeds
-                per_seed = ", ".join(f"{s['z_variance']:.2f}" for s in seeds_check["per_seed"])
-                text += (
-                    f" Over {len(seeds_check['per_seed'])} Monte Carlo seeds on the same heads "
-                    f"the variance is {seeds_check['pooled_z_variance']:.2f} (per seed "
-                    f"{per_seed}; χ² p = {seeds_check['pooled_chi2_p_value']:.3g}; "
-                    f"`{seeds_check['command']}`): a fluctuation of the committed seed."
-                )
-            else:
-                text += " Not checked over other Monte Carlo seeds."
-            bullets.append(text)
+        bullets.extend(mechanism_limitation(mechanism))
     for bench in benches:
         primary = bench["primary_arm"]
         ratio = bench["timings"]["step_ratio_vs_baseline"].get(primary)
@@ -291,6 +273,34 @@ def limitations(
                 "runs are the study's only training beyond it."
             )
     return "\n".join(f"- {b}" for b in bullets)
+
+
+def mechanism_limitation(mechanism: Mapping) -> list[str]:
+    """The trace identity's caveat, if any (a list of at most one bullet).
+
+    Files from the pooled rule (``pooled``: the z-scores of several Monte Carlo seeds,
+    ``rpka.stats.pooled_z``) are read by that decision; older single-seed files by the
+    chi-square of their z-scores, which one seed cannot tell from a fluctuation.
+    """
+    sig = mechanism["trained"]["mechanism_signature"]
+    pooled = sig.get("pooled")
+    if isinstance(pooled, Mapping):
+        if pooled["confirmed"]:
+            return []
+        return [
+            f"The trace identity is not confirmed on the trained model: over "
+            f"{pooled['n_seeds']} Monte Carlo seeds and {pooled['count']} z-scores, χ² p = "
+            f"{pooled['chi2_p']:.3g} and Stouffer's Σz p = {pooled['stouffer_p']:.3g} "
+            f"({pooled['rule']})."
+        ]
+    if sig["chi2_p_value"] is None or sig["chi2_p_value"] >= 0.05:
+        return []
+    return [
+        f"The trace identity passes its rule at every step, but its {sig['n_tests']} "
+        f"z-scores are over-dispersed: variance {z_variance(mechanism):.2f} where 1 is "
+        f"expected (χ² p = {sig['chi2_p_value']:.3g}), with mean near 0; one Monte Carlo "
+        "seed cannot tell this from a fluctuation."
+    ]
 
 
 def verdicts(*reports: Mapping | None) -> str:

@@ -61,13 +61,9 @@ def study_json(preset: str) -> str:
     return f"{results_dir(preset)}/study.json"
 
 
-def mechanism_json(preset: str) -> str:
-    return f"{results_dir(preset)}/mechanism.json"
-
-
-def trace_identity_seeds_json(preset: str) -> str:
-    """The trace identity over Monte Carlo seeds (scripts/trace_identity_seeds.py)."""
-    return f"{results_dir(preset)}/trace_identity_seeds.json"
+def mechanism_json(preset: str, track_dir: str = "") -> str:
+    """The mechanism study a bench wrote beside its report (``rpka.bench.study_mechanism``)."""
+    return f"{bench_dir(preset, track_dir)}/mechanism.json"
 
 
 def longctx_json(preset: str) -> str:

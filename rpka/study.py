@@ -22,7 +22,7 @@ from rpka.config import BenchConfig
 from rpka.io import read_json, read_json_or_heal, write_json
 from rpka.longctx import run_longctx
 from rpka.paths import resolve
-from rpka.presets import STUDY_TRACKS, get_preset
+from rpka.presets import MECHANISM_TRACK, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import get_longctx_preset
 from rpka.tracks import get_task
 from rpka.train import load_trained, make_run_config, run_id
@@ -46,6 +46,11 @@ def bench_dir(preset: str, track_name: str) -> str:
     return paths.bench_dir(preset, get_task(track_name).out_dir)
 
 
+def mechanism_json(preset: str) -> str:
+    """The study's mechanism check: the one of the ``MECHANISM_TRACK`` bench."""
+    return paths.mechanism_json(preset, get_task(MECHANISM_TRACK).out_dir)
+
+
 def lm_results_dir(preset: str) -> str:
     """Where the study's lm bench writes: ``data/results/<preset>/lm``."""
     return bench_dir(preset, "lm")
@@ -65,7 +70,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
         "03_deltas.ipynb": {"preset": preset, "bench_report": report, "figures_dir": figures},
         "04_mechanism.ipynb": {
             "preset": preset,
-            "mechanism_json": paths.mechanism_json(preset),
+            "mechanism_json": mechanism_json(preset),
             "figures_dir": figures,
         },
         "05_scaling.ipynb": {
@@ -80,9 +85,8 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "preset": preset,
             "results_dir": results,
             "study_json": paths.study_json(preset),
-            "mechanism_json": paths.mechanism_json(preset),
+            "mechanism_json": mechanism_json(preset),
             "scaling_cpu_json": paths.scaling_cpu_json(preset),
-            "seeds_check_json": paths.trace_identity_seeds_json(preset),
             "decode_json": paths.decode_json("cpu"),
             "scaling_gpu_json": paths.GPU_SCALING_JSON,
             "arms_latency_json": paths.ARMS_LATENCY_JSON,

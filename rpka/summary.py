@@ -42,7 +42,7 @@ def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
     }
     return {
         **benches,
-        "mechanism": _load(paths.mechanism_json(preset)),
+        "mechanism": _load(study.mechanism_json(preset)),
         "scaling_cpu": _load(paths.scaling_cpu_json(preset)),
         "longctx": _load(paths.longctx_json(preset)),
         "decode": _load(DECODE_JSON),

@@ -156,17 +156,23 @@ def test_z_variance_and_the_overdispersion_caveat():
         "timings": {"step_ratio_vs_baseline": {}},
         "data": {},
     }
-    assert "Not checked" in narrative.limitations(report, mechanism=mechanism)
-    seeds_check = {
-        "per_seed": [{"z_variance": 1.5}, {"z_variance": 1.0}],
-        "pooled_z_variance": 1.25,
-        "pooled_chi2_p_value": 0.01,
-        "command": "python scripts/trace_identity_seeds.py",
-    }
-    text = narrative.limitations(report, mechanism=mechanism, seeds_check=seeds_check)
-    assert "Over 2 Monte Carlo seeds" in text and "1.50, 1.00" in text
+    assert "one Monte Carlo seed cannot" in narrative.limitations(report, mechanism=mechanism)
     mechanism["trained"]["mechanism_signature"]["chi2_p_value"] = 0.5
     assert "over-dispersed" not in narrative.limitations(report, mechanism=mechanism)
+
+
+def test_the_pooled_mechanism_decision_drives_its_caveat():
+    from rpka import narrative
+    from rpka.stats import pooled_z
+
+    rng = np.random.default_rng(1)
+    for scale, shown in ((1.0, False), (1.5, True)):  # calibrated z vs over-dispersed z
+        pooled = pooled_z([rng.normal(scale=scale, size=200) for _ in range(4)])
+        sig = {"pooled": pooled, "chi2_p_value": pooled["chi2_p"], "n_tests": 200}
+        bullets = narrative.mechanism_limitation({"trained": {"mechanism_signature": sig}})
+        assert bool(bullets) == shown == (not pooled["confirmed"])
+        if shown:
+            assert "over 4 Monte Carlo seeds" in bullets[0] and "not confirmed" in bullets[0]
 
 
 def test_tables_show_counts_as_integers_and_short_verdicts(smoke_study_report):
