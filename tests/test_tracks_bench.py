@@ -7,7 +7,8 @@ import math
 import pytest
 
 from rpka.bench import InProcessExecutor, run_bench
-from rpka.presets import get_preset
+from rpka.presets import STUDY_TRACKS, get_preset
+from rpka.stats import ALPHA, rule_mde, sign_flip_floor
 from rpka.tracks import get_task
 
 NEW_TRACKS = ("forecast-motif", "forecast-regimes", "forecast-real", "recall")
@@ -37,3 +38,29 @@ def test_smoke_bench_runs_each_new_track(track, tmp_path):
             assert all(0.0 <= v <= 1.0 for v in arm["full"]["per_seed"])
         chance = report["naive_baselines"]["predictors"]["chance"]["test"]["error"]
         assert chance == pytest.approx(1 - 1 / 8)  # vocab 17: 8 keys, 8 values
+
+
+FORECAST_UNDERPOWERED = pytest.mark.xfail(
+    strict=True,
+    reason="forecast full: Holm over its 11 secondary arms needs 9 seeds, it has 8 (a "
+    "negative-control track whose gate fails; its committed runs predate this rule)",
+)
+
+
+@pytest.mark.parametrize(
+    "track",
+    [pytest.param(t, marks=FORECAST_UNDERPOWERED) if t == "forecast" else t for t in STUDY_TRACKS],
+)
+def test_every_full_study_comparison_can_reach_significance(track):
+    """Power by design (issue 15): with the full preset's evaluation seeds the smallest
+    sign-flip p must be below the level of the rule that reads it - the primary
+    unadjusted, the secondary arms at Holm's first step, alpha / family size, and the gate
+    one-sided - or a verdict could only ever be "inconclusive"."""
+    config = get_preset("full", track)
+    n = len(config.eval_seeds)
+    assert rule_mde(n, 1.0)["rule_can_reject"], "primary"
+    family = len(config.secondary_arms)
+    if family:
+        assert rule_mde(n, 1.0, alpha_rule=ALPHA / family)["rule_can_reject"], "secondary"
+    if config.control is not None:
+        assert sign_flip_floor(n, "one-sided") < ALPHA, "gate"
