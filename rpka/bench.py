@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import scipy
 import torch
+from torch import Tensor
 from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 import rpka
@@ -128,12 +129,18 @@ def study_mechanism(
             return {**previous["trained"]["mechanism_signature"], **trained_model(described)}
     studies = {}
     for name, model in (("trained", trained), ("init", init)):
-        qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
-        member0 = [tuple(t[: len(x)] for t in layer) for layer in qkv]  # member 0: first seed
+        member0 = member0_attention_inputs(model, x)
         studies[name] = mechanism_study(member0, progress=progress, **study_options)
     signature = {**studies["trained"]["mechanism_signature"], **trained_model(described)}
     write_json(path, {"model": described, "options": study_options, **studies})
     return signature
+
+
+def member0_attention_inputs(model: Any, x: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Every layer's attention (q, k, v), each (B, H, n, d), of a stacked model's member 0
+    (its first seed) on inputs ``x`` (B, ...)."""
+    qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
+    return [tuple(t[: len(x)] for t in layer) for layer in qkv]
 
 
 def trained_model(described: str) -> dict[str, Any]:
@@ -168,8 +175,7 @@ def study_output_errors(
 
     def inputs_of(arm_name: str) -> list:
         model, _ = load_trained(runs_dir / f"{eval_of[arm_name]['run_ids'][0]}.json")
-        qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
-        return [tuple(t[: len(x)] for t in layer) for layer in qkv]
+        return member0_attention_inputs(model, x)
 
     exact_inputs = inputs_of(config.baseline_arm)
     rows = []
