@@ -217,6 +217,7 @@ def fails_gate(report: Mapping) -> bool:
 def limitations(
     *benches: Mapping | None,
     mechanism: Mapping | None = None,
+    mechanism_followup: Mapping | None = None,
 ) -> str:
     """The study's limitations as Markdown bullets: fixed caveats, and those the results
     themselves show (learning rates at the edge of the grid, divergences, a failed
@@ -259,7 +260,7 @@ def limitations(
                 "attention methods are uninformative."
             )
     if mechanism is not None:
-        bullets.extend(mechanism_limitation(mechanism))
+        bullets.extend(mechanism_limitation(mechanism, mechanism_followup))
     for bench in benches:
         primary = bench["primary_arm"]
         ratio = bench["timings"]["step_ratio_vs_baseline"].get(primary)
@@ -275,24 +276,29 @@ def limitations(
     return "\n".join(f"- {b}" for b in bullets)
 
 
-def mechanism_limitation(mechanism: Mapping) -> list[str]:
+def mechanism_limitation(mechanism: Mapping, followup: Mapping | None = None) -> list[str]:
     """The trace identity's caveat, if any (a list of at most one bullet).
 
     Files from the pooled rule (``pooled``: the z-scores of several Monte Carlo seeds,
-    ``rpka.stats.pooled_z``) are read by that decision; older single-seed files by the
-    chi-square of their z-scores, which one seed cannot tell from a fluctuation.
+    ``rpka.stats.pooled_z``) are read by that decision, and by ``followup``
+    (scripts/mechanism_followup.py: more seeds and draws on the same heads) when there is
+    one; older single-seed files by the chi-square of their z-scores, which one seed
+    cannot tell from a fluctuation.
     """
     sig = mechanism["trained"]["mechanism_signature"]
     pooled = sig.get("pooled")
     if isinstance(pooled, Mapping):
         if pooled["confirmed"]:
             return []
-        return [
-            f"The trace identity is not confirmed on the trained model: over "
-            f"{pooled['n_seeds']} Monte Carlo seeds and {pooled['count']} z-scores, χ² p = "
-            f"{pooled['chi2_p']:.3g} and Stouffer's Σz p = {pooled['stouffer_p']:.3g} "
-            f"({pooled['rule']})."
-        ]
+        text = (
+            f"The trace identity is not confirmed on the trained model by the pre-registered "
+            f"rule: over {pooled['n_seeds']} Monte Carlo seeds and {pooled['count']} z-scores, "
+            f"χ² p = {pooled['chi2_p']:.3g} (mean z² {pooled['chi2'] / pooled['count']:.2f}, "
+            f"1 expected) and Stouffer's Σz p = {pooled['stouffer_p']:.3g}."
+        )
+        if followup:
+            text += " " + followup_sentence(followup)
+        return [text]
     if sig["chi2_p_value"] is None or sig["chi2_p_value"] >= 0.05:
         return []
     return [
@@ -301,6 +307,30 @@ def mechanism_limitation(mechanism: Mapping) -> list[str]:
         f"expected (χ² p = {sig['chi2_p_value']:.3g}), with mean near 0; one Monte Carlo "
         "seed cannot tell this from a fluctuation."
     ]
+
+
+def followup_sentence(followup: Mapping) -> str:
+    """What scripts/mechanism_followup.py found, in words: do the z-scores grow with the
+    number of draws (a biased sampler's do, by the square root of the ratio)?"""
+    rows = sorted(followup["rows"], key=lambda r: r["draws"])
+    few, many = rows[0], rows[-1]
+    listed = "; ".join(
+        f"{r['draws']} draws: mean z² {r['z']['mean_z2']:.2f} (exact-variance z "
+        f"{r['z_null']['mean_z2']:.2f}), χ² p {r['z']['chi2_p']:.2g}"
+        for r in rows
+    )
+    ratio = math.sqrt(many["draws"] / few["draws"])
+    grows = many["z"]["mean_z2"] > few["z"]["mean_z2"] * min(2.0, ratio)
+    reading = (
+        "the z-scores grow with the draws: a sampler bias is not ruled out"
+        if grows
+        else f"the z-scores do not grow with the draws (a bias would scale them by {ratio:.1f}): "
+        "a fluctuation of the bench's seeds, not a sampler bias"
+    )
+    return (
+        f"A follow-up on the same heads with {few['seeds']} seeds (`{followup['command']}`): "
+        f"{listed}; {reading}."
+    )
 
 
 def verdicts(*reports: Mapping | None) -> str:

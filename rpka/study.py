@@ -51,6 +51,11 @@ def mechanism_json(preset: str) -> str:
     return paths.mechanism_json(preset, get_task(MECHANISM_TRACK).out_dir)
 
 
+def mechanism_followup_json(preset: str) -> str:
+    """scripts/mechanism_followup.py's result beside the study's mechanism check (optional)."""
+    return str(Path(mechanism_json(preset)).with_name("mechanism_followup.json"))
+
+
 def lm_results_dir(preset: str) -> str:
     """Where the study's lm bench writes: ``data/results/<preset>/lm``."""
     return bench_dir(preset, "lm")
@@ -86,6 +91,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "results_dir": results,
             "study_json": paths.study_json(preset),
             "mechanism_json": mechanism_json(preset),
+            "mechanism_followup_json": mechanism_followup_json(preset),
             "scaling_cpu_json": paths.scaling_cpu_json(preset),
             "decode_json": paths.decode_json("cpu"),
             "scaling_gpu_json": paths.GPU_SCALING_JSON,

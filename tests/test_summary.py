@@ -175,6 +175,30 @@ def test_the_pooled_mechanism_decision_drives_its_caveat():
             assert "over 4 Monte Carlo seeds" in bullets[0] and "not confirmed" in bullets[0]
 
 
+def test_the_mechanism_followup_says_whether_z_grows_with_the_draws():
+    from rpka import narrative
+
+    def row(draws, mean_z2):
+        z = {"mean_z2": mean_z2, "chi2_p": 0.5}
+        return {"draws": draws, "seeds": 8, "z": z, "z_null": z}
+
+    def followup(few, many):
+        return {
+            "command": "python scripts/mechanism_followup.py",
+            "rows": [row(4000, many), row(500, few)],
+        }
+
+    assert "do not grow" in narrative.followup_sentence(followup(1.07, 0.92))
+    # a bias of 0.5 SE at 500 draws is 1.41 SE at 4,000: mean z^2 1.25 -> 3.0
+    assert "not ruled out" in narrative.followup_sentence(followup(1.25, 3.0))
+    pooled = {"confirmed": False, "n_seeds": 4, "count": 256, "chi2": 320.0, "chi2_p": 0.004}
+    sig = {"pooled": {**pooled, "stouffer_p": 0.4}}
+    (bullet,) = narrative.mechanism_limitation(
+        {"trained": {"mechanism_signature": sig}}, followup(1.07, 0.92)
+    )
+    assert "mean z² 1.25" in bullet and "pre-registered" in bullet and "do not grow" in bullet
+
+
 def test_tables_show_counts_as_integers_and_short_verdicts(smoke_study_report):
     from rpka import tables
 
