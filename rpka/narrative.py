@@ -44,13 +44,21 @@ def setup(report: Mapping) -> str:
     return get_task(report["track"]).setup_text(report, protocol)
 
 
+def relative_text(fraction: float, of: str = "exact's mean") -> str:
+    """A difference as a share of exact's mean ("+12.5 %"), or a plain statement when exact's
+    mean is near 0 and the share would read like 984,500 % (recall: exact's error 1e-4)."""
+    if not math.isfinite(fraction) or abs(fraction) > 100:
+        return f"over 100 times {of} ({of} is near 0)"
+    return f"{100 * fraction:.1f} % of {of}"
+
+
 def mde_text(c: dict[str, Any]) -> str:
     """The MDE of the rule in words; null in the file means the rule cannot detect any
     effect (its ``mde_note`` says why) or the MDE is undefined."""
     if c.get("mde") is None or not math.isfinite(c["mde"]):
         return f"not finite ({c.get('mde_note') or 'the rule cannot reject with these pairs'})"
     rel = c.get("mde_rel_pct")
-    return f"{c['mde']:.4f}" + (f" ({rel:.1f} % of exact's mean)" if rel is not None else "")
+    return f"{c['mde']:.4f}" + (f" ({relative_text(rel / 100)})" if rel is not None else "")
 
 
 def headline(report: Mapping) -> str:
@@ -103,7 +111,7 @@ def control_reading(report: Mapping) -> str:
         if gate:
             stats_ += (
                 f"; attention gate {'passed' if gate['passed'] else 'failed'} (the control is "
-                f"{gate['control_rel']:.0%} worse than exact, one-sided p = "
+                f"worse than exact by {relative_text(gate['control_rel'])}, one-sided p = "
                 f"{gate['p_value']:.3g}; {gate['rule']})"
             )
         if not fails_gate(report):

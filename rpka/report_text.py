@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rpka.narrative import control_arms, mde_text, readable_options
+from rpka.narrative import control_arms, mde_text, readable_options, relative_text
 from rpka.plots import metric_label
 from rpka.plots_report import relative_interval
 from rpka.scaling_analysis import crossover_table
@@ -62,7 +62,7 @@ def gate_text(track: Mapping[str, Any]) -> str:
     )
     return (
         f"attention gate {outcome}: the control `{gate.get('control_arm', 'control')}` is "
-        f"{num(100 * gate['control_rel'], '+.1f')} % worse than exact (delta "
+        f"worse than exact by {relative_text(gate['control_rel'])} (delta "
         f"{num(gate['control_delta'])}, one-sided p = {num(gate['p_value'], '.3g')}){floor}. "
         f"Rule: {esc(gate['rule'])}"
     )

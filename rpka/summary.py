@@ -43,6 +43,7 @@ def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
     return {
         **benches,
         "mechanism": _load(study.mechanism_json(preset)),
+        "mechanism_followup": _load(study.mechanism_followup_json(preset)),
         "scaling_cpu": _load(paths.scaling_cpu_json(preset)),
         "longctx": _load(paths.longctx_json(preset)),
         "decode": _load(DECODE_JSON),
@@ -105,11 +106,20 @@ def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
     mechanism = results["mechanism"]
     if mechanism:
         sig = mechanism["trained"]["mechanism_signature"]
-        add(
-            "trace identity: every step's z within ±4",
-            f"largest abs(z) {sig['max_abs_z']:.2f} over {sig['n_tests']} tests",
-            sig["confirmed"],
-        )
+        pooled = sig.get("pooled")
+        if pooled:  # the pooled rule (docs/statistics.md section 7)
+            add(
+                "trace identity: pooled z-scores calibrated (χ² and Σz, α = 0.05 over both)",
+                f"{pooled['n_seeds']} Monte Carlo seeds, {pooled['count']} z: χ² p "
+                f"{pooled['chi2_p']:.3g}, Σz p {pooled['stouffer_p']:.3g}",
+                pooled["confirmed"],
+            )
+        else:  # a file from before the pooled rule
+            add(
+                "trace identity: every step's z within ±4",
+                f"largest abs(z) {sig['max_abs_z']:.2f} over {sig['n_tests']} tests",
+                sig["confirmed"],
+            )
     scaling = results["scaling_cpu"]
     if scaling:
         rows_by_n = _rpka_rows(scaling)
@@ -160,38 +170,49 @@ def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["target", "measured", "status"])
 
 
+def gate_order(name: str, report: Mapping[str, Any]) -> int:
+    """Sort key of a track in the summary: gate passed 0, no gate 1, gate failed 2."""
+    gate = report.get("attention_gate")
+    return 1 if gate is None else (0 if gate["passed"] else 2)
+
+
+def track_block(name: str, report: Mapping[str, Any]) -> list[str]:
+    """One track's part of the summary: its primary comparison, the control's reading, the
+    learnability bar, its notes, its arm table and (where it has ablations) RPKA's default."""
+    return [
+        f"**{get_task(name).title}.** " + narrative.headline(report),
+        narrative.control_reading(report),
+        narrative.learnability(report),
+        narrative.track_notes(report),
+        arm_table(report).to_markdown(index=False),
+        narrative.ablation_choice(report) if report.get("ablation_choice") else "",
+    ]
+
+
 def render(preset: str = "full") -> str:
-    """The summary block (Markdown) for ``preset``'s committed results."""
+    """The summary block (Markdown) for ``preset``'s committed results: the tracks whose
+    attention gate passed first (they can tell attention methods apart), in study order."""
     results = load_results(preset)
-    primary, *others = STUDY_TRACKS
-    report = results[primary]
-    if report is None:
+    present = [name for name in STUDY_TRACKS if results.get(name)]
+    if not present:
         raise FileNotFoundError(
-            f"no {paths.bench_report(preset, get_task(primary).out_dir)}: run "
+            f"no {paths.bench_report(preset, get_task(STUDY_TRACKS[0]).out_dir)}: run "
             f"`python -m rpka report --preset {preset}` first"
         )
     parts = [
         f"Every number below is read from the committed result files of the `{preset}` "
-        f"preset by `python -m rpka summary --preset {preset}`; the report shows the same.",
-        f"**{get_task(primary).title}.** " + narrative.headline(report),
-        narrative.control_reading(report),
-        narrative.learnability(report),
-        arm_table(report).to_markdown(index=False),
-        narrative.ablation_choice(report),
+        f"preset by `python -m rpka summary --preset {preset}`; the report shows the same. "
+        "Tracks whose attention gate passed come first."
     ]
-    for name in others:  # the other tracks: headline, control and their own notes
-        if results.get(name):
-            parts += [
-                f"**{get_task(name).title}.** " + narrative.headline(results[name]),
-                narrative.control_reading(results[name]),
-                narrative.track_notes(results[name]),
-            ]
+    for name in sorted(present, key=lambda n: gate_order(n, results[n])):
+        parts += track_block(name, results[name])
     if results["mechanism"]:
         parts.append("**Mechanism.** " + study.mechanism_summary(results["mechanism"]))
+        parts += narrative.mechanism_limitation(results["mechanism"], results["mechanism_followup"])
     if results["scaling_cpu"]:
         parts.append("**Scaling.** " + narrative.scaling_summary(results["scaling_cpu"]))
     parts += [
-        "**Verdicts.**\n\n" + narrative.verdicts(*(results[name] for name in STUDY_TRACKS)),
+        "**Verdicts.**\n\n" + narrative.verdicts(*(results[name] for name in present)),
         "**Targets.**",
         targets_table(results).to_markdown(index=False),
     ]

@@ -237,3 +237,11 @@ def test_control_reading_says_whether_the_track_needs_attention(smoke_study_repo
     assert "uninformative" in narrative.limitations(rigged)
     del rigged["arms"]["mean-attention"]
     assert narrative.control_reading(rigged) == ""
+
+
+def test_relative_figures_give_up_when_exacts_mean_is_near_zero():
+    from rpka import narrative
+
+    assert narrative.relative_text(0.125) == "12.5 % of exact's mean"
+    assert "near 0" in narrative.relative_text(9845.0)  # recall: exact's error is 1e-4
+    assert "near 0" in narrative.relative_text(float("inf"))
