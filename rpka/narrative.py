@@ -129,7 +129,14 @@ def control_reading(report: Mapping) -> str:
 
 
 def learnability(report: Mapping) -> str:
-    """Whether the task was learned: exact attention against the track's references."""
+    """Whether the task was learned: exact attention against the track's references (or
+    why it cannot be read: the baseline diverged on every evaluation seed)."""
+    baseline = report["arms"][report["baseline_arm"]]
+    if baseline.get("n_diverged", 0) >= report["n_seeds"]:
+        return (
+            f"`{report['baseline_arm']}` diverged on all {report['n_seeds']} evaluation seeds: "
+            "the learnability bar cannot be read."
+        )
     return get_task(report["track"]).learnability_text(report)
 
 

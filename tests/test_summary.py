@@ -1,5 +1,6 @@
 """The README's results block: rendered from result files, kept in sync with them."""
 
+import copy
 import subprocess
 
 import numpy as np
@@ -245,3 +246,17 @@ def test_relative_figures_give_up_when_exacts_mean_is_near_zero():
     assert narrative.relative_text(0.125) == "12.5 % of exact's mean"
     assert "near 0" in narrative.relative_text(9845.0)  # recall: exact's error is 1e-4
     assert "near 0" in narrative.relative_text(float("inf"))
+
+
+def test_learnability_of_a_baseline_that_diverged_everywhere_says_so(smoke_study_report):
+    from rpka import narrative
+
+    report, _ = smoke_study_report
+    baseline = report["baseline_arm"]
+    diverged = copy.deepcopy(report)
+    diverged["arms"][baseline]["n_diverged"] = report["n_seeds"]
+    for key in diverged["learnability"]:
+        if isinstance(diverged["learnability"][key], float):
+            diverged["learnability"][key] = None  # what a report of NaN metrics stores
+    assert "diverged on all" in narrative.learnability(diverged)
+    assert "diverged" not in narrative.learnability(report)
