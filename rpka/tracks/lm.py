@@ -404,6 +404,22 @@ LM_NAMES = {
 }
 
 
+def validate_causal_token_bench(bench: Any, track_name: str) -> None:
+    """A causal decoder over tokens (tracks lm, recall): token embedding of width 1, no
+    skip, and every arm buildable with causal attention."""
+    require(
+        bench.model.embed_kernel == 1 and not bench.model.linear_skip,
+        f"model (track {track_name})",
+        "embed_kernel=1 and linear_skip=False (a token embeds itself; no horizon skip)",
+        (bench.model.embed_kernel, bench.model.linear_skip),
+    )
+    for arm in bench.arms:
+        try:
+            build(arm.method, causal=True, **arm.options)
+        except ValueError as err:
+            raise ValueError(f"arm {arm.name!r} cannot run on track {track_name}: {err}") from None
+
+
 class LMTask(Task):
     """The causal decoder ``TransformerLM`` reads tokens 0..L-2 and predicts 1..L-1.
 
@@ -431,18 +447,7 @@ class LMTask(Task):
         return TransformerLM(model, track.n_tokens, track.attention_tokens, seeds, method, options)
 
     def validate_bench(self, bench: Any) -> None:
-        """A causal decoder: token embedding of width 1, no skip, causal attention."""
-        require(
-            bench.model.embed_kernel == 1 and not bench.model.linear_skip,
-            "model (track lm)",
-            "embed_kernel=1 and linear_skip=False (a token embeds itself; no horizon skip)",
-            (bench.model.embed_kernel, bench.model.linear_skip),
-        )
-        for arm in bench.arms:
-            try:
-                build(arm.method, causal=True, **arm.options)
-            except ValueError as err:
-                raise ValueError(f"arm {arm.name!r} cannot run on track lm: {err}") from None
+        validate_causal_token_bench(bench, self.name)
 
     def inputs_targets(self, track: LMTrack, split: str) -> tuple[Tensor, Tensor]:
         tokens = torch.from_numpy(track.split(split)).long()

@@ -51,13 +51,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rpka.attention import build
 from rpka.checks import require
 from rpka.io import atomic_save_npz
 from rpka.model import TransformerLM
 from rpka.tracks.base import Task
 from rpka.tracks.cache import cache_path, cached_arrays
 from rpka.tracks.forecast import SPLITS
+from rpka.tracks.lm import validate_causal_token_bench
 from rpka.tracks.windows import require_int
 
 FILLER = 0
@@ -272,17 +272,7 @@ class RecallTask(Task):
         return TransformerLM(model, track.vocab_size, track.max_len, seeds, method, options)
 
     def validate_bench(self, bench: Any) -> None:
-        require(
-            bench.model.embed_kernel == 1 and not bench.model.linear_skip,
-            "model (track recall)",
-            "embed_kernel=1 and linear_skip=False (a token embeds itself; no horizon skip)",
-            (bench.model.embed_kernel, bench.model.linear_skip),
-        )
-        for arm in bench.arms:
-            try:
-                build(arm.method, causal=True, **arm.options)
-            except ValueError as err:
-                raise ValueError(f"arm {arm.name!r} cannot run on track recall: {err}") from None
+        validate_causal_token_bench(bench, self.name)
 
     def inputs_targets(self, track: RecallTrack, split: str) -> tuple[Tensor, Tensor]:
         """Tokens (N, n) and targets (N, n + 1), see :meth:`RecallTrack.scored`."""
