@@ -170,6 +170,33 @@ def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["target", "measured", "status"])
 
 
+def run_cpu_s(report: Mapping[str, Any]) -> float:
+    """CPU seconds of every training run of a bench (sweep and evaluation, each run's own
+    ``cpu_s``, recorded when it was trained: a resumed bench keeps its original cost)."""
+    return sum(t["sweep"] + t["eval"] for t in report["timings"]["run_cpu_s"].values())
+
+
+def cost_table(preset: str, results: Mapping[str, Any]) -> pd.DataFrame:
+    """The study's training cost per bench: runs and CPU seconds (one thread per run), and
+    what they come to on the 2-core machine with both cores busy (CPU seconds / 2)."""
+    benches = [(f"`{name}`", results[name]) for name in STUDY_TRACKS if results.get(name)]
+    pattern = "context-*/bench_report.json"
+    found = resolve(f"{paths.results_dir(preset)}/longctx").glob(pattern)
+    for path in sorted(found, key=lambda p: int(p.parent.name.removeprefix("context-"))):
+        context = int(path.parent.name.removeprefix("context-"))
+        benches.append((f"long context, {context:,} tokens", json.loads(path.read_text())))
+    rows = [
+        (label, report["timings"]["n_runs"], round(run_cpu_s(report)), run_cpu_s(report) / 120)
+        for label, report in benches
+    ]
+    rows.append(
+        ("total", sum(r[1] for r in rows), sum(r[2] for r in rows), sum(r[3] for r in rows))
+    )
+    frame = pd.DataFrame(rows, columns=["bench", "runs", "CPU s", "min on 2 cores"])
+    frame["min on 2 cores"] = frame["min on 2 cores"].map(lambda m: f"{m:.0f}")
+    return frame
+
+
 def gate_order(name: str, report: Mapping[str, Any]) -> int:
     """Sort key of a track in the summary: gate passed 0, no gate 1, gate failed 2."""
     gate = report.get("attention_gate")
@@ -215,6 +242,9 @@ def render(preset: str = "full") -> str:
         "**Verdicts.**\n\n" + narrative.verdicts(*(results[name] for name in present)),
         "**Targets.**",
         targets_table(results).to_markdown(index=False),
+        "**Training cost** (the runs behind these results; `timings.run_cpu_s` of each bench "
+        "report, one thread per run; the notebooks and the scaling sweep come on top):",
+        cost_table(preset, results).to_markdown(index=False),
     ]
     return "\n\n".join(part for part in parts if part)  # a track without a control: ""
 
@@ -226,4 +256,3 @@ def replace_block(text: str, block: str) -> str:
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{block}\n{END}{tail}"
-

@@ -260,3 +260,12 @@ def test_learnability_of_a_baseline_that_diverged_everywhere_says_so(smoke_study
             diverged["learnability"][key] = None  # what a report of NaN metrics stores
     assert "diverged on all" in narrative.learnability(diverged)
     assert "diverged" not in narrative.learnability(report)
+
+
+def test_the_cost_table_sums_each_benchs_run_cpu_seconds(smoke_study_report):
+    report, _ = smoke_study_report
+    expected = sum(t["sweep"] + t["eval"] for t in report["timings"]["run_cpu_s"].values())
+    table = summary.cost_table("no-such-preset", {"forecast": report})
+    assert list(table["bench"]) == ["`forecast`", "total"]
+    assert table["CPU s"].iloc[0] == table["CPU s"].iloc[-1] == round(expected) > 0
+    assert table["runs"].iloc[0] == report["timings"]["n_runs"]
