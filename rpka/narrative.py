@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from rpka import stats
 from rpka.plots import metric_label
 from rpka.tables import verdict_word
 from rpka.tracks import get_task
@@ -76,8 +77,25 @@ def headline(report: Mapping) -> str:
         f"Holm-adjusted p = {c['p_adjusted']:.3g}. **Verdict: {c['verdict']}.** "
         f"With {c['n_pairs']} pairs the minimum detectable effect at α = 0.05 and 80 % power "
         f"is {mde_text(c)}; the CI half-width is "
-        f"{c['ci_halfwidth']:.4f}."
+        f"{c['ci_halfwidth']:.4f}.{margin_text(c)}"
     )
+
+
+def margin_text(c: Mapping) -> str:
+    """The track's equivalence margin and the seeds the rule would need for an MDE within
+    it (``seeds_for_margin``; computed here for reports written before the key), or ""."""
+    margin = c.get("margin")
+    if margin is None:
+        return ""
+    needed = c.get("seeds_for_margin")
+    if needed is None and "mde_alpha" in c:
+        needed = stats.seeds_for_margin(c["delta_sd"], margin, c["mde_alpha"], c["mde_power"])
+    need = (
+        f"an MDE within it would need {needed} seeds at this spread of differences"
+        if needed is not None
+        else "no number of seeds up to 10,000 brings the MDE within it"
+    )
+    return f" The equivalence margin is {margin:g}; {need}."
 
 
 def control_arms(report: Mapping) -> list[str]:

@@ -400,12 +400,28 @@ def _robustness(diffs: np.ndarray) -> dict[str, Any]:
     }
 
 
+def seeds_for_margin(
+    sd_diff: float, margin: float | None, alpha_rule: float, power: float = POWER
+) -> int | None:
+    """Power by design, read back: the evaluation seeds this comparison's rule would need
+    for an MDE within ``margin``, at the sd of differences it measured
+    (:func:`n_pairs_for_mde` at ``alpha_rule``). None without a margin or a finite sd, or
+    beyond 10,000 seeds."""
+    if margin is None or not (np.isfinite(sd_diff) and sd_diff >= 0):
+        return None
+    try:
+        return n_pairs_for_mde(sd_diff, margin, alpha=alpha_rule, power=power, max_pairs=10_000)
+    except ValueError:
+        return None
+
+
 def _decide(c: dict[str, Any], alpha_rule: float, seed: int) -> dict[str, Any]:
     """Fill MDE, verdict, its detail and leave-one-seed-out at the rule's level."""
     diffs = np.asarray(c["per_seed_diffs"], dtype=float)
     c.update(rule_mde(c["n_pairs"], c["delta_sd"], alpha_rule, c["mde_power"]))
     base_mean = c["baseline_mean"]
     c["mde_rel_pct"] = _nan_if_degenerate(100 * c["mde"] / abs(base_mean)) if base_mean else None
+    c["seeds_for_margin"] = seeds_for_margin(c["delta_sd"], c["margin"], alpha_rule, c["mde_power"])
     tost_p = c.get("tost_p_adjusted", c["tost_p"])
     c["verdict"] = verdict_of(
         c["p_adjusted"], c["delta_mean"], tost_p, c["metric_direction"], c["alpha"]

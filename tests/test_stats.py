@@ -394,3 +394,18 @@ def test_pooled_z_catches_a_bias_the_per_step_rule_passes():
     pooled = pooled_z(list(z))
     assert not pooled["confirmed"] and pooled["stouffer_p"] < 1e-10
     assert pooled_z(list(np.random.default_rng(1).standard_normal((4, 250))))["confirmed"]
+
+
+def test_seeds_for_margin_is_the_rules_own_sample_size():
+    from rpka.stats import n_pairs_for_mde, rule_mde, seeds_for_margin
+
+    needed = seeds_for_margin(0.05, 0.02, 0.05)
+    assert needed == n_pairs_for_mde(0.05, 0.02)
+    assert rule_mde(needed, 0.05)["mde"] <= 0.02 < rule_mde(needed - 1, 0.05)["mde"]
+    assert seeds_for_margin(0.05, None, 0.05) is None
+    assert seeds_for_margin(float("nan"), 0.02, 0.05) is None
+    assert seeds_for_margin(1e3, 1e-6, 0.05) is None  # beyond 10,000 seeds
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=8)
+    c = paired_comparison(base, base + 0.1 + 0.05 * rng.normal(size=8), margin=0.02)
+    assert c["seeds_for_margin"] == seeds_for_margin(c["delta_sd"], 0.02, c["mde_alpha"])
