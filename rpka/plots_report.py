@@ -54,6 +54,19 @@ def _finite(*values: float | None) -> bool:
     return all(v is not None and np.isfinite(v) for v in values)
 
 
+HEADLINE_MAX_PCT = 1000.0  # beyond this the relative scale only says "exact's mean is ~0"
+
+
+def headline_limit(intervals: Sequence[tuple[float, float, float]]) -> float:
+    """Half-width of the headline's x axis (%): the largest finite |value| up to
+    ``HEADLINE_MAX_PCT``, padded by 10 %. A track whose exact mean is near 0 (recall's error
+    rate, 1e-4) has relative deltas of 10^5 %; it is drawn at the edge, not the scale."""
+    values = [abs(v) for row in intervals for v in row if np.isfinite(v)]
+    shown = [v for v in values if v <= HEADLINE_MAX_PCT]
+    top = max(shown) if shown else (HEADLINE_MAX_PCT if values else 10.0)
+    return 1.1 * max(top, 1.0)
+
+
 def plot_headline(
     rows: Sequence[Mapping[str, Any]],
     save_dir: str | os.PathLike | None = None,
@@ -67,22 +80,36 @@ def plot_headline(
     "none") and ``margin_pct`` (None without a margin), in display order (top first).
     """
     fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(rows) + 1.5), constrained_layout=True)
+    intervals = [relative_interval(row["comparison"]) for row in rows]
+    limit = headline_limit(intervals)
     labels = []
-    for i, row in enumerate(rows):
+    for i, (row, (mean, low, high)) in enumerate(zip(rows, intervals, strict=True)):
         y = len(rows) - 1 - i
         c = row["comparison"]
-        mean, low, high = relative_interval(c)
         failed = row["gate"] == "failed"
         colour = FAILED_GATE_COLOUR if failed else PRIMARY_COLOUR
         if row.get("margin_pct"):
-            m = row["margin_pct"]
+            m = min(row["margin_pct"], limit)
             ax.fill_betweenx([y - 0.3, y + 0.3], -m, m, color="C0", alpha=0.12, lw=0)
         if _finite(low, high):
-            ax.plot([low, high], [y, y], color=colour, lw=2.5)
-        ax.plot([mean], [y], "o", ms=9, color=colour, mfc="white" if failed else colour, mew=2)
+            ax.plot(np.clip([low, high], -limit, limit), [y, y], color=colour, lw=2.5)
+        if _finite(mean) and abs(mean) > limit:  # off the scale: at its edge, value written
+            edge = float(np.sign(mean) * limit)
+            ax.plot([edge], [y], ">" if mean > 0 else "<", ms=10, color=colour)
+            ax.annotate(
+                f"{mean:+,.0f} %\n(exact's mean near 0)",
+                (edge, y),
+                xytext=(-6 if mean > 0 else 6, 8),
+                textcoords="offset points",
+                ha="right" if mean > 0 else "left",
+                fontsize=8,
+            )
+        else:
+            ax.plot([mean], [y], "o", ms=9, color=colour, mfc="white" if failed else colour, mew=2)
         gate = {"passed": "gate passed", "failed": "gate FAILED", "none": "no gate"}[row["gate"]]
         labels.append(f"{row['label']}\n{verdict_word(c['verdict'])} ({gate})")
     ax.axvline(0, color="C3", lw=1, ls="--")
+    ax.set_xlim(-limit, limit)
     ax.set_yticks(range(len(rows))[::-1], labels, fontsize=9)
     ax.set(
         xlabel="primary arm - exact, % of exact's test error (negative: primary arm better)",
