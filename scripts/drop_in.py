@@ -11,7 +11,7 @@ exact SDPA on the first test items (``rpka.quality.method_output_errors``, float
 
     PYTHONPATH=. python scripts/drop_in.py --bench-dir data/results/full/forecast-motif \
         [--ranks 16 32 64 full] [--methods rpka nystrom-uniform keys-coreset] \
-        [--out data/results/full/forecast-motif/drop_in.json]
+        [--windows 500] [--out data/results/full/forecast-motif/drop_in.json]
 """
 
 from __future__ import annotations
@@ -62,6 +62,9 @@ def main() -> None:
     parser.add_argument("--ranks", nargs="+", default=["16", "32", "64", "full"])
     parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
     parser.add_argument("--items", type=int, default=4, help="test items of the output error")
+    parser.add_argument(
+        "--windows", type=int, help="score the first N test items only (default: all)"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -73,6 +76,10 @@ def main() -> None:
     task = get_task(report["track"])
     track = task.load(track_config_of(run_config), run_config.get("data_dir"))
     x, y = task.inputs_targets(track, "test")
+    if args.windows is not None:
+        if args.windows < 1:
+            parser.error(f"--windows must be an integer >= 1, got {args.windows}")
+        x, y = x[: args.windows], y[: args.windows]
     metric = report["metric"]
     tokens = track_config_of(run_config).attention_tokens
     exact = swapped_model(run_config, state, "exact", 1, torch.float64)
@@ -87,6 +94,7 @@ def main() -> None:
         "track": report["track"],
         "metric": metric,
         "members": run["seeds"],
+        "n_test_items": len(x),
         "logit_std_per_layer": logit_std(qkv),
         "exact": {},
         "rows": [],
