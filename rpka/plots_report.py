@@ -88,8 +88,8 @@ def plot_headline(
         c = row["comparison"]
         failed = row["gate"] == "failed"
         colour = FAILED_GATE_COLOUR if failed else PRIMARY_COLOUR
-        if row.get("margin_pct"):
-            m = min(row["margin_pct"], limit)
+        if row.get("margin_pct") and row["margin_pct"] <= limit:  # else: off every scale
+            m = row["margin_pct"]
             ax.fill_betweenx([y - 0.3, y + 0.3], -m, m, color="C0", alpha=0.12, lw=0)
         if _finite(low, high):
             ax.plot(np.clip([low, high], -limit, limit), [y, y], color=colour, lw=2.5)
@@ -109,7 +109,8 @@ def plot_headline(
         gate = {"passed": "gate passed", "failed": "gate FAILED", "none": "no gate"}[row["gate"]]
         labels.append(f"{row['label']}\n{verdict_word(c['verdict'])} ({gate})")
     ax.axvline(0, color="C3", lw=1, ls="--")
-    ax.set_xlim(-limit, limit)
+    lows = [v for row in intervals for v in row if np.isfinite(v) and -limit <= v < 0]
+    ax.set_xlim(1.1 * min(lows, default=0.0) - 0.1 * limit, limit)  # room left of 0 as needed
     ax.set_yticks(range(len(rows))[::-1], labels, fontsize=9)
     ax.set(
         xlabel="primary arm - exact, % of exact's test error (negative: primary arm better)",
