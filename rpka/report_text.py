@@ -17,6 +17,7 @@ from rpka.narrative import control_arms, mde_text, readable_options, relative_te
 from rpka.plots import metric_label
 from rpka.plots_report import relative_interval
 from rpka.scaling_analysis import crossover_table
+from rpka.stats import sign_flip_floor
 from rpka.tables import arm_group, verdict_word
 
 GUARD_SHARE_NOTE = 0.01  # docs/numerics.md: a guard firing on > 1 % of rows is reported
@@ -77,17 +78,29 @@ def track_answer(track: Mapping[str, Any]) -> str:
         gate = track["attention_gate"]
         return (
             f"{head}: **uninformative: this track does not need attention** (uniform "
-            f"attention is only {num(100 * gate['control_rel'], '+.1f')} % worse than exact, "
+            f"attention differs from exact by only {num(100 * gate['control_rel'], '+.1f')} %, "
             f"one-sided p = {num(gate['p_value'], '.3g')}); without the gate the delta "
             f"would read {ci_text(c)} ({verdict_word(c.get('verdict_before_gate', ''))})."
         )
     _, low, high = relative_interval(c)
     margin = track["decision"].get("margin")
     margin_text = f", margin ±{num(margin, '.3g')}" if margin else ""
-    flips = " One seed flips this verdict." if c.get("verdict_flipped_by_one_seed") else ""
+    flips = ""
+    if c.get("verdict_flipped_by_one_seed"):
+        flips = (
+            " One seed flips this verdict."
+            if loso_can_reject(c)
+            else " With any one seed left out the rule could not reject at all (its p "
+            "cannot go below 2/2^(n-1)): a limit of the seed count, not of this effect."
+        )
+    relative = (
+        f"{num(low, '+.1f')} to {num(high, '+.1f')} % of exact's"
+        if max(abs(low), abs(high)) <= 1000  # NaN compares False: shown as "n/a"
+        else "exact's mean is near 0: no relative figure"
+    )
     return (
         f"{head}: delta in test {metric_label(report)} {ci_text(c)} "
-        f"({num(low, '+.1f')} to {num(high, '+.1f')} % of exact's), "
+        f"({relative}), "
         f"**{verdict_word(c['verdict'])}** (MDE of the rule {mde_text(c)}{margin_text}).{flips}"
     )
 
@@ -373,12 +386,20 @@ def guard_shares(report: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def loso_can_reject(c: Mapping[str, Any]) -> bool:
+    """Can the rule reject at all with one pair fewer? If not, leave-one-seed-out flips a
+    significant verdict whatever the data (the sign-flip floor), and a flip says nothing."""
+    n = c.get("n_pairs", 0)
+    return n >= 3 and sign_flip_floor(n - 1) < c.get("mde_alpha", c.get("alpha", 0.05))
+
+
 def single_seed_results(report: Mapping[str, Any]) -> list[str]:
-    """Arms whose verdict one seed flips (leave-one-seed-out), with that seed's delta."""
+    """Arms whose verdict one seed flips (leave-one-seed-out), with that seed's delta; not
+    where one pair fewer leaves the rule unable to reject (:func:`loso_can_reject`)."""
     out = []
     for arm, e in report["arms"].items():
         c = e.get("comparison") or {}
-        if c.get("verdict_flipped_by_one_seed"):
+        if c.get("verdict_flipped_by_one_seed") and loso_can_reject(c):
             seeds = seed_numbers(report, arm, c.get("flipping_seeds", []))
             largest = c.get("largest_seed_delta")
             out.append(

@@ -59,7 +59,7 @@ def fake_study(smoke_study_report, tmp_path_factory):
     primary = passing["primary_arm"]
     passing["config"]["arms"][-1]["lr_from"] = primary  # a borrowed learning rate
     flipped = passing["arms"][primary]["comparison"]
-    flipped.update(verdict_flipped_by_one_seed=True, flipping_seeds=[1])
+    flipped.update(verdict_flipped_by_one_seed=True, flipping_seeds=[1], n_pairs=8)
     passing["arms"][primary]["guard_counts"] = {
         "denominator": 5,
         "rows": 100,
@@ -245,3 +245,9 @@ def test_headline_keeps_its_scale_when_exacts_mean_is_near_zero(fake_study):
     assert [line for line in ax.lines if line.get_marker() == ">"]  # drawn at the edge
     assert any("near 0" in t.get_text() for t in ax.texts)
     plt.close(fig)
+
+
+def test_a_flip_that_only_the_seed_count_forces_is_not_called_one_seed(fake_study):
+    c = {"n_pairs": 6, "mde_alpha": 0.05, "verdict_flipped_by_one_seed": True}
+    assert not report_text.loso_can_reject(c)  # 5 pairs: the floor 2/32 > 0.05
+    assert report_text.loso_can_reject({**c, "n_pairs": 8})
