@@ -17,7 +17,7 @@ from rpka.narrative import control_arms, mde_text, readable_options, relative_te
 from rpka.plots import metric_label
 from rpka.plots_report import relative_interval
 from rpka.scaling_analysis import crossover_table
-from rpka.stats import sign_flip_floor
+from rpka.stats import ALPHA, rule_can_reject
 from rpka.tables import arm_group, verdict_word
 
 GUARD_SHARE_NOTE = 0.01  # docs/numerics.md: a guard firing on > 1 % of rows is reported
@@ -389,8 +389,7 @@ def guard_shares(report: Mapping[str, Any]) -> pd.DataFrame:
 def loso_can_reject(c: Mapping[str, Any]) -> bool:
     """Can the rule reject at all with one pair fewer? If not, leave-one-seed-out flips a
     significant verdict whatever the data (the sign-flip floor), and a flip says nothing."""
-    n = c.get("n_pairs", 0)
-    return n >= 3 and sign_flip_floor(n - 1) < c.get("mde_alpha", c.get("alpha", 0.05))
+    return rule_can_reject(c.get("n_pairs", 0) - 1, c.get("mde_alpha", c.get("alpha", ALPHA)))
 
 
 def single_seed_results(report: Mapping[str, Any]) -> list[str]:

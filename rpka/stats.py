@@ -197,6 +197,12 @@ def minimum_detectable_effect(n: int, alpha: float = ALPHA, power: float = POWER
     return float(optimize.brentq(lambda d: paired_t_power(d, n, alpha) - power, 1e-9, high))
 
 
+def rule_can_reject(n: int, alpha_rule: float = ALPHA) -> bool:
+    """Can "two-sided sign-flip p < alpha_rule" reject at all with n pairs? Only when its
+    floor 2/2^n lies below the level (n >= 2)."""
+    return bool(n >= 2 and sign_flip_floor(n) < alpha_rule)
+
+
 def rule_mde(
     n: int, sd_diff: float, alpha_rule: float = ALPHA, power: float = POWER
 ) -> dict[str, Any]:
@@ -208,7 +214,7 @@ def rule_mde(
     and ``rule_can_reject`` False. With zero sd the MDE is undefined (NaN), not 0.
     """
     floor = sign_flip_floor(n)
-    can_reject = bool(n >= 2 and floor < alpha_rule)
+    can_reject = rule_can_reject(n, alpha_rule)
     out: dict[str, Any] = {
         "mde_alpha": alpha_rule,
         "mde_power": power,

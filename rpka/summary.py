@@ -185,9 +185,10 @@ def cost_table(preset: str, results: Mapping[str, Any]) -> pd.DataFrame:
     for path in sorted(found, key=lambda p: int(p.parent.name.removeprefix("context-"))):
         context = int(path.parent.name.removeprefix("context-"))
         benches.append((f"long context, {context:,} tokens", json.loads(path.read_text())))
+    cpu = [run_cpu_s(report) for _, report in benches]
     rows = [
-        (label, report["timings"]["n_runs"], round(run_cpu_s(report)), run_cpu_s(report) / 120)
-        for label, report in benches
+        (label, report["timings"]["n_runs"], round(seconds), seconds / 120)
+        for (label, report), seconds in zip(benches, cpu, strict=True)
     ]
     rows.append(
         ("total", sum(r[1] for r in rows), sum(r[2] for r in rows), sum(r[3] for r in rows))
