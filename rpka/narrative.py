@@ -45,11 +45,21 @@ def setup(report: Mapping) -> str:
     return get_task(report["track"]).setup_text(report, protocol)
 
 
+# Beyond this many times exact's mean a relative figure says only that exact's mean is ~0
+# (recall: exact's error 1e-4, deltas of 984,500 %); the one cut-off every text uses.
+NEAR_ZERO_FRACTION = 100.0
+
+
+def relative_is_meaningful(fraction: float) -> bool:
+    """Whether a difference of ``fraction`` × exact's mean is worth writing as a share."""
+    return math.isfinite(fraction) and abs(fraction) <= NEAR_ZERO_FRACTION
+
+
 def relative_text(fraction: float, of: str = "exact's mean") -> str:
     """A difference as a share of exact's mean ("+12.5 %"), or a plain statement when exact's
     mean is near 0 and the share would read like 984,500 % (recall: exact's error 1e-4)."""
-    if not math.isfinite(fraction) or abs(fraction) > 100:
-        return f"over 100 times {of} ({of} is near 0)"
+    if not relative_is_meaningful(fraction):
+        return f"over {NEAR_ZERO_FRACTION:.0f} times {of} ({of} is near 0)"
     return f"{100 * fraction:.1f} % of {of}"
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rpka.io import save_figure
+from rpka.narrative import relative_is_meaningful
 from rpka.plots import metric_label
 from rpka.tables import arm_group, verdict_word
 from rpka.tracks import get_task
@@ -54,7 +55,9 @@ def _finite(*values: float | None) -> bool:
     return all(v is not None and np.isfinite(v) for v in values)
 
 
-HEADLINE_MAX_PCT = 1000.0  # beyond this the relative scale only says "exact's mean is ~0"
+# the headline's axis stops here (a scale choice: larger deltas squash the others); beyond
+# narrative.NEAR_ZERO_FRACTION a value is said to be so because exact's mean is ~0
+HEADLINE_MAX_PCT = 1000.0
 
 
 def headline_limit(intervals: Sequence[tuple[float, float, float]]) -> float:
@@ -97,7 +100,8 @@ def plot_headline(
             edge = float(np.sign(mean) * limit)
             ax.plot([edge], [y], ">" if mean > 0 else "<", ms=10, color=colour)
             ax.annotate(
-                f"{mean:+,.0f} %\n(exact's mean near 0)",
+                f"{mean:+,.0f} %"
+                + ("" if relative_is_meaningful(mean / 100) else "\n(exact's mean near 0)"),
                 (edge, y),
                 xytext=(-6 if mean > 0 else 6, 8),
                 textcoords="offset points",

@@ -7,13 +7,20 @@ lack are read with ``.get``."""
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from rpka.narrative import control_arms, mde_text, readable_options, relative_text
+from rpka.narrative import (
+    control_arms,
+    mde_text,
+    readable_options,
+    relative_is_meaningful,
+    relative_text,
+)
 from rpka.plots import metric_label
 from rpka.plots_report import relative_interval
 from rpka.scaling_analysis import crossover_table
@@ -95,7 +102,7 @@ def track_answer(track: Mapping[str, Any]) -> str:
         )
     relative = (
         f"{num(low, '+.1f')} to {num(high, '+.1f')} % of exact's"
-        if max(abs(low), abs(high)) <= 1000  # NaN compares False: shown as "n/a"
+        if all(relative_is_meaningful(v / 100) for v in (low, high) if math.isfinite(v))
         else "exact's mean is near 0: no relative figure"
     )
     return (

@@ -251,3 +251,19 @@ def test_a_flip_that_only_the_seed_count_forces_is_not_called_one_seed(fake_stud
     c = {"n_pairs": 6, "mde_alpha": 0.05, "verdict_flipped_by_one_seed": True}
     assert not report_text.loso_can_reject(c)  # 5 pairs: the floor 2/32 > 0.05
     assert report_text.loso_can_reject({**c, "n_pairs": 8})
+
+
+@pytest.mark.parametrize(("ci_pct", "shown"), [((2000.0, 3000.0), True), ((5e4, 2e5), False)])
+def test_the_answer_and_the_relative_text_share_one_near_zero_cut_off(fake_study, ci_pct, shown):
+    """Between 1,000 % and the cut-off a relative figure is still written (motif's control:
+    +1,300 %); beyond it every text says exact's mean is near 0 instead (recall: 10^5 %)."""
+    from rpka import narrative
+
+    track = copy.deepcopy(next(t for t in fake_study["tracks"].values() if t["gate"] != "failed"))
+    c = track["comparison"]
+    c.update(baseline_mean=1.0, delta_mean=sum(ci_pct) / 200, ci_low=ci_pct[0] / 100)
+    c["ci_high"] = ci_pct[1] / 100
+    answer = report_text.track_answer(track)
+    assert ("near 0" not in answer) is shown
+    assert (f"{ci_pct[0]:+.1f}" in answer) is shown
+    assert ("near 0" not in narrative.relative_text(ci_pct[1] / 100)) is shown

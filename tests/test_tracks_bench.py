@@ -40,17 +40,7 @@ def test_smoke_bench_runs_each_new_track(track, tmp_path):
         assert chance == pytest.approx(1 - 1 / 8)  # vocab 17: 8 keys, 8 values
 
 
-FORECAST_UNDERPOWERED = pytest.mark.xfail(
-    strict=True,
-    reason="forecast full: Holm over its 11 secondary arms needs 9 seeds, it has 8 (a "
-    "negative-control track whose gate fails; its committed runs predate this rule)",
-)
-
-
-@pytest.mark.parametrize(
-    "track",
-    [pytest.param(t, marks=FORECAST_UNDERPOWERED) if t == "forecast" else t for t in STUDY_TRACKS],
-)
+@pytest.mark.parametrize("track", STUDY_TRACKS)
 def test_every_full_study_comparison_can_reach_significance(track):
     """Power by design (issue 15): with the full preset's evaluation seeds the smallest
     sign-flip p must be below the level of the rule that reads it - the primary
