@@ -1,8 +1,16 @@
 """``python -m rpka COMMAND [options]``: see ``rpka.cli``."""
 
+import os
 import sys
 
-from rpka.cli import main
+# c10 logs "Memory block of unknown size was allocated before the profiling started" each
+# time a profiled training step frees a tensor made before it (the long-context memory
+# probe, rpka.scaling.peak_memory_mib): harmless for the peak measured, noise in a log.
+# c10 reads its log level once, when torch loads, so it is set before any import of torch;
+# workers and notebook kernels inherit it, and a level the user set wins.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+from rpka.cli import main  # noqa: E402  (after the log level)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,7 +29,7 @@ import torch
 from rpka import bench, decoding, longctx, paths, pipeline, scaling, study, summary
 from rpka.config import DEVICES, BenchConfig, LongContextConfig
 from rpka.executors import EXECUTOR_KINDS, make_executor
-from rpka.io import atomic_write_text, write_json
+from rpka.io import CorruptFileError, atomic_write_text, write_json
 from rpka.paths import resolve
 from rpka.presets import PRESETS_BY_TRACK, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
@@ -60,6 +60,19 @@ def _check_out_file(parser: argparse.ArgumentParser, flag: str, path: Path) -> N
     if path.is_dir():
         parser.error(f"argument {flag}: {path} is a folder, not a file")
     _check_out_dir(parser, flag, path.parent)
+
+
+def _check_seeds(parser: argparse.ArgumentParser, n_seeds: int) -> None:
+    """``--seeds``: a paired test needs 2 seeds; above 1,000 the run is a typo, not a study."""
+    low, high = SEEDS_RANGE
+    if not low <= n_seeds <= high:
+        parser.error(f"argument --seeds: must be in [{low}, {high}], got {n_seeds}")
+
+
+def eval_seeds(sweep_seeds: Sequence[int], n_seeds: int) -> tuple[int, ...]:
+    """``n_seeds`` evaluation seeds, disjoint from the sweep seeds."""
+    first = max(sweep_seeds) + 100
+    return tuple(range(first, first + n_seeds))
 
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
@@ -111,15 +124,12 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     if args.ranks is not None:
         overrides["ranks"] = args.ranks
     if args.seeds is not None:
-        low, high = SEEDS_RANGE
-        if not low <= args.seeds <= high:
-            parser.error(f"argument --seeds: must be in [{low}, {high}], got {args.seeds}")
+        _check_seeds(parser, args.seeds)
         try:
             base = get_preset(args.preset, args.track)
         except ValueError as err:
             parser.error(str(err))
-        first = max(base.sweep_seeds) + 100  # disjoint from the sweep seeds
-        overrides["eval_seeds"] = tuple(range(first, first + args.seeds))
+        overrides["eval_seeds"] = eval_seeds(base.sweep_seeds, args.seeds)
     if args.lrs is not None:
         overrides["learning_rates"] = tuple(args.lrs)
     if args.epochs is not None:
@@ -230,10 +240,9 @@ def parse_longctx(
         if preset_primary in {f"rpka-r{r}" for r in args.ranks}:
             overrides["primary_arm"] = preset_primary
     if args.seeds is not None:
-        if args.seeds < 1:
-            parser.error(f"argument --seeds: must be >= 1, got {args.seeds}")
-        first = max(LONGCTX_PRESETS[args.preset].bench.sweep_seeds) + 100
-        overrides["eval_seeds"] = tuple(range(first, first + args.seeds))
+        _check_seeds(parser, args.seeds)
+        sweep_seeds = LONGCTX_PRESETS[args.preset].bench.sweep_seeds
+        overrides["eval_seeds"] = eval_seeds(sweep_seeds, args.seeds)
     if args.device is not None:
         overrides["device"] = args.device
     if args.workers is not None:
@@ -462,5 +471,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nerror: unknown command {argv[0]!r}", file=sys.stderr)
             return 2
         return 0 if argv else 2
-    COMMANDS[argv[0]][0](argv[1:])
+    try:
+        COMMANDS[argv[0]][0](argv[1:])
+    except CorruptFileError as err:  # a result file a reader cannot use: name it, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0

@@ -142,7 +142,7 @@ def _quick() -> BenchConfig:
 #    take the learning rate chosen for their reference rpka-r16 (ArmConfig.lr_from) - the
 #    usual ablation protocol, one choice changed at the reference's tuned setting - and
 #    train it with both sweep seeds, so the default choice still compares every candidate
-#    on the same seeds and learning rate. Every arm keeps all 8 evaluation seeds (the paired
+#    on the same seeds and learning rate. Every arm keeps all 9 evaluation seeds (the paired
 #    comparisons keep their power); the rank sweep, the primary arm and the other peers
 #    keep the full tuning budget. (Sweeping with one seed instead was tried and rejected:
 #    on the quick-study preset seed 0 alone preferred lr 1e-3 where two seeds chose 3e-3,

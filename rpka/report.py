@@ -28,7 +28,7 @@ from IPython.display import HTML, Markdown
 from matplotlib.figure import Figure
 
 from rpka import narrative, paths, plots_recall, report_text, stats, study, summary, tables
-from rpka.io import read_json
+from rpka.io import read_json_checked
 from rpka.narrative import mde_text
 from rpka.plots import DPI, metric_label, plot_error_vs_time, plot_output_error_by_arm
 from rpka.plots_report import plot_forest, primary_comparison
@@ -158,6 +158,10 @@ def _entry(name: str, report: Mapping[str, Any], indexed: Mapping[str, Any]) -> 
     }
 
 
+# what a bench report must hold for the page to read it (an older report lacks the rest)
+BENCH_REPORT_KEYS = ("track", "arms", "baseline_arm", "primary_arm")
+
+
 def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
     """The study index with every track's bench report loaded.
 
@@ -170,18 +174,18 @@ def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
     path = paths.resolve(study_json)
     tracks: dict[str, dict[str, Any]] = {}
     if path.exists():
-        index = read_json(path)
+        index = read_json_checked(path, ("tracks",))
         for name, indexed in index["tracks"].items():
             bench = path.parent / indexed["bench_report"]
             if not bench.exists():
                 raise FileNotFoundError(f"{path} names {indexed['bench_report']}: not found")
-            tracks[name] = _entry(name, read_json(bench), indexed)
+            tracks[name] = _entry(name, read_json_checked(bench, BENCH_REPORT_KEYS), indexed)
         source, longctx = str(study_json), index.get("longctx")
     else:  # an index-less study: the study tracks' bench reports where they exist
         for name in STUDY_TRACKS:
             bench = paths.resolve(paths.bench_report(preset, get_task(name).out_dir))
             if bench.exists():
-                tracks[name] = _entry(name, read_json(bench), {})
+                tracks[name] = _entry(name, read_json_checked(bench, BENCH_REPORT_KEYS), {})
         source, longctx = f"{paths.results_dir(preset)} (no study.json)", None
     if not tracks and preset not in study.SCALING_PRESET:  # not a study preset
         raise FileNotFoundError(
@@ -327,7 +331,7 @@ def verdicts_table(study: Mapping[str, Any]) -> pd.DataFrame:
 def optional_json(path: str | Path) -> Any | None:
     """A result file's content, or None where the study has not written it."""
     resolved = paths.resolve(path)
-    return read_json(resolved) if resolved.exists() else None
+    return read_json_checked(resolved) if resolved.exists() else None
 
 
 def appendix_section(track: Mapping[str, Any]) -> list[Any]:

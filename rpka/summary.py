@@ -12,7 +12,6 @@ rerun has changed those files).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from rpka import narrative, paths, study, tables
+from rpka.io import read_json_checked
 from rpka.paths import resolve
 from rpka.presets import STUDY_TRACKS
 from rpka.tracks import get_task
@@ -32,7 +32,7 @@ DECODE_JSON = paths.decode_json("cpu")
 
 def _load(path: str | os.PathLike) -> dict[str, Any] | None:
     path = resolve(path)
-    return json.loads(path.read_text()) if path.exists() else None
+    return read_json_checked(path) if path.exists() else None
 
 
 def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
@@ -184,7 +184,7 @@ def cost_table(preset: str, results: Mapping[str, Any]) -> pd.DataFrame:
     found = resolve(f"{paths.results_dir(preset)}/longctx").glob(pattern)
     for path in sorted(found, key=lambda p: int(p.parent.name.removeprefix("context-"))):
         context = int(path.parent.name.removeprefix("context-"))
-        benches.append((f"long context, {context:,} tokens", json.loads(path.read_text())))
+        benches.append((f"long context, {context:,} tokens", read_json_checked(path)))
     cpu = [run_cpu_s(report) for _, report in benches]
     rows = [
         (label, report["timings"]["n_runs"], round(seconds), seconds / 120)

@@ -116,3 +116,41 @@ def test_summary_refuses_a_missing_readme(tmp_path, capsys, monkeypatch):
         cli.summary_main(["--readme", str(tmp_path / "README.md")])
     assert exit_info.value.code == 2
     assert "argument --readme:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seeds", ["1", "99999999999999999999"])
+def test_longctx_refuses_seeds_out_of_range_like_bench(seeds, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_longctx(["--preset", "smoke", "--seeds", seeds])
+    assert exit_info.value.code == 2
+    assert "argument --seeds: must be in [2, 1000]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["", "{not json", "[1, 2]"])
+def test_a_garbage_result_file_is_named_by_every_reader(tmp_path, content):
+    """summary, the report page and its study index read result files the user may have
+    edited or truncated: the error names the file (issue 17 item 2)."""
+    from rpka import report, summary
+    from rpka.io import CorruptFileError
+
+    bad = tmp_path / "bench_report.json"
+    bad.write_text(content)
+    # valid JSON of the wrong shape: only the study index checks what a bench report holds
+    readers = [summary._load, report.optional_json] if content != "[1, 2]" else []
+    (tmp_path / "study.json").write_text('{"tracks": {"x": {"bench_report": "bench_report.json"}}}')
+    for read in [*readers, lambda _: report.load_study(tmp_path / "study.json", "full")]:
+        with pytest.raises(CorruptFileError, match=str(bad)):
+            read(bad)
+
+
+def test_a_corrupt_file_error_exits_2_with_one_line(monkeypatch, capsys):
+    from rpka.io import CorruptFileError
+
+    message = "data/results/full/study.json: not valid JSON (line 1)"
+
+    def corrupt(_argv):
+        raise CorruptFileError(message)
+
+    monkeypatch.setitem(cli.COMMANDS, "summary", (corrupt, "test"))
+    assert cli.main(["summary"]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"

@@ -12,6 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+import rpka.bench as bench
+from rpka import cli
 from rpka.bench import run_bench
 from rpka.executors import EXECUTOR_KINDS, InProcessExecutor, local_executor, make_executor
 from rpka.presets import get_preset
@@ -94,19 +96,58 @@ def _run_files(out: Path) -> dict[str, dict]:
     }
 
 
-@pytest.mark.slow
-def test_dask_local_cluster_matches_the_local_pool(tmp_path):
-    pytest.importorskip("distributed")
-    config = get_preset(
-        "smoke", train={"epochs": 1}, mechanism=None, output_error_ranks=(), n_workers=2
-    )
-    cache = tmp_path / "cache"
-    results = {}
-    for kind in ("local", "dask"):
-        with make_executor(kind, n_workers=2) as executor:
-            run_bench(config, tmp_path / kind, executor, progress=False, data_dir=cache)
-        results[kind] = _run_files(tmp_path / kind)
-    assert results["local"] == results["dask"]
-    assert results["local"]  # and the runs trained: finite scores
-    for run in results["local"].values():
+# the smoke study without its driver-side studies, one epoch, two workers: the runs the
+# Dask tests compare (the CLI's ``--preset smoke --epochs 1 --workers 2`` runs the same jobs)
+DASK_SMOKE = get_preset(
+    "smoke", train={"epochs": 1}, mechanism=None, output_error_ranks=(), n_workers=2
+)
+CLI_SMOKE = ["--preset", "smoke", "--epochs", "1", "--workers", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def local_pool_runs(tmp_path_factory) -> tuple[dict[str, dict], Path]:
+    """(run files without timings, track cache) of the smoke study on the local pool."""
+    root = tmp_path_factory.mktemp("local_pool")
+    with make_executor("local", n_workers=2) as executor:
+        run_bench(DASK_SMOKE, root / "out", executor, progress=False, data_dir=root / "cache")
+    runs = _run_files(root / "out")
+    for run in runs.values():  # the runs trained: finite scores
         assert all(v is not None for v in run["scores"].values())
+    return runs, root / "cache"
+
+
+@pytest.mark.slow
+def test_dask_local_cluster_matches_the_local_pool(local_pool_runs, tmp_path):
+    pytest.importorskip("distributed")
+    expected, cache = local_pool_runs
+    with make_executor("dask", n_workers=2) as executor:
+        run_bench(DASK_SMOKE, tmp_path / "dask", executor, progress=False, data_dir=cache)
+    assert _run_files(tmp_path / "dask") == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["scheduler", "executor"])
+def test_bench_cli_on_dask_matches_the_local_pool(where, local_pool_runs, tmp_path, monkeypatch):
+    """``python -m rpka bench --scheduler tcp://...`` (a cluster started here) and
+    ``--executor dask`` (a local cluster the CLI starts) exit 0 with the local pool's runs."""
+    distributed = pytest.importorskip("distributed")
+    expected, cache = local_pool_runs
+    monkeypatch.setattr(bench, "DEFAULT_DATA_DIR", cache)  # not the repository's data/cache
+    argv = ["bench", *CLI_SMOKE, "--out", str(tmp_path / "out")]
+    if where == "executor":
+        assert cli.main([*argv, "--executor", "dask"]) == 0
+    else:
+        with distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+        ) as cluster:
+            assert cluster.scheduler_address.startswith("tcp://")
+            assert cli.main([*argv, "--scheduler", cluster.scheduler_address]) == 0
+            assert cluster.scheduler.transition_counter > 0  # the jobs ran on this cluster
+            # the CLI closed its client, not the cluster it was given
+            assert cluster.status.name == "running"
+    assert (tmp_path / "out" / "bench_report.json").is_file()
+    assert _run_files(tmp_path / "out") == expected

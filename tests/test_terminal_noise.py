@@ -50,3 +50,33 @@ def test_the_memory_profiler_prints_no_trace_markers():
         check=True,
     )
     assert run.stdout.strip() == "True" and "USDT" not in run.stderr
+
+
+FREE_DURING_PROFILE = textwrap.dedent(
+    """
+    {prelude}
+    import torch
+    from rpka.scaling import peak_memory_mib
+
+    held = [torch.zeros(256, 256)]  # allocated before the profile, freed inside it
+    peak_memory_mib(lambda: held.pop(), "cpu")
+    """
+)
+
+
+def test_the_cli_silences_c10s_unknown_memory_block_line():
+    """c10 logs a line when a profiled step frees an older tensor (every long-context
+    memory probe); the CLI sets c10's level before torch loads. Without it the line shows,
+    so this test sees the difference."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(ROOT)
+
+    def stderr(prelude):
+        code = FREE_DURING_PROFILE.format(prelude=prelude)
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+        )
+        return run.stderr
+
+    assert "Memory block of unknown size" in stderr("")
+    assert "Memory block" not in stderr("import rpka.__main__")
