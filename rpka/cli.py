@@ -305,7 +305,7 @@ def report_main(argv: Sequence[str] | None = None) -> None:
             compute=[
                 (label, step)
                 for label, step in study.compute_steps(args.preset, progress=not args.no_progress)
-                if not args.from_results or label == "study index"
+                if not args.from_results or label in study.RENDER_STEPS
             ],
             title=pipeline.preset_title(args.preset),
         )

@@ -61,6 +61,11 @@ def lm_results_dir(preset: str) -> str:
     return bench_dir(preset, "lm")
 
 
+def demo_run_dir(preset: str) -> str:
+    """Where 01_train's two demo runs are cached: ``data/results/<preset>/train``."""
+    return f"{results_dir(preset)}/train"
+
+
 def figures_dir(preset: str) -> str:
     return paths.figures_dir(preset)
 
@@ -70,7 +75,11 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
     results, figures = results_dir(preset), figures_dir(preset)
     report = paths.bench_report(preset)
     return {
-        "01_train.ipynb": {"preset": preset, "run_dir": f"{results}/train", "figures_dir": figures},
+        "01_train.ipynb": {
+            "preset": preset,
+            "run_dir": demo_run_dir(preset),
+            "figures_dir": figures,
+        },
         "02_sweep.ipynb": {"preset": preset, "results_dir": results, "figures_dir": figures},
         "03_deltas.ipynb": {"preset": preset, "bench_report": report, "figures_dir": figures},
         "04_mechanism.ipynb": {
@@ -109,6 +118,11 @@ SCALING_PRESET = {"smoke": "tiny", "quick": "tiny", "full": "cpu"}
 
 def scaling_json(preset: str) -> str:
     return paths.scaling_cpu_json(preset)
+
+
+DEMO_STEP = "demo training (01_train)"
+# what `report --from-results` still computes: the notebooks' own demo runs and the index
+RENDER_STEPS = (DEMO_STEP, "study index")
 
 
 def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callable[[], object]]]:
@@ -151,6 +165,11 @@ def _study_steps(
             "long-context training",
             lambda: run_longctx(get_longctx_preset(preset), results_dir(preset), progress=progress),
             (paths.longctx_json(preset),),
+        ),
+        (
+            DEMO_STEP,  # 01_train's models: here a bar in the terminal, in the cell a silent wait
+            lambda: train_demo(preset, demo_run_dir(preset), progress=progress),
+            (),  # run files named by their configuration's hash
         ),
         ("study index", lambda: write_study_index(preset), (paths.study_json(preset),)),
     ]

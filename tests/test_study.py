@@ -457,3 +457,35 @@ def test_study_index_reads_every_track_report_it_finds(smoke_study_report):
         if name != report["baseline_arm"]
     }
     assert read_json(out / "study.json") == json.loads(json.dumps(index))
+
+
+def test_01_trains_demo_runs_train_in_a_terminal_step_and_the_notebook_reuses_them(
+    tmp_path, monkeypatch, capsys
+):
+    """`report` trains 01_train's two models as a step of its own, with a bar in the
+    terminal (the cell itself would wait in silence, ~10 min at full), even with
+    --from-results; the notebook's call then finds them cached (issue 17 item 8)."""
+    labels = [label for label, _ in study.compute_steps("smoke", progress=False)]
+    assert labels[-2:] == [study.DEMO_STEP, "study index"]
+    assert set(study.RENDER_STEPS) <= set(labels)
+    assert study.notebook_parameters("smoke")["01_train.ipynb"]["run_dir"] == (
+        study.demo_run_dir("smoke")
+    )
+
+    trained = []
+    run_to_file = study.bench.run_to_file
+    monkeypatch.setattr(
+        study.bench, "run_to_file", lambda rc, path: trained.append(path) or run_to_file(rc, path)
+    )
+    first = study.train_demo("smoke", tmp_path, progress=True)
+    assert len(trained) == 2 and "lr=" in capsys.readouterr().err  # the step's bars
+    again = study.train_demo("smoke", tmp_path, progress=False)  # the notebook's call
+    assert len(trained) == 2  # nothing retrained
+    assert {k: v["run_file"] for k, v in again.items()} == {
+        k: v["run_file"] for k, v in first.items()
+    }
+
+    ran = {}
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", lambda *a, compute, **kw: ran.update(compute))
+    cli.report_main(["--preset", "smoke", "--from-results", "--html", str(tmp_path / "r.html")])
+    assert list(ran) == list(study.RENDER_STEPS)
