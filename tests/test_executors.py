@@ -31,7 +31,10 @@ DRIVER = textwrap.dedent(
         return os.getpid()
 
     if __name__ == "__main__":
-        pool = executors._process_pool(2, use_prctl=sys.argv[1] == "prctl")
+        if sys.argv[1] == "dask":  # a LocalCluster the driver started, as --executor dask
+            pool = executors.make_executor("dask", n_workers=2)
+        else:
+            pool = executors._process_pool(2, use_prctl=sys.argv[1] == "prctl")
         seen = set()
         while len(seen) < 2:
             seen |= {f.result() for f in [pool.submit(pid_after, 0.3) for _ in range(2)]}
@@ -49,9 +52,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# "prctl": Linux's parent-death signal (and the poller); "poll": the portable poller alone
-@pytest.mark.parametrize("mechanism", ["prctl", "poll"])
+# "prctl": Linux's parent-death signal (and the poller); "poll": the portable poller alone;
+# "dask": a local Dask cluster's worker processes (Dask's own watch on their nanny)
+@pytest.mark.parametrize("mechanism", ["prctl", "poll", "dask"])
 def test_workers_exit_when_the_driver_is_killed(mechanism, tmp_path):
+    if mechanism == "dask":
+        pytest.importorskip("distributed")
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -63,7 +69,7 @@ def test_workers_exit_when_the_driver_is_killed(mechanism, tmp_path):
         assert len(workers) == 2 and all(_alive(pid) for pid in workers)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=10)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + (30 if mechanism == "dask" else 5)
         while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.1)
         orphans = [pid for pid in workers if _alive(pid)]
