@@ -11,7 +11,7 @@ import numpy as np
 
 from rpka import stats
 from rpka.plots import metric_label
-from rpka.tables import verdict_word
+from rpka.tables import NEAR_ZERO_FRACTION, relative_is_meaningful, verdict_word
 from rpka.tracks import get_task
 
 
@@ -43,16 +43,6 @@ def setup(report: Mapping) -> str:
         f"lower is better). A seed fixes data order and initialisation for both arms of a pair."
     )
     return get_task(report["track"]).setup_text(report, protocol)
-
-
-# Beyond this many times exact's mean a relative figure says only that exact's mean is ~0
-# (recall: exact's error 1e-4, deltas of 984,500 %); the one cut-off every text uses.
-NEAR_ZERO_FRACTION = 100.0
-
-
-def relative_is_meaningful(fraction: float) -> bool:
-    """Whether a difference of ``fraction`` × exact's mean is worth writing as a share."""
-    return math.isfinite(fraction) and abs(fraction) <= NEAR_ZERO_FRACTION
 
 
 def relative_text(fraction: float, of: str = "exact's mean") -> str:

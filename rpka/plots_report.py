@@ -18,9 +18,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rpka.io import save_figure
-from rpka.narrative import relative_is_meaningful
 from rpka.plots import metric_label
-from rpka.tables import arm_group, verdict_word
+from rpka.tables import arm_group, relative_is_meaningful, verdict_word
 from rpka.tracks import get_task
 
 PRIMARY_COLOUR = "C1"  # the pre-registered primary arm, in every report figure

@@ -305,7 +305,8 @@ def targets(
     results: dict[str, Any] = dict.fromkeys(STUDY_TRACKS)
     results |= {name: t["report"] for name, t in study["tracks"].items()}
     results |= {"mechanism": mechanism, "scaling_cpu": scaling, "decode": decode}
-    return summary.targets_table({**results, "scaling_gpu": gpu})
+    results["longctx"] = optional_json(paths.longctx_json(study["preset"]))
+    return summary.targets_table({**results, "scaling_gpu": gpu}, study["preset"])
 
 
 def verdicts_table(study: Mapping[str, Any]) -> pd.DataFrame:

@@ -18,14 +18,13 @@ from rpka.narrative import (
     control_arms,
     mde_text,
     readable_options,
-    relative_is_meaningful,
     relative_text,
 )
 from rpka.plots import metric_label
 from rpka.plots_report import relative_interval
 from rpka.scaling_analysis import crossover_table
 from rpka.stats import ALPHA, rule_can_reject
-from rpka.tables import arm_group, verdict_word
+from rpka.tables import arm_group, relative_is_meaningful, verdict_word
 
 GUARD_SHARE_NOTE = 0.01  # docs/numerics.md: a guard firing on > 1 % of rows is reported
 SPEED_RANK = 64  # the rank the speed targets are stated at (rpka.summary)

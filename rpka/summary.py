@@ -92,8 +92,15 @@ def _rpka_rows(scaling: Mapping[str, Any], rank: int = 64) -> dict[int, dict]:
     }
 
 
-def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
-    """Each target of the study's issues, the measured figure and whether it is met."""
+# the study's budget on the project's 2-core machine (issue 16): `make report` with every track
+BUDGET_MIN = 25
+# long-context training at 2,048 tokens, the primary rank (issue 16's table)
+LONGCTX_STEP_TARGET, LONGCTX_PEAK_TARGET = 0.5, 1.5
+
+
+def targets_table(results: Mapping[str, Any], preset: str | None = None) -> pd.DataFrame:
+    """Each target of the study's issues, the measured figure and whether it is met; with
+    ``preset``, also the study's budget from its recorded training cost."""
     rows: list[tuple[str, str, str]] = []
 
     def add(target: str, measured: str, met: bool | None) -> None:
@@ -103,6 +110,15 @@ def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
         if results.get(name):
             for target, measured, met in get_task(name).summary_targets(results[name]):
                 add(target, measured, met)
+    for target, measured, met in longctx_targets(results.get("longctx")):
+        add(target, measured, met)
+    if preset is not None:
+        cpu_s = int(cost_table(preset, results)["CPU s"].iloc[-1])
+        add(
+            f"study budget: `make report` ≤ {BUDGET_MIN} min on 2 cores",
+            f"{cpu_s / 120:.0f} min for the training runs alone ({cpu_s:,} CPU-s / 2 cores)",
+            cpu_s / 120 <= BUDGET_MIN,
+        )
     mechanism = results["mechanism"]
     if mechanism:
         sig = mechanism["trained"]["mechanism_signature"]
@@ -168,6 +184,37 @@ def targets_table(results: Mapping[str, Any]) -> pd.DataFrame:
         for target in gpu.get("targets", []):
             rows.append((target["statement"], target["measured"], _met(target["met"])))
     return pd.DataFrame(rows, columns=["target", "measured", "status"])
+
+
+def longctx_targets(longctx: Mapping[str, Any] | None) -> list[tuple[str, str, bool | None]]:
+    """Step time and peak memory of the long-context primary arm at the longest context,
+    against exact's in the same study (issue 16)."""
+    if not longctx:
+        return []
+    primary = longctx["config"]["bench"]["primary_arm"]
+    context = max(longctx["contexts"])
+    row = next(
+        (r for r in longctx["rows"] if r["context"] == context and r["arm"] == primary), None
+    )
+    if row is None:
+        return []
+    where = f"long context, {context:,} tokens: {primary}"
+    out = [
+        (
+            f"{where} training step ≤ {LONGCTX_STEP_TARGET} × exact",
+            f"{row['step_ratio_vs_exact']:.2f} ×",
+            row["step_ratio_vs_exact"] <= LONGCTX_STEP_TARGET,
+        )
+    ]
+    if row.get("peak_ratio_vs_exact") is not None:
+        out.append(
+            (
+                f"{where} peak memory ≤ {LONGCTX_PEAK_TARGET} × exact",
+                f"{row['peak_ratio_vs_exact']:.2f} ×",
+                row["peak_ratio_vs_exact"] <= LONGCTX_PEAK_TARGET,
+            )
+        )
+    return out
 
 
 def run_cpu_s(report: Mapping[str, Any]) -> float:
@@ -242,7 +289,7 @@ def render(preset: str = "full") -> str:
     parts += [
         "**Verdicts.**\n\n" + narrative.verdicts(*(results[name] for name in present)),
         "**Targets.**",
-        targets_table(results).to_markdown(index=False),
+        targets_table(results, preset).to_markdown(index=False),
         "**Training cost** (the runs behind these results; `timings.run_cpu_s` of each bench "
         "report, one thread per run; the notebooks and the scaling sweep come on top):",
         cost_table(preset, results).to_markdown(index=False),

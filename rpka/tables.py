@@ -32,6 +32,16 @@ from rpka.tracks import get_task
 # --------------------------------------------------------------------------- bench
 
 
+# Beyond this many times exact's mean a relative figure says only that exact's mean is ~0
+# (recall: exact's error 1e-4, deltas of 984,500 %); the one cut-off every text uses.
+NEAR_ZERO_FRACTION = 100.0
+
+
+def relative_is_meaningful(fraction: float) -> bool:
+    """Whether a difference of ``fraction`` × exact's mean is worth writing as a share."""
+    return math.isfinite(fraction) and abs(fraction) <= NEAR_ZERO_FRACTION
+
+
 def points_label(entry: Mapping) -> str:
     """ "r=16 of 192" for a low-rank arm, "96 tokens" for exact."""
     rank = entry.get("rank")
