@@ -55,7 +55,7 @@ def _finite(*values: float | None) -> bool:
 
 
 # the headline's axis stops here (a scale choice: larger deltas squash the others); beyond
-# narrative.NEAR_ZERO_FRACTION a value is said to be so because exact's mean is ~0
+# tables.NEAR_ZERO_FRACTION a value is said to be so because exact's mean is ~0
 HEADLINE_MAX_PCT = 1000.0
 
 

@@ -14,12 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rpka.narrative import (
-    control_arms,
-    mde_text,
-    readable_options,
-    relative_text,
-)
+from rpka.narrative import control_arms, mde_text, readable_options, relative_text
 from rpka.plots import metric_label
 from rpka.plots_report import relative_interval
 from rpka.scaling_analysis import crossover_table
