@@ -279,7 +279,7 @@ def test_presets_validate_and_round_trip():
         config = get_preset(name)
         assert BenchConfig.from_dict(json.loads(json.dumps(dataclasses.asdict(config)))) == config
     full = get_preset("full")
-    assert full.track.context >= 96 and len(full.eval_seeds) == 8
+    assert full.track.context >= 96 and len(full.eval_seeds) == 9
     assert {4, 16, 64} <= {a.options.get("rank") for a in full.arms}
     with pytest.raises(ValueError, match="eval_seeds"):
         get_preset("smoke", eval_seeds=(0, 1))  # overlaps the sweep seeds
