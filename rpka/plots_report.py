@@ -192,7 +192,7 @@ def plot_forest(
         )
     axes[-1, 0].set_xlabel(f"paired difference in test {metric_label(report)}")
     if margin:
-        axes[0, 0].legend(loc="lower right", fontsize=8)
+        axes[0, 0].legend(loc="best", fontsize=8)
     save_figure(fig, save_dir, name)
     return fig
 
