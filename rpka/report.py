@@ -306,7 +306,8 @@ def targets(
     results |= {name: t["report"] for name, t in study["tracks"].items()}
     results |= {"mechanism": mechanism, "scaling_cpu": scaling, "decode": decode}
     results["longctx"] = optional_json(paths.longctx_json(study["preset"]))
-    return summary.targets_table({**results, "scaling_gpu": gpu}, study["preset"])
+    cost = summary.cost_table(study["preset"], results)
+    return summary.targets_table({**results, "scaling_gpu": gpu}, cost)
 
 
 def verdicts_table(study: Mapping[str, Any]) -> pd.DataFrame:

@@ -98,9 +98,9 @@ BUDGET_MIN = 25
 LONGCTX_STEP_TARGET, LONGCTX_PEAK_TARGET = 0.5, 1.5
 
 
-def targets_table(results: Mapping[str, Any], preset: str | None = None) -> pd.DataFrame:
+def targets_table(results: Mapping[str, Any], cost: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each target of the study's issues, the measured figure and whether it is met; with
-    ``preset``, also the study's budget from its recorded training cost."""
+    ``cost`` (:func:`cost_table`), also the study's budget from its recorded training cost."""
     rows: list[tuple[str, str, str]] = []
 
     def add(target: str, measured: str, met: bool | None) -> None:
@@ -112,8 +112,8 @@ def targets_table(results: Mapping[str, Any], preset: str | None = None) -> pd.D
                 add(target, measured, met)
     for target, measured, met in longctx_targets(results.get("longctx")):
         add(target, measured, met)
-    if preset is not None:
-        cpu_s = int(cost_table(preset, results)["CPU s"].iloc[-1])
+    if cost is not None:
+        cpu_s = int(cost["CPU s"].iloc[-1])  # the total row
         add(
             f"study budget: `make report` ≤ {BUDGET_MIN} min on 2 cores",
             f"{cpu_s / 120:.0f} min for the training runs alone ({cpu_s:,} CPU-s / 2 cores)",
@@ -286,13 +286,14 @@ def render(preset: str = "full") -> str:
         parts += narrative.mechanism_limitation(results["mechanism"], results["mechanism_followup"])
     if results["scaling_cpu"]:
         parts.append("**Scaling.** " + narrative.scaling_summary(results["scaling_cpu"]))
+    cost = cost_table(preset, results)
     parts += [
         "**Verdicts.**\n\n" + narrative.verdicts(*(results[name] for name in present)),
         "**Targets.**",
-        targets_table(results, preset).to_markdown(index=False),
+        targets_table(results, cost).to_markdown(index=False),
         "**Training cost** (the runs behind these results; `timings.run_cpu_s` of each bench "
         "report, one thread per run; the notebooks and the scaling sweep come on top):",
-        cost_table(preset, results).to_markdown(index=False),
+        cost.to_markdown(index=False),
     ]
     return "\n\n".join(part for part in parts if part)  # a track without a control: ""
 

@@ -59,7 +59,8 @@ def test_speed_targets_of_issue_16_are_read_from_the_study(smoke_study_report):
         ],
     }
     results = {**dict.fromkeys(summary.load_results("smoke")), "forecast": report}
-    table = summary.targets_table({**results, "longctx": longctx}, "no-such-preset")
+    cost = summary.cost_table("no-such-preset", results)
+    table = summary.targets_table({**results, "longctx": longctx}, cost)
     status = dict(zip(table["target"], table["status"], strict=True))
     assert status["rpka-r16 training step at 32 tokens ≤ 1.5 × exact"] == "met"
     assert status["rpka-r64 training step at 32 tokens ≤ 3.0 × exact"] == "not met"
