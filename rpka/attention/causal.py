@@ -48,10 +48,18 @@ to the whole row and cancels). Rows of block 0 have no past: exact causal softma
 **Landmark schedule.** Redrawing landmarks for every block would cost ``O(cb r d)`` per
 block, ``O(n^2 r d / b)`` in all. They are redrawn at *draw blocks* only: block 1; after a
 draw at block ``c``, block ``2c`` (the prefix has doubled) - or block ``c + 1`` while the pool
-at the last draw held at most ``r`` points (the pivots were then the whole pool, Nystrom
-is exact on it, so a rank >= the number of earlier points reproduces exact causal
-attention). Between draws the landmarks stay fixed and each finished block is folded into
-``M`` (``O(b r d)``).
+of block ``c`` (its ``c b`` earlier positions' points) holds at most ``r`` points. Between
+draws the landmarks stay fixed and each finished block is folded into ``M`` (``O(b r d)``).
+
+**Exact past while the pool fits the rank** (issue 13). With a pool of at most ``r`` points
+RPCholesky would pivot on all of them, so every earlier key is a landmark and eq. (2) is
+exact in exact arithmetic (``G_ZZ^{-1} g(Z, k_j)`` is the unit vector of ``k_j``). In
+floating point it is not: with repeated sharp keys a landmark's core row is 0 in exact
+arithmetic but the round-off of its own large key mass, and a later query reads that noise
+(0.19 relative error at logit std 36, float64). Such a block's past part is therefore
+computed as what it equals, the terms ``e^{s_ij}`` of the ``c b <= r`` earlier keys themselves
+(``O(b r d)``, the cost of eq. (2)), and no landmarks are drawn for it. A rank >= the number
+of earlier points thus reproduces exact causal attention to round-off.
 
 **Cost** (``n`` positions, block ``b``, rank ``r``, head dim ``d``): local part ``O(n b d)``;
 past part ``O(n r d)``; folding ``O(n r d)``; the draws run RPCholesky on prefixes that
@@ -94,14 +102,18 @@ from rpka.attention.rpcholesky import rpcholesky
 # ----------------------------------------------------------------------------- schedule
 
 
+def past_is_exact(block: int, block_size: int, rank: int, points_per_position: int) -> bool:
+    """Whether block ``block``'s pool (``block * block_size * points_per_position`` points)
+    fits in ``rank``: its past part is then computed exactly, with no landmarks."""
+    return block * block_size * points_per_position <= rank
+
+
 def next_draw(block: int, block_size: int, rank: int, points_per_position: int) -> int:
     """The block at which landmarks are redrawn after a draw at ``block``.
 
-    ``block + 1`` while that draw's pool (``block * block_size * points_per_position``
-    points) was no larger than ``rank`` (every pool point was a pivot), else ``2 * block``.
+    ``block + 1`` while ``block``'s past is exact (:func:`past_is_exact`), else ``2 * block``.
     """
-    pool = block * block_size * points_per_position
-    return block + 1 if pool <= rank else 2 * block
+    return block + 1 if past_is_exact(block, block_size, rank, points_per_position) else 2 * block
 
 
 def draw_blocks(n_blocks: int, block_size: int, rank: int, points_per_position: int) -> list[int]:
@@ -336,7 +348,7 @@ class ForwardTail:
     """What a decoder needs from the forward: centre, last landmarks, their moments."""
 
     centre: Tensor | None
-    landmarks: LandmarkSet | None
+    landmarks: LandmarkSet | None  # None while the last block's past is exact
     moments: Moments | None  # over the positions before the last block
     next_draw: int
 
@@ -367,14 +379,29 @@ def causal_forward(
     guards = empty_guards(q_s.device)
     outs = [combine(scores[..., 0, :, :], v_b[..., 0, :, :], v_low, v_high, den_floor)[0]]
     landmarks = moments = None
-    draws = draw_blocks(n_blocks, b, sampler.rank, sampler.points_per_position)
+    ppp = sampler.points_per_position
+    draws = draw_blocks(n_blocks, b, sampler.rank, ppp)
     for start, stop in itertools.pairwise([*draws, n_blocks]):  # one landmark epoch each
+        rows = slice(start, stop)
+        if past_is_exact(start, b, sampler.rank, ppp):  # one block, its past keys as they are
+            landmarks = moments = None
+            past_scores = local_scores(q_b[..., start, :, :], k_c[..., : start * b, :], False)
+            out = combine(
+                torch.cat([past_scores, scores[..., start, :, :]], dim=-1),
+                torch.cat([v[..., : start * b, :], v_b[..., start, :, :]], dim=-2),
+                v_low[..., start, :, :],
+                v_high[..., start, :, :],
+                den_floor,
+            )[0].unsqueeze(-3)
+            never = torch.zeros_like(out[..., :1], dtype=torch.bool)
+            count_guards(guards, never, never.expand_as(out), is_real[..., rows, :, :])
+            outs.append(out)
+            continue
         landmarks = LandmarkSet.draw(sampler, q_s[..., : start * b, :], k_c[..., : start * b, :])
         moments = epoch_moments(landmarks, k_c, v, start, stop, b)  # block s: keys < sb
         blocks = landmarks.per_block()
         core = blocks.solve(moments)
         past = (blocks.past_logits(q_b[..., start:stop, :, :], core), core.scaled)
-        rows = slice(start, stop)
         out, floored, clamped = combine(
             scores[..., rows, :, :],
             v_b[..., rows, :, :],
@@ -390,7 +417,7 @@ def causal_forward(
         centre if n >= b else None,
         landmarks,
         moments.part(-1) if moments is not None else None,
-        first_draw_from(n_blocks, b, sampler.rank, sampler.points_per_position),
+        first_draw_from(n_blocks, b, sampler.rank, ppp),
     )
     return out, guards, tail
 
@@ -429,7 +456,7 @@ class CausalState:
     keys: GrowingBuffer
     values: GrowingBuffer
     centre: Tensor | None
-    landmarks: LandmarkSet | None
+    landmarks: LandmarkSet | None  # None while the current block's past is exact
     moments: Moments | None
     core: Core | None  # G_ZZ^{-1} M of the current block
     next_draw: int
@@ -495,10 +522,15 @@ def causal_step(
     k_local = state.keys.view(block * b)
     if block > 0:
         k_local = k_local - state.centre
-    scores = local_scores(q_s, k_local, causal=False)  # every local key is <= t
     v_local = state.values.view(block * b)
-    if block == 0:
+    if block > 0 and state.landmarks is None:  # an exact past: every earlier key as it is
+        k_local, v_local = state.keys.view() - state.centre, state.values.view()
+    scores = local_scores(q_s, k_local, causal=False)  # every key here is <= t
+    if block == 0 or state.landmarks is None:
         out = combine(scores, v_local, state.v_low, state.v_high, den_floor)[0]
+        if block > 0:
+            never = torch.zeros_like(out[..., :1], dtype=torch.bool)
+            count_guards(state.guards, never, never.expand_as(out))
     else:
         past = (state.landmarks.past_logits(q_s, state.core), state.core.scaled)
         out, floored, clamped = combine(scores, v_local, state.v_low, state.v_high, den_floor, past)
@@ -514,6 +546,10 @@ def close_block(state: CausalState, block: int, block_size: int, sampler: Landma
     end = (block + 1) * b
     if block == 0:
         state.centre = state.keys.view(0, b).mean(-2, keepdim=True)
+    if past_is_exact(block + 1, b, sampler.rank, sampler.points_per_position):
+        state.landmarks = state.moments = state.core = None
+        state.next_draw = block + 2
+        return
     if block + 1 == state.next_draw:
         queries = state.queries.view(0, end) if state.queries is not None else None
         k_c = state.keys.view(0, end) - state.centre
