@@ -282,6 +282,13 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument(
+        "--parallel",
+        type=int,
+        default=2,
+        help="notebooks run at a time before the last one, >= 1 (1 shows each notebook's cell "
+        "bar; default: %(default)s)",
+    )
+    parser.add_argument(
         "--print-parameters", action="store_true", help="print each notebook's parameters and exit"
     )
     parser.add_argument(
@@ -297,6 +304,8 @@ def report_main(argv: Sequence[str] | None = None) -> None:
         print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
         return
     _check_out_file(parser, "--html", Path(args.html))
+    if args.parallel < 1:
+        parser.error(f"--parallel must be an integer >= 1, got {args.parallel}")
     try:
         pipeline.run_pipeline(
             steps,
@@ -308,6 +317,7 @@ def report_main(argv: Sequence[str] | None = None) -> None:
                 if not args.from_results or label in study.RENDER_STEPS
             ],
             title=pipeline.preset_title(args.preset),
+            parallel=args.parallel,
         )
     except pipeline.PipelineError as err:
         raise SystemExit(f"report failed: {err}") from None

@@ -154,3 +154,12 @@ def test_a_corrupt_file_error_exits_2_with_one_line(monkeypatch, capsys):
     monkeypatch.setitem(cli.COMMANDS, "summary", (corrupt, "test"))
     assert cli.main(["summary"]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_report_refuses_a_parallel_below_one(value, tmp_path, capsys, no_compute):
+    with pytest.raises(SystemExit) as exit_info:
+        html = str(tmp_path / "r.html")
+        cli.report_main(["--preset", "smoke", "--parallel", value, "--html", html])
+    assert exit_info.value.code == 2
+    assert f"--parallel must be an integer >= 1, got {value}" in capsys.readouterr().err

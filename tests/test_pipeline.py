@@ -55,7 +55,10 @@ def test_unknown_parameter_is_rejected_before_running(plotting_notebook, tmp_pat
     assert not out.exists() and not (tmp_path / "r.html").exists()
 
 
-def test_failing_notebook_stops_the_run_naming_notebook_and_cell(plotting_notebook, tmp_path):
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_failing_notebook_stops_the_run_naming_notebook_and_cell(
+    plotting_notebook, tmp_path, parallel
+):
     bad = write_notebook(
         tmp_path / "00_bad.ipynb",
         [
@@ -64,14 +67,51 @@ def test_failing_notebook_stops_the_run_naming_notebook_and_cell(plotting_notebo
             new_code_cell("raise RuntimeError('boom in the middle')"),
         ],
     )
+    slow = write_notebook(tmp_path / "00_slow.ipynb", [new_code_cell("import time; time.sleep(3)")])
+    first = [Step(bad, tmp_path / "o" / "00_bad.ipynb", {"x": 2})]
+    if parallel == 2:  # the bad notebook fails while the slow one still runs beside it
+        first.append(Step(slow, tmp_path / "o" / "00_slow.ipynb", {}))
     steps = [
-        Step(bad, tmp_path / "o" / "00_bad.ipynb", {"x": 2}),
+        *first,
         Step(plotting_notebook, tmp_path / "o" / "01_plot.ipynb", {}),
+        Step(plotting_notebook, tmp_path / "o" / "02_plot.ipynb", {}),
     ]
+    lines = []
     with pytest.raises(PipelineError, match=r"00_bad.ipynb failed in cell \d+.*boom in the middle"):
-        run_pipeline(steps, tmp_path / "r.html", progress=False, log=lambda s: None)
-    assert not (tmp_path / "o" / "01_plot.ipynb").exists()  # the run stopped
+        run_pipeline(
+            steps, tmp_path / "r.html", progress=False, log=lines.append, parallel=parallel
+        )
+    assert not (tmp_path / "o" / "01_plot.ipynb").exists()  # no notebook started after it
+    assert not (tmp_path / "o" / "02_plot.ipynb").exists()
     assert not (tmp_path / "r.html").exists()
+    if parallel == 2:  # the one running beside it was waited for
+        assert (tmp_path / "o" / "00_slow.ipynb").exists()
+        assert any(line.startswith("[2/4] 00_slow.ipynb done") for line in lines)
+
+
+def test_notebooks_run_in_parallel_keep_order_and_the_last_runs_alone(tmp_path):
+    """Two at a time: the sleeps overlap; the last notebook starts after every other ended."""
+    stamp = "import time, pathlib; pathlib.Path(out).write_text(str(time.time())); time.sleep(2)"
+    steps = []
+    for i in range(4):
+        cells = [params_cell("out = ''"), new_code_cell(stamp)]
+        nb = write_notebook(tmp_path / f"{i}.ipynb", cells)
+        steps.append(Step(nb, tmp_path / "o" / f"{i}.ipynb", {"out": str(tmp_path / f"{i}.t")}))
+    lines = []
+    run_pipeline(steps, tmp_path / "r.html", progress=False, log=lines.append, parallel=2)
+    started = [float((tmp_path / f"{i}.t").read_text()) for i in range(4)]
+    assert abs(started[0] - started[1]) < 1.5  # the first two ran side by side
+    assert started[3] > max(started[:3]) + 1.5  # the report notebook ran after the others
+    starts = [line for line in lines if line.endswith(" ...")]
+    assert starts == [f"[{i + 1}/4] {i}.ipynb ..." for i in range(4)]  # started in order
+
+
+@pytest.mark.parametrize("parallel", [0, -1, 1.5, True])
+def test_bad_parallel_is_refused_before_running(plotting_notebook, tmp_path, parallel):
+    out = tmp_path / "o" / "01_plot.ipynb"
+    with pytest.raises(ValueError, match="parallel must be an integer >= 1"):
+        run_pipeline([Step(plotting_notebook, out, {})], tmp_path / "r.html", parallel=parallel)
+    assert not out.exists()
 
 
 def test_html_is_self_contained_with_code_hidden(plotting_notebook, tmp_path):
