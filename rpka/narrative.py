@@ -394,3 +394,37 @@ def verdicts(*reports: Mapping | None) -> str:
             + "."
         )
     return "\n".join(lines)
+
+
+def superseded(report: Mapping[str, Any], previous: Mapping[str, Any]) -> str:
+    """What a rerun after a bug fix changed (``superseded.json``, ``study.record_superseded``):
+    each arm whose test scores moved, before → now, and the arms reproduced bit for bit."""
+    changed, same = [], []
+    for name, entry in report["arms"].items():
+        before = previous["arms"].get(name)
+        if before is None:
+            continue
+        if before["per_seed"] == entry["full"]["per_seed"]:
+            same.append(f"`{name}`")
+            continue
+        now = entry.get("comparison") or {}
+        changed.append(
+            f"`{name}` {before['mean']:.4g} → {entry['full']['mean']:.4g}"
+            + (
+                f" (delta {_delta(before)} → {_delta(now)}; "
+                f"{verdict_word(before['verdict'])} → {verdict_word(now['verdict'])})"
+                if "verdict" in before and "verdict" in now
+                else ""
+            )
+        )
+    text = (
+        f"**Rerun after a fix.** {previous['reason']} (fixed in {previous['fix']}). "
+        f"Mean test {previous['metric']} before → now: " + "; ".join(changed or ["no arm moved"])
+    )
+    if same:
+        text += f". Reproduced bit for bit: {', '.join(same)}"
+    return text + "."
+
+
+def _delta(c: Mapping[str, Any]) -> str:
+    return f"{c['delta_mean']:+.3g} [{c['ci_low']:+.3g}, {c['ci_high']:+.3g}]"

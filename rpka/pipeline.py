@@ -7,9 +7,9 @@ Each notebook in ``notebooks/`` runs from a fresh kernel with the preset's param
 results only through files whose paths are parameters, and the study's files are computed
 before any notebook runs (and no two notebooks write the same file), so all but the last
 (the report) run ``parallel`` at a time in order - a kernel's start and imports are
-single-threaded, and on 2 cores two at a time halve the wait. No notebook starts after one has failed; the run
-stops naming the failing notebook and the cell. The last notebook is rendered to one
-self-contained HTML file (code hidden, images embedded, no script) at
+single-threaded, and on 2 cores two at a time halve the wait. No notebook starts after
+one has failed; the run stops naming the failing notebook and the cell. The last notebook
+is rendered to one self-contained HTML file (code hidden, images embedded, no script) at
 ``reports/<preset>/rpka_report.html``, beside the executed notebooks, with a copy of the
 latest at ``reports/rpka_report.html``.
 """

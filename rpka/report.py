@@ -143,8 +143,11 @@ def preview_banner(preset: str, study: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- study index
 
 
-def _entry(name: str, report: Mapping[str, Any], indexed: Mapping[str, Any]) -> dict[str, Any]:
+def _entry(
+    name: str, report: Mapping[str, Any], indexed: Mapping[str, Any], bench: Path
+) -> dict[str, Any]:
     gate = indexed.get("attention_gate", report.get("attention_gate"))
+    superseded = bench.parent / study.SUPERSEDED_FILE  # what a rerun after a fix replaced
     return {
         "name": name,
         "title": get_task(report["track"]).title,
@@ -155,6 +158,11 @@ def _entry(name: str, report: Mapping[str, Any], indexed: Mapping[str, Any]) -> 
         "decision": report.get("decision") or {},
         "comparison": primary_comparison(report),
         "run_time_s": indexed.get("run_time_s", report["timings"].get("run_wall_s")),
+        "superseded": (
+            read_json_checked(superseded, ("reason", "fix", "metric", "arms"))
+            if superseded.exists()
+            else None
+        ),
     }
 
 
@@ -168,8 +176,9 @@ def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
     Returns {"preset", "source", "tracks": {name: entry}, "longctx"}; each entry has
     ``report`` (the bench report), ``gate`` ("passed", "failed", or "none" for a track
     without a control or an older report), ``attention_gate``, ``decision``,
-    ``comparison`` (the primary arm's) and ``run_time_s``. Tracks are ordered: gate
-    passed, no gate, gate failed (the Summary's order).
+    ``comparison`` (the primary arm's), ``run_time_s`` and ``superseded`` (what a rerun
+    after a fix replaced, ``study.record_superseded``; None if none). Tracks are ordered:
+    gate passed, no gate, gate failed (the Summary's order).
     """
     path = paths.resolve(study_json)
     tracks: dict[str, dict[str, Any]] = {}
@@ -179,13 +188,15 @@ def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
             bench = path.parent / indexed["bench_report"]
             if not bench.exists():
                 raise FileNotFoundError(f"{path} names {indexed['bench_report']}: not found")
-            tracks[name] = _entry(name, read_json_checked(bench, BENCH_REPORT_KEYS), indexed)
+            report = read_json_checked(bench, BENCH_REPORT_KEYS)
+            tracks[name] = _entry(name, report, indexed, bench)
         source, longctx = str(study_json), index.get("longctx")
     else:  # an index-less study: the study tracks' bench reports where they exist
         for name in STUDY_TRACKS:
             bench = paths.resolve(paths.bench_report(preset, get_task(name).out_dir))
             if bench.exists():
-                tracks[name] = _entry(name, read_json_checked(bench, BENCH_REPORT_KEYS), {})
+                report = read_json_checked(bench, BENCH_REPORT_KEYS)
+                tracks[name] = _entry(name, report, {}, bench)
         source, longctx = f"{paths.results_dir(preset)} (no study.json)", None
     if not tracks and preset not in study.SCALING_PRESET:  # not a study preset
         raise FileNotFoundError(
@@ -194,8 +205,8 @@ def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
         )
     if not tracks:  # nothing run yet (a fresh clone): compute the benches, saying so
         for name in STUDY_TRACKS:
-            bench = paths.bench_report(preset, get_task(name).out_dir)
-            tracks[name] = _entry(name, study.load_result(bench, preset), {})
+            bench = paths.resolve(paths.bench_report(preset, get_task(name).out_dir))
+            tracks[name] = _entry(name, study.load_result(bench, preset), {}, bench)
     order = {"passed": 0, "none": 1, "failed": 2}
     ordered = sorted(tracks.values(), key=lambda t: order[t["gate"]])
     return {
@@ -272,6 +283,8 @@ def track_section(
     if notes:
         out.append(Markdown(notes))
     out.append(tables.styled(tables.results_table(report)))
+    if track.get("superseded"):
+        out.append(Markdown(narrative.superseded(report, track["superseded"])))
     told = disclosures(report)
     if told:
         out.append(Markdown("**What to know about these numbers.**\n\n" + told))

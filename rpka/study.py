@@ -237,6 +237,35 @@ def write_study_index(
     return index
 
 
+SUPERSEDED_FILE = "superseded.json"
+
+
+def record_superseded(
+    previous_report: str | Path, bench_dir: str | Path, reason: str, fix: str
+) -> Path:
+    """Keep what a rerun replaced, beside the new bench report: ``superseded.json``.
+
+    A bench rerun after a bug fix overwrites ``bench_report.json``; the report then shows
+    each arm before and after (:func:`rpka.narrative.superseded`). Stored per arm: the
+    evaluation seeds' test scores and the comparison's delta, CI and verdict. ``reason``
+    says what was wrong, ``fix`` where it was fixed (a commit, an issue).
+    """
+    if not reason.strip() or not fix.strip():
+        raise ValueError("reason and fix must say what was wrong and where it was fixed")
+    previous = read_json(resolve(previous_report))
+    arms = {}
+    for name, entry in previous["arms"].items():
+        c = entry.get("comparison") or {}
+        arms[name] = {
+            "per_seed": entry["full"]["per_seed"],
+            "mean": entry["full"]["mean"],
+            **{k: c[k] for k in ("delta_mean", "ci_low", "ci_high", "verdict") if k in c},
+        }
+    out = resolve(bench_dir) / SUPERSEDED_FILE
+    write_json(out, {"reason": reason, "fix": fix, "metric": previous["metric"], "arms": arms})
+    return out
+
+
 def load_result(path: str | Path, preset: str, progress: bool = True) -> dict:
     """The result file ``path`` of ``preset``'s study; if it is missing (a fresh clone:
     nothing run yet) or corrupt, the study step that writes it runs now - seconds for

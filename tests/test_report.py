@@ -9,8 +9,9 @@ import re
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from IPython.display import Markdown
 
-from rpka import plots, plots_report, report, report_text, stats, study
+from rpka import narrative, plots, plots_report, report, report_text, stats, study
 from rpka.pipeline import offline
 from rpka.tables import arm_group
 
@@ -267,3 +268,32 @@ def test_the_answer_and_the_relative_text_share_one_near_zero_cut_off(fake_study
     assert ("near 0" not in answer) is shown
     assert (f"{ci_pct[0]:+.1f}" in answer) is shown
     assert ("near 0" not in narrative.relative_text(ci_pct[1] / 100)) is shown
+
+
+def test_a_rerun_after_a_fix_shows_each_moved_arm_before_and_now(smoke_study_report, tmp_path):
+    """``record_superseded`` keeps the replaced scores; the track section says what moved
+    (score, delta, verdict) and which arms reproduced bit for bit."""
+    bench, _ = smoke_study_report
+    primary = bench["primary_arm"]
+    previous = copy.deepcopy(bench)
+    previous["arms"][primary]["full"]["per_seed"][0] += 1.0  # the bug's seed
+    previous["arms"][primary]["full"]["mean"] += 0.5
+    (tmp_path / "old.json").write_text(json.dumps(previous))
+    folder = tmp_path / "track"
+    folder.mkdir()
+    (folder / "bench_report.json").write_text(json.dumps(bench))
+    with pytest.raises(ValueError, match="reason and fix"):
+        study.record_superseded(tmp_path / "old.json", folder, " ", "abc123")
+    assert not (folder / study.SUPERSEDED_FILE).exists()
+    study.record_superseded(tmp_path / "old.json", folder, "A bug in the solve", "abc123")
+    index = {"tracks": {bench["track"]: {"bench_report": "track/bench_report.json"}}}
+    (tmp_path / "study.json").write_text(json.dumps(index))
+    track = report.load_study(tmp_path / "study.json", "smoke")["tracks"][bench["track"]]
+    text = narrative.superseded(track["report"], track["superseded"])
+    assert text.startswith("**Rerun after a fix.** A bug in the solve (fixed in abc123).")
+    before, now = previous["arms"][primary]["full"]["mean"], bench["arms"][primary]["full"]["mean"]
+    assert f"`{primary}` {before:.4g} → {now:.4g} (delta " in text
+    others = [f"`{a}`" for a in bench["arms"] if a != primary]
+    assert text.endswith(f"Reproduced bit for bit: {', '.join(others)}.")
+    shown = report.track_section(track, report.Figures())
+    assert any(isinstance(item, Markdown) and item.data == text for item in shown)
