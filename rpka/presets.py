@@ -119,18 +119,28 @@ def _smoke_study() -> BenchConfig:
     )
 
 
+# The mechanism check of the studies (MECHANISM_TRACK's full bench; docs/design.md section 3)
+STUDY_MECHANISM = {"rank": 16, "draws": 500, "quality_ranks": [4, 8, 16, 32], "quality_seeds": 5}
+# and of the quick preview (motif's bench): the same rank, fewer draws and quality points
+QUICK_MECHANISM = {"rank": 16, "draws": 200, "quality_ranks": [4, 16], "quality_seeds": 3}
+
+
+# The quick preset of every track is a preview of the whole pipeline in a few minutes
+# (issue 16's target: ``make report PRESET=quick`` <= 4 min on 2 cores): the full study's
+# arms, 4 evaluation seeds (no verdict can be read from them; the report says so), and
+# data and epochs cut until each bench costs tens of CPU seconds.
 def _quick() -> BenchConfig:
     return BenchConfig(
         preset="quick",
         track=TrackConfig(n_series=16),
         model=ModelConfig(),
-        train=TrainConfig(),
+        train=TrainConfig(epochs=2),
         arms=(EXACT, rpka_arm(4), rpka_arm(16)),
         primary_arm="rpka-r16",
         learning_rates=(1e-3, 3e-3),
-        sweep_seeds=(0, 1),
+        sweep_seeds=(0,),
         eval_seeds=(100, 101, 102, 103),
-        mechanism={"rank": 16, "draws": 500, "quality_ranks": [4, 8, 16, 32], "quality_seeds": 5},
+        mechanism=None,  # the preview's mechanism check is the motif bench's (MECHANISM_TRACK)
         margin=FORECAST_MARGIN,
     )
 
@@ -198,7 +208,7 @@ def _quick_study() -> BenchConfig:
         track=TrackConfig(n_series=16),
         learning_rates=(1e-3, 3e-3),
         eval_seeds=(100, 101, 102, 103),
-        mechanism=_quick().mechanism,
+        mechanism=STUDY_MECHANISM,
     )
 
 
@@ -273,11 +283,13 @@ def _lm_smoke() -> BenchConfig:
 
 
 def _lm_quick() -> BenchConfig:
-    """The full lm study's runs (same data, model, training) with one learning rate and four
-    evaluation seeds: its per-run CPU times estimate the full study's."""
+    """The full lm study's arms and model with one learning rate, four evaluation seeds and
+    3 of its 12 epochs on a quarter of its sequences (a preview)."""
     return dataclasses.replace(
         _lm_full(),
         preset="quick",
+        track=dataclasses.replace(LM_TRACK, n_train=256),
+        train=dataclasses.replace(LM_TRAIN, epochs=3),
         learning_rates=(1e-2,),
         sweep_seeds=(0,),
         eval_seeds=(100, 101, 102, 103),
@@ -387,7 +399,7 @@ def _window_quick(full: BenchConfig, **track: Any) -> BenchConfig:
 # forecast and lm benches keep a check of their own in their bench reports.
 MECHANISM_TRACK = "forecast-motif"
 SMALL_WINDOWS = {"n_train": 128, "n_val": 32, "n_test": 32}
-QUICK_WINDOWS = {"n_train": 1024, "n_val": 256, "n_test": 256}
+QUICK_WINDOWS = {"n_train": 512, "n_val": 256, "n_test": 256}
 # Ablation and peers on the track that passes its gate (issue 14): the pivot rule's
 # "uniform" level (nystrom-uniform: RPKA's estimator with uniformly drawn landmarks) and the
 # keys coreset (WildCat-style; the best low-rank method as a drop-in on the trained exact
@@ -398,7 +410,7 @@ MOTIF_PEERS = (peer_arm("nystrom-uniform", ABLATION_RANK), peer_arm("keys-corese
 _MOTIF_FULL = _window_full(
     MotifConfig(),
     embed_kernel=17,
-    mechanism=_quick().mechanism,
+    mechanism=STUDY_MECHANISM,
     arms=(EXACT, MEAN_CONTROL, rpka_arm(ABLATION_RANK), *MOTIF_PEERS),
     eval_seeds=tuple(range(100, 107)),
     ablation_reference=f"rpka-r{ABLATION_RANK}",
@@ -411,7 +423,9 @@ MOTIF_PRESETS: dict[str, BenchConfig] = {
     "smoke": dataclasses.replace(
         _window_smoke(MotifConfig(**SMALL_WINDOWS), embed_kernel=17), mechanism=_smoke().mechanism
     ),
-    "quick": _window_quick(_MOTIF_FULL, **QUICK_WINDOWS),
+    "quick": dataclasses.replace(
+        _window_quick(_MOTIF_FULL, **QUICK_WINDOWS), mechanism=QUICK_MECHANISM
+    ),
     "gate": _window_gate(MotifConfig(), embed_kernel=17),
     "full": _MOTIF_FULL,
 }
@@ -426,7 +440,7 @@ REAL_PRESETS: dict[str, BenchConfig] = {
     "quick": dataclasses.replace(
         _REAL_FULL,
         preset="quick",
-        train=TrainConfig(epochs=5, batch_size=64),
+        train=TrainConfig(epochs=2, batch_size=64),
         eval_seeds=tuple(range(100, 104)),
     ),
     "gate": dataclasses.replace(
@@ -513,10 +527,11 @@ RECALL_PRESETS: dict[str, BenchConfig] = {
         metric="error",
         margin=RECALL_MARGIN,
     ),
-    # a preview of the study in a minute or two: the gate's arms on 1,000 sequences
+    # a preview of the study: the gate's arms on 500 sequences, 2 epochs, 64 validation
+    # and test sequences (each scored at 1x, 2x and 4x the length: the cost of a recall run)
     "quick": dataclasses.replace(
         _recall("quick", (EXACT, MEAN_CONTROL, lm_rpka_arm(8)), tuple(range(100, 104))),
-        track=dataclasses.replace(RECALL_TRACK, n_train=1000),
+        track=dataclasses.replace(RECALL_TRACK, n_train=500, n_val=64, n_test=64),
         learning_rates=(3e-3,),
     ),
     # the attention gate alone: exact, the control and RPKA at rank = pairs, 4 seeds
