@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rpka.attention import build, streamed
+from rpka.attention import build, guards, streamed
 from rpka.attention.accelerated import PointSet, accelerated_pivots, residual_diagonal
 from rpka.attention.nystrom import gather_points, nystrom_softmax
 from rpka.attention.rpcholesky import GumbelStream, _gumbel
@@ -97,6 +97,58 @@ def test_streamed_gradient_against_finite_differences():
         )[0]
 
     assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-6)
+
+
+def composed_clamp(x, v):
+    """The value-hull clamp as composed autograd ops (what ``_ClampToRange`` replaces)."""
+    lo, hi = v.amin(-2, keepdim=True), v.amax(-2, keepdim=True)
+    return torch.minimum(torch.maximum(x, lo), hi), lo.detach(), hi.detach()
+
+
+def bits(t):
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", ["ties", "outside", "inside"])
+def test_clamp_gradients_are_the_composed_ops_bit_for_bit(dtype, case):
+    """Forward and both gradients equal autograd on amin/amax/maximum/minimum, bit for bit:
+    integer values make ties with the range (half gradients) and tied extremes (spread);
+    a second path into v checks that v's gradients add up in the same order."""
+    g = torch.Generator().manual_seed({"ties": 0, "outside": 1, "inside": 2}[case])
+    if case == "ties":
+        x = torch.randint(-5, 6, (4, 12, 5), generator=g).to(dtype)
+        v = torch.randint(-3, 4, (4, 10, 5), generator=g).to(dtype)
+    else:
+        v = torch.randn(4, 10, 5, generator=g, dtype=dtype) * 3
+        x = torch.randn(4, 12, 5, generator=g, dtype=dtype) * (4 if case == "outside" else 0.1)
+    w = torch.randn(4, 12, 5, generator=g, dtype=dtype)
+    w2 = torch.randn(4, 10, 5, generator=g, dtype=dtype)
+    results = []
+    for clamp in (composed_clamp, guards._ClampToRange.apply):
+        xx, vv = x.clone().requires_grad_(True), v.clone().requires_grad_(True)
+        out, _, _ = clamp(xx * 1.0, vv)
+        ((out * w).sum() + (vv * w2).sum()).backward()
+        results.append((out.detach(), xx.grad, vv.grad))
+    for ours, composed in zip(results[1], results[0], strict=True):
+        assert torch.equal(bits(ours), bits(composed))
+
+
+def test_rpka_gradients_with_firing_guards_are_the_composed_clamps(monkeypatch):
+    """Where the hull guard fires (the slow path), RPKA's gradients are those of the
+    composed clamp, bit for bit (issue 16: a faster clamp must not move a training run)."""
+    q, k, v = qkv(n=200, batch=(1, 1), d=2, std=2.0, seed=9)  # fires on 8 of 400 entries
+    runs = []
+    for patched in (False, True):
+        if patched:
+            monkeypatch.setattr(guards._ClampToRange, "apply", composed_clamp)
+        out, grads = output_and_grads("streamed", (q, k, v), rank=4, pivot_set="keys")
+        runs.append((out, *grads))
+    attn = build("rpka", rank=4, pivot_set="keys", generator=torch.Generator().manual_seed(1))
+    attn(q.detach(), k.detach(), v.detach())
+    assert attn.guard_counts["clamped"] > 0  # the guard fired: the slow path ran
+    for ours, composed in zip(*runs, strict=True):
+        assert torch.equal(bits(ours), bits(composed))
 
 
 def test_bad_options_are_refused():

@@ -60,18 +60,65 @@ def warn_frequent(method: str, shares: dict[str, float]) -> None:
             )
 
 
+class _ClampToRange(torch.autograd.Function):
+    """``minimum(maximum(x, lo), hi)`` with ``lo, hi`` the range of v along the sequence.
+
+    The gradients are those of the composed ops (``amin``/``amax``, ``maximum``,
+    ``minimum``), written out so that the common case is cheap: when every entry of x lies
+    strictly inside its range (the guard is idle), x's gradient is the incoming one and
+    v's is zero, which is what the composed ops give there, bit for bit. Otherwise the
+    composed ops' backward formulas run as they are, ties included (half the gradient to
+    each side of an equality, spread evenly over tied extremes). The equality with autograd
+    on the composed ops is tested bit for bit (tests/test_training_speed.py). On the
+    forecast shape (512, 96, 16) forward + backward took 39 ms composed, ~12 ms here.
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: Tensor, v: Tensor):
+        """Returns the clamped x and the range ``lo, hi`` (no gradient)."""
+        lo, hi = v.amin(-2, keepdim=True), v.amax(-2, keepdim=True)
+        ctx.save_for_backward(x, v, lo, hi)
+        ctx.mark_non_differentiable(lo, hi)
+        return torch.minimum(torch.maximum(x, lo), hi), lo, hi
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor, *_range_grads: Tensor):
+        x, v, lo, hi = ctx.saved_tensors
+        want_x, want_v = ctx.needs_input_grad[:2]
+        if bool(((x > lo) & (x < hi)).all()):  # the guard is idle everywhere
+            return grad.clone() if want_x else None, torch.zeros_like(v) if want_v else None
+        # minimum(m, hi) then maximum(x, lo): PyTorch's formulas for both
+        m = torch.maximum(x, lo)
+        t = torch.where(m == hi, grad / 2, grad)
+        grad_m, grad_hi = t.masked_fill(m > hi, 0), t.masked_fill(m < hi, 0)
+        u = torch.where(x == lo, grad_m / 2, grad_m)
+        grad_x, grad_lo = u.masked_fill(x < lo, 0), u.masked_fill(x > lo, 0)
+        grad_v = _spread(grad_hi, hi, v) + _spread(grad_lo, lo, v) if want_v else None
+        return grad_x if want_x else None, grad_v
+
+
+def _spread(grad: Tensor, extreme: Tensor, v: Tensor) -> Tensor:
+    """The gradient of ``amin``/``amax`` along -2: summed over the broadcast rows, then
+    shared evenly by the entries of v equal to the extreme (as autograd does)."""
+    tied = extreme == v
+    return (grad.sum(-2, keepdim=True) / tied.sum(-2, keepdim=True)) * tied
+
+
 def clamp_to_values(out: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """Clamp out (..., n, d_v) coordinate-wise to the range of v (..., m, d_v).
 
     Returns the clamped output and the number of entries that were outside by more than
     round-off (a tensor).
     """
-    v_min = v.amin(-2, keepdim=True)
-    v_max = v.amax(-2, keepdim=True)
+    if out.shape[:-2] != v.shape[:-2]:  # broadcast batch dimensions: the composed ops
+        v_min, v_max = v.amin(-2, keepdim=True), v.amax(-2, keepdim=True)
+        clamped_out = torch.minimum(torch.maximum(out, v_min), v_max)
+    else:
+        clamped_out, v_min, v_max = _ClampToRange.apply(out, v)
     with torch.no_grad():
         tol = hull_tolerance(v_min, v_max)
         clamped = (out < v_min - tol) | (out > v_max + tol)
-    return torch.minimum(torch.maximum(out, v_min), v_max), clamped.sum()
+    return clamped_out, clamped.sum()
 
 
 def guarded_ratio(
