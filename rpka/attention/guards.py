@@ -70,7 +70,7 @@ class _ClampToRange(torch.autograd.Function):
     composed ops' backward formulas run as they are, ties included (half the gradient to
     each side of an equality, spread evenly over tied extremes). The equality with autograd
     on the composed ops is tested bit for bit (tests/test_training_speed.py). On the
-    forecast shape (512, 96, 16) forward + backward took 39 ms composed, ~12 ms here.
+    forecast shape (512, 96, 16) forward + backward took 39 ms composed, 17 ms here.
     """
 
     @staticmethod
