@@ -19,6 +19,16 @@ from rpka.tracks.regimes import RegimesConfig
 # track resized to each context by ``Task.at_context``.
 
 
+# RPKA's proposal refresh at long context (issue 16, docs/speed.md): by L^{-1} and matrix
+# products instead of a triangular solve against every point - the same pivot law (the
+# residuals agree to round-off), ~2.5x faster at 2,048 tokens, where the refresh was the
+# largest single cost of a training step (0.72x exact's step with the triangular solve,
+# 0.49x with this one, scripts/bench_training_step.py). Not bitwise the default's draws, so
+# the long-context study was rerun with it (2026-12-01, quiet machine): rpka-r64's step
+# 0.48x exact's at 2,048 tokens inside the study (0.79x before, under load).
+LONGCTX_RESIDUAL_SOLVE = "inverse"
+
+
 def _longctx(
     preset: str,
     contexts: tuple[int, ...],
@@ -33,7 +43,11 @@ def _longctx(
     template = BenchConfig(
         preset=f"longctx-{preset}",
         track=track,
-        arms=(EXACT, *(rpka_arm(r) for r in ranks), MEAN_CONTROL),
+        arms=(
+            EXACT,
+            *(rpka_arm(r, residual_solve=LONGCTX_RESIDUAL_SOLVE) for r in ranks),
+            MEAN_CONTROL,
+        ),
         mechanism=None,
         margin=FORECAST_MARGIN,
         **bench,
