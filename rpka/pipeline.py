@@ -232,7 +232,7 @@ def run_notebooks(
     bars = progress and parallel == 1  # interleaved cell bars would be unreadable
     pending, running, failures = list(enumerate(steps)), {}, []
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        while pending and not failures or running:
+        while (pending and not failures) or running:
             while pending and len(running) < parallel and not failures:
                 index, (label, step) = pending.pop(0)
                 log(f"{label} ...")
