@@ -306,6 +306,10 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     _check_out_file(parser, "--html", Path(args.html))
     if args.parallel < 1:
         parser.error(f"--parallel must be an integer >= 1, got {args.parallel}")
+    parallel = args.parallel
+    if args.from_results and parallel > 1 and not study.results_present(args.preset):
+        print("some result files are missing: the notebooks that compute them run one at a time")
+        parallel = 1
     try:
         pipeline.run_pipeline(
             steps,
@@ -317,7 +321,7 @@ def report_main(argv: Sequence[str] | None = None) -> None:
                 if not args.from_results or label in study.RENDER_STEPS
             ],
             title=pipeline.preset_title(args.preset),
-            parallel=args.parallel,
+            parallel=parallel,
         )
     except pipeline.PipelineError as err:
         raise SystemExit(f"report failed: {err}") from None

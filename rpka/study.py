@@ -237,6 +237,15 @@ def write_study_index(
     return index
 
 
+def results_present(preset: str) -> bool:
+    """Whether every result file the notebooks read is there (what the compute stages
+    write): with one missing, a notebook computes it itself, and two notebooks that read
+    the same file must not both do so at the same time (``report --from-results``)."""
+    needed = [paths.bench_report(preset, get_task(name).out_dir) for name in STUDY_TRACKS]
+    needed += [mechanism_json(preset), scaling_json(preset), paths.longctx_json(preset)]
+    return all(resolve(path).exists() for path in needed)
+
+
 SUPERSEDED_FILE = "superseded.json"
 
 

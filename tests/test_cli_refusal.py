@@ -163,3 +163,17 @@ def test_report_refuses_a_parallel_below_one(value, tmp_path, capsys, no_compute
         cli.report_main(["--preset", "smoke", "--parallel", value, "--html", html])
     assert exit_info.value.code == 2
     assert f"--parallel must be an integer >= 1, got {value}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("present", "expected"), [(True, 2), (False, 1)])
+def test_from_results_runs_notebooks_one_at_a_time_when_a_result_is_missing(
+    present, expected, tmp_path, monkeypatch, capsys
+):
+    """A missing result file is computed by the notebook that reads it: two notebooks that
+    read the same one must not compute it side by side."""
+    seen = {}
+    monkeypatch.setattr(cli.study, "results_present", lambda preset: present)
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", lambda *a, **kw: seen.update(kw))
+    cli.report_main(["--preset", "smoke", "--from-results", "--html", str(tmp_path / "r.html")])
+    assert seen["parallel"] == expected
+    assert ("run one at a time" in capsys.readouterr().out) is (not present)
