@@ -334,6 +334,13 @@ def count_guards(
     guards["entries"] += rows.sum() * clamped.shape[-1]
 
 
+def count_exact_rows(guards: dict[str, Tensor], out: Tensor, rows: Tensor | None = None) -> None:
+    """Count rows whose past part was computed exactly (:func:`past_is_exact`): rows with a
+    past, on which no guard can fire (out (..., L, d_v); ``rows`` as :func:`count_guards`)."""
+    never = torch.zeros_like(out[..., :1], dtype=torch.bool)
+    count_guards(guards, never, never.expand_as(out), rows)
+
+
 # ----------------------------------------------------------------------------- forward
 
 
@@ -393,8 +400,7 @@ def causal_forward(
                 v_high[..., start, :, :],
                 den_floor,
             )[0].unsqueeze(-3)
-            never = torch.zeros_like(out[..., :1], dtype=torch.bool)
-            count_guards(guards, never, never.expand_as(out), is_real[..., rows, :, :])
+            count_exact_rows(guards, out, is_real[..., rows, :, :])
             outs.append(out)
             continue
         landmarks = LandmarkSet.draw(sampler, q_s[..., : start * b, :], k_c[..., : start * b, :])
@@ -529,8 +535,7 @@ def causal_step(
     if block == 0 or state.landmarks is None:
         out = combine(scores, v_local, state.v_low, state.v_high, den_floor)[0]
         if block > 0:
-            never = torch.zeros_like(out[..., :1], dtype=torch.bool)
-            count_guards(state.guards, never, never.expand_as(out))
+            count_exact_rows(state.guards, out)
     else:
         past = (state.landmarks.past_logits(q_s, state.core), state.core.scaled)
         out, floored, clamped = combine(scores, v_local, state.v_low, state.v_high, den_floor, past)
