@@ -13,9 +13,10 @@ Arms: exact (torch SDPA), rpka-r16, rpka-r64 with the accelerated (block + rejec
 pivot selection (the default, ``pivot_method="auto"``) and with the plain one-pivot loop.
 
 * ``step_ms``: median wall time of ``--repeats`` steps after ``--warmup`` steps
-  (``time.perf_counter``), and the quartiles; ``step_cpu_ms``: the median CPU time of the
-  same steps (``time.process_time``). On a shared, loaded machine the wall time includes
-  waiting for a core; with one thread (``OMP_NUM_THREADS=1``) the CPU time is close to
+  (``time.perf_counter``; the arms of a shape take turns, one step each per repeat), and
+  the quartiles; ``step_cpu_ms``: the median CPU time of the same steps
+  (``time.process_time``). On a shared, loaded machine the wall time includes waiting for
+  a core; with one thread (``OMP_NUM_THREADS=1``) the CPU time is close to
   the step's time on an idle core, so the ratios are taken of it;
 * ``peak_mib``: peak memory of one step above what was held before it (weights, Adam
   state, batch), ``rpka.scaling.peak_memory_mib``: on the CPU the running sum of the tensor
@@ -109,33 +110,49 @@ def training_step(shape: Shape, method: str, options: dict[str, Any], seed: int 
 LONG_CONTEXT, LONG_REPEATS = 8192, 2
 
 
-def measure(shape: Shape, arm: str, warmup: int, repeats: int) -> dict[str, Any]:
-    method, options = ARMS[arm]
-    step = training_step(shape, method, options)
+def measure(shape: Shape, arms: list[str], warmup: int, repeats: int) -> list[dict[str, Any]]:
+    """Time every arm at one shape, the arms' steps interleaved (round robin).
+
+    Interleaving keeps a drift of the machine (another job, frequency, allocator state)
+    from landing on one arm: run one arm after the other and exact's median moved by
+    15-20 % between runs of the same code (1.76x and 2.25x for rpka-r16 at 96 tokens).
+    """
     if shape.context >= LONG_CONTEXT:
         repeats = min(repeats, LONG_REPEATS)
-    for _ in range(warmup):
-        step()
-    times, cpu_times = [], []
+    steps = {arm: training_step(shape, *ARMS[arm]) for arm in arms}
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {arm: [] for arm in arms}
+    cpu_times: dict[str, list[float]] = {arm: [] for arm in arms}
     for _ in range(repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        step()
-        cpu_times.append((time.process_time() - cpu) * 1e3)
-        times.append((time.perf_counter() - wall) * 1e3)
-    q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else times * 3
-    return {
-        "shape": shape.name,
-        "context": shape.context,
-        "arm": arm,
-        "method": method,
-        "options": options,
-        "step_ms": statistics.median(times),
-        "step_ms_q1": q1,
-        "step_ms_q3": q3,
-        "step_cpu_ms": statistics.median(cpu_times),
-        "repeats": repeats,
-        "peak_mib": peak_memory_mib(step, "cpu"),
-    }
+        for arm, step in steps.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            step()
+            cpu_times[arm].append((time.process_time() - cpu) * 1e3)
+            times[arm].append((time.perf_counter() - wall) * 1e3)
+    rows = []
+    for arm, step in steps.items():
+        method, options = ARMS[arm]
+        arm_times = times[arm]
+        q1, _, q3 = statistics.quantiles(arm_times, n=4) if repeats > 1 else arm_times * 3
+        rows.append(
+            {
+                "shape": shape.name,
+                "context": shape.context,
+                "arm": arm,
+                "method": method,
+                "options": options,
+                "step_ms": statistics.median(arm_times),
+                "step_ms_q1": q1,
+                "step_ms_q3": q3,
+                "step_cpu_ms": statistics.median(cpu_times[arm]),
+                "step_cpu_ms_all": cpu_times[arm],
+                "repeats": repeats,
+                "peak_mib": peak_memory_mib(step, "cpu"),
+            }
+        )
+    return rows
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -158,11 +175,10 @@ def run(
     for shape in shapes(tiny):
         if contexts and shape.context not in contexts:
             continue
-        for arm in arms:
-            row = measure(shape, arm, warmup, repeats)
+        for row in measure(shape, arms, warmup, repeats):
             rows.append(row)
             print(
-                f"{shape.name:8s} n={shape.context:5d} {arm:15s} "
+                f"{shape.name:8s} n={shape.context:5d} {row['arm']:15s} "
                 f"cpu {row['step_cpu_ms']:9.1f} ms  wall {row['step_ms']:9.1f} ms  "
                 f"{row['peak_mib']:8.1f} MiB",
                 flush=True,
@@ -175,6 +191,7 @@ def run(
         "allocations recorded by torch.profiler (CPU), a lower bound of RSS",
         "tiny": tiny,
         "warmup": warmup,
+        "order": "interleaved: each repeat runs one step of every arm at the shape",
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "machine": platform.machine(),
