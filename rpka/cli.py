@@ -6,6 +6,7 @@
     python -m rpka scaling  --preset {tiny,cpu,gpu,...} [--out PATH]
     python -m rpka decode   [--contexts ...] [--out PATH]
     python -m rpka summary  --preset full [--readme README.md]
+    python -m rpka cost     --preset full [--benches forecast lm ...] [--steps 3]
 
 Each command parses its options into a validated config (bad values exit with an error
 naming the option), runs the compute module and prints a short summary; the compute
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rpka import bench, decoding, longctx, paths, pipeline, scaling, study, summary
+from rpka import bench, cost, decoding, longctx, paths, pipeline, scaling, study, summary
 from rpka.config import DEVICES, BenchConfig, LongContextConfig
 from rpka.executors import EXECUTOR_KINDS, make_executor
 from rpka.io import CorruptFileError, atomic_write_text, write_json
@@ -464,6 +465,38 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
     print(f"updated the summary block of {args.readme}")
 
 
+# --------------------------------------------------------------------------- cost
+
+
+def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = _parser("cost", cost.__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(pipeline.PRESETS), default="full")
+    parser.add_argument(
+        "--benches", nargs="+", help="only these benches (default: every bench of the study)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=3, help="timed training steps per probe, >= 1 (default 3)"
+    )
+    parser.add_argument("--out", type=Path, help="default data/results/<preset>/cost_model.json")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"argument --steps: must be >= 1, got {args.steps}")
+    labels = [label for label, _, _ in cost.study_benches(args.preset)]
+    unknown = sorted(set(args.benches or []) - set(labels))
+    if unknown:
+        parser.error(f"argument --benches: unknown {unknown}; choose from {labels}")
+    if args.out is not None:
+        _check_out_file(parser, "--out", args.out)
+    torch.set_num_threads(1)  # as each bench job runs: the costs are one thread's
+    result = cost.run_cost_model(
+        args.preset, args.benches, args.steps, args.out, progress=not args.no_progress
+    )
+    print(summary.cost_model_table(result).to_markdown(index=False))
+    print(f"written to {args.out or cost.cost_model_json(args.preset)}")
+    return result
+
+
 # --------------------------------------------------------------------------- dispatch
 
 COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
@@ -473,6 +506,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
     "scaling": (scaling_main, "attention latency against length and rank"),
     "decode": (decode_main, "per-token decoding latency against context length"),
     "summary": (summary_main, "the study's results in Markdown (the README's results block)"),
+    "cost": (cost_main, "predict each bench's CPU time from its configuration (probes)"),
 }
 
 

@@ -146,8 +146,9 @@ def _quick() -> BenchConfig:
 
 
 # Time budget of the full preset on the project's 2-core CPU machine: <= 15 minutes. With
-# 13 arms, each sweeping 3 learning rates x 2 seeds, it was estimated at ~16 min
-# (scripts/estimate_bench_cost.py), so two cuts, judged least harmful:
+# 13 arms, each sweeping 3 learning rates x 2 seeds, it was estimated at ~16 min (by a
+# script since replaced by `python -m rpka cost`, rpka/cost.py), so two cuts, judged least
+# harmful:
 # 1. The ablations (and nystrom-uniform, the ablation of the pivot rule) do not sweep: they
 #    take the learning rate chosen for their reference rpka-r16 (ArmConfig.lr_from) - the
 #    usual ablation protocol, one choice changed at the reference's tuned setting - and

@@ -245,6 +245,29 @@ def cost_table(preset: str, results: Mapping[str, Any]) -> pd.DataFrame:
     return frame
 
 
+def cost_model_table(result: Mapping[str, Any]) -> pd.DataFrame:
+    """The cost model's predictions (``rpka.cost``, ``cost_model.json``) beside the CPU
+    seconds each bench recorded: one row per bench and a total of the benches with both."""
+    rows = [
+        (f"`{label}`", bench["n_jobs"], bench["predicted_cpu_s"], bench["measured_cpu_s"])
+        for label, bench in result["benches"].items()
+    ]
+    both = [row for row in rows if row[3] is not None]
+    if len(both) > 1:
+        rows.append(("total (measured benches)", *(sum(r[i] for r in both) for i in (1, 2, 3))))
+
+    def seconds(x: float | None) -> str:
+        return "-" if x is None else f"{x:,.0f}"
+
+    return pd.DataFrame(
+        [
+            (label, runs, seconds(p), seconds(m), f"{p / m:.2f}" if m else "-")
+            for label, runs, p, m in rows
+        ],
+        columns=["bench", "runs", "predicted CPU s", "measured CPU s", "predicted / measured"],
+    )
+
+
 def gate_order(name: str, report: Mapping[str, Any]) -> int:
     """Sort key of a track in the summary: gate passed 0, no gate 1, gate failed 2."""
     gate = report.get("attention_gate")
@@ -295,6 +318,15 @@ def render(preset: str = "full") -> str:
         "report, one thread per run; the notebooks and the scaling sweep come on top):",
         cost.to_markdown(index=False),
     ]
+    model = resolve(paths.results_dir(preset)) / "cost_model.json"
+    if model.exists():
+        parts += [
+            f"**Cost model** (`python -m rpka cost --preset {preset}`, `rpka/cost.py`: each "
+            "job's set-up, epochs of training steps and validation passes, and the test pass, "
+            "timed by a probe of a few steps per arm and seed count and summed over the "
+            "bench's jobs) against the CPU seconds the benches recorded:",
+            cost_model_table(read_json_checked(model)).to_markdown(index=False),
+        ]
     return "\n\n".join(part for part in parts if part)  # a track without a control: ""
 
 

@@ -52,16 +52,18 @@ def _never(*args, **kwargs):
 
 @pytest.fixture
 def no_compute(monkeypatch):
-    """Any compute of report, scaling or decode fails the test: refusal must come first."""
+    """Any compute of report, scaling, decode or cost fails the test: refusal must come first."""
     monkeypatch.setattr(cli.pipeline, "run_pipeline", _never)
     monkeypatch.setattr(cli.scaling, "run_scaling", _never)
     monkeypatch.setattr(cli.decoding, "run_decoding", _never)
+    monkeypatch.setattr(cli.cost, "run_cost_model", _never)
 
 
 OUTPUT_FILE_COMMANDS = [
     (cli.report_main, ["--preset", "smoke"], "--html"),
     (cli.scaling_main, ["--preset", "tiny"], "--out"),
     (cli.decode_main, [], "--out"),
+    (cli.cost_main, ["--preset", "smoke"], "--out"),
 ]
 
 

@@ -1,0 +1,126 @@
+"""The cost model (rpka.cost): the jobs it counts, eq. (1), a prediction against a real
+bench's recorded CPU time, and the command's errors."""
+
+import pytest
+
+from rpka import cli, cost, summary
+from rpka.io import read_json
+from rpka.presets import STUDY_TRACKS, get_preset
+
+SMOKE_STUDY = get_preset("smoke-study", train={"epochs": 1})  # the conftest fixture's bench
+
+
+@pytest.mark.parametrize("label", [*STUDY_TRACKS, "longctx-512", "longctx-2048"])
+def test_job_groups_count_the_runs_the_committed_bench_recorded(label):
+    """The full study's presets against what each committed bench report says it ran."""
+    benches = {name: (config, path) for name, config, path in cost.study_benches("full")}
+    config, report_path = benches[label]
+    report = read_json(report_path)
+    assert sum(g.jobs for g in cost.job_groups(config)) == report["timings"]["n_runs"]
+    arms = {g.arm for g in cost.job_groups(config)}
+    assert arms == set(report["timings"]["run_cpu_s"])
+
+
+def test_job_groups_follow_the_seed_groups_and_the_swept_rates():
+    config = SMOKE_STUDY
+    groups = cost.job_groups(config)
+    for arm in config.arms:
+        sweep = [g for g in groups if g.arm == arm.name and g.phase == "sweep"]
+        rates = 1 if arm.lr_from else len(config.learning_rates)
+        seeds = arm.sweep_seeds or config.sweep_seeds
+        assert sum(g.jobs * g.members for g in sweep) == rates * len(seeds)
+        evaluation = [g for g in groups if g.arm == arm.name and g.phase == "eval"]
+        assert sum(g.jobs * g.members for g in evaluation) == len(config.eval_seeds)
+
+
+def test_a_job_costs_set_up_epochs_of_steps_and_validation_and_a_test_pass():
+    probe = cost.Probe(
+        members=3, steps_per_epoch=10, setup_s=2.0, step_s=0.5, val_s=1.0, test_s=4.0
+    )
+    assert probe.job_s(epochs=3, phase="sweep") == pytest.approx(2.0 + 3 * (10 * 0.5 + 1.0))
+    assert probe.job_s(epochs=3, phase="eval") == pytest.approx(2.0 + 3 * 6.0 + 4.0)
+
+
+def test_price_sums_eq_1_over_the_jobs_of_each_phase():
+    config = SMOKE_STUDY
+    groups = cost.job_groups(config)
+    probes = {
+        (g.arm, g.members): cost.Probe(g.members, 5, 0.0, 0.1 * g.members, 1.0, 2.0)
+        for g in groups
+    }
+    result = cost.price(config, probes)
+    epochs = config.train.epochs
+    for arm, entry in result["arms"].items():
+        mine = [g for g in groups if g.arm == arm]
+        sweep = sum(g.jobs * epochs * (0.5 * g.members + 1.0) for g in mine if g.phase == "sweep")
+        evaluation = sum(
+            g.jobs * (epochs * (0.5 * g.members + 1.0) + 2.0) for g in mine if g.phase == "eval"
+        )
+        assert entry["sweep_cpu_s"] == pytest.approx(sweep)
+        assert entry["eval_cpu_s"] == pytest.approx(evaluation)
+    assert result["predicted_cpu_s"] == pytest.approx(
+        sum(a["predicted_cpu_s"] for a in result["arms"].values())
+    )
+
+
+def test_the_prediction_of_a_bench_is_near_its_measured_cpu_time(smoke_study_report):
+    report, out = smoke_study_report
+    predicted = cost.predict_bench(
+        SMOKE_STUDY, data_dir=out.parent / "cache", steps=2, progress=False
+    )
+    measured = cost.measured_cpu_s(report)
+    assert set(predicted["arms"]) == set(measured)
+    assert predicted["n_jobs"] == report["timings"]["n_runs"]
+    total = sum(measured.values())
+    # tiny runs on a shared machine: a loose band, but a model that dropped a term of
+    # eq. (1) or miscounted jobs lands outside it
+    assert 0.33 < predicted["predicted_cpu_s"] / total < 3.0
+    for arm in predicted["arms"].values():
+        assert arm["predicted_cpu_s"] > 0 and arm["probes"]
+    # the stored probes price the bench again without measuring
+    again = cost.price(SMOKE_STUDY, cost.probes_of(predicted))
+    assert again["predicted_cpu_s"] == pytest.approx(predicted["predicted_cpu_s"])
+
+
+def test_the_table_sets_each_prediction_beside_its_measurement():
+    result = {
+        "benches": {
+            "a": {"n_jobs": 4, "predicted_cpu_s": 120.0, "measured_cpu_s": 100.0},
+            "b": {"n_jobs": 2, "predicted_cpu_s": 50.0, "measured_cpu_s": None},
+            "c": {"n_jobs": 3, "predicted_cpu_s": 30.0, "measured_cpu_s": 60.0},
+        }
+    }
+    table = summary.cost_model_table(result)
+    assert list(table["predicted / measured"]) == ["1.20", "-", "0.50", "0.94"]
+    assert table.iloc[-1]["measured CPU s"] == "160"
+    assert table.iloc[1]["measured CPU s"] == "-"
+
+
+def test_probe_refuses_no_steps():
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        cost.probe(SMOKE_STUDY, SMOKE_STUDY.arms[0], 1, "unused", steps=0)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "0"], "--steps: must be >= 1"),
+        (["--benches", "nope"], "--benches: unknown ['nope']"),
+    ],
+)
+def test_the_command_names_a_bad_option_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.cost_main(["--preset", "smoke", *argv])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_command_writes_the_predictions_of_the_benches_asked_for(tmp_path, capsys):
+    out = tmp_path / "cost.json"
+    result = cli.cost_main(
+        ["--preset", "smoke", "--benches", "lm", "--steps", "1", "--out", str(out), "--no-progress"]
+    )
+    assert read_json(out) == result
+    assert list(result["benches"]) == ["lm"]
+    assert result["benches"]["lm"]["predicted_cpu_s"] > 0
+    assert "`lm`" in capsys.readouterr().out  # the table is printed
