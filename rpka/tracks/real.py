@@ -25,12 +25,13 @@ forecast does well): then the report says so.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
-import statsmodels.api as sm
 
 from rpka.checks import is_number, require
 from rpka.tracks.cache import cached_arrays
@@ -42,10 +43,18 @@ from rpka.tracks.windows import (
     windows_track,
 )
 
+
+def _bundled(name: str) -> Any:
+    """statsmodels' bundled dataset ``name`` (its csv file; nothing is fetched). Imported
+    here, not at module level: ``statsmodels.api`` costs ~0.5 s in every process that
+    imports the tracks (each notebook kernel), and only building this track reads it."""
+    return importlib.import_module(f"statsmodels.datasets.{name}").load_pandas()
+
+
 # name -> (loader returning a pandas Series, seasonal period in steps)
 DATASETS = {
-    "co2": (lambda: sm.datasets.co2.load_pandas().data["co2"], 52),
-    "sunspots": (lambda: sm.datasets.sunspots.load_pandas().data["SUNACTIVITY"], 11),
+    "co2": (lambda: _bundled("co2").data["co2"], 52),
+    "sunspots": (lambda: _bundled("sunspots").data["SUNACTIVITY"], 11),
 }
 
 
