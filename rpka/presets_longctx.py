@@ -10,7 +10,7 @@ from typing import Any
 
 from rpka.config import BenchConfig, LongContextConfig, TrainConfig, apply_overrides
 from rpka.model import ModelConfig
-from rpka.presets import EXACT, FORECAST_MARGIN, MEAN_CONTROL, rpka_arm
+from rpka.presets import EXACT, FORECAST_MARGIN, MEAN_CONTROL, QUICK_EVAL_SEEDS, rpka_arm
 from rpka.tracks.regimes import RegimesConfig
 
 # --------------------------------------------------------------------------- long context
@@ -139,11 +139,15 @@ LONGCTX_PRESETS: dict[str, LongContextConfig] = {
     # p = 1/64), rpka-r64 0.287 and rpka-r16 0.381 (both significant losses, p = 1/32);
     # least-squares linear 0.332, so exact is 0.78 x linear: the track's 0.5 bar is not met
     # a preview (issue 16's few minutes): the study's arms at 256 tokens on 256 of its
-    # 4,000 training windows
+    # 4,000 training windows, the preview's 2 evaluation seeds
     "quick": _longctx(
         "quick",
         contexts=(256,),
-        **(REGIMES_STUDY | {"train_windows": 256, "eval_windows": 128}),
+        **(
+            REGIMES_STUDY
+            | {"train_windows": 256, "eval_windows": 128}
+            | {"eval_seeds": QUICK_EVAL_SEEDS, "seeds_per_job": 2}
+        ),
     ),
     # both lengths. At 2,048 tokens a step measured 0.99 CPU-s exact, 0.27 rpka-r16, 0.64
     # rpka-r64, 0.088 the control - and 2.16 rpka-r128 (its sequential pivot loop: slower
