@@ -9,6 +9,7 @@ it is missing (every computation resumes from its run files).
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -125,27 +126,77 @@ DEMO_STEP = "demo training (01_train)"
 RENDER_STEPS = (DEMO_STEP, "study index")
 
 
+class WorkerPool:
+    """One pool of worker processes for the study's benches, one bench after another.
+
+    Starting a pool - spawning processes that import torch and the package - took ~3 s
+    (2 workers, measured 2026-12-01), paid once per bench when each made its own: ~15 s of
+    a quick report. A bench whose ``n_workers`` differs from the pool's (or is 1: it runs
+    in-process) makes its own executor as before. Jobs are submitted from the thread that
+    runs the study's steps, which outlives the pool (the workers' parent-death signal is
+    tied to that thread, ``rpka.executors.local_executor``).
+    """
+
+    def __init__(self) -> None:
+        self.executor: cf.Executor | None = None
+        self.n_workers = 0
+
+    def get(self, n_workers: int) -> cf.Executor | None:
+        """The shared executor for a bench of ``n_workers`` (None: the bench's own)."""
+        if n_workers <= 1 or (self.executor is not None and n_workers != self.n_workers):
+            return None
+        if self.executor is None:
+            self.executor, self.n_workers = bench.default_executor(n_workers), n_workers
+        return self.executor
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown()
+            self.executor = None
+
+
 def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callable[[], object]]]:
     """The study's computations for ``preset``, in order, each resumable or cheap.
 
     ``python -m rpka report`` runs these first (progress in the terminal), then the
     notebooks, which load what these wrote (and compute it themselves if it is missing).
+    The benches and the long-context study share one :class:`WorkerPool`, closed by the
+    long-context step.
     """
-    return [(label, compute) for label, compute, _ in _study_steps(preset, progress)]
+    steps = _study_steps(preset, progress, WorkerPool())
+    return [(label, compute) for label, compute, _ in steps]
 
 
 def _study_steps(
-    preset: str, progress: bool
+    preset: str, progress: bool, pool: WorkerPool | None = None
 ) -> list[tuple[str, Callable[[], object], tuple[str, ...]]]:
-    """(label, computation, the result files it writes) of every step of the study."""
+    """(label, computation, the result files it writes) of every step of the study;
+    with a ``pool``, the benches' runs go to it (else each bench makes its own)."""
     primary = STUDY_TRACKS[0]
+
+    def shared(n_workers: int) -> cf.Executor | None:
+        return pool.get(n_workers) if pool is not None else None
+
+    def run_one_bench(name: str) -> dict:
+        config = get_preset(preset, name)
+        out = bench_dir(preset, name)
+        return bench.run_bench(config, out, shared(config.n_workers), progress=progress)
+
+    def run_long_context() -> dict:
+        config = get_longctx_preset(preset)
+        try:
+            executor = shared(config.bench.n_workers)
+            return run_longctx(config, results_dir(preset), executor, progress=progress)
+        finally:  # the study's last step with workers
+            if pool is not None:
+                pool.close()
 
     def bench_step(name: str) -> tuple[str, Callable[[], object], tuple[str, ...]]:
         label = "bench" if name == primary else f"bench ({name})"
         out = bench_dir(preset, name)
         return (
             label,
-            lambda: bench.run_bench(get_preset(preset, name), out, progress=progress),
+            lambda: run_one_bench(name),
             (f"{out}/bench_report.json", f"{out}/mechanism.json"),
         )
 
@@ -161,11 +212,7 @@ def _study_steps(
             ),
             (scaling_json(preset),),
         ),
-        (
-            "long-context training",
-            lambda: run_longctx(get_longctx_preset(preset), results_dir(preset), progress=progress),
-            (paths.longctx_json(preset),),
-        ),
+        ("long-context training", run_long_context, (paths.longctx_json(preset),)),
         (
             DEMO_STEP,  # 01_train's models: here a bar in the terminal, in the cell a silent wait
             lambda: train_demo(preset, demo_run_dir(preset), progress=progress),

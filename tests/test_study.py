@@ -21,6 +21,7 @@ from rpka.presets import (  # noqa: E402
     ABLATION_RANK,
     PEERS,
     PRESETS,
+    STUDY_TRACKS,
     get_preset,
 )
 from rpka.quality import method_output_errors  # noqa: E402
@@ -493,3 +494,36 @@ def test_01_trains_demo_runs_train_in_a_terminal_step_and_the_notebook_reuses_th
     monkeypatch.setattr(cli.pipeline, "run_pipeline", lambda *a, compute, **kw: ran.update(compute))
     cli.report_main(["--preset", "smoke", "--from-results", "--html", str(tmp_path / "r.html")])
     assert list(ran) == list(study.RENDER_STEPS)
+
+
+class _FakeExecutor:
+    def __init__(self, n_workers):
+        self.n_workers, self.closed = n_workers, False
+
+    def shutdown(self, *args, **kwargs):
+        self.closed = True
+
+
+def test_the_worker_pool_is_started_once_and_only_for_its_worker_count(monkeypatch):
+    monkeypatch.setattr(study.bench, "default_executor", _FakeExecutor)
+    pool = study.WorkerPool()
+    assert pool.get(1) is None  # one worker: the bench runs in-process, as before
+    first = pool.get(2)
+    assert isinstance(first, _FakeExecutor) and pool.get(2) is first
+    assert pool.get(3) is None  # another size: that bench makes its own
+    pool.close()
+    assert first.closed and pool.executor is None
+
+
+def test_the_studys_benches_share_one_pool_that_the_long_context_step_closes(monkeypatch):
+    monkeypatch.setattr(study.bench, "default_executor", _FakeExecutor)
+    seen = []
+    monkeypatch.setattr(study.bench, "run_bench", lambda config, out, ex, **kw: seen.append(ex))
+    monkeypatch.setattr(study, "run_longctx", lambda config, out, ex, **kw: seen.append(ex))
+    steps = dict(study.compute_steps("quick", progress=False))
+    for label, compute in steps.items():
+        if label.startswith("bench") or label == "long-context training":
+            compute()
+    assert len(seen) == len(STUDY_TRACKS) + 1
+    assert all(ex is seen[0] for ex in seen) and isinstance(seen[0], _FakeExecutor)
+    assert seen[0].closed  # closed after the long-context step
