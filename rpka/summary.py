@@ -114,11 +114,12 @@ def targets_table(results: Mapping[str, Any], cost: pd.DataFrame | None = None) 
         add(target, measured, met)
     if cost is not None:
         cpu_s = int(cost["CPU s"].iloc[-1])  # the total row
-        add(
-            f"study budget: `make report` ≤ {BUDGET_MIN} min on 2 cores",
-            f"{cpu_s / 120:.0f} min for the training runs alone ({cpu_s:,} CPU-s / 2 cores)",
-            cpu_s / 120 <= BUDGET_MIN,
-        )
+        measured = f"{cpu_s / 120:.0f} min for the training runs alone ({cpu_s:,} CPU-s / 2 cores)"
+        predicted = cost["predicted CPU s"].iloc[-1] if "predicted CPU s" in cost else "-"
+        if predicted != "-":
+            measured += f"; the cost model predicts {predicted} CPU-s"
+        add(f"study budget: `make report` ≤ {BUDGET_MIN} min on 2 cores", measured,
+            cpu_s / 120 <= BUDGET_MIN)
     mechanism = results["mechanism"]
     if mechanism:
         sig = mechanism["trained"]["mechanism_signature"]
@@ -225,23 +226,37 @@ def run_cpu_s(report: Mapping[str, Any]) -> float:
 
 def cost_table(preset: str, results: Mapping[str, Any]) -> pd.DataFrame:
     """The study's training cost per bench: runs and CPU seconds (one thread per run), and
-    what they come to on the 2-core machine with both cores busy (CPU seconds / 2)."""
-    benches = [(f"`{name}`", results[name]) for name in STUDY_TRACKS if results.get(name)]
+    what they come to on the 2-core machine with both cores busy (CPU seconds / 2); with
+    the preset's ``cost_model.json`` (``python -m rpka cost``), also each bench's
+    predicted CPU seconds."""
+    benches = [(f"`{name}`", name, results[name]) for name in STUDY_TRACKS if results.get(name)]
     pattern = "context-*/bench_report.json"
     found = resolve(f"{paths.results_dir(preset)}/longctx").glob(pattern)
     for path in sorted(found, key=lambda p: int(p.parent.name.removeprefix("context-"))):
         context = int(path.parent.name.removeprefix("context-"))
-        benches.append((f"long context, {context:,} tokens", read_json_checked(path)))
-    cpu = [run_cpu_s(report) for _, report in benches]
-    rows = [
-        (label, report["timings"]["n_runs"], round(seconds), seconds / 120)
-        for (label, report), seconds in zip(benches, cpu, strict=True)
-    ]
-    rows.append(
-        ("total", sum(r[1] for r in rows), sum(r[2] for r in rows), sum(r[3] for r in rows))
-    )
-    frame = pd.DataFrame(rows, columns=["bench", "runs", "CPU s", "min on 2 cores"])
+        label = f"long context, {context:,} tokens"
+        benches.append((label, f"longctx-{context}", read_json_checked(path)))
+    model_file = resolve(paths.results_dir(preset)) / "cost_model.json"
+    model = read_json_checked(model_file)["benches"] if model_file.exists() else None
+    rows = []
+    for label, key, report in benches:
+        seconds = run_cpu_s(report)
+        row = [label, report["timings"]["n_runs"], round(seconds), seconds / 120]
+        if model is not None:
+            row.append(model[key]["predicted_cpu_s"] if key in model else None)
+        rows.append(row)
+    total = ["total", *(sum(r[i] for r in rows) for i in (1, 2, 3))]
+    columns = ["bench", "runs", "CPU s", "min on 2 cores"]
+    if model is not None:
+        predicted = [r[4] for r in rows]
+        total.append(None if None in predicted else sum(predicted))
+        columns.append("predicted CPU s")
+    frame = pd.DataFrame([*rows, total], columns=columns)
     frame["min on 2 cores"] = frame["min on 2 cores"].map(lambda m: f"{m:.0f}")
+    if model is not None:
+        frame["predicted CPU s"] = [
+            "-" if p is None or pd.isna(p) else f"{p:,.0f}" for p in frame["predicted CPU s"]
+        ]
     return frame
 
 
@@ -315,18 +330,12 @@ def render(preset: str = "full") -> str:
         "**Targets.**",
         targets_table(results, cost).to_markdown(index=False),
         "**Training cost** (the runs behind these results; `timings.run_cpu_s` of each bench "
-        "report, one thread per run; the notebooks and the scaling sweep come on top):",
+        "report, one thread per run; the notebooks and the scaling sweep come on top; "
+        f"predicted: `python -m rpka cost --preset {preset}`, `rpka/cost.py`, each job's "
+        "set-up, epochs of steps and validation passes and its test pass, timed by probes "
+        "of a few steps per arm and seed count):",
         cost.to_markdown(index=False),
     ]
-    model = resolve(paths.results_dir(preset)) / "cost_model.json"
-    if model.exists():
-        parts += [
-            f"**Cost model** (`python -m rpka cost --preset {preset}`, `rpka/cost.py`: each "
-            "job's set-up, epochs of training steps and validation passes, and the test pass, "
-            "timed by a probe of a few steps per arm and seed count and summed over the "
-            "bench's jobs) against the CPU seconds the benches recorded:",
-            cost_model_table(read_json_checked(model)).to_markdown(index=False),
-        ]
     return "\n\n".join(part for part in parts if part)  # a track without a control: ""
 
 
