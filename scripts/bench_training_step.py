@@ -27,6 +27,12 @@ are noisy, the ratios within one shape less so (every arm runs in the same proce
 
     python scripts/bench_training_step.py           # -> data/results/scaling/training_step_cpu.json
     python scripts/bench_training_step.py --tiny    # seconds: a smoke run of the same code
+    python scripts/bench_training_step.py --device cuda --contexts 2048 8192 \
+        --output data/results/scaling/training_step_cuda.json     # on a GPU (gpu_all.sh)
+
+On a GPU ``step_cpu_ms`` is the host's CPU time (launching kernels, the pivot loop's host
+synchronisations) and ``step_ms`` the step's wall time after a synchronisation: compare
+the arms by ``step_wall_vs_exact`` there.
 """
 
 from __future__ import annotations
@@ -85,17 +91,20 @@ def shapes(tiny: bool) -> list[Shape]:
     ]
 
 
-def training_step(shape: Shape, method: str, options: dict[str, Any], seed: int = 0):
+def training_step(
+    shape: Shape, method: str, options: dict[str, Any], seed: int = 0, device: str = "cpu"
+):
     """A closure running one Adam training step of a fresh stacked model on random data."""
     seeds = list(range(shape.members))
     options = dict(options)
     if method == "rpka":
-        options["generator"] = torch.Generator().manual_seed(seed)
+        options["generator"] = torch.Generator(device).manual_seed(seed)
     model = TransformerTiny(shape.model, shape.context, HORIZON, seeds, method, options)
+    model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     data = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape.members, shape.batch, shape.context, generator=data)
-    y = torch.randn(shape.members, shape.batch, HORIZON, generator=data)
+    x = torch.randn(shape.members, shape.batch, shape.context, generator=data).to(device)
+    y = torch.randn(shape.members, shape.batch, HORIZON, generator=data).to(device)
 
     def step() -> None:
         loss = (model(x) - y).pow(2).mean((1, 2)).sum()  # each member's gradient is its own
@@ -110,7 +119,14 @@ def training_step(shape: Shape, method: str, options: dict[str, Any], seed: int 
 LONG_CONTEXT, LONG_REPEATS = 8192, 2
 
 
-def measure(shape: Shape, arms: list[str], warmup: int, repeats: int) -> list[dict[str, Any]]:
+def _sync(device: str) -> None:
+    if device == "cuda":  # a step's kernels are queued: wait for them before reading a clock
+        torch.cuda.synchronize()
+
+
+def measure(
+    shape: Shape, arms: list[str], warmup: int, repeats: int, device: str = "cpu"
+) -> list[dict[str, Any]]:
     """Time every arm at one shape, the arms' steps interleaved (round robin).
 
     Interleaving keeps a drift of the machine (another job, frequency, allocator state)
@@ -119,7 +135,7 @@ def measure(shape: Shape, arms: list[str], warmup: int, repeats: int) -> list[di
     """
     if shape.context >= LONG_CONTEXT:
         repeats = min(repeats, LONG_REPEATS)
-    steps = {arm: training_step(shape, *ARMS[arm]) for arm in arms}
+    steps = {arm: training_step(shape, *ARMS[arm], device=device) for arm in arms}
     for step in steps.values():
         for _ in range(warmup):
             step()
@@ -127,8 +143,10 @@ def measure(shape: Shape, arms: list[str], warmup: int, repeats: int) -> list[di
     cpu_times: dict[str, list[float]] = {arm: [] for arm in arms}
     for _ in range(repeats):
         for arm, step in steps.items():
+            _sync(device)
             wall, cpu = time.perf_counter(), time.process_time()
             step()
+            _sync(device)
             cpu_times[arm].append((time.process_time() - cpu) * 1e3)
             times[arm].append((time.perf_counter() - wall) * 1e3)
     rows = []
@@ -149,7 +167,7 @@ def measure(shape: Shape, arms: list[str], warmup: int, repeats: int) -> list[di
                 "step_cpu_ms": statistics.median(cpu_times[arm]),
                 "step_cpu_ms_all": cpu_times[arm],
                 "repeats": repeats,
-                "peak_mib": peak_memory_mib(step, "cpu"),
+                "peak_mib": peak_memory_mib(step, device),
             }
         )
     return rows
@@ -168,14 +186,19 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def run(
-    tiny: bool, repeats: int, warmup: int, arms: list[str], contexts: list[int] | None = None
+    tiny: bool,
+    repeats: int,
+    warmup: int,
+    arms: list[str],
+    contexts: list[int] | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
     rows = []
     for shape in shapes(tiny):
         if contexts and shape.context not in contexts:
             continue
-        for row in measure(shape, arms, warmup, repeats):
+        for row in measure(shape, arms, warmup, repeats, device):
             rows.append(row)
             print(
                 f"{shape.name:8s} n={shape.context:5d} {row['arm']:15s} "
@@ -187,8 +210,15 @@ def run(
     return {
         "what": "one Adam training step of TransformerTiny (forward, summed MSE, backward, "
         "update), median wall time; peak memory above the state held before the step",
-        "memory_definition": "rpka.scaling.peak_memory_mib: running sum of tensor "
-        "allocations recorded by torch.profiler (CPU), a lower bound of RSS",
+        "memory_definition": "rpka.scaling.peak_memory_mib: "
+        + (
+            "torch.cuda.max_memory_allocated above the memory allocated before the step"
+            if device == "cuda"
+            else "running sum of tensor allocations recorded by torch.profiler (CPU), a "
+            "lower bound of RSS"
+        ),
+        "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
+        "device_type": device,
         "tiny": tiny,
         "warmup": warmup,
         "order": "interleaved: each repeat runs one step of every arm at the shape",
@@ -217,14 +247,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--contexts", nargs="+", type=int, default=None, help="only these token counts"
     )
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the steps run"
+    )
     parser.add_argument("--output", default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here")
     repeats = args.repeats if args.repeats is not None else (1 if args.tiny else 5)
     warmup = args.warmup if args.warmup is not None else (0 if args.tiny else 1)
     if repeats < 1 or warmup < 0:
         parser.error(f"--repeats must be >= 1 and --warmup >= 0, got {repeats}, {warmup}")
     t0 = time.perf_counter()
-    result = run(args.tiny, repeats, warmup, args.arms, args.contexts)
+    result = run(args.tiny, repeats, warmup, args.arms, args.contexts, args.device)
     result["wall_s"] = time.perf_counter() - t0
     write_json(args.output, result)
     print(f"wrote {args.output} ({result['wall_s']:.0f} s)")

@@ -196,5 +196,14 @@ def test_bench_training_step_tiny_run(tmp_path):
         assert row["step_ms"] > 0 and row["step_cpu_ms"] > 0 and row["peak_mib"] > 0
         if row["arm"] == "exact":
             assert row["step_cpu_vs_exact"] == 1.0 and row["peak_vs_exact"] == 1.0
+    assert saved["device_type"] == "cpu"
+    for repeats in (1, 3):  # each repeat times one step of every arm, interleaved
+        bench.main(["--tiny", "--arms", "exact", "rpka-r16", "--repeats", str(repeats),
+                    "--contexts", "24", "--output", str(out)])  # fmt: skip
+        assert all(len(r["step_cpu_ms_all"]) == repeats for r in read_json(out)["rows"])
     with pytest.raises(SystemExit):
         bench.main(["--tiny", "--repeats", "0", "--output", str(out)])
+    if not torch.cuda.is_available():  # the GPU path is refused here, before any work
+        with pytest.raises(SystemExit):
+            bench.main(["--tiny", "--device", "cuda", "--output", str(tmp_path / "gpu.json")])
+        assert not (tmp_path / "gpu.json").exists()
