@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
+import importlib
 import multiprocessing
 import os
 import sys
@@ -130,8 +131,8 @@ def dask_executor(address: str | None = None, n_workers: int = 2) -> DaskExecuto
     """A Dask executor: on the scheduler at ``address`` (``tcp://host:port``), else on a
     new ``LocalCluster`` of ``n_workers`` single-threaded processes (loopback only, no
     dashboard)."""
-    try:  # optional (pip install "rpka[dask]"), and imported only here: ~0.5 s per process
-        import distributed
+    try:  # optional (pip install "rpka[dask]"), and loaded only here: ~0.5 s per process
+        distributed = importlib.import_module("distributed")
     except ImportError as err:  # pragma: no cover - the test extra installs it
         raise ImportError('the dask executor needs dask: pip install "rpka[dask]"') from err
     if address is not None:
