@@ -149,10 +149,25 @@ class WorkerPool:
             self.executor, self.n_workers = bench.default_executor(n_workers), n_workers
         return self.executor
 
-    def close(self) -> None:
+    def close(self, cancel: bool = False) -> None:
+        """Shut the pool down; ``cancel``: drop the jobs not yet started (after a failure,
+        as a bench does with its own pool)."""
         if self.executor is not None:
-            self.executor.shutdown()
+            self.executor.shutdown(cancel_futures=cancel)
             self.executor = None
+
+    def guard(self, compute: Callable[[], object]) -> Callable[[], object]:
+        """``compute``, closing the pool (queued jobs dropped) if it raises: the study
+        stops there, and its process must not wait at exit for jobs nobody will read."""
+
+        def guarded() -> object:
+            try:
+                return compute()
+            except BaseException:
+                self.close(cancel=True)
+                raise
+
+        return guarded
 
 
 def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callable[[], object]]]:
@@ -163,8 +178,9 @@ def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callabl
     The benches and the long-context study share one :class:`WorkerPool`, closed by the
     long-context step.
     """
-    steps = _study_steps(preset, progress, WorkerPool())
-    return [(label, compute) for label, compute, _ in steps]
+    pool = WorkerPool()
+    steps = _study_steps(preset, progress, pool)
+    return [(label, pool.guard(compute)) for label, compute, _ in steps]
 
 
 def _study_steps(

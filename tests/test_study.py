@@ -498,10 +498,10 @@ def test_01_trains_demo_runs_train_in_a_terminal_step_and_the_notebook_reuses_th
 
 class _FakeExecutor:
     def __init__(self, n_workers):
-        self.n_workers, self.closed = n_workers, False
+        self.n_workers, self.closed, self.cancelled = n_workers, False, False
 
-    def shutdown(self, *args, **kwargs):
-        self.closed = True
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        self.closed, self.cancelled = True, cancel_futures
 
 
 def test_the_worker_pool_is_started_once_and_only_for_its_worker_count(monkeypatch):
@@ -527,3 +527,18 @@ def test_the_studys_benches_share_one_pool_that_the_long_context_step_closes(mon
     assert len(seen) == len(STUDY_TRACKS) + 1
     assert all(ex is seen[0] for ex in seen) and isinstance(seen[0], _FakeExecutor)
     assert seen[0].closed  # closed after the long-context step
+
+
+def test_a_failing_step_closes_the_pool_dropping_its_queued_jobs(monkeypatch):
+    monkeypatch.setattr(study.bench, "default_executor", _FakeExecutor)
+    pools = []
+
+    def failing_bench(config, out, ex, **kw):
+        pools.append(ex)
+        raise RuntimeError("a bench failed")
+
+    monkeypatch.setattr(study.bench, "run_bench", failing_bench)
+    steps = dict(study.compute_steps("quick", progress=False))
+    with pytest.raises(RuntimeError, match="a bench failed"):
+        steps["bench"]()
+    assert pools[0].closed and pools[0].cancelled
