@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from rpka import narrative, paths, study, tables
+from rpka.cost import cost_model_json, measured_cpu_s
 from rpka.io import read_json_checked
 from rpka.paths import resolve
 from rpka.presets import STUDY_TRACKS
@@ -218,12 +219,6 @@ def longctx_targets(longctx: Mapping[str, Any] | None) -> list[tuple[str, str, b
     return out
 
 
-def run_cpu_s(report: Mapping[str, Any]) -> float:
-    """CPU seconds of every training run of a bench (sweep and evaluation, each run's own
-    ``cpu_s``, recorded when it was trained: a resumed bench keeps its original cost)."""
-    return sum(t["sweep"] + t["eval"] for t in report["timings"]["run_cpu_s"].values())
-
-
 def cost_table(preset: str, results: Mapping[str, Any]) -> pd.DataFrame:
     """The study's training cost per bench: runs and CPU seconds (one thread per run), and
     what they come to on the 2-core machine with both cores busy (CPU seconds / 2); with
@@ -236,11 +231,13 @@ def cost_table(preset: str, results: Mapping[str, Any]) -> pd.DataFrame:
         context = int(path.parent.name.removeprefix("context-"))
         label = f"long context, {context:,} tokens"
         benches.append((label, f"longctx-{context}", read_json_checked(path)))
-    model_file = resolve(paths.results_dir(preset)) / "cost_model.json"
+    model_file = cost_model_json(preset)
     model = read_json_checked(model_file)["benches"] if model_file.exists() else None
     rows = []
     for label, key, report in benches:
-        seconds = run_cpu_s(report)
+        # every training run's own cpu_s, recorded when it was trained (a resumed bench
+        # keeps its original cost)
+        seconds = sum(measured_cpu_s(report).values())
         row = [label, report["timings"]["n_runs"], round(seconds), seconds / 120]
         if model is not None:
             row.append(model[key]["predicted_cpu_s"] if key in model else None)
