@@ -211,7 +211,7 @@ def study_benches(preset: str) -> list[tuple[str, BenchConfig, Path]]:
     ]
     longctx = get_longctx_preset(preset)
     for context in longctx.contexts:
-        folder = resolve(paths.results_dir(preset)) / "longctx" / f"context-{context}"
+        folder = resolve(paths.results_dir(preset)) / paths.longctx_context_dir(context)
         benches.append(
             (f"longctx-{context}", longctx.bench_for(context), folder / "bench_report.json")
         )

@@ -148,7 +148,7 @@ def run_longctx(
                 for arm in bench.arms:
                     run_config = probe_run_config(bench, arm.name, data_dir)
                     probes[arm.name] = executor.submit(training_step_peak_mib, run_config)
-            bench_dir = out / "longctx" / f"context-{context}"
+            bench_dir = out / paths.longctx_context_dir(context)
             report = run_bench(bench, bench_dir, executor, progress, data_dir)
             memory = {name: future.result() for name, future in probes.items()}
             result["rows"] += context_rows(bench, report, memory)

@@ -70,6 +70,11 @@ def longctx_json(preset: str) -> str:
     return f"{results_dir(preset)}/longctx.json"
 
 
+def longctx_context_dir(context: int) -> str:
+    """One long-context bench's folder, relative to the study's results folder."""
+    return f"longctx/context-{context}"
+
+
 def scaling_cpu_json(preset: str) -> str:
     """The CPU latency sweep a study preset re-measures."""
     return f"{results_dir(preset)}/scaling_cpu.json"
