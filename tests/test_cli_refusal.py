@@ -7,16 +7,26 @@ from rpka import cli
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("main", "argv", "message"),
     [
-        (["--seeds", "1"], "argument --seeds: must be in [2, 1000], got 1"),
-        (["--seeds", "99999999999999999999"], "argument --seeds: must be in [2, 1000]"),
-        (["--scheduler", "localhost"], "argument --scheduler: expected tcp://host:port"),
+        (cli.parse_bench, ["--seeds", "1"], "argument --seeds: must be in [2, 1000], got 1"),
+        (
+            cli.parse_bench,
+            ["--seeds", "99999999999999999999"],
+            "argument --seeds: must be in [2, 1000]",
+        ),
+        (
+            cli.parse_bench,
+            ["--scheduler", "localhost"],
+            "argument --scheduler: expected tcp://host:port",
+        ),
+        (cli.cost_main, ["--steps", "0"], "argument --steps: must be >= 1"),
+        (cli.cost_main, ["--benches", "nope"], "argument --benches: unknown ['nope']"),
     ],
 )
-def test_bad_values_exit_2_naming_the_parameter(argv, message, capsys):
+def test_bad_values_exit_2_naming_the_parameter(main, argv, message, capsys, no_compute):
     with pytest.raises(SystemExit) as exit_info:
-        cli.parse_bench(["--preset", "smoke", *argv])
+        main(["--preset", "smoke", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 

@@ -105,20 +105,6 @@ def test_probe_refuses_no_steps():
         cost.probe(SMOKE_STUDY, SMOKE_STUDY.arms[0], 1, "unused", steps=0)
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--steps", "0"], "--steps: must be >= 1"),
-        (["--benches", "nope"], "--benches: unknown ['nope']"),
-    ],
-)
-def test_the_command_names_a_bad_option_before_any_work(argv, message, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        cli.cost_main(["--preset", "smoke", *argv])
-    assert exit_.value.code == 2
-    assert message in capsys.readouterr().err
-
-
 def test_the_command_writes_the_predictions_of_the_benches_asked_for(tmp_path, capsys):
     out = tmp_path / "cost.json"
     result = cli.cost_main(
