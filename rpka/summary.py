@@ -119,8 +119,11 @@ def targets_table(results: Mapping[str, Any], cost: pd.DataFrame | None = None) 
         predicted = cost["predicted CPU s"].iloc[-1] if "predicted CPU s" in cost else "-"
         if predicted != "-":
             measured += f"; the cost model predicts {predicted} CPU-s"
-        add(f"study budget: `make report` ≤ {BUDGET_MIN} min on 2 cores", measured,
-            cpu_s / 120 <= BUDGET_MIN)
+        add(
+            f"study budget: `make report` ≤ {BUDGET_MIN} min on 2 cores",
+            measured,
+            cpu_s / 120 <= BUDGET_MIN,
+        )
     mechanism = results["mechanism"]
     if mechanism:
         sig = mechanism["trained"]["mechanism_signature"]
