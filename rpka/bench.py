@@ -39,6 +39,7 @@ import math
 import os
 import platform
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,6 +289,31 @@ def n_swept_rates(config: BenchConfig, arm: ArmConfig) -> int:
     return 1 if arm.lr_from is not None else len(config.learning_rates)
 
 
+@dataclass(frozen=True)
+class JobGroup:
+    """``jobs`` training jobs of one arm and phase with ``members`` stacked seeds each."""
+
+    arm: str
+    phase: str  # "sweep" (scored on validation) or "eval" (scored on test)
+    members: int
+    jobs: int
+
+
+def job_groups(config: BenchConfig) -> list[JobGroup]:
+    """Every training job of the bench ``config``, grouped by (arm, phase, members).
+
+    The jobs :func:`run_bench` submits: per arm, its swept learning rates (one with
+    ``lr_from``) times its sweep seed groups, and its evaluation seed groups.
+    """
+    counts: Counter[tuple[str, str, int]] = Counter()
+    for arm in config.arms:
+        for phase in ("sweep", "eval"):
+            rates = n_swept_rates(config, arm) if phase == "sweep" else 1
+            for seeds in seed_groups(config, phase, arm):
+                counts[arm.name, phase, len(seeds)] += rates
+    return [JobGroup(arm, phase, members, n) for (arm, phase, members), n in counts.items()]
+
+
 def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The results of one (arm, lr)'s seed groups as one result, seeds in group order."""
     first = parts[0]
@@ -366,10 +392,7 @@ def run_bench(
         for arm in config.arms
         for phase in ("sweep", "eval")
     }
-    n_jobs = sum(
-        n_swept_rates(config, arm) * n_groups["sweep", arm.name] + n_groups["eval", arm.name]
-        for arm in config.arms
-    )
+    n_jobs = sum(group.jobs for group in job_groups(config))
     # learning rates each arm sweeps: all of them, or (lr_from) the one its source arm chose,
     # known once that arm's sweep is done
     swept_lrs = {arm.name: config.learning_rates for arm in config.arms if arm.lr_from is None}

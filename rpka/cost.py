@@ -13,7 +13,7 @@ track's shapes, and the learning rate does not enter. :func:`probe` measures the
 bench's own configuration - the run set-up, a few training steps after a warm-up step
 (their median), one validation and one test pass - with the training code itself
 (``setup_run``, ``train_step``, ``evaluate``), and :func:`predict_bench` sums (1) over the
-bench's jobs (:func:`job_groups`). Probing costs a few steps and two evaluation passes
+bench's jobs (:func:`rpka.bench.job_groups`). Probing costs a few steps and two evaluation passes
 per (arm, S): seconds to a few minutes per bench, against the bench's hours.
 
 Times are process CPU seconds of one thread, as the benches record each run's ``cpu_s``
@@ -28,7 +28,6 @@ import dataclasses
 import os
 import statistics
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ import torch
 from tqdm import tqdm
 
 from rpka import paths
-from rpka.bench import DEFAULT_DATA_DIR, n_swept_rates, seed_groups
+from rpka.bench import DEFAULT_DATA_DIR, job_groups
 from rpka.config import ArmConfig, BenchConfig
 from rpka.io import read_json, write_json
 from rpka.paths import resolve
@@ -46,16 +45,6 @@ from rpka.tracks import get_task
 from rpka.train import Members, evaluate, make_run_config, member_batches, setup_run, train_step
 
 COST_VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class JobGroup:
-    """``jobs`` training jobs of one arm and phase with ``members`` stacked seeds each."""
-
-    arm: str
-    phase: str  # "sweep" (scored on validation) or "eval" (scored on test)
-    members: int
-    jobs: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,21 +62,6 @@ class Probe:
         """Eq. (1): one job of ``epochs`` epochs in ``phase``."""
         per_epoch = self.steps_per_epoch * self.step_s + self.val_s
         return self.setup_s + epochs * per_epoch + (self.test_s if phase == "eval" else 0.0)
-
-
-def job_groups(config: BenchConfig) -> list[JobGroup]:
-    """Every training job of the bench ``config``, grouped by (arm, phase, members).
-
-    The same jobs :func:`rpka.bench.run_bench` submits: per arm, its swept learning rates
-    (one with ``lr_from``) times its sweep seed groups, and its evaluation seed groups.
-    """
-    counts: Counter[tuple[str, str, int]] = Counter()
-    for arm in config.arms:
-        for phase in ("sweep", "eval"):
-            rates = n_swept_rates(config, arm) if phase == "sweep" else 1
-            for seeds in seed_groups(config, phase, arm):
-                counts[arm.name, phase, len(seeds)] += rates
-    return [JobGroup(arm, phase, members, n) for (arm, phase, members), n in counts.items()]
 
 
 def probe(
