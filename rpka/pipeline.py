@@ -241,6 +241,7 @@ def run_notebooks(
             for future in done:
                 index, label, step = running.pop(future)
                 if future.exception() is not None:
+                    log(f"{label} failed")
                     failures.append((index, future.exception()))
                 else:
                     log(f"{label} done in {step.seconds:.1f} s")

@@ -62,13 +62,28 @@ def test_failing_notebook_stops_the_run_naming_notebook_and_cell(
     bad = write_notebook(
         tmp_path / "00_bad.ipynb",
         [
-            params_cell("x = 1"),
+            params_cell("x = 1\nmarker = ''"),
             new_code_cell("y = x + 1"),
-            new_code_cell("raise RuntimeError('boom in the middle')"),
+            new_code_cell(
+                "import pathlib; pathlib.Path(marker).touch()\n"
+                "raise RuntimeError('boom in the middle')"
+            ),
         ],
     )
-    slow = write_notebook(tmp_path / "00_slow.ipynb", [new_code_cell("import time; time.sleep(3)")])
-    first = [Step(bad, tmp_path / "o" / "00_bad.ipynb", {"x": 2})]
+    # The slow one is still running when the bad one fails however loaded the machine is: it
+    # waits for the bad one's last cell to start, then for longer than a failure takes to land.
+    marker = tmp_path / "bad_failing"
+    slow = write_notebook(
+        tmp_path / "00_slow.ipynb",
+        [
+            new_code_cell(
+                "import pathlib, time\n"
+                f"while not pathlib.Path({str(marker)!r}).exists(): time.sleep(0.05)\n"
+                "time.sleep(5)"
+            )
+        ],
+    )
+    first = [Step(bad, tmp_path / "o" / "00_bad.ipynb", {"x": 2, "marker": str(marker)})]
     if parallel == 2:  # the bad notebook fails while the slow one still runs beside it
         first.append(Step(slow, tmp_path / "o" / "00_slow.ipynb", {}))
     steps = [
@@ -81,6 +96,7 @@ def test_failing_notebook_stops_the_run_naming_notebook_and_cell(
         run_pipeline(
             steps, tmp_path / "r.html", progress=False, log=lines.append, parallel=parallel
         )
+    assert any(line.endswith("] 00_bad.ipynb failed") for line in lines)
     assert not (tmp_path / "o" / "01_plot.ipynb").exists()  # no notebook started after it
     assert not (tmp_path / "o" / "02_plot.ipynb").exists()
     assert not (tmp_path / "r.html").exists()
@@ -90,8 +106,11 @@ def test_failing_notebook_stops_the_run_naming_notebook_and_cell(
 
 
 def test_notebooks_run_in_parallel_keep_order_and_the_last_runs_alone(tmp_path):
-    """Two at a time: the sleeps overlap; the last notebook starts after every other ended."""
-    stamp = "import time, pathlib; pathlib.Path(out).write_text(str(time.time())); time.sleep(2)"
+    """Two at a time: the first two overlap; the last notebook starts after every other ended."""
+    stamp = (
+        "import time, pathlib\nstart = time.time(); time.sleep(2)\n"
+        "pathlib.Path(out).write_text(f'{start} {time.time()}')"
+    )
     steps = []
     for i in range(4):
         cells = [params_cell("out = ''"), new_code_cell(stamp)]
@@ -99,9 +118,10 @@ def test_notebooks_run_in_parallel_keep_order_and_the_last_runs_alone(tmp_path):
         steps.append(Step(nb, tmp_path / "o" / f"{i}.ipynb", {"out": str(tmp_path / f"{i}.t")}))
     lines = []
     run_pipeline(steps, tmp_path / "r.html", progress=False, log=lines.append, parallel=2)
-    started = [float((tmp_path / f"{i}.t").read_text()) for i in range(4)]
-    assert abs(started[0] - started[1]) < 1.5  # the first two ran side by side
-    assert started[3] > max(started[:3]) + 1.5  # the report notebook ran after the others
+    stamps = [[float(t) for t in (tmp_path / f"{i}.t").read_text().split()] for i in range(4)]
+    started, ended = [s for s, _ in stamps], [e for _, e in stamps]
+    assert started[1] < ended[0] and started[0] < ended[1]  # the first two ran side by side
+    assert started[3] >= max(ended[:3])  # the report notebook ran after the others
     starts = [line for line in lines if line.endswith(" ...")]
     assert starts == [f"[{i + 1}/4] {i}.ipynb ..." for i in range(4)]  # started in order
 
