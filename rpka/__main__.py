@@ -10,6 +10,12 @@ import sys
 # workers and notebook kernels inherit it, and a level the user set wins.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
+# jsonschema (under nbformat, which the report's driver loads) imports the optional IRI
+# checker `rfc3987_syntax` when it is installed (jupyterlab's jupyter-events asks for it); it
+# compiles a Lark grammar at import: ~2 s of every command's start, for a format no notebook
+# schema uses. Marked absent in this process only (jsonschema then skips that one checker).
+sys.modules.setdefault("rfc3987_syntax", None)
+
 from rpka.cli import main  # noqa: E402  (after the log level)
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -86,14 +88,46 @@ def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write(path, lambda fh: torch.save(obj, fh), binary=True)
 
 
+FIGURE_DPI = 150  # the resolution of every figure written or embedded
+_SAVED_PNG = "_rpka_png"  # where save_figure keeps the bytes it wrote, on the figure
+
+
+def figure_png(fig: Any) -> bytes:
+    """The matplotlib figure ``fig`` as PNG bytes (``FIGURE_DPI``, tight bounding box).
+
+    A figure :func:`save_figure` wrote is not drawn again: the bytes it wrote are returned
+    (the plotting functions save a figure once it is finished; drawing is most of a
+    report's time). A figure changed after it was saved must be saved again.
+    """
+    saved = getattr(fig, _SAVED_PNG, None)
+    if saved is not None:
+        return saved
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=FIGURE_DPI, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def inline_png(fig: Any) -> tuple[str, dict[str, int]]:
+    """A notebook's view of ``fig``: the PNG :func:`figure_png` gives (the bytes
+    saved, or drawn now), base64, with the width and height that show it at the figure's
+    on-screen size (``figure.dpi``) rather than at its saved resolution."""
+    png = figure_png(fig)
+    width, height = (int.from_bytes(png[at : at + 4], "big") for at in (16, 20))  # PNG IHDR
+    scale = fig.dpi / FIGURE_DPI
+    size = {"width": round(width * scale), "height": round(height * scale)}
+    return base64.b64encode(png).decode("ascii"), size
+
+
 def save_figure(fig: Any, save_dir: str | os.PathLike | None, name: str) -> Path | None:
     """Write the matplotlib figure ``fig`` to ``save_dir/name.png`` atomically (the folder
     is created); no-op without a folder. Relative folders are taken from the repository
-    root."""
+    root. The bytes stay on the figure for :func:`figure_png`."""
     if save_dir is None:
         return None
-    path = resolve(save_dir) / f"{name}.png"
-    return atomic_write(path, lambda fh: fig.savefig(fh, format="png"), binary=True)
+    setattr(fig, _SAVED_PNG, None)  # a figure saved again is drawn again
+    png = figure_png(fig)
+    setattr(fig, _SAVED_PNG, png)
+    return atomic_write(resolve(save_dir) / f"{name}.png", lambda fh: fh.write(png), binary=True)
 
 
 # --------------------------------------------------------------------------- checked reads

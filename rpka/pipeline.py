@@ -5,13 +5,14 @@
 Each notebook in ``notebooks/`` runs from a fresh kernel with the preset's parameters
 (papermill), and its executed copy is kept under ``reports/<preset>/``. Notebooks exchange
 results only through files whose paths are parameters, and the study's files are computed
-before any notebook runs (and no two notebooks write the same file), so all but the last
-(the report) run ``parallel`` at a time in order - a kernel's start and imports are
-single-threaded, and on 2 cores two at a time halve the wait. No notebook starts after
-one has failed; the run stops naming the failing notebook and the cell. The last notebook
-is rendered to one self-contained HTML file (code hidden, images embedded, no script) at
-``reports/<preset>/rpka_report.html``, beside the executed notebooks, with a copy of the
-latest at ``reports/rpka_report.html``.
+before any notebook runs (and no two notebooks write the same file), so they run
+``parallel`` at a time - a kernel's start and imports are single-threaded, and on 2 cores
+two at a time halve the wait. Side by side, the last notebook (the report, the longest)
+starts first and the others in order beside it; one at a time, they run in order. No
+notebook starts after one has failed; the run stops naming the failing notebook and the
+cell, and renders nothing. The last notebook is rendered to one self-contained HTML file
+(code hidden, images embedded, no script) at ``reports/<preset>/rpka_report.html``, beside
+the executed notebooks, with a copy of the latest at ``reports/rpka_report.html``.
 """
 
 from __future__ import annotations
@@ -191,10 +192,11 @@ def run_pipeline(
     title: str | None = None,
     parallel: int = 2,
 ) -> Path:
-    """Run the ``compute`` stages, then the notebook ``steps`` (all but the last
-    ``parallel`` at a time, in order; none starts after a failure), and render the last
-    notebook to HTML (``title``: its ``<title>``) at ``html_out`` and beside the executed
-    notebooks. Papermill's cell bars are shown when one notebook runs at a time."""
+    """Run the ``compute`` stages, then the notebook ``steps`` (``parallel`` at a time:
+    side by side the last starts first, then the others in order; none starts after a
+    failure), and render the last notebook to HTML (``title``: its ``<title>``) at
+    ``html_out`` and beside the executed notebooks. Papermill's cell bars are shown when
+    one notebook runs at a time."""
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise ValueError(f"parallel must be an integer >= 1, got {parallel!r}")
     for step in steps:  # check every notebook's parameters before running anything
@@ -208,8 +210,10 @@ def run_pipeline(
         timings.append((name, time.perf_counter() - start))
         log(f"[compute {i}/{len(compute)}] {name} done in {timings[-1][1]:.1f} s")
     labelled = [(f"[{i}/{len(steps)}] {s.notebook.name}", s) for i, s in enumerate(steps, 1)]
-    run_notebooks(labelled[:-1], parallel, progress, log)
-    run_notebooks(labelled[-1:], 1, progress, log)
+    # Side by side, the report notebook (the longest; it reads only computed results)
+    # starts first: started last, it would run alone on an idle core.
+    start_order = range(len(steps)) if parallel == 1 else [len(steps) - 1, *range(len(steps) - 1)]
+    run_notebooks(labelled, parallel, progress, log, start_order)
     notebooks = [s.output for s in steps]
     render_html(steps[-1].output, html_out, notebooks, title)
     copy = steps[-1].output.parent / html_out.name  # reports/<preset>/: one per preset
@@ -226,11 +230,14 @@ def run_notebooks(
     parallel: int,
     progress: bool,
     log: Callable[[str], None],
+    start_order: Sequence[int] | None = None,
 ) -> None:
-    """Run the (label, step) pairs ``parallel`` at a time in order; after a failure start
-    no other, wait for those running, and raise the earliest step's failure."""
+    """Run the (label, step) pairs ``parallel`` at a time, started in ``start_order``
+    (indices into ``steps``; default: as listed); after a failure start no other, wait for
+    those running, and raise the failure of the step listed first."""
     bars = progress and parallel == 1  # interleaved cell bars would be unreadable
-    pending, running, failures = list(enumerate(steps)), {}, []
+    order = range(len(steps)) if start_order is None else start_order
+    pending, running, failures = [(i, steps[i]) for i in order], {}, []
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         while (pending and not failures) or running:
             while pending and len(running) < parallel and not failures:

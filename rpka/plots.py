@@ -8,7 +8,10 @@ every figure shares one look.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 
 import matplotlib
@@ -19,20 +22,31 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from rpka.io import save_figure
+from rpka.io import FIGURE_DPI, inline_png, save_figure
 from rpka.tables import arm_group
 from rpka.tracks import get_task
 
 RULE_ORDER = ("rpc", "greedy", "uniform")
 Z_95 = 1.959963984540054  # two-sided 95 % normal quantile, for error bars
 EIGEN_FLOOR = 1e-16  # eigenvalues below this (round-off) are drawn at the floor on log axes
-DPI = 150
 
 
 def set_style() -> None:
-    """The one style of every figure: seaborn whitegrid, paper context, colourblind palette."""
+    """The one style of every figure: seaborn whitegrid, paper context, colourblind palette.
+
+    In a notebook, a figure is then shown inline from the PNG its plotting function saved
+    (:func:`rpka.io.inline_png`) instead of being drawn a second time by the inline backend.
+    """
     sns.set_theme(context="paper", style="whitegrid", palette="colorblind", font_scale=1.1)
-    plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": DPI, "savefig.bbox": "tight"})
+    plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": FIGURE_DPI, "savefig.bbox": "tight"})
+    ipython = sys.modules.get("IPython")  # loaded in a notebook kernel; not imported here
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None and hasattr(shell, "display_formatter"):
+        # the inline backend registers its own PNG formatter when it loads, at a kernel's
+        # first figure; loaded now (it acts only if it is the backend), ours comes after it
+        if importlib.util.find_spec("matplotlib_inline") is not None:
+            importlib.import_module("matplotlib_inline.backend_inline")
+        shell.display_formatter.formatters["image/png"].for_type(Figure, inline_png)
 
 
 def _quality(result: Mapping) -> Mapping:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import re
 import subprocess
 from collections.abc import Mapping
@@ -28,9 +27,9 @@ from IPython.display import HTML, Markdown
 from matplotlib.figure import Figure
 
 from rpka import narrative, paths, plots_recall, report_text, stats, study, summary, tables
-from rpka.io import read_json_checked
+from rpka.io import figure_png, read_json_checked
 from rpka.narrative import mde_text
-from rpka.plots import DPI, metric_label, plot_error_vs_time, plot_output_error_by_arm
+from rpka.plots import metric_label, plot_error_vs_time, plot_output_error_by_arm
 from rpka.plots_report import plot_forest, primary_comparison
 from rpka.presets import STUDY_TRACKS
 from rpka.report_text import (
@@ -69,10 +68,8 @@ class Figures:
         """The figure as HTML (the matplotlib figure is closed, so the notebook's inline
         backend does not show it a second time without alt text)."""
         self.count += 1
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+        png = base64.b64encode(figure_png(fig)).decode("ascii")
         plt.close(fig)
-        png = base64.b64encode(buffer.getvalue()).decode("ascii")
         return HTML(
             f'<figure id="figure-{self.count}" style="margin:1.5em 0">'
             f'<img alt="{html.escape(alt, quote=True)}" '

@@ -1,5 +1,11 @@
 """The papermill driver: parameter checks, failure reporting, HTML rendering."""
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
@@ -83,14 +89,14 @@ def test_failing_notebook_stops_the_run_naming_notebook_and_cell(
             )
         ],
     )
-    first = [Step(bad, tmp_path / "o" / "00_bad.ipynb", {"x": 2, "marker": str(marker)})]
-    if parallel == 2:  # the bad notebook fails while the slow one still runs beside it
-        first.append(Step(slow, tmp_path / "o" / "00_slow.ipynb", {}))
+    # the last step is the report: side by side it starts first, and runs beside the bad one
     steps = [
-        *first,
+        Step(bad, tmp_path / "o" / "00_bad.ipynb", {"x": 2, "marker": str(marker)}),
         Step(plotting_notebook, tmp_path / "o" / "01_plot.ipynb", {}),
         Step(plotting_notebook, tmp_path / "o" / "02_plot.ipynb", {}),
     ]
+    if parallel == 2:
+        steps.append(Step(slow, tmp_path / "o" / "03_slow.ipynb", {}))
     lines = []
     with pytest.raises(PipelineError, match=r"00_bad.ipynb failed in cell \d+.*boom in the middle"):
         run_pipeline(
@@ -101,12 +107,14 @@ def test_failing_notebook_stops_the_run_naming_notebook_and_cell(
     assert not (tmp_path / "o" / "02_plot.ipynb").exists()
     assert not (tmp_path / "r.html").exists()
     if parallel == 2:  # the one running beside it was waited for
-        assert (tmp_path / "o" / "00_slow.ipynb").exists()
-        assert any(line.startswith("[2/4] 00_slow.ipynb done") for line in lines)
+        assert (tmp_path / "o" / "03_slow.ipynb").exists()
+        assert any(line.startswith("[4/4] 00_slow.ipynb done") for line in lines)
 
 
-def test_notebooks_run_in_parallel_keep_order_and_the_last_runs_alone(tmp_path):
-    """Two at a time: the first two overlap; the last notebook starts after every other ended."""
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_side_by_side_the_report_starts_first_and_the_others_in_order(tmp_path, parallel):
+    """Two at a time: the report (the last notebook) starts first and overlaps the first
+    of the others, which start in order; one at a time, every notebook runs in order."""
     stamp = (
         "import time, pathlib\nstart = time.time(); time.sleep(2)\n"
         "pathlib.Path(out).write_text(f'{start} {time.time()}')"
@@ -117,13 +125,17 @@ def test_notebooks_run_in_parallel_keep_order_and_the_last_runs_alone(tmp_path):
         nb = write_notebook(tmp_path / f"{i}.ipynb", cells)
         steps.append(Step(nb, tmp_path / "o" / f"{i}.ipynb", {"out": str(tmp_path / f"{i}.t")}))
     lines = []
-    run_pipeline(steps, tmp_path / "r.html", progress=False, log=lines.append, parallel=2)
+    run_pipeline(steps, tmp_path / "r.html", progress=False, log=lines.append, parallel=parallel)
     stamps = [[float(t) for t in (tmp_path / f"{i}.t").read_text().split()] for i in range(4)]
     started, ended = [s for s, _ in stamps], [e for _, e in stamps]
-    assert started[1] < ended[0] and started[0] < ended[1]  # the first two ran side by side
-    assert started[3] >= max(ended[:3])  # the report notebook ran after the others
     starts = [line for line in lines if line.endswith(" ...")]
-    assert starts == [f"[{i + 1}/4] {i}.ipynb ..." for i in range(4)]  # started in order
+    if parallel == 2:
+        assert started[0] < ended[3] and started[3] < ended[0]  # report and first overlap
+        assert starts == [f"[{i + 1}/4] {i}.ipynb ..." for i in (3, 0, 1, 2)]
+    else:
+        assert all(ended[i] <= started[i + 1] for i in range(3))  # one after the other
+        assert starts == [f"[{i + 1}/4] {i}.ipynb ..." for i in range(4)]
+    assert (tmp_path / "r.html").exists()
 
 
 @pytest.mark.parametrize("parallel", [0, -1, 1.5, True])
@@ -168,3 +180,26 @@ def test_the_kernel_does_not_warn_about_its_transport(plotting_notebook, tmp_pat
     get Curve keys instead (issue 17 item 8: terminal noise)."""
     run_notebook(Step(plotting_notebook, tmp_path / "o.ipynb", {}), progress=False)
     assert "without encryption" not in capfd.readouterr().err
+
+
+def test_the_cli_skips_jsonschemas_slow_iri_checker_and_still_validates_notebooks():
+    """`python -m rpka` marks `rfc3987_syntax` absent (~2 s of Lark grammar at import);
+    nbformat's validation, which the driver relies on, works without it."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import rpka.__main__
+        import jsonschema._format, nbformat
+        from nbformat.v4 import new_code_cell, new_notebook
+        assert sys.modules["rfc3987_syntax"] is None
+        nbformat.validate(new_notebook(cells=[new_code_cell("x = 1")]))
+        try:
+            nbformat.validate(new_notebook(cells=[{"cell_type": "code"}]))
+        except nbformat.ValidationError:
+            print("refused")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "refused"

@@ -2,16 +2,21 @@
 built from a real smoke bench, decided by rpka.stats' rule (primary unadjusted, Holm over
 the rest, TOST at a margin, the attention gate), as the bench writes it."""
 
+import base64
 import copy
 import json
 import re
+from types import SimpleNamespace
 
+import IPython
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from IPython.core.formatters import DisplayFormatter
 from IPython.display import Markdown
 
 from rpka import narrative, plots, plots_report, report, report_text, stats, study
+from rpka.io import FIGURE_DPI, figure_png, save_figure
 from rpka.pipeline import offline
 from rpka.tables import arm_group
 
@@ -134,6 +139,39 @@ def test_figures_are_numbered_with_alt_text_and_escaped_captions():
         assert f'alt="alt &quot;{i}&quot; &lt;x&gt;"' in out
         assert re.search(r'src="data:image/png;base64,[A-Za-z0-9+/=]+"', out)
         assert not plt.fignum_exists(fig.number)  # not shown a second time without alt
+
+
+def test_a_saved_figure_is_embedded_from_the_bytes_written_without_drawing_it_again(
+    tmp_path, monkeypatch
+):
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3])
+    path = save_figure(fig, tmp_path / "figs", "line")
+    written = path.read_bytes()
+    assert written.startswith(b"\x89PNG") and figure_png(fig) == written
+    width = int.from_bytes(written[16:20], "big")  # the PNG header: drawn at FIGURE_DPI
+    assert width == pytest.approx(fig.get_figwidth() * FIGURE_DPI, rel=0.2)
+    drawn = []
+    monkeypatch.setattr(fig, "savefig", lambda *a, **k: drawn.append(1))
+    html = report.Figures().show(fig, "caption", "alt").data
+    assert not drawn and base64.b64encode(written).decode("ascii") in html
+    unsaved, _ = plt.subplots()  # a figure never saved is drawn for the page
+    assert figure_png(unsaved).startswith(b"\x89PNG")
+    plt.close(unsaved)
+
+
+def test_in_a_notebook_a_saved_figure_shows_its_saved_png_at_screen_size(tmp_path, monkeypatch):
+    shell = SimpleNamespace(display_formatter=DisplayFormatter())  # a kernel's formatters
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    plots.set_style()
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([1, 2, 3])
+    written = save_figure(fig, tmp_path, "line").read_bytes()
+    data, metadata = shell.display_formatter.format(fig)
+    assert base64.b64decode(data["image/png"]) == written
+    width = int.from_bytes(written[16:20], "big")
+    assert metadata["image/png"]["width"] == round(width * fig.dpi / FIGURE_DPI)
+    plt.close(fig)
 
 
 def test_forest_plot_puts_controls_in_their_own_panel_and_the_primary_first(fake_study):
