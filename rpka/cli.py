@@ -32,7 +32,7 @@ from rpka.config import DEVICES, BenchConfig, LongContextConfig
 from rpka.executors import EXECUTOR_KINDS, make_executor
 from rpka.io import CorruptFileError, atomic_write_text, write_json
 from rpka.paths import resolve
-from rpka.presets import PRESETS_BY_TRACK, STUDY_TRACKS, get_preset
+from rpka.presets import PRESETS_BY_TRACK, PREVIEW_PRESETS, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
 from rpka.tracks import get_task
 
@@ -311,18 +311,26 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     if args.from_results and parallel > 1 and not study.results_present(args.preset):
         print("some result files are missing: the notebooks that compute them run one at a time")
         parallel = 1
+    # A preview draws no conclusion from its timings, so its notebooks run beside the
+    # stages they do not read. One torch thread per process then, as in every bench worker:
+    # OpenMP's spinning threads on oversubscribed cores made the stages ~4x slower.
+    overlap = args.preset in PREVIEW_PRESETS and parallel > 1
+    if overlap and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"  # the notebook kernels, started later
+        torch.set_num_threads(1)
     try:
         pipeline.run_pipeline(
             steps,
             Path(args.html),
             progress=not args.no_progress,
             compute=[
-                (label, step)
-                for label, step in study.compute_steps(args.preset, progress=not args.no_progress)
-                if not args.from_results or label in study.RENDER_STEPS
+                stage
+                for stage in study.compute_steps(args.preset, progress=not args.no_progress)
+                if not args.from_results or stage[0] in study.RENDER_STEPS
             ],
             title=pipeline.preset_title(args.preset),
             parallel=parallel,
+            overlap=overlap,
         )
     except pipeline.PipelineError as err:
         raise SystemExit(f"report failed: {err}") from None

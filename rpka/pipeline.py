@@ -20,9 +20,10 @@ from __future__ import annotations
 import ast
 import html
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import zmq
 from jupyter_client import KernelManager
 from nbconvert import HTMLExporter
 from papermill.exceptions import PapermillExecutionError
+from tqdm import tqdm
 from traitlets.config import Config
 
 from rpka import paths, report
@@ -183,18 +185,26 @@ def preset_title(preset: str) -> str:
     return report.page_title(preset, report.provenance()["commit"])
 
 
+# a compute stage: (label, computation, the result files or folders it writes)
+Stage = tuple[str, Callable[[], object], Sequence[str]]
+
+
 def run_pipeline(
     steps: Sequence[Step],
     html_out: Path,
     progress: bool = True,
-    log: Callable[[str], None] = print,
-    compute: Sequence[tuple[str, Callable[[], object]]] = (),
+    log: Callable[[str], None] = tqdm.write,
+    compute: Sequence[Stage] = (),
     title: str | None = None,
     parallel: int = 2,
+    overlap: bool = False,
 ) -> Path:
-    """Run the ``compute`` stages, then the notebook ``steps`` (``parallel`` at a time:
-    side by side the last starts first, then the others in order; none starts after a
-    failure), and render the last notebook to HTML (``title``: its ``<title>``) at
+    """Run the ``compute`` stages in order, then the notebook ``steps`` ``parallel`` at a
+    time - with ``overlap`` (and ``parallel`` > 1), each notebook as soon as the stages it
+    reads are done (:func:`stages_read`), beside the later ones. Side by side the last
+    notebook (the report) starts first when it can, then the others in order; one at a
+    time, in order. No notebook starts after a failure, and the stages stop too. Then
+    render the last notebook to HTML (``title``: its ``<title>``) at
     ``html_out`` and beside the executed notebooks. Papermill's cell bars are shown when
     one notebook runs at a time."""
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
@@ -203,57 +213,116 @@ def run_pipeline(
         check_parameters(step.notebook, step.parameters)
     total = time.perf_counter()
     timings = []
-    for i, (name, stage) in enumerate(compute, 1):
-        log(f"[compute {i}/{len(compute)}] {name} ...")
-        start = time.perf_counter()
-        stage()
-        timings.append((name, time.perf_counter() - start))
-        log(f"[compute {i}/{len(compute)}] {name} done in {timings[-1][1]:.1f} s")
     labelled = [(f"[{i}/{len(steps)}] {s.notebook.name}", s) for i, s in enumerate(steps, 1)]
-    # Side by side, the report notebook (the longest; it reads only computed results)
-    # starts first: started last, it would run alone on an idle core.
+    # Side by side, the report notebook (the longest) starts first once it can: started
+    # last, it would run alone on an idle core.
     start_order = range(len(steps)) if parallel == 1 else [len(steps) - 1, *range(len(steps) - 1)]
-    run_notebooks(labelled, parallel, progress, log, start_order)
-    notebooks = [s.output for s in steps]
-    render_html(steps[-1].output, html_out, notebooks, title)
+    overlap = overlap and parallel > 1
+    needs = [stages_read(s, compute) if overlap else len(compute) for s in steps]
+    with NotebookQueue(labelled, parallel, progress, log, start_order, needs) as notebooks:
+        for i, (name, stage, _) in enumerate(compute, 1):
+            if notebooks.failed:  # a notebook failed: the study stops here
+                break
+            log(f"[compute {i}/{len(compute)}] {name} ...")
+            start = time.perf_counter()
+            stage()
+            timings.append((name, time.perf_counter() - start))
+            log(f"[compute {i}/{len(compute)}] {name} done in {timings[-1][1]:.1f} s")
+            notebooks.stages_done(i)
+        notebooks.stages_done(len(compute))
+    outputs = [s.output for s in steps]
+    render_html(steps[-1].output, html_out, outputs, title)
     copy = steps[-1].output.parent / html_out.name  # reports/<preset>/: one per preset
     if copy.resolve() != html_out.resolve():
-        render_html(steps[-1].output, copy, notebooks, title)
+        render_html(steps[-1].output, copy, outputs, title)
     log(f"report: {html_out} (total {time.perf_counter() - total:.1f} s)")
     for name, seconds in timings + [(s.notebook.name, s.seconds) for s in steps]:
         log(f"  {name:<24} {seconds:8.1f} s")
     return html_out
 
 
-def run_notebooks(
-    steps: Sequence[tuple[str, Step]],
-    parallel: int,
-    progress: bool,
-    log: Callable[[str], None],
-    start_order: Sequence[int] | None = None,
-) -> None:
-    """Run the (label, step) pairs ``parallel`` at a time, started in ``start_order``
-    (indices into ``steps``; default: as listed); after a failure start no other, wait for
-    those running, and raise the failure of the step listed first."""
-    bars = progress and parallel == 1  # interleaved cell bars would be unreadable
-    order = range(len(steps)) if start_order is None else start_order
-    pending, running, failures = [(i, steps[i]) for i in order], {}, []
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        while (pending and not failures) or running:
-            while pending and len(running) < parallel and not failures:
-                index, (label, step) = pending.pop(0)
-                log(f"{label} ...")
-                running[pool.submit(run_notebook, step, bars)] = (index, label, step)
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                index, label, step = running.pop(future)
-                if future.exception() is not None:
-                    log(f"{label} failed")
-                    failures.append((index, future.exception()))
-                else:
-                    log(f"{label} done in {step.seconds:.1f} s")
-    if failures:
-        raise min(failures, key=lambda failure: failure[0])[1]
+def stages_read(step: Step, compute: Sequence[Stage]) -> int:
+    """How many of the ``compute`` stages must be done before ``step`` may start: up to the
+    last one that writes a path its parameters name (the file itself, or a folder above or
+    below it). The stages run in order, so the ones before it are done too."""
+    named = [resolve(value) for value in step.parameters.values() if isinstance(value, str)]
+    last = 0
+    for i, (_, _, outputs) in enumerate(compute, 1):
+        for out in map(resolve, outputs):
+            if any(out == path or path in out.parents or out in path.parents for path in named):
+                last = i
+    return last
+
+
+class NotebookQueue:
+    """Notebooks run ``parallel`` at a time on threads (each drives a kernel process),
+    started in ``start_order`` (indices into ``steps``), each once ``needs[i]`` compute
+    stages are done; after a failure none starts. Leaving the ``with`` block waits for
+    every notebook that can still run (or, on an exception, only for those running) and
+    raises the failure of the step listed first."""
+
+    def __init__(
+        self,
+        steps: Sequence[tuple[str, Step]],
+        parallel: int,
+        progress: bool,
+        log: Callable[[str], None],
+        start_order: Sequence[int],
+        needs: Sequence[int],
+    ) -> None:
+        self.steps, self.parallel, self.log, self.needs = steps, parallel, log, needs
+        self.bars = progress and parallel == 1  # interleaved cell bars would be unreadable
+        self.pending = list(start_order)
+        self.done, self.running, self.failures = 0, 0, []
+        self.changed = threading.Condition(threading.RLock())  # a callback may run inline
+        self.pool = ThreadPoolExecutor(max_workers=parallel)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+    def stages_done(self, count: int) -> None:
+        """``count`` compute stages are done: start the notebooks that wait for no more."""
+        with self.changed:
+            self.done = count
+            self._start_ready()
+
+    def _start_ready(self) -> None:
+        while not self.failures and self.running < self.parallel:
+            index = next((i for i in self.pending if self.needs[i] <= self.done), None)
+            if index is None:
+                return
+            self.pending.remove(index)
+            self.running += 1
+            label, step = self.steps[index]
+            self.log(f"{label} ...")
+            future = self.pool.submit(run_notebook, step, self.bars)
+            future.add_done_callback(lambda future, index=index: self._finished(index, future))
+
+    def _finished(self, index: int, future: Future) -> None:
+        label, step = self.steps[index]
+        with self.changed:
+            self.running -= 1
+            if future.exception() is not None:
+                self.log(f"{label} failed")
+                self.failures.append((index, future.exception()))
+            else:
+                self.log(f"{label} done in {step.seconds:.1f} s")
+            self._start_ready()
+            self.changed.notify_all()
+
+    def __enter__(self) -> NotebookQueue:
+        return self
+
+    def __exit__(self, kind: type | None, *_: object) -> None:
+        with self.changed:
+            if kind is not None:  # a stage raised: start nothing more
+                self.pending.clear()
+            while self.running or (self.pending and not self.failures):
+                self.changed.wait()
+        self.pool.shutdown()
+        if self.failures and kind is None:
+            raise min(self.failures, key=lambda failure: failure[0])[1]
 
 
 def preset_steps(preset: str) -> list[Step]:

@@ -573,6 +573,8 @@ PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {
 # pass their attention gate first. forecast-regimes runs as the long-context study
 # (LONGCTX_PRESETS); its 96-step form is available as `bench --track forecast-regimes`.
 STUDY_TRACKS: tuple[str, ...] = ("forecast", "lm", "forecast-motif", "recall", "forecast-real")
+# the study presets that preview it (short training, 2 evaluation seeds): no conclusions
+PREVIEW_PRESETS: tuple[str, ...] = ("smoke", "quick")
 
 
 def get_preset(name: str, track_name: str = "forecast", **overrides: Any) -> BenchConfig:

@@ -31,7 +31,7 @@ from rpka.io import figure_png, read_json_checked
 from rpka.narrative import mde_text
 from rpka.plots import metric_label, plot_error_vs_time, plot_output_error_by_arm
 from rpka.plots_report import plot_forest, primary_comparison
-from rpka.presets import STUDY_TRACKS
+from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS
 from rpka.report_text import (
     ci_text,
     cost_caption,
@@ -43,8 +43,6 @@ from rpka.report_text import (
 )
 from rpka.tables import arm_group, verdict_word
 from rpka.tracks import get_task
-
-PREVIEW_PRESETS = ("smoke", "quick")
 
 # --------------------------------------------------------------------------- page
 

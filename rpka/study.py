@@ -170,17 +170,20 @@ class WorkerPool:
         return guarded
 
 
-def compute_steps(preset: str, progress: bool = True) -> list[tuple[str, Callable[[], object]]]:
-    """The study's computations for ``preset``, in order, each resumable or cheap.
+def compute_steps(
+    preset: str, progress: bool = True
+) -> list[tuple[str, Callable[[], object], tuple[str, ...]]]:
+    """The study's computations for ``preset``, in order, each resumable or cheap, with
+    the result files (or folders) each writes.
 
-    ``python -m rpka report`` runs these first (progress in the terminal), then the
-    notebooks, which load what these wrote (and compute it themselves if it is missing).
-    The benches and the long-context study share one :class:`WorkerPool`, closed by the
-    long-context step.
+    ``python -m rpka report`` runs these (progress in the terminal) and starts each
+    notebook once the steps that write what it reads are done; a notebook computes a
+    missing file itself. The benches and the long-context study share one
+    :class:`WorkerPool`, closed by the long-context step.
     """
     pool = WorkerPool()
     steps = _study_steps(preset, progress, pool)
-    return [(label, pool.guard(compute)) for label, compute, _ in steps]
+    return [(label, pool.guard(compute), outputs) for label, compute, outputs in steps]
 
 
 def _study_steps(
@@ -217,6 +220,11 @@ def _study_steps(
         )
 
     return [
+        (  # first, so that 01_train can start beside the benches
+            DEMO_STEP,  # 01_train's models: here a bar in the terminal, in the cell a silent wait
+            lambda: train_demo(preset, demo_run_dir(preset), progress=progress),
+            (demo_run_dir(preset),),  # run files named by their configuration's hash
+        ),
         *(bench_step(name) for name in STUDY_TRACKS),
         (
             "scaling (CPU)",
@@ -229,11 +237,6 @@ def _study_steps(
             (scaling_json(preset),),
         ),
         ("long-context training", run_long_context, (paths.longctx_json(preset),)),
-        (
-            DEMO_STEP,  # 01_train's models: here a bar in the terminal, in the cell a silent wait
-            lambda: train_demo(preset, demo_run_dir(preset), progress=progress),
-            (),  # run files named by their configuration's hash
-        ),
         ("study index", lambda: write_study_index(preset), (paths.study_json(preset),)),
     ]
 

@@ -4,13 +4,21 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from rpka.pipeline import PipelineError, Step, check_parameters, run_notebook, run_pipeline
+from rpka.pipeline import (
+    PipelineError,
+    Step,
+    check_parameters,
+    run_notebook,
+    run_pipeline,
+    stages_read,
+)
 
 
 def write_notebook(path, cells):
@@ -203,3 +211,115 @@ def test_the_cli_skips_jsonschemas_slow_iri_checker_and_still_validates_notebook
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "refused"
+
+
+def test_a_notebook_waits_for_the_last_stage_that_writes_a_path_it_names(tmp_path):
+    nb = write_notebook(tmp_path / "n.ipynb", [params_cell("a = ''\nb = ''\npreset = ''")])
+    outputs = [
+        (str(tmp_path / "runs"),),  # a folder
+        (str(tmp_path / "results" / "bench.json"),),
+        (str(tmp_path / "results" / "index.json"), str(tmp_path / "scaling.json")),
+    ]
+    compute = [(f"stage {i}", lambda: None, out) for i, out in enumerate(outputs)]
+
+    def reads(**parameters):
+        return stages_read(Step(nb, tmp_path / "o.ipynb", parameters), compute)
+
+    assert reads(a=str(tmp_path / "results" / "bench.json"), preset="smoke") == 2
+    assert reads(a=str(tmp_path / "runs" / "one.json")) == 1  # a file in a folder it writes
+    assert reads(a=str(tmp_path / "results")) == 3  # a folder above what the last writes
+    assert reads(a=str(tmp_path / "elsewhere.json"), b="smoke") == 0
+
+
+@pytest.mark.parametrize(("parallel", "overlap"), [(2, True), (2, False), (1, True)])
+def test_with_overlap_a_notebook_runs_beside_the_stages_it_does_not_read(
+    tmp_path, parallel, overlap
+):
+    overlapped = overlap and parallel > 1
+    first_out, second_out = tmp_path / "first.json", tmp_path / "second.json"
+    started = tmp_path / "early_started"
+    early = write_notebook(
+        tmp_path / "early.ipynb",
+        [
+            params_cell("data = ''\nmarker = ''"),
+            new_code_cell("import pathlib\nassert pathlib.Path(data).exists()\n"
+                          "pathlib.Path(marker).touch()"),
+        ],
+    )
+    last = write_notebook(
+        tmp_path / "report.ipynb",
+        [
+            params_cell("data = ''"),
+            new_code_cell("import pathlib; assert pathlib.Path(data).exists()"),
+        ],
+    )
+
+    def second():  # side by side, the early notebook runs meanwhile: wait for its marker
+        deadline = time.monotonic() + 120
+        while overlapped and not started.exists():
+            assert time.monotonic() < deadline, "the early notebook did not start beside me"
+            time.sleep(0.05)
+        second_out.write_text("2")
+
+    compute = [
+        ("first", lambda: first_out.write_text("1"), (str(first_out),)),
+        ("second", second, (str(second_out),)),
+    ]
+    steps = [
+        Step(
+            early, tmp_path / "o" / "early.ipynb", {"data": str(first_out), "marker": str(started)}
+        ),
+        Step(last, tmp_path / "o" / "report.ipynb", {"data": str(second_out)}),
+    ]
+    lines = []
+    run_pipeline(
+        steps, tmp_path / "r.html", progress=False, log=lines.append, compute=compute,
+        parallel=parallel, overlap=overlap,
+    )
+    position = {line.split(" in ")[0]: i for i, line in enumerate(lines)}
+    assert position["[compute 2/2] second done"] < position["[2/2] report.ipynb ..."]
+    if not overlapped:  # every stage first, then the notebooks
+        assert position["[compute 2/2] second done"] < position["[1/2] early.ipynb ..."]
+    assert (tmp_path / "r.html").exists()
+
+
+def test_a_failing_notebook_stops_the_stages_and_a_failing_stage_the_notebooks(tmp_path):
+    out = tmp_path / "first.json"
+    bad = write_notebook(
+        tmp_path / "bad.ipynb", [params_cell("data = ''"), new_code_cell("raise ValueError('nb')")]
+    )
+    report_nb = write_notebook(tmp_path / "report.ipynb", [params_cell("data = ''")])
+    steps = [
+        Step(bad, tmp_path / "o" / "bad.ipynb", {"data": str(out)}),
+        Step(report_nb, tmp_path / "o" / "report.ipynb", {"data": str(tmp_path)}),
+    ]
+    lines, ran = [], []
+
+    def wait_for_the_failure():
+        deadline = time.monotonic() + 120
+        while not any(line.endswith("bad.ipynb failed") for line in lines):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    compute = [
+        ("first", lambda: out.write_text("1"), (str(out),)),
+        ("second", wait_for_the_failure, ()),
+        ("third", lambda: ran.append("third"), (str(tmp_path / "x.json"),)),
+    ]
+    with pytest.raises(PipelineError, match="bad.ipynb failed in cell"):
+        run_pipeline(
+            steps, tmp_path / "r.html", progress=False, log=lines.append, compute=compute,
+            overlap=True,
+        )
+    assert not ran and not (tmp_path / "o" / "report.ipynb").exists()
+
+    def broken():
+        raise RuntimeError("a stage broke")
+
+    compute = [("first", broken, (str(out),))]
+    with pytest.raises(RuntimeError, match="a stage broke"):
+        run_pipeline(
+            steps, tmp_path / "r2.html", progress=False, log=lines.append, compute=compute,
+            overlap=True,
+        )
+    assert not (tmp_path / "r2.html").exists()

@@ -5,6 +5,7 @@ import copy
 import dataclasses
 import json
 import math
+import os
 
 import matplotlib
 import pytest
@@ -470,8 +471,8 @@ def test_01_trains_demo_runs_train_in_a_terminal_step_and_the_notebook_reuses_th
     """`report` trains 01_train's two models as a step of its own, with a bar in the
     terminal (the cell itself would wait in silence, ~10 min at full), even with
     --from-results; the notebook's call then finds them cached (issue 17 item 8)."""
-    labels = [label for label, _ in study.compute_steps("smoke", progress=False)]
-    assert labels[-2:] == [study.DEMO_STEP, "study index"]
+    labels = [label for label, _, _ in study.compute_steps("smoke", progress=False)]
+    assert labels[0] == study.DEMO_STEP and labels[-1] == "study index"
     assert set(study.RENDER_STEPS) <= set(labels)
     assert study.notebook_parameters("smoke")["01_train.ipynb"]["run_dir"] == (
         study.demo_run_dir("smoke")
@@ -491,7 +492,11 @@ def test_01_trains_demo_runs_train_in_a_terminal_step_and_the_notebook_reuses_th
     }
 
     ran = {}
-    monkeypatch.setattr(cli.pipeline, "run_pipeline", lambda *a, compute, **kw: ran.update(compute))
+    monkeypatch.setattr(
+        cli.pipeline,
+        "run_pipeline",
+        lambda *a, compute, **kw: ran.update((label, run) for label, run, _ in compute),
+    )
     cli.report_main(["--preset", "smoke", "--from-results", "--html", str(tmp_path / "r.html")])
     assert list(ran) == list(study.RENDER_STEPS)
 
@@ -520,7 +525,7 @@ def test_the_studys_benches_share_one_pool_that_the_long_context_step_closes(mon
     seen = []
     monkeypatch.setattr(study.bench, "run_bench", lambda config, out, ex, **kw: seen.append(ex))
     monkeypatch.setattr(study, "run_longctx", lambda config, out, ex, **kw: seen.append(ex))
-    steps = dict(study.compute_steps("quick", progress=False))
+    steps = {label: compute for label, compute, _ in study.compute_steps("quick", progress=False)}
     for label, compute in steps.items():
         if label.startswith("bench") or label == "long-context training":
             compute()
@@ -538,7 +543,27 @@ def test_a_failing_step_closes_the_pool_dropping_its_queued_jobs(monkeypatch):
         raise RuntimeError("a bench failed")
 
     monkeypatch.setattr(study.bench, "run_bench", failing_bench)
-    steps = dict(study.compute_steps("quick", progress=False))
+    steps = {label: compute for label, compute, _ in study.compute_steps("quick", progress=False)}
     with pytest.raises(RuntimeError, match="a bench failed"):
         steps["bench"]()
     assert pools[0].closed and pools[0].cancelled
+
+
+def test_previews_overlap_notebooks_and_stages_on_one_thread_the_full_study_does_not(
+    monkeypatch, tmp_path
+):
+    seen = {}
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", lambda *a, **kw: seen.update(kw))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads, html = torch.get_num_threads(), str(tmp_path / "r.html")
+    try:
+        cli.report_main(["--preset", "full", "--html", html])
+        assert seen["overlap"] is False and "OMP_NUM_THREADS" not in os.environ
+        assert torch.get_num_threads() == threads  # the full study's timings: as before
+        cli.report_main(["--preset", "smoke", "--parallel", "1", "--html", html])
+        assert seen["overlap"] is False
+        cli.report_main(["--preset", "smoke", "--html", html])
+        assert seen["overlap"] is True and seen["parallel"] == 2
+        assert os.environ["OMP_NUM_THREADS"] == "1" and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
