@@ -275,7 +275,9 @@ def _fused_sweep_status(device: str) -> str:
 def device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name()
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu} CPU, {threads} thread{'s' * (threads != 1)}"
 
 
 def _inputs(config: ScalingConfig, n: int) -> tuple[torch.Tensor, ...]:
