@@ -95,12 +95,12 @@ _SAVED_PNG = "_rpka_png"  # where save_figure keeps the bytes it wrote, on the f
 def figure_png(fig: Any) -> bytes:
     """The matplotlib figure ``fig`` as PNG bytes (``FIGURE_DPI``, tight bounding box).
 
-    A figure :func:`save_figure` wrote is not drawn again: the bytes it wrote are returned
-    (the plotting functions save a figure once it is finished; drawing is most of a
-    report's time). A figure changed after it was saved must be saved again.
+    A figure :func:`save_figure` wrote is not drawn again while it is unchanged: the bytes
+    it wrote are returned (drawing is most of a report's time). Any change to the figure
+    after that marks it stale (matplotlib's own flag), and it is drawn anew.
     """
     saved = getattr(fig, _SAVED_PNG, None)
-    if saved is not None:
+    if saved is not None and not fig.stale:
         return saved
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=FIGURE_DPI, bbox_inches="tight")
@@ -127,6 +127,7 @@ def save_figure(fig: Any, save_dir: str | os.PathLike | None, name: str) -> Path
     setattr(fig, _SAVED_PNG, None)  # a figure saved again is drawn again
     png = figure_png(fig)
     setattr(fig, _SAVED_PNG, png)
+    fig.stale = False  # drawn as saved (the tight bounding box leaves the flag set)
     return atomic_write(resolve(save_dir) / f"{name}.png", lambda fh: fh.write(png), binary=True)
 
 

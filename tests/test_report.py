@@ -155,6 +155,9 @@ def test_a_saved_figure_is_embedded_from_the_bytes_written_without_drawing_it_ag
     monkeypatch.setattr(fig, "savefig", lambda *a, **k: drawn.append(1))
     html = report.Figures().show(fig, "caption", "alt").data
     assert not drawn and base64.b64encode(written).decode("ascii") in html
+    monkeypatch.undo()
+    ax.set_title("changed after it was saved")  # drawn anew, not the stale bytes
+    assert figure_png(fig) != written and figure_png(fig).startswith(b"\x89PNG")
     unsaved, _ = plt.subplots()  # a figure never saved is drawn for the page
     assert figure_png(unsaved).startswith(b"\x89PNG")
     plt.close(unsaved)
