@@ -204,9 +204,9 @@ def run_pipeline(
     reads are done (:func:`stages_read`), beside the later ones. Side by side the last
     notebook (the report) starts first when it can, then the others in order; one at a
     time, in order. No notebook starts after a failure, and the stages stop too. Then
-    render the last notebook to HTML (``title``: its ``<title>``) at
-    ``html_out`` and beside the executed notebooks. Papermill's cell bars are shown when
-    one notebook runs at a time."""
+    render the last notebook to HTML (``title``: its ``<title>``) at ``html_out`` and
+    beside the executed notebooks. Papermill's cell bars are shown when one notebook runs
+    at a time."""
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise ValueError(f"parallel must be an integer >= 1, got {parallel!r}")
     for step in steps:  # check every notebook's parameters before running anything
