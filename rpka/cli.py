@@ -532,4 +532,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CorruptFileError as err:  # a result file a reader cannot use: name it, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: every result file is whole (written, then renamed)
+        print(
+            "\ninterrupted: the runs that finished are kept, and the same command resumes "
+            "from them",
+            file=sys.stderr,
+        )
+        return 130  # the shell's code for a SIGINT
     return 0
