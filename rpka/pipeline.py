@@ -293,23 +293,28 @@ class NotebookQueue:
             if index is None:
                 return
             self.pending.remove(index)
-            self.running += 1
             label, step = self.steps[index]
-            self.log(f"{label} ...")
             future = self.pool.submit(run_notebook, step, self.bars)
+            self.running += 1
             future.add_done_callback(lambda future, index=index: self._finished(index, future))
+            self.log(f"{label} ...")
 
     def _finished(self, index: int, future: Future) -> None:
         label, step = self.steps[index]
+        error = future.exception()
         with self.changed:
             self.running -= 1
-            if future.exception() is not None:
-                self.log(f"{label} failed")
-                self.failures.append((index, future.exception()))
-            else:
-                self.log(f"{label} done in {step.seconds:.1f} s")
-            self._start_ready()
-            self.changed.notify_all()
+            try:
+                if error is not None:
+                    self.failures.append((index, error))
+                    self.log(f"{label} failed")
+                else:
+                    self.log(f"{label} done in {step.seconds:.1f} s")
+                self._start_ready()
+            except BaseException as err:  # e.g. a closed stdout: stop here, raise it at the end
+                self.failures.append((index, err))
+            finally:  # whatever happened, the waiting thread is told (no hang)
+                self.changed.notify_all()
 
     def __enter__(self) -> NotebookQueue:
         return self

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -323,3 +324,28 @@ def test_a_failing_notebook_stops_the_stages_and_a_failing_stage_the_notebooks(t
             overlap=True,
         )
     assert not (tmp_path / "r2.html").exists()
+
+
+def test_a_log_that_breaks_stops_the_run_instead_of_hanging_it(plotting_notebook, tmp_path):
+    """A log that raises in a notebook's completion (a closed stdout: `report | head`)
+    must end the run with that error, not leave the pipeline waiting for ever."""
+
+    def log(line):
+        if " done in " in line:
+            raise BrokenPipeError("stdout closed")
+
+    steps = [Step(plotting_notebook, tmp_path / "o" / f"{i}.ipynb", {}) for i in range(3)]
+    outcome = []
+
+    def run():
+        try:
+            run_pipeline(steps, tmp_path / "r.html", progress=False, log=log)
+        except BaseException as err:  # noqa: BLE001 - the outcome is what is checked
+            outcome.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=180)
+    assert not thread.is_alive(), "the pipeline hung"
+    assert outcome and isinstance(outcome[0], BrokenPipeError)
+    assert not (tmp_path / "r.html").exists()
