@@ -17,7 +17,16 @@ def test_an_interrupted_bench_exits_130_and_the_same_command_resumes(tmp_path):
     argv = [sys.executable, "-m", "rpka", "bench", "--preset", "smoke", "--out", str(out)]
     argv += ["--epochs", "12", "--no-progress"]  # runs long enough to be caught between
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # a shell's background job (CI may be one) ignores SIGINT, and a child inherits
+        # that: give the command Ctrl-C as a terminal would deliver it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     while not list((out / "runs").glob("*.json")):  # the first run finished
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
