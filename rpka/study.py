@@ -220,7 +220,7 @@ def _study_steps(
         )
 
     return [
-        (  # first, so that 01_train can start beside the benches
+        (  # first: in a preview, 01_train then starts beside the benches
             DEMO_STEP,  # 01_train's models: here a bar in the terminal, in the cell a silent wait
             lambda: train_demo(preset, demo_run_dir(preset), progress=progress),
             (demo_run_dir(preset),),  # run files named by their configuration's hash
