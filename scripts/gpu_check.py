@@ -58,9 +58,11 @@ def breakdown(n: int, g: torch.Generator, rank: int = 64) -> dict:
             row[f"pivot_{tag}_ms"] = cuda_ms(lambda: attn.select(attn.point_set(q, k)))
             os.environ.pop("RPKA_DISABLE_TRITON", None)
         state = attn.select(attn.point_set(q, k))
-        _, scale, shift = attn._scaled(q, k)
+        frame = attn._scaled(q, k)
         row["nystrom_chunked_ms"] = cuda_ms(
-            lambda: nystrom_softmax_chunked(q, k, v, state, scale, shift, attn.den_floor)
+            lambda: nystrom_softmax_chunked(
+                q, k, v, state, frame.q_scale, frame.k_scale, frame.key_shift, attn.den_floor
+            )
         )
         row.update(rounds=state.rounds, candidates=state.candidates, refreshes=state.refreshes)
         torch.cuda.reset_peak_memory_stats()

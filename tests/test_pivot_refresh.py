@@ -5,7 +5,7 @@ import torch
 
 from rpka.attention import build
 from rpka.attention.nystrom import gather_points, nystrom_softmax
-from rpka.attention.rpka import new_batch, share_pivot_cache
+from rpka.attention.rpka import balanced_frame, new_batch, share_pivot_cache
 from rpka.model import ModelConfig, TransformerTiny
 
 
@@ -55,8 +55,8 @@ def test_shared_cache_reuses_token_positions_on_the_other_layers_points():
     out = second(q2, k2, v2)
     assert torch.equal(second.pivot_cache.pivots, pivots)  # no draw of its own
     # independent recomputation: landmarks at those positions of the second layer's points
-    scale = q2.shape[-1] ** -0.25
-    q_s, k_s = q2 * scale, k2 * scale
+    frame = balanced_frame(q2, k2)  # the scaled points (q/k balance, centred keys)
+    q_s, k_s = q2 * frame.q_scale, k2 * frame.k_scale
     k_s = k_s - k_s.mean(-2, keepdim=True)
     points = torch.cat([q_s, k_s], dim=-2)
     expected, _ = nystrom_softmax(q_s, k_s, v2, gather_points(points, pivots), pivots >= 0)

@@ -108,17 +108,22 @@ class PointSet:
     def __init__(
         self,
         parts: Sequence[Tensor],
-        scale: float = 1.0,
+        scale: float | Tensor | Sequence[float | Tensor] = 1.0,
         shifts: Sequence[Tensor | None] | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         if not parts:
             raise ValueError("parts must hold at least one tensor")
         shifts = [None] * len(parts) if shifts is None else list(shifts)
+        # one scale for every part, or one per part; a tensor scale is per batch element,
+        # broadcastable to (..., 1, 1) (the q/k balance of RPKA scales queries and keys apart)
+        scales = list(scale) if isinstance(scale, list | tuple) else [scale] * len(parts)
         self.batch_shape = parts[0].shape[:-2]
         self.dim = parts[0].shape[-1]
         self.dtype = dtype
-        self.scale = scale
+        self.scales = [
+            s.detach().to(dtype).reshape(-1, 1, 1) if isinstance(s, Tensor) else s for s in scales
+        ]
         self.parts = [p.detach().reshape(-1, p.shape[-2], self.dim) for p in parts]
         self.shifts = [
             None if s is None else s.detach().to(dtype).reshape(-1, 1, self.dim) for s in shifts
@@ -128,20 +133,22 @@ class PointSet:
         self.batch = self.parts[0].shape[0]
         self.device = self.parts[0].device
 
-    def _convert(self, x: Tensor, shift: Tensor | None) -> Tensor:
-        x = x.to(self.dtype) * self.scale
+    def _convert(self, x: Tensor, scale: float | Tensor, shift: Tensor | None) -> Tensor:
+        x = x.to(self.dtype) * scale
         return x if shift is None else x - shift
 
     def take(self, index: Tensor) -> Tensor:
         """Points at ``index`` (B, b) (values in [0, N)) -> (B, b, d) in ``dtype``."""
         out = None
         offset = 0
-        for part, shift, size in zip(self.parts, self.shifts, self.sizes, strict=True):
+        for part, scale, shift, size in zip(
+            self.parts, self.scales, self.shifts, self.sizes, strict=True
+        ):
             local = index - offset if offset else index
             rows = torch.gather(
                 part, -2, local.clamp(0, size - 1).unsqueeze(-1).expand(*index.shape, self.dim)
             )
-            rows = self._convert(rows, shift)
+            rows = self._convert(rows, scale, shift)
             if out is None:
                 out = rows
             else:  # later parts own the indices at and after their offset
@@ -157,9 +164,11 @@ class PointSet:
         """Yield ``(start, Z[:, start:stop])`` over all N points, part by part, in chunks
         whose (B, rows, width) buffers fit ``budget`` bytes (``FAST.chunk_bytes``)."""
         offset = 0
-        for part, shift, size in zip(self.parts, self.shifts, self.sizes, strict=True):
+        for part, scale, shift, size in zip(
+            self.parts, self.scales, self.shifts, self.sizes, strict=True
+        ):
             for start, stop in chunk_bounds(size, self.row_bytes(width), budget):
-                yield offset + start, self._convert(part[:, start:stop], shift)
+                yield offset + start, self._convert(part[:, start:stop], scale, shift)
             offset += size
 
     def sq_norms(self) -> Tensor:

@@ -145,3 +145,40 @@ def guarded_ratio(
         "entries": torch.tensor(out.numel()),
     }
     return out, counts
+
+
+# a full-rank estimate is reported as not exact where a row is off by more than this share
+# of the value range (round-off at sharp attention stays below 1e-4 in float32, 1e-10 in
+# float64: tests/test_sharp_attention.py)
+FULL_RANK_TOL = {torch.float32: 1e-3, torch.float64: 1e-8}
+
+
+@torch.no_grad()
+def check_full_rank(method: str, out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> float:
+    """Share of rows of a full-rank estimate ``out`` that are not exact; warns once if any.
+
+    At full rank a Nystrom estimate equals softmax attention in exact arithmetic, so a row
+    that differs from exact attention (torch SDPA, in the compute dtype) by more than
+    ``FULL_RANK_TOL`` of the value range is a numerical failure - the representable range
+    exceeded, or a pivot floor that dropped points - and must not pass silently. Costs one
+    exact attention, the order of the full-rank estimate itself. q, k (..., n|m, d),
+    v (..., m, d_v), out (..., n, d_v).
+    """
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v, out = (x.detach().to(compute) for x in (q, k, v, out))
+    exact = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    span = (v.amax(-2, keepdim=True) - v.amin(-2, keepdim=True)).amax(-1, keepdim=True)
+    err = (out - exact).abs().amax(-1, keepdim=True) / span.clamp(min=torch.finfo(compute).tiny)
+    bad = ~(err <= FULL_RANK_TOL[compute])  # NaN counts as not exact
+    share = float(bad.float().mean()) if bad.numel() else 0.0
+    if share > 0 and (method, "full rank") not in _warned:
+        _warned.add((method, "full rank"))
+        warnings.warn(
+            f"{method}: at full rank the estimate is not exact on {share:.1%} of rows (off "
+            f"by up to {float(err.nan_to_num(float('inf')).amax()):.2g} of the value range "
+            f"against exact attention); the inputs exceed the range its numerics cover "
+            "(docs/numerics.md)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return share

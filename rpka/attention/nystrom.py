@@ -107,6 +107,33 @@ def solve_core(rho: Tensor, moments: Tensor, chol: Tensor, dtype: torch.dtype) -
     return Core((core / size).to(dtype), log_scale.to(dtype))
 
 
+def solve_graded(
+    rho: Tensor, moments: Tensor, landmarks: Tensor, valid: Tensor, dtype: torch.dtype
+) -> Core:
+    """:func:`solve_core` with the landmarks eliminated from the largest row scale down.
+
+    ``G_SS^{-1} diag(e^{rho}) moments`` is the same in any order of the landmarks, but not
+    its round-off: at full rank the solve must cancel terms ``g(s, z) e^{rho_z - rho_s}``
+    that can exceed 1 by many orders of magnitude (a long key seen from a short landmark),
+    and eliminating the landmarks of the largest scale ``rho`` first keeps the Cholesky
+    factor graded like the right-hand side, so those terms cancel at their own size (as
+    diagonal pivoting by size does for the weighted kernel ``D G D``; docs/numerics.md).
+    rho (..., r), moments (..., r, d_v + 1), landmarks (..., r, d), valid (..., r).
+    """
+    key = torch.where(valid, rho.detach().to(CORE_DTYPE), float("-inf"))
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices  # (..., r)
+    back = order.argsort(-1)
+
+    def take(x: Tensor, index: Tensor) -> Tensor:
+        if x.dim() == index.dim():
+            return x.gather(-1, index)
+        return x.gather(-2, index.unsqueeze(-1).expand(*index.shape, x.shape[-1]))
+
+    chol = landmark_cholesky(take(landmarks, order), take(valid, order))
+    core = solve_core(take(rho, order), take(moments, order), chol, dtype)
+    return Core(take(core.scaled, back), take(core.log_scale, back))
+
+
 def nystrom_core(k_s: Tensor, v: Tensor, landmarks: Tensor, valid: Tensor) -> Core:
     """Key side of the Nystrom estimate: ``G_SS^{-1} G_SK [w * V, w]`` as a :class:`Core`.
 
@@ -120,7 +147,7 @@ def nystrom_core(k_s: Tensor, v: Tensor, landmarks: Tensor, valid: Tensor) -> Co
     ``exp(q.k)``, never exponentiated apart from ``g`` (:func:`key_moments`).
     """
     rho, moments = key_moments(k_s, v, landmarks, valid)
-    return solve_core(rho, moments, landmark_cholesky(landmarks, valid), k_s.dtype)
+    return solve_graded(rho, moments, landmarks, valid, k_s.dtype)
 
 
 def landmark_cholesky(landmarks: Tensor, valid: Tensor) -> Tensor:
@@ -208,7 +235,8 @@ def nystrom_softmax_chunked(
     k: Tensor,
     v: Tensor,
     state: PivotState,
-    scale: float,
+    q_scale: float | Tensor,
+    k_scale: float | Tensor,
     key_shift: Tensor,
     den_floor: float = 1e-6,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -224,8 +252,10 @@ def nystrom_softmax_chunked(
     Args:
         q: (B, H, n, d), k: (B, H, m, d), v: (B, H, m, d_v), any float dtype.
         state: pivots of the scaled points (batch flattened to B*H), from
-            :func:`accelerated_pivots` on ``[q * scale; k * scale - key_shift]`` or keys.
-        scale: ``d^{-1/4}``; key_shift: (B, H, 1, d) the mean of the scaled keys.
+            :func:`accelerated_pivots` on ``[q * q_scale; k * k_scale - key_shift]`` or keys.
+        q_scale, k_scale: the scales of queries and keys, numbers or (B, H, 1, 1) tensors
+            (``d^{-1/4}`` times the q/k balance of :func:`rpka.attention.rpka.balanced_frame`);
+        key_shift: (B, H, 1, d) the mean of the scaled keys.
 
     Returns:
         out (B, H, n, d_v) in q's dtype and the guard counts (as :func:`nystrom_softmax`).
@@ -238,7 +268,12 @@ def nystrom_softmax_chunked(
     lm_half_sq = half_sq_norms(landmarks, state.valid)  # (B, 1, r), +inf masks unused slots
     row_bytes = q.shape[0] * max(rank, d_v + 1, q.shape[-1]) * torch.finfo(compute).bits // 8
 
-    def scaled(x: Tensor) -> Tensor:  # a fresh float copy (never the input itself)
+    def per_batch(scale: float | Tensor) -> float | Tensor:
+        return scale.to(compute).reshape(-1, 1, 1) if isinstance(scale, Tensor) else scale
+
+    q_scale, k_scale = per_batch(q_scale), per_batch(k_scale)
+
+    def scaled(x: Tensor, scale: float | Tensor) -> Tensor:  # a fresh copy, never the input
         return x.to(compute, copy=True).mul_(scale)
 
     # keys: moments = g(Z_S, K~) [w v, w] = exp(s.k - |s|^2/2) [v, 1] against a running
@@ -251,7 +286,7 @@ def nystrom_softmax_chunked(
     key_row_bytes = row_bytes * torch.finfo(core_dtype).bits // torch.finfo(compute).bits
     for start, stop in chunk_bounds(m, key_row_bytes):
         # the same compute-dtype points the landmarks were taken from, then widened
-        k_c = scaled(k[:, start:stop]).sub_(shift).to(core_dtype)
+        k_c = scaled(k[:, start:stop], k_scale).sub_(shift).to(core_dtype)
         logits = torch.baddbmm(-lm64_half_sq, k_c, lm64.transpose(-1, -2))  # (B, c, r)
         new_rho = finite_or_zero(torch.maximum(rho, logits.amax(-2, keepdim=True)))
         terms = logits.sub_(new_rho).exp_()
@@ -264,8 +299,7 @@ def nystrom_softmax_chunked(
         del k_c, logits, terms, v1  # free this chunk before the next one is allocated
     # the selection's float32 factor is off by ~1e-5 where rows of the core differ by many
     # orders of magnitude: the small r x r factor is redone in float64 (landmark_cholesky)
-    chol = landmark_cholesky(landmarks, state.valid)
-    core = solve_core(rho.squeeze(-2), moments, chol, compute)
+    core = solve_graded(rho.squeeze(-2), moments, landmarks, state.valid, compute)
 
     # queries: out = a core[:, :d_v] / a core[:, d_v] with a = g(Q~, Z_S) e^{lambda} up to
     # each row's common factor, in one log-sum-exp as in nystrom_readout; guard 2 relative
@@ -278,7 +312,7 @@ def nystrom_softmax_chunked(
     out = torch.empty(q.shape[0], n, d_v, dtype=q.dtype, device=q.device)
     low_count, clamped_count = [], []
     for start, stop in chunk_bounds(n, row_bytes):
-        logits = torch.baddbmm(bias, scaled(q[:, start:stop]), landmarks.transpose(-1, -2))
+        logits = torch.baddbmm(bias, scaled(q[:, start:stop], q_scale), landmarks.transpose(-1, -2))
         a = logits.sub_(finite_or_zero(logits.amax(-1, keepdim=True))).exp_()  # row max 1
         full = a @ core.scaled
         floor = a.sum(-1, keepdim=True).mul_(den_floor).clamp_(min=tiny)

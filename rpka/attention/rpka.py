@@ -53,6 +53,7 @@ randomness at each call) matters.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -66,6 +67,7 @@ from rpka.attention.accelerated import (
     check_fast_options,
 )
 from rpka.attention.base import AttentionMethod
+from rpka.attention.guards import check_full_rank
 from rpka.attention.nystrom import gather_points, nystrom_softmax, nystrom_softmax_chunked
 from rpka.attention.options import check_generator, check_open_unit
 from rpka.attention.rpcholesky import PIVOT_RULES, rpcholesky, weighting_power
@@ -77,6 +79,63 @@ PIVOT_REFRESH = ("call", "batch")
 GRAD_PATHS = ("autograd", "streamed")
 # options that choose how the estimate is computed, not its law (the same estimator either way)
 IMPLEMENTATION_OPTIONS = ("pivot_method", "block_size", "refresh", "grad_path", "residual_solve")
+# keys-only pivots: the largest centred key balanced to 1/KEYS_RATIO of the largest query,
+# WildCat's temperature rule (keys_coreset.WILDCAT_RHO, from microsoft/wildcat); with equal
+# lengths (ratio 1, the joint set's balance) full rank was off by 1e-4 at q x3 / k x10 in
+# d = 8 (tests/test_asymmetric_scale.py): in a keys-only Nystrom the cancellation grows with
+# the key norms alone, and shorter keys keep it down
+KEYS_RATIO = 3.94582
+
+
+
+
+class Frame(NamedTuple):
+    """Where the pivoted points live: ``q~ = q * q_scale``, ``k~ = k * k_scale - key_shift``.
+
+    ``q_scale`` and ``k_scale`` are (..., 1, 1) tensors (detached), ``key_shift`` the
+    (..., 1, d) mean of ``k * k_scale`` (guard 1), ``compute`` the dtype of the estimate.
+    """
+
+    compute: torch.dtype
+    q_scale: Tensor
+    k_scale: Tensor
+    key_shift: Tensor
+
+
+def balanced_frame(q: Tensor, k: Tensor, balance: bool = True, key_ratio: float = 1.0) -> Frame:
+    """The scaled points of RPKA for q (..., n, d), k (..., m, d), balanced per (batch, head).
+
+    Softmax attention sees q and k only through ``q.k / sqrt(d) = (alpha q~).(k~ / alpha)``
+    with ``q~ = q d^{-1/4}``, ``k~ = k d^{-1/4}``, for every ``alpha > 0``. The Nystrom
+    estimate is exact at full rank for any alpha in exact arithmetic, but not in floating
+    point: the key weights ``e^{|k~|^2/2}`` spread over many nats when the keys are long,
+    and the solve with ``G_SS`` must then cancel terms ``g(s, k_j) w_j / w_s`` of size up to
+    ``exp(max |z|^2 / 4)`` over the pivoted points z - an error of eps times that (measured:
+    relative error 0.2-1.0 at full rank in float64 for q x10 / k x1 and q x1 / k x10,
+    docs/numerics.md). ``alpha^2 = max |k~ - mean| / max |q~|`` makes the largest query and
+    the largest centred key equally long, which minimises the largest norm of the joint
+    set for the same logits; ``key_ratio`` > 1 makes the keys that much shorter (keys-only
+    pivots, ``KEYS_RATIO``). The scales are detached (the output does not depend on
+    alpha). ``balance=False`` gives alpha = 1.
+    """
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = q.shape[-1] ** -0.25
+    mean = k.mean(-2, keepdim=True, dtype=compute)  # (..., 1, d)
+    ones = torch.ones(*q.shape[:-2], 1, 1, dtype=compute, device=q.device)
+    if not balance:
+        return Frame(compute, ones * scale, ones * scale, mean * scale)
+    with torch.no_grad():
+        q_max = torch.linalg.vector_norm(q, dim=-1, dtype=compute).amax(-1)
+        # |k - mean|^2 = |k|^2 - 2 k.mean + |mean|^2 without a copy of the keys (its round-off
+        # only moves alpha, which any value of leaves the estimate's target unchanged)
+        k_sq = torch.linalg.vector_norm(k, dim=-1, dtype=compute).square()
+        k_dot = (k @ mean.detach().to(k.dtype).transpose(-1, -2)).squeeze(-1).to(compute)
+        k_max = (k_sq - 2 * k_dot + mean.detach().square().sum(-1)).clamp(min=0).amax(-1).sqrt()
+        usable = (q_max > 0) & (k_max > 0) & torch.isfinite(q_max * k_max)
+        ratio = key_ratio * k_max / torch.where(usable, q_max, 1.0)
+        alpha = torch.where(usable, ratio, 1.0).sqrt()
+        alpha = alpha[..., None, None]
+    return Frame(compute, scale * alpha, scale / alpha, mean * (scale / alpha))
 
 
 class PivotCache:
@@ -159,6 +218,10 @@ class RPKAttention(AttentionMethod):
             residuals: ``"triangular"`` (default, the reference) or ``"inverse"`` (about 3x
             faster on a CPU; the same law, residuals equal up to round-off, so a draw can
             differ from the reference's at a rounding boundary; docs/speed.md).
+        qk_balance: pivot the balanced points ``(alpha q~, k~ / alpha)`` (default), which
+            leave every logit ``q~.k~`` unchanged and make full rank exact whatever the
+            scale of queries relative to keys (:func:`balanced_frame`); ``False`` pivots
+            ``(q~, k~)`` as the study did before the fix (docs/numerics.md).
 
     Without gradients (inference) the accelerated path never materialises the joint set
     or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
@@ -187,6 +250,7 @@ class RPKAttention(AttentionMethod):
         check_inputs: bool = True,
         grad_path: str = "streamed",
         residual_solve: str = "triangular",
+        qk_balance: bool = True,
     ) -> None:
         super().__init__(causal=causal, check_inputs=check_inputs)
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
@@ -222,6 +286,9 @@ class RPKAttention(AttentionMethod):
             raise ValueError(
                 f"residual_solve must be one of {RESIDUAL_SOLVES}, got {residual_solve!r}"
             )
+        if not isinstance(qk_balance, bool):
+            raise ValueError(f"qk_balance must be True or False, got {qk_balance!r}")
+        self.qk_balance = qk_balance
         self.residual_solve = residual_solve
         self.grad_path = grad_path
         self.causal_block = causal_block
@@ -243,19 +310,17 @@ class RPKAttention(AttentionMethod):
         """Start a new batch: with ``pivot_refresh="batch"`` the next call draws pivots."""
         self.pivot_cache.clear()
 
-    def _scaled(self, q: Tensor, k: Tensor) -> tuple[torch.dtype, float, Tensor]:
-        """Compute dtype, the scale d^{-1/4} and the mean of the scaled keys (guard 1)."""
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        scale = q.shape[-1] ** -0.25
-        key_shift = k.mean(-2, keepdim=True, dtype=compute) * scale
-        return compute, scale, key_shift
+    def _scaled(self, q: Tensor, k: Tensor) -> Frame:
+        """The frame of the pivoted points: scales and key shift (:func:`balanced_frame`)."""
+        key_ratio = 1.0 if self.pivot_set == "joint" else KEYS_RATIO
+        return balanced_frame(q, k, self.qk_balance, key_ratio)
 
-    def point_set(self, q: Tensor, k: Tensor, scaled: tuple | None = None) -> PointSet:
+    def point_set(self, q: Tensor, k: Tensor, frame: Frame | None = None) -> PointSet:
         """The pivoted points ``[q~; k~ - mean]`` (or the keys), read in place."""
-        compute, scale, key_shift = scaled or self._scaled(q, k)
+        f = frame or self._scaled(q, k)
         if self.pivot_set == "joint":
-            return PointSet([q, k], scale, [None, key_shift], compute)
-        return PointSet([k], scale, [key_shift], compute)
+            return PointSet([q, k], [f.q_scale, f.k_scale], [None, f.key_shift], f.compute)
+        return PointSet([k], f.k_scale, [f.key_shift], f.compute)
 
     def select(self, points: PointSet) -> PivotState:
         """Accelerated pivot selection on ``points`` (batch flattened) - no gradient."""
@@ -276,16 +341,17 @@ class RPKAttention(AttentionMethod):
             out, self._guards = causal.attend(self, q, k, v)
             return out
         needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-        compute, scale, key_shift = scaled = self._scaled(q, k)
+        frame = self._scaled(q, k)
         per_call = self.pivot_refresh == "call"
         if self.method == "accelerated" and not needs_grad and per_call:
-            state = self.select(self.point_set(q, k, scaled))
+            state = self.select(self.point_set(q, k, frame))
             out, self._guards = nystrom_softmax_chunked(
-                q, k, v, state, scale, key_shift, self.den_floor
+                q, k, v, state, frame.q_scale, frame.k_scale, frame.key_shift, self.den_floor
             )
-            return out
-        q_s = q.to(compute) * scale
-        k_s = k.to(compute) * scale - key_shift  # guard 1: exact invariance of softmax
+            return self.checked(out, q, k, v)
+        compute = frame.compute
+        q_s = q.to(compute) * frame.q_scale
+        k_s = k.to(compute) * frame.k_scale - frame.key_shift  # guard 1: exact invariance
         points = torch.cat([q_s, k_s], dim=-2) if self.pivot_set == "joint" else k_s
         key = (tuple(points.shape[:-2]), points.shape[-2], self.rank)
         pivots = None if per_call else self.pivot_cache.matching(key)  # this batch's draw
@@ -298,7 +364,19 @@ class RPKAttention(AttentionMethod):
         out, self._guards = estimate(
             q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor
         )
-        return out.to(q.dtype)
+        return self.checked(out.to(q.dtype), q, k, v)
+
+    def checked(self, out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """``out``, after a check against exact attention where the rank claims exactness.
+
+        At a rank that covers every pivoted point the estimate equals softmax attention in
+        exact arithmetic; where round-off or the representable range says otherwise, the
+        share of rows affected is reported once per process (:func:`check_full_rank`).
+        """
+        n_points = k.shape[-2] + (q.shape[-2] if self.pivot_set == "joint" else 0)
+        if self.rank >= n_points:
+            check_full_rank(self.name, out, q, k, v)
+        return out
 
     @torch.no_grad()
     def draw_pivots(self, points: Tensor) -> Tensor:

@@ -34,8 +34,7 @@ from rpka.attention.guards import guarded_ratio
 from rpka.attention.nystrom import (
     CORE_DTYPE,
     finite_or_zero,
-    landmark_cholesky,
-    solve_core,
+    solve_graded,
 )
 
 # working-set budget of one group's (rows x r) buffer, in bytes: on a CPU a few fit in L2
@@ -199,7 +198,7 @@ def nystrom_softmax_streamed(
     q_s, k_s, v, landmarks = (_flat(x) for x in (q_s, k_s, v, landmarks))
     valid = valid.reshape(-1, valid.shape[-1])
     rho, moments = KeyMoments.apply(k_s, v, landmarks.to(CORE_DTYPE), valid)
-    core = solve_core(rho, moments, landmark_cholesky(landmarks, valid), k_s.dtype)
+    core = solve_graded(rho, moments, landmarks, valid, k_s.dtype)
     full, total = Readout.apply(q_s, landmarks, valid, core.log_scale, core.scaled)
     tiny = torch.finfo(full.dtype).tiny  # keeps 0/0 out if every term vanished
     floor = (den_floor * total).clamp(min=tiny)
