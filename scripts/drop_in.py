@@ -60,6 +60,17 @@ def logit_std(qkv_per_layer: list) -> list[float]:
     ]
 
 
+def qk_norm_ratio(qkv_per_layer: list) -> list[list[float]]:
+    """Per layer and head: the largest query norm over the largest centred key norm (median
+    over items) - how lopsided the trained head is (the q/k balance of RPKA undoes it)."""
+    ratios = []
+    for q, k, _ in qkv_per_layer:
+        k_c = k.double() - k.double().mean(-2, keepdim=True)
+        ratio = q.double().norm(dim=-1).amax(-1) / k_c.norm(dim=-1).amax(-1)  # (items, H)
+        ratios.append(ratio.median(0).values.tolist())
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench-dir", type=Path, required=True)
@@ -100,6 +111,7 @@ def main() -> None:
         "members": run["seeds"],
         "n_test_items": len(x),
         "logit_std_per_layer": logit_std(qkv),
+        "qk_norm_ratio_per_layer_head": qk_norm_ratio(qkv),
         "exact": {},
         "rows": [],
     }
