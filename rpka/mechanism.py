@@ -62,7 +62,7 @@ from rpka.attention.rpcholesky import (
     select_pivot,
     weighting_power,
 )
-from rpka.attention.rpka import PIVOT_SETS
+from rpka.attention.rpka import KEYS_RATIO, PIVOT_SETS, balanced_frame
 from rpka.config import MechanismConfig
 from rpka.stats import pooled_z
 
@@ -86,15 +86,17 @@ OBSERVED_DEFINITION = (
 def pivot_points(q: Tensor, k: Tensor, pivot_set: str = "joint") -> Tensor:
     """The points RPKA pivots, in float64: (..., n, d), (..., m, d) -> (..., N, d).
 
-    Mirrors :meth:`RPKAttention.attend`: ``q~ = q d^{-1/4}``, keys scaled and centred by
-    their mean (guard 1), joint set ``[q~; k~]`` (N = n + m) or keys only (N = m).
+    Mirrors :meth:`RPKAttention.attend`: ``q~ = q d^{-1/4} alpha``, keys scaled by
+    ``d^{-1/4} / alpha`` and centred by their mean (guard 1), with the q/k balance alpha of
+    :func:`rpka.attention.rpka.balanced_frame`; joint set ``[q~; k~]`` (N = n + m) or keys
+    only (N = m).
     """
     if pivot_set not in PIVOT_SETS:
         raise ValueError(f"pivot_set must be one of {PIVOT_SETS}, got {pivot_set!r}")
-    scale = q.shape[-1] ** -0.25
-    q_s = q.detach().to(torch.float64) * scale
-    k_s = k.detach().to(torch.float64) * scale
-    k_s = k_s - k_s.mean(-2, keepdim=True)
+    q, k = q.detach().to(torch.float64), k.detach().to(torch.float64)
+    frame = balanced_frame(q, k, key_ratio=1.0 if pivot_set == "joint" else KEYS_RATIO)
+    q_s = q * frame.q_scale
+    k_s = k * frame.k_scale - frame.key_shift
     return torch.cat([q_s, k_s], dim=-2) if pivot_set == "joint" else k_s
 
 

@@ -10,6 +10,7 @@ import torch
 
 from rpka.attention import build, nystrom_softmax, rpcholesky
 from rpka.attention.nystrom import gather_points
+from rpka.attention.rpka import KEYS_RATIO, balanced_frame
 from rpka.io import read_json, write_json
 from rpka.mechanism import (
     MechanismConfig,
@@ -70,9 +71,11 @@ def test_pivot_points_are_the_points_rpka_pivots(pivot_set):
         points, 6, "rpc", torch.Generator().manual_seed(3), weighting="gauss"
     ).pivots
     k_s = points[..., -k.shape[-2] :, :]
-    ref, _ = nystrom_softmax(
-        q * q.shape[-1] ** -0.25, k_s, v, gather_points(points, pivots), pivots >= 0
-    )
+    # the queries in the same frame: alpha q~ (the joint set holds them; keys-only pivots
+    # scale them by the same q/k balance as the keys, balanced_frame)
+    frame = balanced_frame(q, k, key_ratio=1.0 if pivot_set == "joint" else KEYS_RATIO)
+    q_s = q * frame.q_scale
+    ref, _ = nystrom_softmax(q_s, k_s, v, gather_points(points, pivots), pivots >= 0)
     assert torch.allclose(attn(q, k, v), ref, rtol=0, atol=1e-12)
 
 
