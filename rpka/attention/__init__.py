@@ -13,6 +13,7 @@ from torch import nn
 from rpka.attention.base import AttentionMethod, check_qkv
 from rpka.attention.exact import ExactAttention
 from rpka.attention.keys_coreset import KeysCoresetAttention
+from rpka.attention.local import LocalAttention
 from rpka.attention.mean import MeanAttention
 from rpka.attention.nystrom import nystrom_softmax
 from rpka.attention.nystrom_uniform import NystromUniformAttention
@@ -31,6 +32,8 @@ REGISTRY: dict[str, type[AttentionMethod]] = {
     "performer": PerformerAttention,
     # a control: uniform attention (q = 0), how much a track needs attention at all
     "mean": MeanAttention,
+    # a control: softmax over a sliding window of keys, how far back a track looks
+    "local": LocalAttention,
 }
 
 
@@ -68,6 +71,7 @@ __all__ = [
     "CholeskyResult",
     "ExactAttention",
     "KeysCoresetAttention",
+    "LocalAttention",
     "MeanAttention",
     "NystromUniformAttention",
     "NystromformerAttention",
