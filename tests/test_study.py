@@ -47,7 +47,9 @@ def test_full_preset_holds_rank_sweep_ablations_and_peers():
     for method in PEERS:
         arm = FULL.arm(f"{method}-r{ABLATION_RANK}")
         assert arm.method == method and arm.options["rank"] == ABLATION_RANK
-    assert set(REGISTRY) == {arm.method for arm in FULL.arms}  # every registered method
+    # every registered method but the local-window control, which no study runs yet (it
+    # needs the two-control gate of the long-range work before it can be an arm)
+    assert set(REGISTRY) - {"local"} == {arm.method for arm in FULL.arms}
     reference = rpka_configuration("rpka", FULL.arm(FULL.ablation_reference).options)
     changed = {}
     for name in FULL.ablation_arms:
