@@ -25,6 +25,7 @@ next run resumes from the jobs that finished.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import ctypes
 import importlib
 import multiprocessing
@@ -34,7 +35,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
@@ -87,16 +87,26 @@ def _die_with_parent(parent_pid: int, use_prctl: bool = True) -> None:
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
 
 
+def _thread_lock_for_bars() -> None:
+    """tqdm's default lock holds a multiprocessing semaphore, which the resource tracker
+    lists until the process frees it; a worker killed by :func:`abort` never does, and the
+    tracker warned of "leaked semaphore objects" at exit. A worker shares no lock with
+    another process: a thread lock is all its job's bar needs (set once per process)."""
+    global _BARS_LOCKED
+    if not _BARS_LOCKED:
+        tqdm.set_lock(threading.RLock())
+        _BARS_LOCKED = True
+
+
+_BARS_LOCKED = False
+
+
 def _init_worker(parent_pid: int, use_prctl: bool = True) -> None:
     # Ctrl-C reaches the whole process group: a worker that took it printed a traceback
     # (idle) or handed the KeyboardInterrupt back as its job's result and took the next job
     # (busy). The driver decides instead (LocalPool.abort); SIGTERM still ends a worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # tqdm's default lock holds a multiprocessing semaphore, which the resource tracker
-    # lists until the process frees it; a worker killed by LocalPool.abort never does, and
-    # the tracker warned of "leaked semaphore objects" at exit. A spawned worker shares no
-    # lock with another process: a thread lock is all its job bar needs.
-    tqdm.set_lock(threading.RLock())
+    _thread_lock_for_bars()
     _die_with_parent(parent_pid, use_prctl)
     torch.set_num_threads(1)  # one thread per worker: the workers already use every core
 
@@ -152,6 +162,7 @@ def _single_threaded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     # the local pool's workers run one torch thread; a Dask worker must too, for the same
     # numbers (a different thread count can change the order of a float reduction)
     torch.set_num_threads(1)
+    _thread_lock_for_bars()
     return fn(*args, **kwargs)
 
 
@@ -176,9 +187,17 @@ class DaskExecutor(cf.Executor):
             self.cluster.close()
 
     def abort(self) -> None:
-        """Cancel every job (queued or running: Dask cancels both) and close the client
-        and the local cluster, whose nannies kill their workers; a cluster at an address
-        is not ours to close."""
+        """Kill the local cluster's workers, cancel every job and close the client and
+        the cluster; a cluster at an address is not ours: its jobs are cancelled only.
+
+        A running job is a thread that Dask cannot stop: each nanny waited 4 s for it,
+        then killed its worker, and both logged warnings on the way.
+        """
+        for nanny in list(getattr(self.cluster, "workers", {}).values()):
+            pid = getattr(nanny, "pid", None)  # None once its worker process has ended
+            if pid:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         self.shutdown(wait=False, cancel_futures=True)
 
 
@@ -239,7 +258,7 @@ def abort(executor: cf.Executor) -> None:
         executor.shutdown(wait=False, cancel_futures=True)
 
 
-@contextmanager
+@contextlib.contextmanager
 def owned(executor: ExecutorT) -> Iterator[ExecutorT]:
     """``with owned(make_executor(...)) as executor:`` - on a normal exit wait for its jobs
     and shut it down; on an exception (Ctrl-C, SIGTERM, a failed job) :func:`abort` it.
