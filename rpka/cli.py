@@ -92,35 +92,56 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
 
 
 def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argparse.Namespace]:
-    """Parse the command line into a validated config; bad values exit with an error."""
+    """Parse the command line into a validated config; bad values exit with an error.
+
+    ``--preset`` is required: without it the bench ran the full study (hours) into the
+    committed ``data/results/full``. That folder is written only when ``--out`` names it.
+    """
     parser = _parser("bench", bench.__doc__.split("\n\n")[0])
     names = sorted({name for presets in PRESETS_BY_TRACK.values() for name in presets})
-    parser.add_argument("--preset", choices=names, default="full")
     parser.add_argument(
-        "--track", choices=sorted(PRESETS_BY_TRACK), default=STUDY_TRACKS[0], help="the track"
+        "--preset",
+        choices=names,
+        help="the study to run (required; full is the real study: hours on 2 cores)",
+    )
+    parser.add_argument(
+        "--track",
+        choices=sorted(PRESETS_BY_TRACK),
+        default=STUDY_TRACKS[0],
+        help="the track (default: %(default)s)",
     )
     parser.add_argument(
         "--out",
-        help="results folder (default data/results/<preset>, data/results/<preset>/<track> "
-        "for tracks other than forecast)",
+        help="results folder (default: data/results/<preset>, data/results/<preset>/<track> "
+        f"for tracks other than forecast; {paths.COMMITTED_RESULTS}, the committed study, "
+        "only when named here)",
     )
-    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
-    parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
-    parser.add_argument("--lrs", type=float, nargs="+", help="learning rates to sweep")
-    parser.add_argument("--epochs", type=int, help="training epochs")
-    parser.add_argument("--device", choices=DEVICES)
-    parser.add_argument("--workers", type=int, help="parallel worker processes")
+    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (default: the preset's)")
+    parser.add_argument(
+        "--seeds", type=int, help="number of evaluation seeds (default: the preset's)"
+    )
+    parser.add_argument(
+        "--lrs", type=float, nargs="+", help="learning rates to sweep (default: the preset's)"
+    )
+    parser.add_argument("--epochs", type=int, help="training epochs (default: the preset's)")
+    parser.add_argument("--device", choices=DEVICES, help="(default: the preset's)")
+    parser.add_argument(
+        "--workers", type=int, help="parallel worker processes (default: the preset's)"
+    )
     parser.add_argument(
         "--executor",
         choices=EXECUTOR_KINDS,
         default="local",
-        help="where runs go: a local process pool, in-process, or a local Dask cluster",
+        help="where runs go: a local process pool, in-process, or a local Dask cluster "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--scheduler", help="a Dask scheduler address (tcp://host:port); implies --executor dask"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
+    if args.preset is None:
+        parser.error(f"argument --preset is required: one of {', '.join(names)}")
     if args.scheduler is not None and "://" not in args.scheduler:
         parser.error(f"argument --scheduler: expected tcp://host:port, got {args.scheduler!r}")
 
@@ -150,9 +171,22 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
         parser.error("argument --device: cuda requested but CUDA is not available")
     if len(config.eval_seeds) < SEEDS_RANGE[0]:
         parser.error(f"preset {args.preset}: a paired comparison needs >= 2 evaluation seeds")
+    if args.out is None:
+        _refuse_committed_default(parser, bench.default_out(config))
     args.out = resolve(args.out or bench.default_out(config))
     _check_out_dir(parser, "--out", args.out)
     return config, args
+
+
+def _refuse_committed_default(parser: argparse.ArgumentParser, default: str) -> None:
+    """Refuse a default output folder inside the committed study: the full preset's runs
+    would overwrite the reports git keeps. Naming the folder with ``--out`` is the ask."""
+    committed = resolve(paths.COMMITTED_RESULTS)
+    if resolve(default) == committed or committed in resolve(default).parents:
+        parser.error(
+            f"argument --out: required with this preset, whose default folder {default} "
+            f"holds the committed study (give --out {default} to rewrite it)"
+        )
 
 
 def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
