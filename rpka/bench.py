@@ -41,6 +41,7 @@ import platform
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,10 @@ from rpka.attention import options_of
 from rpka.attention.guards import guard_shares
 from rpka.config import ArmConfig, BenchConfig
 from rpka.decision import METRIC_DIRECTION, compare_arms, decision_of
-from rpka.executors import InProcessExecutor  # noqa: F401 - re-exported for callers
+from rpka.executors import (
+    InProcessExecutor,  # noqa: F401 - re-exported for callers
+    owned,
+)
 from rpka.executors import local_executor as default_executor
 from rpka.io import (
     CorruptFileError,
@@ -368,7 +372,8 @@ def run_bench(
             ``<out_dir>/runs/``.
         executor: where jobs run (``concurrent.futures`` interface); default
             :func:`default_executor` with ``config.n_workers``. A given executor is not
-            shut down.
+            shut down (on an exception, this bench's queued jobs in it are cancelled);
+            the bench's own is aborted on one (``rpka.executors.owned``).
         progress: tqdm bars (the bench's, and one per running job).
         data_dir: the track cache (default ``data/cache``).
     """
@@ -445,16 +450,20 @@ def run_bench(
         for job in make_jobs(config, arm, lr, "sweep", runs_dir, data_dir, progress)
     ]
     try:
-        submit(sweep_jobs)
-        while pending:
-            done, _ = cf.wait(list(pending), return_when=cf.FIRST_COMPLETED)
-            for future in done:
-                job = pending.pop(future)
-                collect(job, read_json(future.result()))
+        with owned(executor) if own_executor else nullcontext():
+            try:
+                submit(sweep_jobs)
+                while pending:
+                    done, _ = cf.wait(list(pending), return_when=cf.FIRST_COMPLETED)
+                    for future in done:
+                        job = pending.pop(future)
+                        collect(job, read_json(future.result()))
+            except BaseException:  # in a shared executor, this bench's queued jobs are dropped
+                for future in pending:
+                    future.cancel()
+                raise
     finally:
         bar.close()
-        if own_executor:
-            executor.shutdown(cancel_futures=True)
     t_runs = time.perf_counter()
 
     report = build_report(config, naive, sweep_of, eval_of, track)
@@ -688,4 +697,3 @@ def _load_average() -> list[float] | None:
 
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
-

@@ -19,8 +19,11 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ import torch
 
 from rpka import bench, cost, decoding, longctx, paths, pipeline, scaling, study, summary
 from rpka.config import DEVICES, BenchConfig, LongContextConfig
-from rpka.executors import EXECUTOR_KINDS, make_executor
+from rpka.executors import EXECUTOR_KINDS, make_executor, owned
 from rpka.io import CorruptFileError, atomic_write_text, write_json
 from rpka.paths import resolve
 from rpka.presets import PRESETS_BY_TRACK, PREVIEW_PRESETS, STUDY_TRACKS, get_preset
@@ -89,35 +92,56 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
 
 
 def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argparse.Namespace]:
-    """Parse the command line into a validated config; bad values exit with an error."""
+    """Parse the command line into a validated config; bad values exit with an error.
+
+    ``--preset`` is required: without it the bench ran the full study (hours) into the
+    committed ``data/results/full``. That folder is written only when ``--out`` names it.
+    """
     parser = _parser("bench", bench.__doc__.split("\n\n")[0])
     names = sorted({name for presets in PRESETS_BY_TRACK.values() for name in presets})
-    parser.add_argument("--preset", choices=names, default="full")
     parser.add_argument(
-        "--track", choices=sorted(PRESETS_BY_TRACK), default=STUDY_TRACKS[0], help="the track"
+        "--preset",
+        choices=names,
+        help="the study to run (required; full is the real study: hours on 2 cores)",
+    )
+    parser.add_argument(
+        "--track",
+        choices=sorted(PRESETS_BY_TRACK),
+        default=STUDY_TRACKS[0],
+        help="the track (default: %(default)s)",
     )
     parser.add_argument(
         "--out",
-        help="results folder (default data/results/<preset>, data/results/<preset>/<track> "
-        "for tracks other than forecast)",
+        help="results folder (default: data/results/<preset>, data/results/<preset>/<track> "
+        f"for tracks other than forecast; {paths.COMMITTED_RESULTS}, the committed study, "
+        "only when named here)",
     )
-    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
-    parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
-    parser.add_argument("--lrs", type=float, nargs="+", help="learning rates to sweep")
-    parser.add_argument("--epochs", type=int, help="training epochs")
-    parser.add_argument("--device", choices=DEVICES)
-    parser.add_argument("--workers", type=int, help="parallel worker processes")
+    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (default: the preset's)")
+    parser.add_argument(
+        "--seeds", type=int, help="number of evaluation seeds (default: the preset's)"
+    )
+    parser.add_argument(
+        "--lrs", type=float, nargs="+", help="learning rates to sweep (default: the preset's)"
+    )
+    parser.add_argument("--epochs", type=int, help="training epochs (default: the preset's)")
+    parser.add_argument("--device", choices=DEVICES, help="(default: the preset's)")
+    parser.add_argument(
+        "--workers", type=int, help="parallel worker processes (default: the preset's)"
+    )
     parser.add_argument(
         "--executor",
         choices=EXECUTOR_KINDS,
         default="local",
-        help="where runs go: a local process pool, in-process, or a local Dask cluster",
+        help="where runs go: a local process pool, in-process, or a local Dask cluster "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--scheduler", help="a Dask scheduler address (tcp://host:port); implies --executor dask"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
+    if args.preset is None:
+        parser.error(f"argument --preset is required: one of {', '.join(names)}")
     if args.scheduler is not None and "://" not in args.scheduler:
         parser.error(f"argument --scheduler: expected tcp://host:port, got {args.scheduler!r}")
 
@@ -147,15 +171,28 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
         parser.error("argument --device: cuda requested but CUDA is not available")
     if len(config.eval_seeds) < SEEDS_RANGE[0]:
         parser.error(f"preset {args.preset}: a paired comparison needs >= 2 evaluation seeds")
+    if args.out is None:
+        _refuse_committed_default(parser, bench.default_out(config))
     args.out = resolve(args.out or bench.default_out(config))
     _check_out_dir(parser, "--out", args.out)
     return config, args
 
 
+def _refuse_committed_default(parser: argparse.ArgumentParser, default: str) -> None:
+    """Refuse a default output folder inside the committed study: the full preset's runs
+    would overwrite the reports git keeps. Naming the folder with ``--out`` is the ask."""
+    committed = resolve(paths.COMMITTED_RESULTS)
+    if resolve(default) == committed or committed in resolve(default).parents:
+        parser.error(
+            f"argument --out: required with this preset, whose default folder {default} "
+            f"holds the committed study (give --out {default} to rewrite it)"
+        )
+
+
 def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config, args = parse_bench(argv)
     kind = args.scheduler or args.executor
-    with make_executor(kind, n_workers=config.n_workers) as executor:
+    with owned(make_executor(kind, n_workers=config.n_workers)) as executor:
         report = bench.run_bench(config, args.out, executor, progress=not args.no_progress)
     out = args.out
     print_bench_summary(report, out)
@@ -518,6 +555,60 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
 }
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM in the driver: every command stops the same way (its pools
+    aborted on the way out, ``rpka.executors.owned``), and exits ``128 + signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stop(signum: int, frame: object) -> None:
+    """Raise :class:`Interrupted`, once: later signals are ignored, so a second Ctrl-C
+    cannot break the clean-up (killing the workers) half way and leave them running."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread while a command
+    runs. SIGTERM's default ended this process at once and left its workers to the
+    parent-death signal (no message, no exit code of ours). A signal ignored at start
+    stays ignored (a background job's SIGINT); the handlers are restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (a test calling main() from a thread)
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, _stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _interrupted(err: KeyboardInterrupt) -> int:
+    """One line on stderr, and the shell's code for the signal (130 Ctrl-C, 143 SIGTERM):
+    every result file is whole (written, then renamed), so the same command resumes."""
+    signum = getattr(err, "signum", signal.SIGINT)
+    word = "interrupted" if signum == signal.SIGINT else "terminated"
+    newline = "\n" if sys.stderr.isatty() else ""  # end a progress bar's line first
+    print(
+        f"{newline}{word}: the runs that finished are kept, and the same command resumes from them",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 128 + signum
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
@@ -528,15 +619,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0 if argv else 2
     try:
-        COMMANDS[argv[0]][0](argv[1:])
+        with _stop_on_signals():
+            COMMANDS[argv[0]][0](argv[1:])
     except CorruptFileError as err:  # a result file a reader cannot use: name it, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: every result file is whole (written, then renamed)
-        print(
-            "\ninterrupted: the runs that finished are kept, and the same command resumes "
-            "from them",
-            file=sys.stderr,
-        )
-        return 130  # the shell's code for a SIGINT
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM (Interrupted)
+        return _interrupted(err)
     return 0

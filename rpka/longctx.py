@@ -36,6 +36,7 @@ import concurrent.futures as cf
 import dataclasses
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from rpka.bench import (
     versions,
 )
 from rpka.config import BenchConfig, LongContextConfig
+from rpka.executors import owned
 from rpka.io import read_json, write_json
 from rpka.paths import resolve
 from rpka.scaling import peak_memory_mib
@@ -128,7 +130,8 @@ def run_longctx(
             there, each context's bench to ``longctx/context-<n>/``.
         executor: where runs and memory probes go (``concurrent.futures`` interface);
             default ``rpka.bench.default_executor(config.bench.n_workers)``, shared by
-            every context. A given executor is not shut down.
+            every context. A given executor is not shut down; its own is aborted on an
+            exception (``rpka.executors.owned``).
         progress: tqdm bars.
         data_dir: the track cache (default ``data/cache``).
     """
@@ -139,7 +142,7 @@ def run_longctx(
     result = header(config)
     own_executor = executor is None
     executor = executor or default_executor(config.bench.n_workers)
-    try:
+    with owned(executor) if own_executor else nullcontext():
         for context in config.contexts:
             bench = config.bench_for(context)
             bench.task.load(bench.track, data_dir)  # cached once, before the workers
@@ -155,9 +158,6 @@ def run_longctx(
             result["per_context"][str(context)] = context_entry(report, bench_dir, out)
             result["wall_s"] = time.perf_counter() - started
             write_json(out / FILE_NAME, result)
-    finally:
-        if own_executor:
-            executor.shutdown(cancel_futures=True)
     result["load_average_end"] = _load_average()
     result["wall_s"] = time.perf_counter() - started
     return read_json(write_json(out / FILE_NAME, result))  # as saved: NaN/inf are null
@@ -326,4 +326,3 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"{result['load_average_start']} -> {result['load_average_end']}"
     )
     return lines
-

@@ -39,6 +39,11 @@ REPORTS = "reports"
 NOTEBOOKS = "notebooks"
 
 
+# the committed study (git keeps its reports): a command writes there only when told to by
+# name, never as its default
+COMMITTED_RESULTS = f"{RESULTS}/full"
+
+
 def results_dir(preset: str) -> str:
     """``data/results/<preset>``: the study's result files."""
     return f"{RESULTS}/{preset}"

@@ -18,19 +18,25 @@ the executed notebooks, with a copy of the latest at ``reports/rpka_report.html`
 from __future__ import annotations
 
 import ast
+import contextlib
 import html
+import logging
+import os
 import re
+import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 import nbformat
 import papermill
 import zmq
-from jupyter_client import KernelManager
+from jupyter_client import AsyncKernelManager, KernelManager
 from nbconvert import HTMLExporter
 from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
@@ -102,6 +108,32 @@ def kernel_config() -> Config:
     return Config()
 
 
+class TrackedKernelManager(AsyncKernelManager):
+    """The notebooks' kernel manager, listed while it exists so that :func:`kill_kernels`
+    can reach its kernel from the main thread: papermill drives each kernel from a pool
+    thread that waits for the notebook's end, and the interpreter's exit waits for that
+    thread - after Ctrl-C, for a whole notebook (a kernel runs in its own session, so the
+    terminal's Ctrl-C never reaches it)."""
+
+    live: ClassVar[weakref.WeakSet] = weakref.WeakSet()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        TrackedKernelManager.live.add(self)
+
+
+def kill_kernels() -> None:
+    """SIGKILL the process group of every running kernel: the kernel and any pool workers
+    of a bench it runs (a kernel leads its own group). nbclient then sees the kernel dead
+    within a second and its thread ends."""
+    for manager in list(TrackedKernelManager.live):
+        provisioner = manager.provisioner
+        group = getattr(provisioner, "pgid", None) or getattr(provisioner, "pid", None)
+        if manager.has_kernel and group:
+            with contextlib.suppress(OSError):  # gone already, or not ours
+                os.killpg(group, signal.SIGKILL)
+
+
 def run_notebook(step: Step, progress: bool = True) -> Step:
     """Execute one notebook with papermill; raise ``PipelineError`` naming the failing cell."""
     check_parameters(step.notebook, step.parameters)
@@ -116,6 +148,7 @@ def run_notebook(step: Step, progress: bool = True) -> Step:
             progress_bar=progress,
             cwd=str(REPO_ROOT),
             config=kernel_config(),
+            kernel_manager_class=TrackedKernelManager,
         )
     except PapermillExecutionError as err:
         raise PipelineError(
@@ -254,12 +287,19 @@ def stages_read(step: Step, compute: Sequence[Stage]) -> int:
     return last
 
 
+# how long an interrupted queue waits for the threads of the notebooks whose kernels it
+# killed (nbclient checks its kernel every second)
+STOP_WAIT_S = 3.0
+
+
 class NotebookQueue:
     """Notebooks run ``parallel`` at a time on threads (each drives a kernel process),
     started in ``start_order`` (indices into ``steps``), each once ``needs[i]`` compute
     stages are done; after a failure none starts. Leaving the ``with`` block waits for
     every notebook that can still run (or, on an exception, only for those running) and
-    raises the failure of the step listed first."""
+    raises the failure of the step listed first; on Ctrl-C or SIGTERM (a
+    ``KeyboardInterrupt``, in a stage or while waiting) it kills the running kernels
+    instead (:meth:`stop`)."""
 
     def __init__(
         self,
@@ -274,6 +314,7 @@ class NotebookQueue:
         self.bars = progress and parallel == 1  # interleaved cell bars would be unreadable
         self.pending = list(start_order)
         self.done, self.running, self.failures = 0, 0, []
+        self.stopped = False  # interrupted: the notebooks' ends are not logged
         self.changed = threading.Condition(threading.RLock())  # a callback may run inline
         self.pool = ThreadPoolExecutor(max_workers=parallel)
 
@@ -305,7 +346,9 @@ class NotebookQueue:
         with self.changed:
             self.running -= 1
             try:
-                if error is not None:
+                if self.stopped:  # killed by stop(): the interrupt has its own line
+                    pass
+                elif error is not None:
                     self.failures.append((index, error))
                     self.log(f"{label} failed")
                 else:
@@ -320,14 +363,45 @@ class NotebookQueue:
         return self
 
     def __exit__(self, kind: type | None, *_: object) -> None:
-        with self.changed:
-            if kind is not None:  # a stage raised: start nothing more
-                self.pending.clear()
-            while self.running or (self.pending and not self.failures):
-                self.changed.wait()
+        try:
+            if kind is not None and issubclass(kind, KeyboardInterrupt):
+                self.stop()
+            else:
+                self._wait(stopping=kind is not None)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM while the notebooks run
+            self.stop()
+            raise
         self.pool.shutdown()
         if self.failures and kind is None:
             raise min(self.failures, key=lambda failure: failure[0])[1]
+
+    def _wait(self, stopping: bool) -> None:
+        """Wait for the running notebooks and, unless ``stopping`` (a stage raised: start
+        nothing more), for those still to start; once stopped (:meth:`stop`), for at
+        most ``STOP_WAIT_S``: their kernels are dead, so their threads end at once."""
+        deadline = time.monotonic() + STOP_WAIT_S
+        with self.changed:
+            if stopping:
+                self.pending.clear()
+            while self.running or (self.pending and not self.failures):
+                if self.stopped and time.monotonic() > deadline:
+                    return
+                self.changed.wait(timeout=0.1 if self.stopped else None)
+
+    def stop(self) -> None:
+        """Ctrl-C: start no notebook, kill the running ones' kernels and wait (briefly) for
+        their threads, saying nothing: the interrupt has its own line, and papermill's
+        logger would add "Kernel died while waiting for execute reply." per notebook."""
+        with self.changed:
+            self.stopped = True
+            self.pending.clear()
+        papermill_log = logging.getLogger("papermill")
+        was_disabled, papermill_log.disabled = papermill_log.disabled, True
+        try:
+            kill_kernels()
+            self._wait(stopping=True)
+        finally:
+            papermill_log.disabled = was_disabled
 
 
 def preset_steps(preset: str) -> list[Step]:

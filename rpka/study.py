@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rpka import bench, paths, scaling
+from rpka import bench, executors, paths, scaling
 from rpka.config import BenchConfig
 from rpka.io import read_json, read_json_or_heal, write_json
 from rpka.longctx import run_longctx
@@ -150,10 +150,13 @@ class WorkerPool:
         return self.executor
 
     def close(self, cancel: bool = False) -> None:
-        """Shut the pool down; ``cancel``: drop the jobs not yet started (after a failure,
-        as a bench does with its own pool)."""
+        """Shut the pool down; ``cancel``: abort it - queued jobs dropped, running ones
+        killed (after a failure or Ctrl-C, as a bench does with its own pool)."""
         if self.executor is not None:
-            self.executor.shutdown(cancel_futures=cancel)
+            if cancel:
+                executors.abort(self.executor)
+            else:
+                self.executor.shutdown()
             self.executor = None
 
     def guard(self, compute: Callable[[], object]) -> Callable[[], object]:

@@ -189,3 +189,37 @@ def test_from_results_runs_notebooks_one_at_a_time_when_a_result_is_missing(
     cli.report_main(["--preset", "smoke", "--from-results", "--html", str(tmp_path / "r.html")])
     assert seen["parallel"] == expected
     assert ("run one at a time" in capsys.readouterr().out) is (not present)
+
+
+def test_bench_requires_a_preset_naming_them(monkeypatch, capsys):
+    """Without --preset the bench ran the full study (hours) into the committed results."""
+    monkeypatch.setattr(cli.bench, "run_bench", _never)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.bench_main([])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert "argument --preset is required: one of full, gate, quick" in error
+
+
+@pytest.mark.parametrize("track", ["forecast", "lm"])
+def test_the_committed_study_is_written_only_when_named(track, monkeypatch, capsys):
+    """The full preset's default folder is the committed ``data/results/full`` (and its
+    track folders): refused as a default, accepted when ``--out`` names it."""
+    monkeypatch.setattr(cli.bench, "run_bench", _never)
+    argv = ["--preset", "full", "--track", track]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.bench_main(argv)
+    assert exit_info.value.code == 2
+    folder = "data/results/full" + ("/lm" if track == "lm" else "")
+    assert f"default folder {folder} holds the committed study" in capsys.readouterr().err
+    _, args = cli.parse_bench([*argv, "--out", folder])  # named: asked in so many words
+    assert args.out == cli.resolve(folder)
+
+
+def test_bench_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        cli.bench_main(["--help"])
+    help_ = " ".join(capsys.readouterr().out.split())
+    assert "the study to run (required;" in help_
+    assert "(default: forecast)" in help_ and "(default: local)" in help_
+    assert "(default: data/results/<preset>," in help_
