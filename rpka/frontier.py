@@ -1,0 +1,215 @@
+"""The rank frontier of a track: at which rank RPKA stops losing to exact attention.
+
+Every quality number goes on one scale, the **gap recovered** (docs/statistics.md,
+section 7): per evaluation seed s,
+
+    g_s = (control_s - arm_s) / (control_s - exact_s)      (lower is better; sign-flipped
+                                                              for higher-is-better metrics)
+
+1 = exact attention, 0 = the no-attention control (uniform attention). The rule, fixed
+before the frontier runs:
+
+* an arm is **non-inferior** when the one-sided t-test of ``mean g > margin_gap`` over the
+  seeds rejects at alpha = 0.05 (``margin_gap = 0.95``: an approximation that gives up
+  less than 5 % of what attention buys over no attention; the raw margins of the tracks
+  are not comparable - 0.02 MSE is 3 % of exact on one track and 37 % on another);
+* ``r*`` is the smallest trained RPKA rank that is non-inferior; ``None`` ("not reached")
+  is an allowed answer;
+* the **positive control** is the arm at a rank that is exact by construction (non-causal:
+  rank >= every pivoted point; causal: every block's past fits the landmark pool). It must
+  read non-inferior: if it does not, the pipeline is wrong before anything else is read.
+
+A gap needs a control that loses on every seed (``control_s - exact_s > 0``); the track's
+attention gate says so, and a seed where it does not makes its g undefined (the frontier
+then has no verdict for that track).
+
+:func:`track_frontier` turns a bench report into the frontier's rows; :func:`write_frontier`
+writes ``frontier.json`` for a study's gated tracks (shape in docs/bench_report.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from rpka.io import read_json, write_json
+from rpka.stats import ALPHA, sign_flip_pvalue
+
+MARGIN_GAP = 0.95  # non-inferior: mean gap recovered above 0.95 (one-sided, alpha 0.05)
+LOW_RANK_METHODS = ("rpka", "nystrom-uniform", "keys-coreset")
+PIVOTING_PEERS = ("nystrom-uniform", "keys-coreset")
+
+
+def per_seed_gap(
+    control: Sequence[float], exact: Sequence[float], arm: Sequence[float], direction: str
+) -> np.ndarray:
+    """g_s = (control_s - arm_s) / (control_s - exact_s) per seed, (n_seeds,).
+
+    ``direction`` ``"lower"`` or ``"higher"`` (is better). NaN where the control does not
+    lose to exact on that seed (no gap to recover) or a value is not finite.
+    """
+    if direction not in ("lower", "higher"):
+        raise ValueError(f"direction must be 'lower' or 'higher', got {direction!r}")
+    c, e, a = (np.asarray(x, dtype=float) for x in (control, exact, arm))
+    if not c.shape == e.shape == a.shape:
+        raise ValueError(f"control, exact and arm must pair up: got {len(c)}, {len(e)}, {len(a)}")
+    sign = 1.0 if direction == "lower" else -1.0
+    gap = sign * (c - e)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g = sign * (c - a) / gap
+    return np.where((gap > 0) & np.isfinite(g), g, np.nan)
+
+
+def gap_recovered(
+    g: np.ndarray, margin_gap: float = MARGIN_GAP, alpha: float = ALPHA
+) -> dict[str, Any]:
+    """Mean gap recovered with its two-sided t interval and the non-inferiority test.
+
+    ``verdict``: ``"non-inferior"`` when ``ttest_1samp(g, margin_gap, alternative="greater")``
+    rejects at ``alpha``; ``"not shown"`` otherwise; ``"undefined"`` when a seed has no gap
+    (the control did not lose there) or fewer than 2 seeds.
+    """
+    g = np.asarray(g, dtype=float)
+    out: dict[str, Any] = {"per_seed": [None if np.isnan(x) else float(x) for x in g]}
+    if len(g) < 2 or np.isnan(g).any():
+        return {**out, "mean": None, "ci_low": None, "ci_high": None, "p_value": None,
+                "verdict": "undefined"}  # fmt: skip
+    mean = float(g.mean())
+    if np.ptp(g) == 0:  # no spread: the interval is the point, the test is decided by it
+        low = high = mean
+        p = 0.0 if mean > margin_gap else 1.0
+    else:
+        test = stats.ttest_1samp(g, margin_gap, alternative="greater")
+        low, high = (float(x) for x in stats.ttest_1samp(g, 0).confidence_interval(1 - alpha))
+        p = float(test.pvalue)
+    verdict = "non-inferior" if p < alpha else "not shown"
+    return {**out, "mean": mean, "ci_low": low, "ci_high": high, "p_value": p, "verdict": verdict}
+
+
+def probability_of_improvement(
+    x: Sequence[float], y: Sequence[float], direction: str, seed: int = 0
+) -> dict[str, float]:
+    """P(X better than Y) + P(tie) / 2 over all pairs of runs (the normalised Mann-Whitney
+    U statistic, rliable's estimator for one task), with a 95 % percentile bootstrap CI."""
+    sign = 1.0 if direction == "lower" else -1.0
+    a, b = -sign * np.asarray(x, dtype=float), -sign * np.asarray(y, dtype=float)
+
+    def estimate(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+        diff = a[..., :, None] - b[..., None, :]
+        return ((diff > 0) + 0.5 * (diff == 0)).mean(axis=(-2, -1))
+
+    boot = stats.bootstrap(
+        (a, b), estimate, vectorized=True, paired=False, method="percentile",
+        n_resamples=2000, random_state=np.random.default_rng(seed),
+    )  # fmt: skip
+    return {
+        "prob_improvement": float(estimate(a, b)),
+        "prob_ci_low": float(boot.confidence_interval.low),
+        "prob_ci_high": float(boot.confidence_interval.high),
+    }
+
+
+def exact_by_construction(arm: Mapping[str, Any], n_points: int, causal_block: int | None) -> bool:
+    """Whether an arm's rank makes its estimate exact by construction: every pivoted point
+    a landmark (non-causal), or every block's past inside the pool (causal: the last block's
+    past, ``n_points`` less one block of joint points)."""
+    rank = arm.get("rank")
+    if rank is None:
+        return False
+    if causal_block is None:
+        return rank >= n_points
+    return rank >= n_points - 2 * causal_block
+
+
+def _rows(report: Mapping[str, Any], control: str, margin_gap: float) -> list[dict[str, Any]]:
+    arms, direction = report["arms"], report["metric_direction"]
+    exact = arms[report["baseline_arm"]]["full"]["per_seed"]
+    ratios = report.get("timings", {}).get("step_ratio_vs_baseline", {})
+    rows = []
+    for name, arm in arms.items():
+        if arm.get("method") not in LOW_RANK_METHODS or arm.get("rank") is None:
+            continue
+        g = per_seed_gap(arms[control]["full"]["per_seed"], exact, arm["full"]["per_seed"],
+                         direction)  # fmt: skip
+        gap = gap_recovered(g, margin_gap)
+        # the points its landmarks are drawn from: [Q~; K~] (2n), or the keys (n)
+        n_points = int(arm.get("pivot_points") or arm["attention_tokens"])
+        rows.append({
+            "arm": name, "method": arm["method"], "rank": int(arm["rank"]),
+            "rank_over_n": arm["rank"] / n_points, "n_points": n_points,
+            "gap_recovered": {k: gap[k] for k in ("mean", "ci_low", "ci_high", "per_seed")},
+            "p_non_inferior": gap["p_value"], "verdict": gap["verdict"],
+            "step_ratio": ratios.get(name),
+        })  # fmt: skip
+    return sorted(rows, key=lambda r: (r["method"] != "rpka", r["method"], r["rank"]))
+
+
+def _pivoting(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """RPKA against uniform landmarks and the keys coreset at each rank both ran."""
+    arms, direction = report["arms"], report["metric_direction"]
+    by_rank = {(a["method"], a.get("rank")): n for n, a in arms.items() if a.get("method")}
+    out = []
+    for (method, rank), name in sorted(by_rank.items(), key=lambda kv: str(kv[0])):
+        if method != "rpka":
+            continue
+        for peer in PIVOTING_PEERS:
+            other = by_rank.get((peer, rank))
+            if other is None:
+                continue
+            x = np.asarray(arms[name]["full"]["per_seed"], dtype=float)
+            y = np.asarray(arms[other]["full"]["per_seed"], dtype=float)
+            diffs = x - y
+            ci = stats.ttest_1samp(diffs, 0).confidence_interval(1 - ALPHA)
+            out.append({
+                "rank": int(rank), "arm": name, "versus": other,
+                "delta": float(diffs.mean()), "ci_low": float(ci.low),
+                "ci_high": float(ci.high), "p_value": sign_flip_pvalue(diffs)[0],
+                **probability_of_improvement(x, y, direction),
+            })  # fmt: skip
+    return out
+
+
+def track_frontier(
+    report: Mapping[str, Any], margin_gap: float = MARGIN_GAP, causal_block: int | None = None
+) -> dict[str, Any]:
+    """The frontier of one bench report: rows per low-rank arm, r*, the positive control,
+    the pivoting comparisons. ``causal_block``: the causal block length of a causal track
+    (None: non-causal), for the exact-by-construction rank."""
+    control = report.get("attention_gate", {}).get("control_arm") or "mean-attention"
+    if control not in report["arms"]:
+        raise ValueError(f"the bench report has no control arm {control!r}: no gap to recover")
+    rows = _rows(report, control, margin_gap)
+    rpka = [r for r in rows if r["method"] == "rpka"]
+    controls = [r for r in rpka if exact_by_construction(r, r["n_points"], causal_block)]
+    below = [r for r in rpka if r not in controls and r["verdict"] == "non-inferior"]
+    positive = min(controls, key=lambda r: r["rank"]) if controls else None
+    return {
+        "metric": report["metric"],
+        "n_points": rpka[0]["n_points"] if rpka else None,
+        "margin_gap": margin_gap,
+        "control_arm": control,
+        "r_star": min((r["rank"] for r in below), default=None),
+        "positive_control": None if positive is None else {
+            "arm": positive["arm"], "rank": positive["rank"], "verdict": positive["verdict"],
+        },  # fmt: skip
+        "rows": rows,
+        "pivoting": _pivoting(report),
+    }
+
+
+def write_frontier(
+    reports: Mapping[str, Path], out: Path, causal_blocks: Mapping[str, int | None]
+) -> dict[str, Any]:
+    """``frontier.json`` at ``out`` from the bench reports of the gated tracks
+    (track -> path), each track's causal block from ``causal_blocks`` (None: non-causal)."""
+    tracks = {
+        track: track_frontier(read_json(path), causal_block=causal_blocks.get(track))
+        for track, path in reports.items()
+    }
+    result = {"what": __doc__.split("\n\n")[0], "tracks": tracks}
+    write_json(out, result)
+    return result
