@@ -1,0 +1,142 @@
+"""The rank frontier (rpka.frontier): gap recovered, non-inferiority, r*, the positive
+control, pivoting - against values computed here from the definitions and scipy."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from rpka.frontier import (
+    exact_by_construction,
+    gap_recovered,
+    per_seed_gap,
+    probability_of_improvement,
+    track_frontier,
+    write_frontier,
+)
+from rpka.io import read_json, write_json
+
+CONTROL = [0.80, 0.82, 0.79, 0.81, 0.80, 0.83, 0.78]
+EXACT = [0.00, 0.01, 0.00, 0.00, 0.02, 0.00, 0.01]
+
+
+def test_gap_is_one_at_exact_zero_at_the_control_and_flips_for_higher_is_better():
+    assert np.allclose(per_seed_gap(CONTROL, EXACT, EXACT, "lower"), 1.0)
+    assert np.allclose(per_seed_gap(CONTROL, EXACT, CONTROL, "lower"), 0.0)
+    halfway = [(c + e) / 2 for c, e in zip(CONTROL, EXACT, strict=True)]
+    assert np.allclose(per_seed_gap(CONTROL, EXACT, halfway, "lower"), 0.5)
+    # accuracy (higher is better): the same arm, the same gap
+    acc = [1 - x for x in halfway]
+    g = per_seed_gap([1 - c for c in CONTROL], [1 - e for e in EXACT], acc, "higher")
+    assert np.allclose(g, 0.5)
+
+
+def test_a_seed_without_a_gap_makes_the_verdict_undefined():
+    control = [*CONTROL[:-1], EXACT[-1]]  # the control ties exact on the last seed
+    g = per_seed_gap(control, EXACT, EXACT, "lower")
+    assert np.isnan(g[-1]) and gap_recovered(g)["verdict"] == "undefined"
+    with pytest.raises(ValueError, match="direction"):
+        per_seed_gap(CONTROL, EXACT, EXACT, "up")
+    with pytest.raises(ValueError, match="pair up"):
+        per_seed_gap(CONTROL, EXACT[:3], EXACT, "lower")
+
+
+def test_non_inferiority_is_scipys_one_sided_t_test_at_the_margin():
+    g = np.array([0.97, 0.99, 0.96, 0.98, 1.0, 0.97, 0.99])
+    out = gap_recovered(g, 0.95)
+    expected = stats.ttest_1samp(g, 0.95, alternative="greater").pvalue
+    assert out["p_value"] == pytest.approx(expected) and out["verdict"] == "non-inferior"
+    low, high = stats.ttest_1samp(g, 0).confidence_interval(0.95)
+    assert (out["ci_low"], out["ci_high"]) == pytest.approx((low, high))
+    # just above the margin on average but too noisy: not shown (the rule can fail)
+    noisy = np.array([0.7, 1.2, 0.9, 1.1, 0.8, 1.05, 0.95])
+    assert noisy.mean() > 0.95 and gap_recovered(noisy, 0.95)["verdict"] == "not shown"
+    # identical seeds: the point decides
+    assert gap_recovered(np.ones(4))["verdict"] == "non-inferior"
+    assert gap_recovered(np.full(4, 0.9))["verdict"] == "not shown"
+
+
+def test_probability_of_improvement_is_the_normalised_mann_whitney_u():
+    x, y = [0.1, 0.2, 0.3, 0.3], [0.3, 0.4, 0.5]  # lower is better: x mostly better
+    out = probability_of_improvement(x, y, "lower")
+    u = stats.mannwhitneyu(-np.array(x), -np.array(y)).statistic  # counts ties as 1/2
+    assert out["prob_improvement"] == pytest.approx(u / (len(x) * len(y)))
+    assert out["prob_ci_low"] <= out["prob_improvement"] <= out["prob_ci_high"]
+    assert probability_of_improvement(y, x, "higher")["prob_improvement"] == pytest.approx(
+        out["prob_improvement"]
+    )
+
+
+def test_exact_by_construction_rank():
+    assert exact_by_construction({"rank": 192}, 192, None)
+    assert not exact_by_construction({"rank": 191}, 192, None)
+    # causal, 64 tokens (128 joint points), blocks of 16: the last block's past is 96 points
+    assert exact_by_construction({"rank": 96}, 128, 16)
+    assert not exact_by_construction({"rank": 64}, 128, 16)
+    assert not exact_by_construction({}, 128, 16)
+
+
+def bench_report(arms):
+    """A bench report with the keys the frontier reads; arms: name -> (method, rank, values)."""
+    return {
+        "metric": "error",
+        "metric_direction": "lower",
+        "baseline_arm": "exact",
+        "attention_gate": {"control_arm": "mean-attention"},
+        "timings": {"step_ratio_vs_baseline": {n: 1.0 + (r or 0) / 32 for n, (_, r, _) in
+                                               arms.items()}},  # fmt: skip
+        "arms": {
+            name: {
+                "method": method,
+                "rank": rank,
+                "pivot_points": 128 if method in ("rpka", "nystrom-uniform") else None,
+                "attention_tokens": 64,
+                "full": {"per_seed": values},
+            }
+            for name, (method, rank, values) in arms.items()
+        },
+    }
+
+
+def arm_at(gap_per_seed):
+    return [c - g * (c - e) for c, e, g in zip(CONTROL, EXACT, gap_per_seed, strict=True)]
+
+
+def test_track_frontier_finds_r_star_and_reads_the_positive_control(tmp_path):
+    report = bench_report({
+        "exact": ("exact", None, EXACT),
+        "mean-attention": ("mean", None, CONTROL),
+        "rpka-r8": ("rpka", 8, arm_at([0.5, 0.6, 0.55, 0.5, 0.52, 0.58, 0.6])),
+        "rpka-r32": ("rpka", 32, arm_at([0.97, 0.99, 0.98, 0.99, 0.97, 0.98, 0.99])),
+        "rpka-r96": ("rpka", 96, arm_at([1.0, 0.99, 1.0, 1.01, 1.0, 0.99, 1.0])),
+        "nystrom-uniform-r32": ("nystrom-uniform", 32, arm_at([0.9] * 7)),
+    })  # fmt: skip
+    frontier = track_frontier(report, causal_block=16)
+    assert frontier["r_star"] == 32 and frontier["n_points"] == 128
+    assert frontier["positive_control"] == {
+        "arm": "rpka-r96", "rank": 96, "verdict": "non-inferior"
+    }  # fmt: skip
+    rows = {r["arm"]: r for r in frontier["rows"]}
+    assert rows["rpka-r8"]["verdict"] == "not shown"
+    assert rows["rpka-r32"]["rank_over_n"] == 32 / 128 and rows["rpka-r32"]["step_ratio"] == 2.0
+    (pivot,) = frontier["pivoting"]
+    assert pivot["versus"] == "nystrom-uniform-r32" and pivot["delta"] < 0  # RPKA better
+    assert pivot["prob_improvement"] == 1.0
+    path = tmp_path / "report.json"
+    write_json(path, report)
+    written = write_frontier({"recall": path}, tmp_path / "frontier.json", {"recall": 16})
+    assert read_json(tmp_path / "frontier.json") == written
+    assert written["tracks"]["recall"]["r_star"] == 32
+
+
+def test_a_positive_control_that_loses_is_reported_as_such():
+    """The rule can fail: a pipeline whose exact-by-construction arm loses says so."""
+    report = bench_report({
+        "exact": ("exact", None, EXACT),
+        "mean-attention": ("mean", None, CONTROL),
+        "rpka-r96": ("rpka", 96, arm_at([0.6] * 7)),
+    })  # fmt: skip
+    frontier = track_frontier(report, causal_block=16)
+    assert frontier["positive_control"]["verdict"] == "not shown"
+    assert frontier["r_star"] is None  # the positive control is not r*
+    with pytest.raises(ValueError, match="no control arm"):
+        track_frontier({**report, "arms": {"exact": report["arms"]["exact"]}})
