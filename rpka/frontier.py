@@ -173,12 +173,24 @@ def _pivoting(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def track_frontier(
-    report: Mapping[str, Any], margin_gap: float = MARGIN_GAP, causal_block: int | None = None
-) -> dict[str, Any]:
-    """The frontier of one bench report: rows per low-rank arm, r*, the positive control,
-    the pivoting comparisons. ``causal_block``: the causal block length of a causal track
-    (None: non-causal), for the exact-by-construction rank."""
+def causal_block_of(report: Mapping[str, Any]) -> int | None:
+    """The causal block length of a report's RPKA arms (their ``causal_block`` option, set
+    on the causal tracks only), or None for a non-causal track."""
+    blocks = {
+        arm["options"]["causal_block"]
+        for arm in report["arms"].values()
+        if arm.get("method") == "rpka" and "causal_block" in (arm.get("options") or {})
+    }
+    if len(blocks) > 1:
+        raise ValueError(f"the RPKA arms of one track use several causal blocks: {sorted(blocks)}")
+    return blocks.pop() if blocks else None
+
+
+def track_frontier(report: Mapping[str, Any], margin_gap: float = MARGIN_GAP) -> dict[str, Any]:
+    """The frontier of one bench report: rows per low-rank arm, r*, the positive control
+    (its exact-by-construction rank from the arms' causal block, :func:`causal_block_of`),
+    the pivoting comparisons."""
+    causal_block = causal_block_of(report)
     control = report.get("attention_gate", {}).get("control_arm") or "mean-attention"
     if control not in report["arms"]:
         raise ValueError(f"the bench report has no control arm {control!r}: no gap to recover")
@@ -189,6 +201,7 @@ def track_frontier(
     positive = min(controls, key=lambda r: r["rank"]) if controls else None
     return {
         "metric": report["metric"],
+        "causal_block": causal_block,
         "n_points": rpka[0]["n_points"] if rpka else None,
         "margin_gap": margin_gap,
         "control_arm": control,
@@ -201,15 +214,10 @@ def track_frontier(
     }
 
 
-def write_frontier(
-    reports: Mapping[str, Path], out: Path, causal_blocks: Mapping[str, int | None]
-) -> dict[str, Any]:
+def write_frontier(reports: Mapping[str, Path], out: Path) -> dict[str, Any]:
     """``frontier.json`` at ``out`` from the bench reports of the gated tracks
-    (track -> path), each track's causal block from ``causal_blocks`` (None: non-causal)."""
-    tracks = {
-        track: track_frontier(read_json(path), causal_block=causal_blocks.get(track))
-        for track, path in reports.items()
-    }
+    (track -> path)."""
+    tracks = {track: track_frontier(read_json(path)) for track, path in reports.items()}
     result = {"what": __doc__.split("\n\n")[0], "tracks": tracks}
     write_json(out, result)
     return result

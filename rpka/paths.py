@@ -60,6 +60,12 @@ def bench_report(preset: str, track_dir: str = "") -> str:
     return f"{bench_dir(preset, track_dir)}/bench_report.json"
 
 
+def frontier_json(preset: str) -> str:
+    """The rank frontier of the study's gated tracks (``rpka.frontier``):
+    ``data/results/<preset>/frontier.json``."""
+    return f"{results_dir(preset)}/frontier.json"
+
+
 def study_json(preset: str) -> str:
     """The study index (every track's bench report, attention gate, primary arm and
     verdicts): ``data/results/<preset>/study.json``; where the report and README start."""

@@ -20,6 +20,7 @@ import torch
 
 from rpka import bench, executors, paths, scaling
 from rpka.config import BenchConfig
+from rpka.frontier import write_frontier
 from rpka.io import read_json, read_json_or_heal, write_json
 from rpka.longctx import run_longctx
 from rpka.paths import resolve
@@ -100,6 +101,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "preset": preset,
             "results_dir": results,
             "study_json": paths.study_json(preset),
+            "frontier_json": paths.frontier_json(preset),
             "mechanism_json": mechanism_json(preset),
             "mechanism_followup_json": mechanism_followup_json(preset),
             "scaling_cpu_json": paths.scaling_cpu_json(preset),
@@ -240,7 +242,11 @@ def _study_steps(
             (scaling_json(preset),),
         ),
         ("long-context training", run_long_context, (paths.longctx_json(preset),)),
-        ("study index", lambda: write_study_index(preset), (paths.study_json(preset),)),
+        (
+            "study index",
+            lambda: write_study_index(preset),
+            (paths.study_json(preset), paths.frontier_json(preset)),
+        ),
     ]
 
 
@@ -303,6 +309,13 @@ def write_study_index(
                 )
     index = {"preset": preset, "tracks": entries, "missing": missing, "longctx": longctx_entry}
     write_json(out / Path(paths.study_json(preset)).name, index)
+    # the rank frontier of the tracks that need attention (a gap to recover needs a gate)
+    gated = {
+        name: out / entry["bench_report"]
+        for name, entry in entries.items()
+        if (entry.get("attention_gate") or {}).get("passed")
+    }
+    write_frontier(gated, out / Path(paths.frontier_json(preset)).name)
     return index
 
 

@@ -89,6 +89,7 @@ def bench_report(arms):
                 "method": method,
                 "rank": rank,
                 "pivot_points": 128 if method in ("rpka", "nystrom-uniform") else None,
+                "options": {"rank": rank, "causal_block": 16} if method == "rpka" else {},
                 "attention_tokens": 64,
                 "full": {"per_seed": values},
             }
@@ -110,7 +111,8 @@ def test_track_frontier_finds_r_star_and_reads_the_positive_control(tmp_path):
         "rpka-r96": ("rpka", 96, arm_at([1.0, 0.99, 1.0, 1.01, 1.0, 0.99, 1.0])),
         "nystrom-uniform-r32": ("nystrom-uniform", 32, arm_at([0.9] * 7)),
     })  # fmt: skip
-    frontier = track_frontier(report, causal_block=16)
+    frontier = track_frontier(report)
+    assert frontier["causal_block"] == 16
     assert frontier["r_star"] == 32 and frontier["n_points"] == 128
     assert frontier["positive_control"] == {
         "arm": "rpka-r96", "rank": 96, "verdict": "non-inferior"
@@ -123,7 +125,7 @@ def test_track_frontier_finds_r_star_and_reads_the_positive_control(tmp_path):
     assert pivot["prob_improvement"] == 1.0
     path = tmp_path / "report.json"
     write_json(path, report)
-    written = write_frontier({"recall": path}, tmp_path / "frontier.json", {"recall": 16})
+    written = write_frontier({"recall": path}, tmp_path / "frontier.json")
     assert read_json(tmp_path / "frontier.json") == written
     assert written["tracks"]["recall"]["r_star"] == 32
 
@@ -135,7 +137,7 @@ def test_a_positive_control_that_loses_is_reported_as_such():
         "mean-attention": ("mean", None, CONTROL),
         "rpka-r96": ("rpka", 96, arm_at([0.6] * 7)),
     })  # fmt: skip
-    frontier = track_frontier(report, causal_block=16)
+    frontier = track_frontier(report)
     assert frontier["positive_control"]["verdict"] == "not shown"
     assert frontier["r_star"] is None  # the positive control is not r*
     with pytest.raises(ValueError, match="no control arm"):

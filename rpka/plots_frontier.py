@@ -1,0 +1,87 @@
+"""The rank frontier figure: gap recovered against rank / n, one panel per track.
+
+Reads ``frontier.json`` as :func:`rpka.frontier.write_frontier` writes it (keys in
+docs/statistics.md, section 8). Returns the matplotlib ``Figure`` and with ``save_dir``
+also writes ``<save_dir>/<name>.png``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedFormatter, FixedLocator, NullFormatter
+
+from rpka.io import save_figure
+
+# one colour per method, the same in every panel
+METHOD_COLOURS = {"rpka": "C1", "nystrom-uniform": "C0", "keys-coreset": "C4"}
+METHOD_MARKERS = {"rpka": "o", "nystrom-uniform": "s", "keys-coreset": "^"}
+LABEL_OFFSETS = {"rpka": (5, -4), "nystrom-uniform": (5, 14), "keys-coreset": (-40, -4)}
+RANK_TICKS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
+
+
+def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
+    margin = frontier["margin_gap"]
+    zone = f"non-inferior zone (g > {margin})"
+    ax.axhspan(margin, 1.05, color="C2", alpha=0.10, lw=0, label=zone)
+    ax.axhline(1.0, color="0.2", lw=1, ls="--", label="exact attention (g = 1)")
+    ax.axhline(0.0, color="C3", lw=1, ls=":", label="no attention (g = 0)")
+    positive = (frontier.get("positive_control") or {}).get("arm")
+    for method, colour in METHOD_COLOURS.items():
+        rows = [r for r in frontier["rows"] if r["method"] == method]
+        rows = [r for r in rows if r["gap_recovered"]["mean"] is not None]
+        if not rows:
+            continue
+        x = np.array([r["rank_over_n"] for r in rows])
+        g = np.array([r["gap_recovered"]["mean"] for r in rows])
+        low = g - np.array([r["gap_recovered"]["ci_low"] for r in rows])
+        high = np.array([r["gap_recovered"]["ci_high"] for r in rows]) - g
+        ax.errorbar(x, g, yerr=[low, high], color=colour, marker=METHOD_MARKERS[method],
+                    ms=6, lw=1.5, capsize=3, label=method)  # fmt: skip
+        offset = LABEL_OFFSETS[method]  # methods at one rank do not write over each other
+        for r, xi, gi in zip(rows, x, g, strict=True):
+            ratio = r.get("step_ratio")
+            note = f"r{r['rank']}" + (f", {ratio:.1f}x step" if ratio else "")
+            if r["arm"] == positive:
+                note += "\n(positive control)"
+            ax.annotate(note, (xi, gi), xytext=offset, textcoords="offset points", fontsize=7,
+                        va="top", color=colour)  # fmt: skip
+    r_star = frontier.get("r_star")
+    title = f"{track}: r* = {r_star}" if r_star else f"{track}: r* not reached"
+    ax.set(xscale="log", title=title, xlabel="rank / points pivoted (log scale)",
+           ylabel="gap recovered g (1 = exact, 0 = no attention)")  # fmt: skip
+    ax.set_xlim(1 / 48, 1.5)
+    ax.xaxis.set_major_locator(FixedLocator(RANK_TICKS))
+    ax.xaxis.set_major_formatter(FixedFormatter([f"1/{round(1 / t)}" if t < 1 else "1"
+                                                 for t in RANK_TICKS]))  # fmt: skip
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    lows = [r["gap_recovered"]["ci_low"] for r in frontier["rows"]]
+    ax.set_ylim(min([-0.05, *[v for v in lows if v is not None]]), 1.08)
+
+
+def plot_frontier(
+    frontier: Mapping[str, Any],
+    save_dir: str | os.PathLike | None = None,
+    name: str = "rank_frontier",
+) -> Figure:
+    """One panel per track of ``frontier["tracks"]``: mean gap recovered with its 95 % t
+    interval against rank / points (log), per method; r* in the title; each point labelled
+    with its rank and its training step's ratio to exact's."""
+    tracks = frontier["tracks"]
+    fig, axes = plt.subplots(1, len(tracks), figsize=(4.6 * len(tracks), 4.2), squeeze=False,
+                             constrained_layout=True)  # fmt: skip
+    for ax, (track, entry) in zip(axes[0], tracks.items(), strict=True):
+        _panel(ax, track, entry)
+    handles = {}  # one legend for every panel: the methods of any track, the guide lines
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center",
+               ncol=min(len(handles), 6), fontsize=8)  # fmt: skip
+    save_figure(fig, save_dir, name)
+    return fig
