@@ -3,6 +3,7 @@ result dict, never typed by hand. Each function returns Markdown for ``06_report
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -226,7 +227,9 @@ def ablation_choice(report: Mapping) -> str:
             f"{candidate['eval_seeds_val_delta']:+.4f} (Holm-adjusted p = "
             f"{candidate['eval_seeds_val_p_adjusted']:.3g}), so the pick is not confirmed"
         )
-    return f"**RPKA's default, chosen on validation:** {outcome}. Rule: {choice['rule']}"
+    # the rule names key paths such as arms.<arm>.sweep: escaped, or Markdown's HTML eats <arm>
+    rule = html.escape(choice["rule"], quote=False)
+    return f"**RPKA's default, chosen on validation:** {outcome}. Rule: {rule}"
 
 
 def z_variance(mechanism: Mapping, model: str = "trained") -> float:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decoding latency per token against context length on a GPU (issue 7, DESIGN.md section 7):
+# Decoding latency per token against context length on a GPU (docs/design.md section 7):
 # exact attention with a KV cache (SDPA) against causal RPKA (rank 64, blocks of 64, joint
 # pivots), contexts 1k .. 64k, B=1, H=16, d=64, bfloat16 inputs (RPKA computes in float32).
 # Run from the repository root; writes $OUT/decode_cuda.json (default OUT=data/results/scaling).

@@ -338,3 +338,19 @@ def test_a_rerun_after_a_fix_shows_each_moved_arm_before_and_now(smoke_study_rep
     assert text.endswith(f"Reproduced bit for bit: {', '.join(others)}.")
     shown = report.track_section(track, report.Figures())
     assert any(isinstance(item, Markdown) and item.data == text for item in shown)
+
+
+def test_the_ablation_rule_keeps_its_key_paths_in_markdown():
+    """The rule names ``arms.<arm>.sweep``: unescaped, Markdown's HTML ate ``<arm>`` and the
+    report read "arms..sweep[]"."""
+    from rpka.ablations import RULE
+
+    report = {
+        "ablation_choice": {
+            "reference": "rpka-r16",
+            "chosen_arm": "rpka-r16",
+            "rule": RULE.format(metric="mse", seeds="0, 1", alpha=0.05, n_others=6),
+        }
+    }
+    text = narrative.ablation_choice(report)
+    assert "arms.&lt;arm&gt;.sweep[]" in text and "<arm>" not in text
