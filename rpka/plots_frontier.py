@@ -85,3 +85,39 @@ def plot_frontier(
                ncol=min(len(handles), 6), fontsize=8)  # fmt: skip
     save_figure(fig, save_dir, name)
     return fig
+
+
+SPECTRUM_CURVES = (  # key, label, style
+    ("residual_rpc", "kernel residual, RPCholesky", {"color": "C1", "marker": "o"}),
+    ("residual_uniform", "kernel residual, uniform landmarks", {"color": "C0", "marker": "s"}),
+    ("residual_optimal", "kernel residual, best rank r (eigen)", {"color": "0.2", "ls": "--"}),
+    ("no_structure", "1 - r/N (no low-rank structure)", {"color": "C3", "ls": ":"}),
+    ("attention_error", "attention matrix, best rank-r error", {"color": "C2", "marker": "^"}),
+)
+
+
+def plot_spectrum(
+    spectra: Mapping[str, Mapping[str, Any]],
+    save_dir: str | os.PathLike | None = None,
+    name: str = "kernel_spectrum",
+) -> Figure:
+    """One panel per track (``spectra``: track -> spectrum.json of :mod:`rpka.spectrum`):
+    the curves averaged over the trained heads against r / N, the heads' logit spread in
+    the title."""
+    fig, axes = plt.subplots(1, len(spectra), figsize=(4.6 * len(spectra), 4.0), squeeze=False,
+                             constrained_layout=True)  # fmt: skip
+    for ax, (track, spectrum) in zip(axes[0], spectra.items(), strict=True):
+        heads = spectrum["heads"]
+        n_points = heads[0]["n_points"]
+        x = np.array(heads[0]["ranks"]) / n_points
+        for key, label, style in SPECTRUM_CURVES:
+            ax.plot(x, np.mean([h[key] for h in heads], axis=0), label=label, ms=4, **style)
+        spread = [h["logit_std"][0] if isinstance(h["logit_std"], list) else h["logit_std"]
+                  for h in heads]  # fmt: skip
+        ax.set(title=f"{track}: {len(heads)} heads, logit std {min(spread):.1f}-{max(spread):.1f}",
+               xlabel=f"rank / points (N = {n_points})", ylabel="normalised residual / error",
+               ylim=(-0.02, 1.02), xlim=(0, 1))  # fmt: skip
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8)
+    save_figure(fig, save_dir, name)
+    return fig

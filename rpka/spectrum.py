@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky
+from rpka.frontier import causal_block_of
 from rpka.io import read_json, write_json
 from rpka.mechanism import pivot_points
 from rpka.tracks import get_task
@@ -40,10 +41,13 @@ SPECTRUM_RANKS = (4, 8, 16, 32, 64, 96, 128)
 
 
 def head_spectrum(
-    q: Tensor, k: Tensor, ranks: Sequence[int], draws: int = 4, seed: int = 0
+    q: Tensor, k: Tensor, ranks: Sequence[int], draws: int = 4, seed: int = 0,
+    causal: bool = False,
 ) -> dict[str, Any]:
     """The curves of the module docstring for one head: q (n, d), k (m, d) -> dict of lists
-    over ``ranks`` (ranks above the number of points are dropped)."""
+    over ``ranks`` (ranks above the number of points are dropped). ``causal``: P is the
+    causally masked softmax (the kernel is that of every point of the sequence, the pool of
+    its last block's past and more)."""
     q, k = q.detach().double(), k.detach().double()
     points = pivot_points(q.unsqueeze(0), k.unsqueeze(0))[0]  # (N, d), RPKA's frame
     n_points = points.shape[0]
@@ -53,7 +57,11 @@ def head_spectrum(
     total = float(eigen.sum())
     tail = eigen.flip(0).cumsum(0).flip(0)  # tail[i] = sum of eigenvalues from i on
     logits = q @ k.T / q.shape[-1] ** 0.5
-    sv = torch.linalg.svdvals(torch.softmax(logits, -1))
+    masked = logits
+    if causal:
+        future = torch.ones_like(logits, dtype=torch.bool).triu(1)
+        masked = logits.masked_fill(future, float("-inf"))
+    sv = torch.linalg.svdvals(torch.softmax(masked, -1))
     sv_tail = (sv.square().flip(0).cumsum(0).flip(0)).sqrt()  # Frobenius of the rest
     out: dict[str, Any] = {"n_points": n_points, "ranks": ranks,
                            "logit_std": float(logits.std())}  # fmt: skip
@@ -78,13 +86,14 @@ def model_spectrum(
     ranks: Sequence[int],
     items: int = 2,
     draws: int = 4,
+    causal: bool = False,
 ) -> list[dict[str, Any]]:
     """:func:`head_spectrum` of every (layer, head) over the first ``items`` inputs, the
     curves averaged over the items. qkv per layer: (items, heads, n, d) each."""
     rows = []
     for layer, (q, k, _) in enumerate(qkv_per_layer):
         for head in range(q.shape[1]):
-            per_item = [head_spectrum(q[i, head], k[i, head], ranks, draws, seed=100 * i)
+            per_item = [head_spectrum(q[i, head], k[i, head], ranks, draws, 100 * i, causal)
                         for i in range(min(items, q.shape[0]))]  # fmt: skip
             row: dict[str, Any] = {"layer": layer, "head": head,
                                    "n_points": per_item[0]["n_points"],
@@ -117,13 +126,15 @@ def bench_spectrum(
     with torch.no_grad():
         stacked = model.attention_inputs(first.expand(model.n_members, *first.shape))
     qkv = [tuple(t[: len(first)] for t in layer) for layer in stacked]  # member 0
+    causal = causal_block_of(report) is not None
     result = {
         "what": __doc__.split("\n\n")[0],
         "track": report["track"],
         "run_file": str(run_file),
         "items": len(first),
         "draws": draws,
-        "heads": model_spectrum(qkv, ranks, items, draws),
+        "causal": causal,
+        "heads": model_spectrum(qkv, ranks, items, draws, causal),
     }
     write_json(bench_dir / "spectrum.json", result)
     return result

@@ -26,6 +26,7 @@ from rpka.longctx import run_longctx
 from rpka.paths import resolve
 from rpka.presets import MECHANISM_TRACK, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import get_longctx_preset
+from rpka.spectrum import bench_spectrum
 from rpka.tracks import get_task
 from rpka.train import load_trained, make_run_config, run_id
 
@@ -316,7 +317,21 @@ def write_study_index(
         if (entry.get("attention_gate") or {}).get("passed")
     }
     write_frontier(gated, out / Path(paths.frontier_json(preset)).name)
+    for report_path in gated.values():  # why: the kernel's spectrum on exact's trained heads
+        spectrum_of(report_path.parent)
     return index
+
+
+def spectrum_of(bench_out: Path) -> dict[str, Any] | None:
+    """``spectrum.json`` of a bench (:func:`rpka.spectrum.bench_spectrum`): read when it is
+    there, computed when exact's trained weights are (seconds), else None."""
+    done = read_json_or_heal(bench_out / "spectrum.json", ("heads",))
+    if done is not None:
+        return done
+    try:
+        return bench_spectrum(bench_out)
+    except FileNotFoundError:  # results without weights (e.g. a clone of the committed study)
+        return None
 
 
 def results_present(preset: str) -> bool:

@@ -142,3 +142,28 @@ def test_a_positive_control_that_loses_is_reported_as_such():
     assert frontier["r_star"] is None  # the positive control is not r*
     with pytest.raises(ValueError, match="no control arm"):
         track_frontier({**report, "arms": {"exact": report["arms"]["exact"]}})
+
+
+def test_the_report_section_states_r_star_its_cost_and_a_failing_positive_control():
+    from rpka import report, report_frontier
+
+    good = track_frontier(bench_report({
+        "exact": ("exact", None, EXACT),
+        "mean-attention": ("mean", None, CONTROL),
+        "rpka-r32": ("rpka", 32, arm_at([0.97, 0.99, 0.98, 0.99, 0.97, 0.98, 0.99])),
+        "rpka-r96": ("rpka", 96, arm_at([1.0, 0.99, 1.0, 1.01, 1.0, 0.99, 1.0])),
+    }))  # fmt: skip
+    bad = track_frontier(bench_report({
+        "exact": ("exact", None, EXACT),
+        "mean-attention": ("mean", None, CONTROL),
+        "rpka-r96": ("rpka", 96, arm_at([0.6] * 7)),
+    }))  # fmt: skip
+    frontier = {"tracks": {"recall": good, "lm": bad}}
+    text = report_frontier.track_sentence("recall", good)
+    assert "r\\* = 32 of 128 points (0.25)" in text and "2.00x exact's" in text
+    assert "The positive control does not tie" in report_frontier.track_sentence("lm", bad)
+    items = report_frontier.frontier_section(frontier, report.Figures(), None)
+    assert len(items) == 4  # sentences, figure, table, "no spectrum"
+    table = report_frontier.frontier_table(frontier)
+    assert list(table["verdict"]) == ["non-inferior", "non-inferior", "not shown"]
+    assert "no rank frontier" in report_frontier.frontier_section(None, None, None)[0].data

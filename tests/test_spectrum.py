@@ -54,6 +54,7 @@ def test_bench_spectrum_reads_exacts_trained_model(tmp_path):
     bench.run_bench(get_preset("smoke", "recall"), tmp_path, progress=False)
     result = bench_spectrum(tmp_path, ranks=(4, 8), items=1, draws=1)
     assert (tmp_path / "spectrum.json").exists() and result["track"] == "recall"
+    assert result["causal"]  # recall is causal: its attention matrix is masked
     head = result["heads"][0]
     assert head["ranks"] == [4, 8] and len(head["residual_rpc"]) == 2
     assert {(h["layer"], h["head"]) for h in result["heads"]} == {(0, 0), (0, 1)}
