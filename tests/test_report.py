@@ -17,6 +17,7 @@ from IPython.display import Markdown
 
 from rpka import narrative, plots, plots_report, report, report_text, stats, study
 from rpka.io import FIGURE_DPI, figure_png, save_figure
+from rpka.paths import REPO_ROOT as ROOT
 from rpka.pipeline import offline
 from rpka.tables import arm_group
 
@@ -354,3 +355,13 @@ def test_the_ablation_rule_keeps_its_key_paths_in_markdown():
     }
     text = narrative.ablation_choice(report)
     assert "arms.&lt;arm&gt;.sweep[]" in text and "<arm>" not in text
+
+
+def test_the_trace_identity_caption_states_the_pooled_decision():
+    """The figure shows one Monte Carlo seed; the caption must give the decision the study
+    used (pooled over every seed), not that seed's p as the verdict."""
+    mechanism = json.loads((ROOT / "data/results/full/forecast-motif/mechanism.json").read_text())
+    caption, _ = report_text.trace_identity_caption(mechanism)
+    pooled = mechanism["trained"]["mechanism_signature"]["pooled"]
+    assert f"{pooled['n_seeds']} Monte Carlo seeds" in caption
+    assert f"χ² p = {pooled['chi2_p']:.3g}" in caption and "fails" not in caption
