@@ -89,7 +89,8 @@ def track_answer(track: Mapping[str, Any]) -> str:
     flips = ""
     if c.get("verdict_flipped_by_one_seed"):
         flips = (
-            " One seed flips this verdict."
+            f" Dropping any one of {len(c.get('flipping_seeds', []))} of the "
+            f"{c.get('n_pairs', '?')} seeds flips this verdict."
             if loso_can_reject(c)
             else " With any one seed left out the rule could not reject at all (its p "
             "cannot go below 2/2^(n-1)): a limit of the seed count, not of this effect."
@@ -463,7 +464,7 @@ def forest_caption(track: Mapping[str, Any]) -> tuple[str, str]:
         f"**{track['title']}: `{track['primary_arm']}` {verdict} against exact** "
         f"(delta {ci_text(c)}). Each arm's paired difference from `{report['baseline_arm']}`: "
         "seeds (dots), mean (diamond), 95 % CI (bar); primary arm in orange and bold; †: "
-        f"one seed flips the verdict.{control_text}"
+        f"dropping one seed (some of them) flips the verdict.{control_text}"
     )
     n = sum(1 for e in report["arms"].values() if e.get("comparison"))
     alt = (

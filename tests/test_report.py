@@ -116,7 +116,8 @@ def test_summary_has_five_bullets_answers_with_ci_and_a_failed_gate_reads_uninfo
     assert report_text.ci_text(c) in top[0] and c["verdict"] in top[0]
     assert c["verdict"] != "uninformative" and "uninformative" not in top[0]
     assert "uninformative: this track does not need attention" in top[1]
-    assert "One seed flips this verdict" in top[0]
+    flipping = len(c["flipping_seeds"])  # how many, not "one": 5 of 8 seeds flipped lm's
+    assert f"Dropping any one of {flipping} of the {c['n_pairs']} seeds flips" in top[0]
     assert top[2].startswith("- **Speed.**") and top[4].startswith("- **Main limitation.**")
 
 
