@@ -352,6 +352,9 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     # stages they do not read. One torch thread per process then, as in every bench worker:
     # OpenMP's spinning threads on oversubscribed cores made the stages ~4x slower.
     overlap = args.preset in PREVIEW_PRESETS and parallel > 1
+    prediction = None if args.from_results else cost.stored_prediction(args.preset)
+    if prediction is not None:  # before hours of compute: say how many
+        print(cost.prediction_line(prediction), flush=True)
     if overlap and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"  # the notebook kernels, started later
         torch.set_num_threads(1)

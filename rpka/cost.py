@@ -240,3 +240,45 @@ def run_cost_model(
     result["load_average_end"] = list(os.getloadavg())
     write_json(target, result)
     return result
+
+
+def stored_prediction(preset: str, cores: int | None = None) -> dict[str, Any] | None:
+    """The study's CPU seconds priced from the probes stored in ``cost_model.json`` (no
+    timing): eq. (1) over each bench's jobs as configured now (:func:`price`). Jobs whose
+    (arm, seed count) has no stored probe are listed in ``unpriced`` and left out of the
+    total. None when the preset has no stored cost model. ``wall_s`` is the total over
+    ``cores`` workers (default: this machine's), assuming the jobs pack well."""
+    path = cost_model_json(preset)
+    if not path.exists():
+        return None
+    stored = read_json(path).get("benches", {})
+    total, unpriced, benches = 0.0, [], {}
+    for label, config, _ in study_benches(preset):
+        probes = probes_of(stored[label]) if label in stored else {}
+        missing = sorted({f"{label}:{g.arm}" for g in job_groups(config)
+                          if (g.arm, g.members) not in probes})  # fmt: skip
+        unpriced += missing
+        if missing:  # price the jobs that have probes
+            config = dataclasses.replace(config, arms=tuple(
+                a for a in config.arms if f"{label}:{a.name}" not in missing))  # fmt: skip
+        try:
+            benches[label] = price(config, probes)["predicted_cpu_s"] if config.arms else 0.0
+        except (KeyError, ValueError):  # a configuration the probes cannot price
+            unpriced.append(label)
+            continue
+        total += benches[label]
+    cores = cores or os.cpu_count() or 1
+    return {"predicted_cpu_s": total, "wall_s": total / cores, "cores": cores,
+            "benches": benches, "unpriced": unpriced, "cost_model": str(path)}  # fmt: skip
+
+
+def prediction_line(prediction: dict[str, Any]) -> str:
+    """One line for the terminal before a study starts."""
+    line = (
+        f"predicted training cost: {prediction['predicted_cpu_s']:,.0f} CPU-s, about "
+        f"{prediction['wall_s'] / 60:,.0f} min on {prediction['cores']} cores "
+        f"(stored probes, {prediction['cost_model']})"
+    )
+    if prediction["unpriced"]:
+        line += f"; not priced (no stored probe): {', '.join(prediction['unpriced'])}"
+    return line

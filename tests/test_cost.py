@@ -114,3 +114,20 @@ def test_the_command_writes_the_predictions_of_the_benches_asked_for(tmp_path, c
     assert list(result["benches"]) == ["lm"]
     assert result["benches"]["lm"]["predicted_cpu_s"] > 0
     assert "`lm`" in capsys.readouterr().out  # the table is printed
+
+
+def test_the_stored_prediction_prices_the_study_from_committed_probes_without_timing():
+    """`make report PRESET=full` prints this before it starts: the committed probes priced
+    against the configuration as it is now; arms without a stored probe are named."""
+    from rpka.cost import cost_model_json, prediction_line, stored_prediction
+    from rpka.io import read_json
+
+    prediction = stored_prediction("full", cores=2)
+    stored = read_json(cost_model_json("full"))["benches"]
+    priced = {label for label in prediction["benches"] if not any(
+        u.startswith(f"{label}:") for u in prediction["unpriced"])}  # fmt: skip
+    for label in priced:  # unchanged benches: the stored prediction itself
+        assert prediction["benches"][label] == pytest.approx(stored[label]["predicted_cpu_s"])
+    assert prediction["wall_s"] == pytest.approx(prediction["predicted_cpu_s"] / 2)
+    assert "predicted training cost" in prediction_line(prediction)
+    assert stored_prediction("smoke") is None  # no stored cost model for the smoke preset
