@@ -259,6 +259,7 @@ LM_MODEL = ModelConfig(
     d_model=32, n_layers=2, n_heads=2, d_ff=64, embed_kernel=1, linear_skip=False
 )
 LM_TRAIN = TrainConfig(epochs=12, batch_size=32)
+LM_RANKS = (16, 32, 64, 96)
 
 
 def lm_rpka_arm(rank: int) -> ArmConfig:
@@ -292,6 +293,7 @@ def _lm_quick() -> BenchConfig:
     return dataclasses.replace(
         _lm_full(),
         preset="quick",
+        arms=(EXACT, lm_rpka_arm(16), lm_rpka_arm(32), MEAN_CONTROL),  # not the frontier
         track=dataclasses.replace(LM_TRACK, n_train=256),
         train=dataclasses.replace(LM_TRAIN, epochs=3),
         learning_rates=(1e-2,),
@@ -306,7 +308,10 @@ def _lm_full() -> BenchConfig:
         track=LM_TRACK,
         model=LM_MODEL,
         train=LM_TRAIN,
-        arms=(EXACT, lm_rpka_arm(16), lm_rpka_arm(32), MEAN_CONTROL),
+        # r64 and r96 (the positive control: the last block's past, 96 joint points, fits
+        # the pool and is computed exactly) trace the rank frontier (docs/statistics.md
+        # section 8); r64's step is ~11x exact's, r96's ~1.5x (its past is exact attention)
+        arms=(EXACT, *(lm_rpka_arm(r) for r in LM_RANKS), MEAN_CONTROL),
         primary_arm="rpka-r32",
         learning_rates=(3e-3, 1e-2, 3e-2),  # 1e-2 won a two-point grid: extended upward
         sweep_seeds=(0, 1),
@@ -495,6 +500,10 @@ RECALL_TRAIN = TrainConfig(epochs=2, batch_size=64)  # 312 steps
 # (they pool landmarks / features over the whole sequence, which would leak the future):
 # on this causal track RPKA is the only low-rank method.
 RECALL_RANKS = (4, 8, 16)
+# the rank frontier (docs/statistics.md section 8): ranks up to where RPKA stops losing, and
+# the positive control - rank 96 = the joint points of the last block's past (48 positions),
+# so every block's past is computed exactly (causal.py): exact by construction
+RECALL_FRONTIER_RANKS = (32, 96)
 
 
 def _recall(preset: str, arms: tuple[ArmConfig, ...], eval_seeds: tuple[int, ...]) -> BenchConfig:
@@ -555,7 +564,7 @@ RECALL_PRESETS: dict[str, BenchConfig] = {
     # of 4 seeds are (100-103) and (104-106), so the first group's runs are kept.
     "full": _recall(
         "full",
-        (EXACT, MEAN_CONTROL, *(lm_rpka_arm(r) for r in RECALL_RANKS)),
+        (EXACT, MEAN_CONTROL, *(lm_rpka_arm(r) for r in RECALL_RANKS + RECALL_FRONTIER_RANKS)),
         tuple(range(100, 107)),
     ),
 }

@@ -120,12 +120,21 @@ def spectrum_text(spectra: Mapping[str, Mapping[str, Any]]) -> str:
         mean = {key: float(np.mean([h[key][i] for h in heads]))
                 for key in ("residual_rpc", "residual_optimal", "no_structure",
                             "attention_error")}  # fmt: skip
+        spread = [float(np.ravel(h["logit_std"])[0]) for h in heads]
+        ratios = [float(np.ravel(h["qk_norm_ratio"])[0]) for h in heads if "qk_norm_ratio" in h]
+        numerics = (
+            f" Its {len(heads)} heads: logit std {min(spread):.1f}-{max(spread):.1f}, q/k norm "
+            f"ratio {min(ratios):.2f}-{max(ratios):.2f} (full rank is exact at any ratio and up "
+            "to logit std ~30, docs/numerics.md)."
+            if ratios
+            else ""
+        )
         parts.append(
             f"**{esc(track)}** (exact's trained heads, r = {ranks[i]} of "
             f"{heads[0]['n_points']} points): kernel residual {mean['residual_rpc']:.3f} "
             f"with RPCholesky, {mean['residual_optimal']:.3f} at the optimum, "
             f"{mean['no_structure']:.3f} with no structure at all; the attention matrix's "
-            f"best rank-{ranks[i]} error {mean['attention_error']:.3f}."
+            f"best rank-{ranks[i]} error {mean['attention_error']:.3f}.{numerics}"
         )
     return " ".join(parts)
 

@@ -13,7 +13,9 @@ and not the attention matrix ``P = softmax(q k^T / sqrt(d))`` itself. Per head, 
   leaves (N points, unit diagonal): a kernel with no low-rank structure at all;
 * ``attention_error``: the relative Frobenius error of the best rank-r approximation of P
   (its singular values beyond the r largest) - how low-rank the thing users want is;
-* ``logit_std``: the standard deviation of ``q.k / sqrt(d)`` (how sharp the head is).
+* ``logit_std``: the standard deviation of ``q.k / sqrt(d)`` (how sharp the head is);
+* ``qk_norm_ratio``: the largest query norm over the largest centred key norm (how lopsided
+  the head is; full rank is exact whatever it is, docs/numerics.md).
 
 On sharp heads the residual of G follows ``1 - r/N`` for RPCholesky, uniform landmarks and
 the optimum alike while P is already well approximated: the estimator spends its rank on
@@ -38,6 +40,9 @@ from rpka.tracks import get_task
 from rpka.train import build_model, load_state, track_config_of
 
 SPECTRUM_RANKS = (4, 8, 16, 32, 64, 96, 128)
+# what a head's row holds, averaged over the inputs
+HEAD_CURVES = ("logit_std", "qk_norm_ratio", "residual_rpc", "residual_uniform",
+               "residual_optimal", "no_structure", "attention_error")  # fmt: skip
 
 
 def head_spectrum(
@@ -63,8 +68,10 @@ def head_spectrum(
         masked = logits.masked_fill(future, float("-inf"))
     sv = torch.linalg.svdvals(torch.softmax(masked, -1))
     sv_tail = (sv.square().flip(0).cumsum(0).flip(0)).sqrt()  # Frobenius of the rest
+    k_centred = k - k.mean(0, keepdim=True)
+    qk_ratio = float(q.norm(dim=-1).amax() / k_centred.norm(dim=-1).amax())
     out: dict[str, Any] = {"n_points": n_points, "ranks": ranks,
-                           "logit_std": float(logits.std())}  # fmt: skip
+                           "logit_std": float(logits.std()), "qk_norm_ratio": qk_ratio}  # fmt: skip
     for rule in ("rpc", "uniform"):
         curves = []
         for draw in range(draws):
@@ -98,8 +105,7 @@ def model_spectrum(
             row: dict[str, Any] = {"layer": layer, "head": head,
                                    "n_points": per_item[0]["n_points"],
                                    "ranks": per_item[0]["ranks"]}  # fmt: skip
-            for key in ("logit_std", "residual_rpc", "residual_uniform", "residual_optimal",
-                        "no_structure", "attention_error"):  # fmt: skip
+            for key in HEAD_CURVES:
                 row[key] = np.mean([p[key] for p in per_item], axis=0).tolist()
             rows.append(row)
     return rows
