@@ -102,6 +102,10 @@ def main() -> None:
     with torch.no_grad():
         stacked = exact.attention_inputs(first.expand(exact.n_members, *first.shape))
     qkv = [tuple(t[: len(first)] for t in layer) for layer in stacked]  # member 0
+    # "full" covers every point of the test inputs, which may be longer than the training
+    # sequences (recall scores 4x the training length): rank 2n of the training n is not
+    # full rank there
+    tokens = max(tokens, qkv[0][0].shape[-2])
     result: dict[str, Any] = {
         "what": __doc__.split("\n\n")[0],
         "bench_report": str(args.bench_dir / "bench_report.json"),
