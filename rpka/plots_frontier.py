@@ -44,13 +44,15 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
         ax.errorbar(x, g, yerr=[low, high], color=colour, marker=METHOD_MARKERS[method],
                     ms=6, lw=1.5, capsize=3, label=method)  # fmt: skip
         offset = LABEL_OFFSETS[method]  # methods at one rank do not write over each other
-        for r, xi, gi in zip(rows, x, g, strict=True):
+        for i, (r, xi, gi) in enumerate(zip(rows, x, g, strict=True)):
             ratio = r.get("step_ratio")
             note = f"r{r['rank']}" + (f", {ratio:.1f}x step" if ratio else "")
             if r["arm"] == positive:
                 note += "\n(positive control)"
-            ax.annotate(note, (xi, gi), xytext=offset, textcoords="offset points", fontsize=7,
-                        va="top", color=colour)  # fmt: skip
+            # neighbouring ranks alternate below and above their point
+            dy = offset[1] if i % 2 == 0 else offset[1] + 26
+            ax.annotate(note, (xi, gi), xytext=(offset[0], dy), textcoords="offset points",
+                        fontsize=7, va="top", color=colour)  # fmt: skip
     r_star = frontier.get("r_star")
     title = f"{track}: r* = {r_star}" if r_star else f"{track}: r* not reached"
     ax.set(xscale="log", title=title, xlabel="rank / points pivoted (log scale)",
@@ -61,7 +63,7 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
                                                  for t in RANK_TICKS]))  # fmt: skip
     ax.xaxis.set_minor_formatter(NullFormatter())
     lows = [r["gap_recovered"]["ci_low"] for r in frontier["rows"]]
-    ax.set_ylim(min([-0.05, *[v for v in lows if v is not None]]), 1.08)
+    ax.set_ylim(min([-0.05, *[v for v in lows if v is not None]]), 1.16)  # room for labels
 
 
 def plot_frontier(
