@@ -302,6 +302,9 @@ class BenchConfig:
     margin: float | None = None
     control_arm: str | None = None
     gate_min_rel: float = 0.25
+    # the arm exact by construction (the rank frontier's positive control, rpka.frontier):
+    # read by the frontier rule, outside the Holm family like the attention gate's control
+    positive_control_arm: str | None = None
 
     @property
     def control(self) -> str | None:
@@ -313,8 +316,9 @@ class BenchConfig:
 
     @property
     def secondary_arms(self) -> tuple[str, ...]:
-        """The Holm family: every arm but the baseline, the primary and the control."""
-        skip = {self.baseline_arm, self.primary_arm, self.control}
+        """The Holm family: every arm but the baseline, the primary and the controls (the
+        attention gate's and the frontier's positive control)."""
+        skip = {self.baseline_arm, self.primary_arm, self.control, self.positive_control_arm}
         return tuple(a.name for a in self.arms if a.name not in skip)
 
     @property
@@ -379,6 +383,17 @@ class BenchConfig:
             "control_arm",
             f"None or an arm other than the baseline and the primary, one of {names}",
             self.control_arm,
+        )
+        require(
+            self.positive_control_arm is None
+            or (
+                self.positive_control_arm in names
+                and self.positive_control_arm
+                not in (self.baseline_arm, self.primary_arm, self.control)
+            ),
+            "positive_control_arm",
+            f"None or an arm other than the baseline, the primary and the control, one of {names}",
+            self.positive_control_arm,
         )
         require(
             is_number(self.gate_min_rel) and 0 <= self.gate_min_rel < math.inf,

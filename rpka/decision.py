@@ -36,11 +36,15 @@ def decide(
 ) -> None:
     """The decision rule (docs/statistics.md): the primary unadjusted, Holm over the
     secondary family, the control outside both (it is the gate's), then the gate."""
-    control = config.control
-    family = {name: c for name, c in comparisons.items() if name != control}
+    control, positive = config.control, config.positive_control_arm
+    family = {name: c for name, c in comparisons.items() if name not in (control, positive)}
     stats.apply_holm(family, primary=config.primary_arm)
     if control in comparisons:
         comparisons[control]["adjustment"] = "none (the control: read by the attention gate)"
+    if positive in comparisons:  # unadjusted, as apply_holm leaves an arm outside its family
+        comparisons[positive]["adjustment"] = (
+            "none (the positive control: read by the rank frontier's rule)"
+        )
     if gate is not None:
         for name, comparison in comparisons.items():
             if name != control:

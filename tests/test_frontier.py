@@ -178,3 +178,17 @@ def test_the_spectrum_text_states_the_heads_sharpness_and_q_k_ratio():
     text = report_frontier.spectrum_text({"lm": {"heads": [head, {**head, "qk_norm_ratio": 0.8}]}})
     assert "r = 64 of 128 points" in text and "q/k norm ratio 0.80-1.70" in text
     assert "logit std 2.5-2.5" in text
+
+
+def test_the_positive_control_is_outside_the_holm_family_and_checked():
+    import dataclasses
+
+    from rpka.presets import get_preset
+
+    config = get_preset("full", "recall")
+    assert config.positive_control_arm == "rpka-r96"
+    assert "rpka-r96" not in config.secondary_arms and "rpka-r32" in config.secondary_arms
+    with pytest.raises(ValueError, match="positive_control_arm"):
+        dataclasses.replace(config, positive_control_arm="rpka-r8").validate()  # the primary
+    with pytest.raises(ValueError, match="positive_control_arm"):
+        dataclasses.replace(config, positive_control_arm="no-such-arm").validate()
