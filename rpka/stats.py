@@ -44,7 +44,10 @@ ZERO_VARIANCE_NOTE = (
 
 
 def _as_array(values: Sequence[float], name: str) -> np.ndarray:
-    arr = np.asarray(values, dtype=float)
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a 1-d sequence of numbers, got {values!r}") from None
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-d sequence of numbers, got shape {arr.shape}")
     return arr
@@ -472,7 +475,10 @@ def paired_comparison(
     _check_unit("power", power)
     if margin is not None and not (np.isfinite(margin) and margin > 0):
         raise ValueError(f"margin must be a finite number > 0 or None, got {margin!r}")
-    keep = np.isfinite(base) & np.isfinite(new)
+    # a pair whose difference overflows (e.g. +-1e308) is as diverged as a non-finite score:
+    # left out, never a p of 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        keep = np.isfinite(base) & np.isfinite(new) & np.isfinite(new - base)
     base, new = base[keep], new[keep]
     diffs = new - base
     n = len(diffs)

@@ -183,3 +183,11 @@ def test_bad_arguments(kwargs, match):
 def test_bad_points():
     with pytest.raises(ValueError, match="points"):
         rpcholesky(torch.randn(10), 2)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_points_are_refused(bad):
+    points = torch.randn(2, 6, 3)
+    points[1, 2, 0] = bad
+    with pytest.raises(ValueError, match="points contains non-finite values"):
+        rpcholesky(points, 3)

@@ -428,3 +428,17 @@ def test_seeds_for_margin_is_the_rules_own_sample_size():
     base = rng.normal(size=8)
     c = paired_comparison(base, base + 0.1 + 0.05 * rng.normal(size=8), margin=0.02)
     assert c["seeds_for_margin"] == seeds_for_margin(c["delta_sd"], 0.02, c["mde_alpha"])
+
+
+def test_overflowing_pairs_count_as_diverged_and_bad_values_are_named():
+    """Hostile inputs: differences that overflow (+-1e308) are diverged pairs, never a p of
+    0 or a verdict; non-numbers name the argument."""
+    from rpka.stats import paired_comparison
+
+    base = [1e308, -1e308, 1.0, 1.1, 0.9, 1.0]
+    idea = [-1e308, 1e308, 1.2, 1.3, 1.1, 1.2]
+    c = paired_comparison(base, idea)
+    assert c["n_diverged"] == 2 and c["n_pairs"] == 4
+    assert np.isfinite(c["delta_mean"]) and c["p_value"] >= 2 / 2**4
+    with pytest.raises(ValueError, match="baseline must be a 1-d sequence of numbers"):
+        paired_comparison(["a", "b"], [1.0, 2.0])
