@@ -58,6 +58,14 @@ def _check_out_dir(parser: argparse.ArgumentParser, flag: str, folder: Path) -> 
         parser.error(f"argument {flag}: cannot write to {folder} ({err.strerror})")
 
 
+def _path_arg(value: str) -> str:
+    """An ``--out`` value: refused when empty (``--out ''`` fell back to the default and
+    overwrote a committed result file)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path; leave the option out for the default")
+    return value
+
+
 def _check_out_file(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
     """Refuse, before any compute, an output file that is a folder or whose folder cannot
     be created and written (the result is written to a temporary file there, then renamed)."""
@@ -112,6 +120,7 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     )
     parser.add_argument(
         "--out",
+        type=_path_arg,
         help="results folder (default: data/results/<preset>, data/results/<preset>/<track> "
         f"for tracks other than forecast; {paths.COMMITTED_RESULTS}, the committed study, "
         "only when named here)",
@@ -259,7 +268,9 @@ def parse_longctx(
     """Parse the command line into a validated config; bad values exit with an error."""
     parser = _parser("longctx", longctx.__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(LONGCTX_PRESETS), default="full")
-    parser.add_argument("--out", help="results folder (default data/results/<preset>)")
+    parser.add_argument(
+        "--out", type=_path_arg, help="results folder (default data/results/<preset>)"
+    )
     parser.add_argument("--contexts", type=int, nargs="+", help="context lengths")
     parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
     parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
@@ -315,6 +326,7 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--preset", choices=pipeline.PRESETS, default="full")
     parser.add_argument(
         "--html",
+        type=_path_arg,
         default=str(resolve(paths.REPORT_HTML)),
         help="where to write the report (default: %(default)s)",
     )
@@ -399,7 +411,9 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
         help="time the arms of this bench preset (rpka.presets) at one length, forward only "
         f"(default length {scaling.ARM_LENGTH}; no rank sweep, backward or memory unless given)",
     )
-    parser.add_argument("--out", help="JSON path (default: by preset, under data/results/scaling)")
+    parser.add_argument(
+        "--out", type=_path_arg, help="JSON path (default: by preset, under data/results/scaling)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     overrides = {
@@ -456,7 +470,10 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
-        "--out", default=None, help="default data/results/scaling/decode_<device>.json"
+        "--out",
+        type=_path_arg,
+        default=None,
+        help="default data/results/scaling/decode_<device>.json",
     )
     args = parser.parse_args(argv)
     config = decoding.DecodeConfig(
@@ -525,7 +542,11 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--steps", type=int, default=3, help="timed training steps per probe, >= 1 (default 3)"
     )
-    parser.add_argument("--out", type=Path, help="default data/results/<preset>/cost_model.json")
+    parser.add_argument(
+        "--out",
+        type=lambda value: Path(_path_arg(value)),
+        help="default data/results/<preset>/cost_model.json",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     if args.steps < 1:

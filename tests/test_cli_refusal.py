@@ -223,3 +223,20 @@ def test_bench_help_shows_the_defaults(capsys):
     assert "the study to run (required;" in help_
     assert "(default: forecast)" in help_ and "(default: local)" in help_
     assert "(default: data/results/<preset>," in help_
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "flag"),
+    [
+        *OUTPUT_FILE_COMMANDS,
+        (cli.parse_bench, ["--preset", "smoke"], "--out"),
+        (cli.longctx_main, ["--preset", "smoke"], "--out"),
+    ],
+)
+def test_an_empty_output_path_is_refused_not_the_default(main, argv, flag, capsys, no_compute):
+    """`decode --out ''` fell back to the default and overwrote the committed
+    data/results/scaling/decode_cpu.json with a toy run."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, flag, ""])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: an empty path" in capsys.readouterr().err
