@@ -37,7 +37,7 @@ import numpy as np
 from scipy import stats
 
 from rpka.io import read_json, write_json
-from rpka.stats import ALPHA, sign_flip_pvalue
+from rpka.stats import ALPHA, paired_comparison, summarize
 
 MARGIN_GAP = 0.95  # non-inferior: mean gap recovered above 0.95 (one-sided, alpha 0.05)
 LOW_RANK_METHODS = ("rpka", "nystrom-uniform", "keys-coreset")
@@ -78,16 +78,15 @@ def gap_recovered(
     if len(g) < 2 or np.isnan(g).any():
         return {**out, "mean": None, "ci_low": None, "ci_high": None, "p_value": None,
                 "verdict": "undefined"}  # fmt: skip
-    mean = float(g.mean())
-    if np.ptp(g) == 0:  # no spread: the interval is the point, the test is decided by it
-        low = high = mean
+    summary = summarize(g, 1 - alpha)  # the mean's t interval (the point without spread)
+    mean = summary["mean"]
+    if np.ptp(g) == 0:  # no spread: the test is decided by the point
         p = 0.0 if mean > margin_gap else 1.0
     else:
-        test = stats.ttest_1samp(g, margin_gap, alternative="greater")
-        low, high = (float(x) for x in stats.ttest_1samp(g, 0).confidence_interval(1 - alpha))
-        p = float(test.pvalue)
+        p = float(stats.ttest_1samp(g, margin_gap, alternative="greater").pvalue)
     verdict = "non-inferior" if p < alpha else "not shown"
-    return {**out, "mean": mean, "ci_low": low, "ci_high": high, "p_value": p, "verdict": verdict}
+    return {**out, "mean": mean, "ci_low": summary["ci_low"], "ci_high": summary["ci_high"],
+            "p_value": p, "verdict": verdict}  # fmt: skip
 
 
 def probability_of_improvement(
@@ -160,15 +159,12 @@ def _pivoting(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             other = by_rank.get((peer, rank))
             if other is None:
                 continue
-            x = np.asarray(arms[name]["full"]["per_seed"], dtype=float)
-            y = np.asarray(arms[other]["full"]["per_seed"], dtype=float)
-            diffs = x - y
-            ci = stats.ttest_1samp(diffs, 0).confidence_interval(1 - ALPHA)
+            x, y = arms[name]["full"]["per_seed"], arms[other]["full"]["per_seed"]
+            c = paired_comparison(y, x, direction)  # the bench's paired t CI and sign-flip p
             out.append({
                 "rank": int(rank), "arm": name, "versus": other,
-                "delta": float(diffs.mean()), "ci_low": float(ci.low),
-                "ci_high": float(ci.high), "p_value": sign_flip_pvalue(diffs)[0],
-                **probability_of_improvement(x, y, direction),
+                "delta": c["delta_mean"], "ci_low": c["ci_low"], "ci_high": c["ci_high"],
+                "p_value": c["p_value"], **probability_of_improvement(x, y, direction),
             })  # fmt: skip
     return out
 
