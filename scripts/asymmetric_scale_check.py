@@ -25,6 +25,10 @@ from pathlib import Path
 
 import torch
 
+# the float64 softmax written from the definition, shared with the sharp-attention check
+# (scripts/ is on the path of a script run as `python scripts/...`)
+from sharp_attention_check import reference
+
 from rpka.attention import build
 
 SCALES = ((3.2, 3.2), (5.0, 2.0), (10.0, 1.0), (1.0, 10.0), (20.0, 1.0), (1.0, 20.0),
@@ -36,16 +40,6 @@ METHODS = {  # label: (name, options, joint: rank 2n else n)
     "keys-coreset": ("keys-coreset", {}, False),
     "causal rpka": ("rpka", {"causal": True, "causal_block": 16}, True),
 }
-
-
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v in float64, from the definition."""
-    q, k, v = (x.double() for x in (q, k, v))
-    logits = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    if causal:
-        future = torch.ones(logits.shape[-2:], dtype=torch.bool).triu(1)
-        logits = logits.masked_fill(future, float("-inf"))
-    return torch.softmax(logits, -1) @ v
 
 
 def worst_error(label: str, q_x: float, k_x: float, n: int, d: int, dtype: torch.dtype) -> dict:

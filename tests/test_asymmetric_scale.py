@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+from softmax_reference import softmax_attention
 
 from rpka.attention import build, guards
 
@@ -41,15 +42,6 @@ FULL_RANK = {
     "nystrom-uniform": ("nystrom-uniform", {}, "joint"),
     "keys-coreset": ("keys-coreset", {}, "keys"),
 }
-
-
-def softmax_attention(q, k, v, causal=False):
-    """softmax(q k^T / sqrt(d)) v in float64, from the definition."""
-    logits = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    if causal:
-        future = torch.ones(logits.shape[-2:], dtype=torch.bool).triu(1)
-        logits = logits.masked_fill(future, float("-inf"))
-    return torch.softmax(logits, -1) @ v
 
 
 def scaled_qkv(q_scale, k_scale, shape, seed):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from softmax_reference import softmax_attention
 
 from rpka.attention import build
 from rpka.attention.accelerated import PointSet, accelerated_pivots
@@ -43,13 +44,6 @@ def qkv(n=12, m=None, d=8, d_v=4, heads=2, seed=0, scale="moderate", grad=False)
     k = torch.randn(1, heads, m, d, generator=g, dtype=torch.float64) * k_scale + offset
     v = torch.randn(1, heads, m, d_v, generator=g, dtype=torch.float64)
     return tuple(x.requires_grad_(grad) for x in (q, k, v))
-
-
-def softmax_attention(q, k, v, causal=False):
-    logits = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    if causal:
-        logits = logits.masked_fill(torch.ones_like(logits, dtype=torch.bool).triu(1), -torch.inf)
-    return torch.softmax(logits, -1) @ v
 
 
 def error(out, ref, over):

@@ -15,22 +15,13 @@ import warnings
 
 import pytest
 import torch
+from softmax_reference import softmax_attention
 
 from rpka.attention import REGISTRY, build, guards, options_of
 
 N, D = 32, 16
 STDS = [1.0, 4.0, 16.0, 36.0]
 TOL = {torch.float32: 1e-4, torch.float64: 1e-10}
-
-
-def softmax_attention(q, k, v, causal=False):
-    """softmax(q k^T / sqrt(d)) v in float64, from the definition."""
-    q, k, v = (x.double() for x in (q, k, v))
-    logits = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    if causal:
-        future = torch.ones(logits.shape[-2:], dtype=torch.bool).triu(1)
-        logits = logits.masked_fill(future, float("-inf"))
-    return torch.softmax(logits, -1) @ v
 
 
 def sharp_qkv(std, seed=0, n=N, dtype=torch.float64):
