@@ -114,8 +114,7 @@ def plot_spectrum(
         x = np.array(heads[0]["ranks"]) / n_points
         for key, label, style in SPECTRUM_CURVES:
             ax.plot(x, np.mean([h[key] for h in heads], axis=0), label=label, ms=4, **style)
-        spread = [h["logit_std"][0] if isinstance(h["logit_std"], list) else h["logit_std"]
-                  for h in heads]  # fmt: skip
+        spread = [h["logit_std"] for h in heads]
         ax.set(title=f"{track}: {len(heads)} heads, logit std {min(spread):.1f}-{max(spread):.1f}",
                xlabel=f"rank / points (N = {n_points})", ylabel="normalised residual / error",
                ylim=(-0.02, 1.02), xlim=(0, 1))  # fmt: skip

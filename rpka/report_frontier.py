@@ -141,8 +141,8 @@ def spectrum_text(spectra: Mapping[str, Mapping[str, Any]]) -> str:
         mean = {key: float(np.mean([h[key][i] for h in heads]))
                 for key in ("residual_rpc", "residual_optimal", "no_structure",
                             "attention_error")}  # fmt: skip
-        spread = [float(np.ravel(h["logit_std"])[0]) for h in heads]
-        ratios = [float(np.ravel(h["qk_norm_ratio"])[0]) for h in heads if "qk_norm_ratio" in h]
+        spread = [h["logit_std"] for h in heads]
+        ratios = [h["qk_norm_ratio"] for h in heads if "qk_norm_ratio" in h]
         numerics = (
             f" Its {len(heads)} heads: logit std {min(spread):.1f}-{max(spread):.1f}, q/k norm "
             f"ratio {min(ratios):.2f}-{max(ratios):.2f} (full rank is exact at any ratio and up "

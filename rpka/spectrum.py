@@ -45,6 +45,14 @@ HEAD_CURVES = ("logit_std", "qk_norm_ratio", "residual_rpc", "residual_uniform",
                "residual_optimal", "no_structure", "attention_error")  # fmt: skip
 
 
+def qk_norm_ratio(q: Tensor, k: Tensor) -> Tensor:
+    """The largest query norm over the largest centred key norm: q (..., n, d), k (..., m, d)
+    -> (...). How lopsided a head is (RPKA's q/k balance undoes it, docs/numerics.md)."""
+    q, k = q.double(), k.double()
+    k_centred = k - k.mean(-2, keepdim=True)
+    return q.norm(dim=-1).amax(-1) / k_centred.norm(dim=-1).amax(-1)
+
+
 def head_spectrum(
     q: Tensor, k: Tensor, ranks: Sequence[int], draws: int = 4, seed: int = 0,
     causal: bool = False,
@@ -68,8 +76,7 @@ def head_spectrum(
         masked = logits.masked_fill(future, float("-inf"))
     sv = torch.linalg.svdvals(torch.softmax(masked, -1))
     sv_tail = (sv.square().flip(0).cumsum(0).flip(0)).sqrt()  # Frobenius of the rest
-    k_centred = k - k.mean(0, keepdim=True)
-    qk_ratio = float(q.norm(dim=-1).amax() / k_centred.norm(dim=-1).amax())
+    qk_ratio = float(qk_norm_ratio(q, k))
     out: dict[str, Any] = {"n_points": n_points, "ranks": ranks,
                            "logit_std": float(logits.std()), "qk_norm_ratio": qk_ratio}  # fmt: skip
     for rule in ("rpc", "uniform"):

@@ -27,6 +27,7 @@ import torch
 from rpka.attention import options_of
 from rpka.io import read_json, write_json
 from rpka.quality import method_output_errors
+from rpka.spectrum import qk_norm_ratio
 from rpka.tracks import get_task
 from rpka.train import build_model, evaluate, load_state, track_config_of
 
@@ -60,15 +61,9 @@ def logit_std(qkv_per_layer: list) -> list[float]:
     ]
 
 
-def qk_norm_ratio(qkv_per_layer: list) -> list[list[float]]:
-    """Per layer and head: the largest query norm over the largest centred key norm (median
-    over items) - how lopsided the trained head is (the q/k balance of RPKA undoes it)."""
-    ratios = []
-    for q, k, _ in qkv_per_layer:
-        k_c = k.double() - k.double().mean(-2, keepdim=True)
-        ratio = q.double().norm(dim=-1).amax(-1) / k_c.norm(dim=-1).amax(-1)  # (items, H)
-        ratios.append(ratio.median(0).values.tolist())
-    return ratios
+def qk_norm_ratios(qkv_per_layer: list) -> list[list[float]]:
+    """Per layer and head: :func:`rpka.spectrum.qk_norm_ratio`, the median over items."""
+    return [qk_norm_ratio(q, k).median(0).values.tolist() for q, k, _ in qkv_per_layer]
 
 
 def main() -> None:
@@ -115,7 +110,7 @@ def main() -> None:
         "members": run["seeds"],
         "n_test_items": len(x),
         "logit_std_per_layer": logit_std(qkv),
-        "qk_norm_ratio_per_layer_head": qk_norm_ratio(qkv),
+        "qk_norm_ratio_per_layer_head": qk_norm_ratios(qkv),
         "exact": {},
         "rows": [],
     }
