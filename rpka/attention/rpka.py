@@ -68,6 +68,7 @@ from rpka.attention.accelerated import (
 )
 from rpka.attention.base import AttentionMethod
 from rpka.attention.guards import check_full_rank
+from rpka.attention.keys_coreset import WILDCAT_RHO
 from rpka.attention.nystrom import gather_points, nystrom_softmax, nystrom_softmax_chunked
 from rpka.attention.options import check_generator, check_open_unit
 from rpka.attention.rpcholesky import PIVOT_RULES, rpcholesky, weighting_power
@@ -80,11 +81,11 @@ GRAD_PATHS = ("autograd", "streamed")
 # options that choose how the estimate is computed, not its law (the same estimator either way)
 IMPLEMENTATION_OPTIONS = ("pivot_method", "block_size", "refresh", "grad_path", "residual_solve")
 # keys-only pivots: the largest centred key balanced to 1/KEYS_RATIO of the largest query,
-# WildCat's temperature rule (keys_coreset.WILDCAT_RHO, from microsoft/wildcat); with equal
+# WildCat's temperature rule (microsoft/wildcat), which keys-coreset uses; with equal
 # lengths (ratio 1, the joint set's balance) full rank was off by 1e-4 at q x3 / k x10 in
 # d = 8 (tests/test_asymmetric_scale.py): in a keys-only Nystrom the cancellation grows with
 # the key norms alone, and shorter keys keep it down
-KEYS_RATIO = 3.94582
+KEYS_RATIO = WILDCAT_RHO
 
 
 
