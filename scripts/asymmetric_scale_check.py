@@ -32,7 +32,7 @@ from sharp_attention_check import reference
 from rpka.attention import build
 
 SCALES = ((3.2, 3.2), (5.0, 2.0), (10.0, 1.0), (1.0, 10.0), (20.0, 1.0), (1.0, 20.0),
-          (3.0, 10.0), (10.0, 3.0), (10.0, 10.0))  # fmt: skip
+          (3.0, 10.0), (10.0, 3.0), (10.0, 10.0), (20.0, 20.0))  # fmt: skip
 METHODS = {  # label: (name, options, joint: rank 2n else n)
     "rpka": ("rpka", {}, True),
     "rpka keys": ("rpka", {"pivot_set": "keys"}, False),

@@ -19,18 +19,21 @@ import torch
 from softmax_reference import softmax_attention
 
 from rpka.attention import build, guards
+from rpka.attention.nystrom import estimate_unless_keys_covered, keys_covered
 
-# q scale x k scale: every ratio from 1/20 to 20, at logit standard deviations (about
-# q scale * k scale) up to 30 - the range the sharp-attention tests cover (36). Beyond it
-# the limit is the sharpness itself, not the ratio: q x10 / k x10 (logit std ~100) is off
-# by ~0.5 at full rank whatever the ratio, and says so (the last test below).
+# q scale x k scale: every ratio from 1/20 to 20 and logit standard deviations (about
+# q scale * k scale) up to ~400. Past logit std ~30 the solve alone cannot be exact (the
+# terms the softmax needs fall below its round-off); there the landmarks hold every key
+# and Nystrom's identity gives the exact answer (rpka.attention.nystrom.
+# exact_where_keys_covered) - q x10 / k x10 was ~50 % wrong before it.
 SCALES = [1.0, 3.0, 10.0]
 SCALE_PAIRS = [
-    *((a, b) for a, b in itertools.product(SCALES, SCALES) if a * b <= 30),
+    *itertools.product(SCALES, SCALES),
     (20.0, 1.0),
     (1.0, 20.0),
     (0.5, 20.0),
     (20.0, 0.25),
+    (20.0, 20.0),
 ]
 SHAPES = [(1, 2, 64, 16), (2, 1, 24, 8)]
 TOL = {torch.float32: 1e-4, torch.float64: 1e-10}
@@ -57,7 +60,7 @@ def full_rank(key, n):
 
 
 def rel_err(out, ref):
-    return float((out.double() - ref).norm() / ref.norm())
+    return float((out.detach().double() - ref).norm() / ref.norm())
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -124,27 +127,64 @@ def test_balance_leaves_low_rank_pivots_on_balanced_inputs_in_the_same_law():
 @pytest.mark.parametrize(
     ("q_scale", "k_scale", "qk_balance"), [(1.0, 20.0, False), (10.0, 10.0, True)]
 )
-def test_full_rank_beyond_the_exact_range_says_so_once_with_the_share(
-    monkeypatch, q_scale, k_scale, qk_balance
-):
-    """A full-rank call that is not exact warns once per process with the share of rows
-    affected: the balance switched off at q x1 / k x20 (wrong by ~100 % before the fix),
-    and logit std ~100 (q x10 / k x10), past the range the numerics cover."""
-    monkeypatch.setattr(guards, "_warned", set())
+def test_full_rank_is_exact_by_the_identity_whatever_the_frame(q_scale, k_scale, qk_balance):
+    """Every key a landmark: exact even without the q/k balance (wrong by ~100 % before the
+    fix at q x1 / k x20) and at logit std ~100 (q x10 / k x10, ~50 % wrong before)."""
     q, k, v = scaled_qkv(q_scale, k_scale, SHAPES[0], 0)
     method = build(
         "rpka", rank=128, qk_balance=qk_balance, generator=torch.Generator().manual_seed(1)
     )
-    not_exact = r"at full rank the estimate is not exact on \d+\.\d% of rows"
-    with pytest.warns(RuntimeWarning, match=not_exact):
-        with torch.no_grad():
-            method(q, k, v)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with torch.no_grad():
-            method(q, k, v)  # once per process
-    out = method(q, k, v)
-    assert guards.check_full_rank("rpka", out, q, k, v) > 0.1
+        out = method(q, k, v)
+    assert rel_err(out, softmax_attention(q, k, v)) < TOL[torch.float64]
+
+
+def test_keys_covered_reads_joint_and_keys_indices():
+    pivots = torch.tensor([[3, 0, 4, 2, -1], [4, 2, 3, -1, -1]])  # 2 queries, 3 keys (2, 3, 4)
+    assert keys_covered(pivots, 2, 3).tolist() == [True, True]
+    assert keys_covered(pivots[:, :2], 2, 3).tolist() == [False, False]
+    assert keys_covered(torch.tensor([[0, 1, -1]]), 0, 3).tolist() == [False]
+
+
+def test_identity_is_applied_only_where_every_key_is_a_landmark():
+    q, k, v = scaled_qkv(3.0, 3.0, (2, 1, 8, 4), 0)
+    estimate = torch.zeros(2, 1, 8, 4, dtype=torch.float64)
+    counts = {"denominator": torch.tensor(3)}
+    mixed = torch.tensor([[True], [False]])
+    out, got = estimate_unless_keys_covered(lambda: (estimate, counts), q, k, v, mixed)
+    assert rel_err(out[0], softmax_attention(q, k, v)[0]) < 1e-12
+    assert torch.equal(out[1], estimate[1]) and got is counts
+
+    def never() -> None:
+        raise AssertionError("every key is a landmark: the estimate is not computed")
+
+    out, got = estimate_unless_keys_covered(never, q, k, v, torch.ones(2, 1, dtype=torch.bool))
+    assert rel_err(out, softmax_attention(q, k, v)) < 1e-12
+    assert int(got["denominator"]) == 0 and int(got["rows"]) == 16
+
+
+def test_full_rank_missing_a_key_says_so_once_with_the_share(monkeypatch):
+    """A full-rank call whose landmarks miss a key (as when a pivot floor drops a point)
+    is not exact at sharp attention; it warns once per process with the share of rows."""
+    monkeypatch.setattr(guards, "_warned", set())
+    q, k, v = scaled_qkv(10.0, 10.0, SHAPES[0], 0)
+    method = build("rpka", rank=128, generator=torch.Generator().manual_seed(1))
+    draw = method.draw_pivots
+
+    def drop_last_key(points):
+        pivots = draw(points)
+        return pivots.masked_fill(pivots == points.shape[-2] - 1, -1)
+
+    monkeypatch.setattr(method, "draw_pivots", drop_last_key)
+    inputs = [x.clone().requires_grad_(True) for x in (q, k, v)]  # the path that draws here
+    not_exact = r"at full rank the estimate is not exact on \d+\.\d% of rows"
+    with pytest.warns(RuntimeWarning, match=not_exact):
+        out = method(*inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        method(*inputs)  # once per process
+    assert guards.check_full_rank("rpka", out.detach(), q, k, v) > 0
 
 
 def test_qk_balance_option_is_checked():

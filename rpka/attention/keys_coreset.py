@@ -52,7 +52,14 @@ import torch
 from torch import Tensor
 
 from rpka.attention.base import AttentionMethod
-from rpka.attention.nystrom import gather_points, nystrom_core, nystrom_readout
+from rpka.attention.guards import check_full_rank
+from rpka.attention.nystrom import (
+    estimate_unless_keys_covered,
+    gather_points,
+    keys_covered,
+    nystrom_core,
+    nystrom_readout,
+)
 from rpka.attention.options import (
     check_generator,
     check_open_unit,
@@ -128,14 +135,26 @@ class KeysCoresetAttention(AttentionMethod):
             else torch.tensor(self.temperature, dtype=compute, device=q.device)
         )
         k_t = k_s / tau  # tempered keys k': E_tau(k_a, k_b) = exp(k'_a . k'_b)
-        pivots = rpcholesky(k_t, self.rank, "rpc", self.generator, weighting="exp").pivots
+        m = k.shape[-2]
+        if self.rank >= m:  # the coreset of every key: no draw (the floor could drop keys)
+            pivots = torch.arange(m, device=k.device).expand(*k.shape[:-2], m)
+        else:
+            pivots = rpcholesky(k_t, self.rank, "rpc", self.generator, weighting="exp").pivots
         valid = pivots >= 0
         landmarks = gather_points(k_t, pivots)  # (..., r, d), differentiable in k
         v_c = v.to(compute)
-        core = nystrom_core(k_t, v_c, landmarks, valid)  # (..., r, d_v + 1)
-        # query side: exp(beta q.k_s) e^{-|k'_s|^2/2} = exp((tau q~).k'_s - |k'_s|^2/2)
-        out, self._guards = nystrom_readout(tau * q_s, landmarks, valid, core, v_c, self.den_floor)
-        return out.to(q.dtype)
+
+        def estimate() -> tuple[Tensor, dict[str, Tensor]]:
+            core = nystrom_core(k_t, v_c, landmarks, valid)  # (..., r, d_v + 1)
+            # query side: exp(beta q.k_s) e^{-|k'_s|^2/2} = exp((tau q~).k'_s - |k'_s|^2/2)
+            return nystrom_readout(tau * q_s, landmarks, valid, core, v_c, self.den_floor)
+
+        # a coreset of every key is exact by Nystrom's identity: applied, not computed
+        covered = keys_covered(pivots, 0, m)
+        out, self._guards = estimate_unless_keys_covered(estimate, q, k, v, covered)
+        if self.rank >= m:
+            check_full_rank(self.name, out, q, k, v)
+        return out
 
     def extra_repr(self) -> str:
         tau = "wildcat" if self.temperature is None else self.temperature

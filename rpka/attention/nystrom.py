@@ -11,6 +11,7 @@ weight ``w_j``, and ``g`` is replaced by ``G_QS G_SS^{-1} G_SK`` on landmarks ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -31,6 +32,60 @@ def gather_points(points: Tensor, index: Tensor) -> Tensor:
     safe = index.clamp(min=0)
     out = torch.gather(points, -2, safe.unsqueeze(-1).expand(*safe.shape, points.shape[-1]))
     return out * (index >= 0).unsqueeze(-1).to(points.dtype)
+
+
+def keys_covered(pivots: Tensor, key_offset: int, n_keys: int) -> Tensor:
+    """(...,) bool: every key is a landmark. pivots (..., r) index the pivoted points, -1
+    in unused slots; key j is point ``key_offset + j`` (the joint set ``[Q~; K~]`` puts the
+    n queries first: offset n; a keys-only set: offset 0)."""
+    hit = torch.zeros(
+        *pivots.shape[:-1], key_offset + n_keys + 1, dtype=torch.bool, device=pivots.device
+    )
+    slot = torch.where(pivots >= 0, pivots, hit.shape[-1] - 1)  # unused slots: a spare column
+    hit.scatter_(-1, slot, True)
+    return hit[..., key_offset : key_offset + n_keys].all(-1)
+
+
+def exact_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Softmax attention (torch SDPA) in the compute dtype, returned in q's dtype."""
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = torch.nn.functional.scaled_dot_product_attention(*(x.to(compute) for x in (q, k, v)))
+    return out.to(q.dtype)
+
+
+def estimate_unless_keys_covered(
+    estimate: Callable[[], tuple[Tensor, dict[str, Tensor]]],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    covered: Tensor,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The Nystrom ``estimate()`` (out, guard counts), with softmax attention where
+    ``covered`` (every key is a landmark).
+
+    Nystrom's identity: for landmarks ``S`` that contain every key, ``G_SS^{-1} G_SK`` is
+    the selection of the key columns, so ``G_QS G_SS^{-1} G_SK = G_QK`` and the estimate
+    *is* softmax attention, for every input (so are its gradients). Evaluated through the
+    solve it is not, in floating point: at sharp attention (logit std ~100) the terms
+    ``g(q, k_j) w_j`` the softmax needs lie below the solve's round-off (eps times the
+    landmarks' own kernel diagonal, 1), and a joint set with every point pivoted came out
+    ~50 % wrong (docs/numerics.md). So the identity is applied, not computed: exact
+    attention (torch SDPA) on those batch elements, the estimate elsewhere; when every
+    element is covered the estimate is not computed at all (and no guard fires).
+    q (..., n, d), k (..., m, d), v (..., m, d_v), covered (...,) bool; out (..., n, d_v)
+    in q's dtype.
+    """
+    if bool(covered.all()):
+        exact = exact_attention(q, k, v)
+        zero = torch.tensor(0)
+        rows, entries = exact[..., :1].numel(), exact.numel()
+        counts = {"denominator": zero, "rows": torch.tensor(rows), "clamped": zero}
+        return exact, {**counts, "entries": torch.tensor(entries)}
+    out, counts = estimate()
+    out = out.to(q.dtype)
+    if bool(covered.any()):
+        out = torch.where(covered[..., None, None], exact_attention(q, k, v), out)
+    return out, counts
 
 
 class Core(NamedTuple):

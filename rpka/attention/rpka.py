@@ -69,7 +69,13 @@ from rpka.attention.accelerated import (
 from rpka.attention.base import AttentionMethod
 from rpka.attention.guards import check_full_rank
 from rpka.attention.keys_coreset import WILDCAT_RHO
-from rpka.attention.nystrom import gather_points, nystrom_softmax, nystrom_softmax_chunked
+from rpka.attention.nystrom import (
+    estimate_unless_keys_covered,
+    gather_points,
+    keys_covered,
+    nystrom_softmax,
+    nystrom_softmax_chunked,
+)
 from rpka.attention.options import check_generator, check_open_unit
 from rpka.attention.rpcholesky import PIVOT_RULES, rpcholesky, weighting_power
 from rpka.attention.streamed import nystrom_softmax_streamed
@@ -86,8 +92,6 @@ IMPLEMENTATION_OPTIONS = ("pivot_method", "block_size", "refresh", "grad_path", 
 # d = 8 (tests/test_asymmetric_scale.py): in a keys-only Nystrom the cancellation grows with
 # the key norms alone, and shorter keys keep it down
 KEYS_RATIO = WILDCAT_RHO
-
-
 
 
 class Frame(NamedTuple):
@@ -346,8 +350,14 @@ class RPKAttention(AttentionMethod):
         per_call = self.pivot_refresh == "call"
         if self.method == "accelerated" and not needs_grad and per_call:
             state = self.select(self.point_set(q, k, frame))
-            out, self._guards = nystrom_softmax_chunked(
-                q, k, v, state, frame.q_scale, frame.k_scale, frame.key_shift, self.den_floor
+            out, self._guards = estimate_unless_keys_covered(
+                lambda: nystrom_softmax_chunked(
+                    q, k, v, state, frame.q_scale, frame.k_scale, frame.key_shift, self.den_floor
+                ),
+                q,
+                k,
+                v,
+                self.keys_covered(state.pivots.reshape(*q.shape[:-2], -1), q, k),
             )
             return self.checked(out, q, k, v)
         compute = frame.compute
@@ -362,17 +372,29 @@ class RPKAttention(AttentionMethod):
                 self.pivot_cache.store(pivots, key)
         landmarks = gather_points(points, pivots)  # differentiable in q and k
         estimate = nystrom_softmax_streamed if self.grad_path == "streamed" else nystrom_softmax
-        out, self._guards = estimate(
-            q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor
+        out, self._guards = estimate_unless_keys_covered(
+            lambda: estimate(q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor),
+            q,
+            k,
+            v,
+            self.keys_covered(pivots, q, k),
         )
-        return self.checked(out.to(q.dtype), q, k, v)
+        return self.checked(out, q, k, v)
+
+    def keys_covered(self, pivots: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        """(...,) bool: the pivots (..., r) hold every key (then the estimate is exact by
+        Nystrom's identity, :func:`estimate_unless_keys_covered`)."""
+        n_queries = q.shape[-2] if self.pivot_set == "joint" else 0
+        return keys_covered(pivots, n_queries, k.shape[-2])
 
     def checked(self, out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """``out``, after a check against exact attention where the rank claims exactness.
 
         At a rank that covers every pivoted point the estimate equals softmax attention in
-        exact arithmetic; where round-off or the representable range says otherwise, the
-        share of rows affected is reported once per process (:func:`check_full_rank`).
+        exact arithmetic (applied by the identity where the landmarks hold every key);
+        where round-off, the representable range or a pivot floor that dropped a key says
+        otherwise, the share of rows affected is reported once per process
+        (:func:`check_full_rank`).
         """
         n_points = k.shape[-2] + (q.shape[-2] if self.pivot_set == "joint" else 0)
         if self.rank >= n_points:
