@@ -145,8 +145,8 @@ def spectrum_text(spectra: Mapping[str, Mapping[str, Any]]) -> str:
         ratios = [h["qk_norm_ratio"] for h in heads if "qk_norm_ratio" in h]
         numerics = (
             f" Its {len(heads)} heads: logit std {min(spread):.1f}-{max(spread):.1f}, q/k norm "
-            f"ratio {min(ratios):.2f}-{max(ratios):.2f} (full rank is exact at any ratio and up "
-            "to logit std ~30, docs/numerics.md)."
+            f"ratio {min(ratios):.2f}-{max(ratios):.2f} (full rank is exact at any ratio and "
+            "sharpness, tested to logit std ~400: docs/numerics.md)."
             if ratios
             else ""
         )
