@@ -202,18 +202,66 @@ def track_frontier(report: Mapping[str, Any], margin_gap: float = MARGIN_GAP) ->
         "margin_gap": margin_gap,
         "control_arm": control,
         "r_star": min((r["rank"] for r in below), default=None),
-        "positive_control": None if positive is None else {
-            "arm": positive["arm"], "rank": positive["rank"], "verdict": positive["verdict"],
+        "positive_control": None
+        if positive is None
+        else {
+            "arm": positive["arm"],
+            "rank": positive["rank"],
+            "verdict": positive["verdict"],
         },  # fmt: skip
         "rows": rows,
         "pivoting": _pivoting(report),
     }
 
 
+def drop_in_curve(
+    report: Mapping[str, Any], drop_in: Mapping[str, Any], n_points: int
+) -> list[dict[str, Any]]:
+    """The drop-in curve: exact's trained model with another method swapped in at each
+    rank, no retraining (``scripts/drop_in.py``, float32), as the gap recovered per member
+    against the bench's control on the same seed - the curve the trained arms sample.
+
+    One row per (method, rank): ``rank_over_n`` (of the track's ``n_points``), the mean g
+    and its per-member values. A rank at which the method is exact is left out (the
+    positive control's place is the trained arm's).
+    """
+    control = report["arms"][
+        report.get("attention_gate", {}).get("control_arm") or "mean-attention"
+    ]
+    by_seed = dict(zip(control["seeds"], control["full"]["per_seed"], strict=True))
+    members = drop_in["members"]
+    if any(seed not in by_seed for seed in members):
+        raise ValueError(f"drop-in members {members} are not all seeds of the control arm")
+    control_scores = [by_seed[seed] for seed in members]
+    exact = drop_in["exact"]["float32"]
+    rows = []
+    for row in drop_in["rows"]:
+        if row["dtype"] != "float32" or row.get("full_rank"):
+            continue
+        g = per_seed_gap(control_scores, exact, row[drop_in["metric"]],
+                         report["metric_direction"])  # fmt: skip
+        rows.append({
+            "method": row["method"], "rank": int(row["rank"]),
+            "rank_over_n": row["rank"] / n_points,
+            "gap_recovered": float(np.nanmean(g)) if np.isfinite(g).any() else None,
+            "per_member": [None if not np.isfinite(x) else float(x) for x in g],
+        })  # fmt: skip
+    return sorted(rows, key=lambda r: (r["method"], r["rank"]))
+
+
 def write_frontier(reports: Mapping[str, Path], out: Path) -> dict[str, Any]:
     """``frontier.json`` at ``out`` from the bench reports of the gated tracks
-    (track -> path)."""
-    tracks = {track: track_frontier(read_json(path)) for track, path in reports.items()}
+    (track -> path); with a ``drop_in.json`` beside a report, its drop-in curve
+    (:func:`drop_in_curve`)."""
+    tracks = {}
+    for track, path in reports.items():
+        report = read_json(path)
+        tracks[track] = track_frontier(report)
+        drop_in = Path(path).parent / "drop_in.json"
+        if drop_in.exists() and tracks[track]["n_points"]:
+            tracks[track]["drop_in"] = drop_in_curve(
+                report, read_json(drop_in), tracks[track]["n_points"]
+            )
     result = {"what": __doc__.split("\n\n")[0], "tracks": tracks}
     write_json(out, result)
     return result

@@ -53,6 +53,13 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
             dy = offset[1] if i % 2 == 0 else offset[1] + 26
             ax.annotate(note, (xi, gi), xytext=(offset[0], dy), textcoords="offset points",
                         fontsize=7, va="top", color=colour)  # fmt: skip
+    for method, colour in METHOD_COLOURS.items():  # the curve the trained arms sample
+        curve = [r for r in frontier.get("drop_in", []) if r["method"] == method]
+        curve = [r for r in curve if r["gap_recovered"] is not None]
+        if curve:
+            ax.plot([r["rank_over_n"] for r in curve], [r["gap_recovered"] for r in curve],
+                    color=colour, ls="--", lw=1, marker=".", alpha=0.8,
+                    label=f"{method} dropped into exact's model (no retraining)")  # fmt: skip
     r_star = frontier.get("r_star")
     title = f"{track}: r* = {r_star}" if r_star else f"{track}: r* not reached"
     ax.set(xscale="log", title=title, xlabel="rank / points pivoted (log scale)",
@@ -63,6 +70,7 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
                                                  for t in RANK_TICKS]))  # fmt: skip
     ax.xaxis.set_minor_formatter(NullFormatter())
     lows = [r["gap_recovered"]["ci_low"] for r in frontier["rows"]]
+    lows += [r["gap_recovered"] for r in frontier.get("drop_in", [])]
     ax.set_ylim(min([-0.05, *[v for v in lows if v is not None]]), 1.16)  # room for labels
 
 

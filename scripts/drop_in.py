@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from rpka.attention import options_of
+from rpka.frontier import causal_block_of
 from rpka.io import read_json, write_json
 from rpka.quality import method_output_errors
 from rpka.spectrum import qk_norm_ratio
@@ -40,9 +41,20 @@ def full_rank(method: str, n_tokens: int) -> int:
     return n_tokens if method == "keys-coreset" else 2 * n_tokens
 
 
-def swapped_model(run_config: dict, state: dict, method: str, rank: int, dtype: torch.dtype):
-    """Exact's trained weights in a model whose attention is ``method`` at ``rank``."""
+def swapped_model(
+    run_config: dict,
+    state: dict,
+    method: str,
+    rank: int,
+    dtype: torch.dtype,
+    causal_block: int | None = None,
+):
+    """Exact's trained weights in a model whose attention is ``method`` at ``rank``
+    (on a causal track with the trained RPKA arms' ``causal_block``: without it RPKA's
+    default block of 64 would compute a 64-token sequence exactly at any rank)."""
     options = {"rank": rank} if "rank" in options_of(method) else {}
+    if causal_block is not None and "causal_block" in options_of(method):
+        options["causal_block"] = causal_block
     if "pivot_method" in options_of(method) and rank > 64:
         # the accelerated sampler's rejection rounds stall as the residual runs out (near
         # full rank: 12 CPU-min for one rank-192 evaluation); same pivot law, one per step
@@ -91,6 +103,7 @@ def main() -> None:
             parser.error(f"--windows must be an integer >= 1, got {args.windows}")
         x, y = x[: args.windows], y[: args.windows]
     metric = report["metric"]
+    causal_block = causal_block_of(report)  # the trained arms' block (None: non-causal)
     tokens = track_config_of(run_config).attention_tokens
     exact = swapped_model(run_config, state, "exact", 1, torch.float64)
     first = x[: args.items].double() if x.is_floating_point() else x[: args.items]
@@ -108,6 +121,7 @@ def main() -> None:
         "track": report["track"],
         "metric": metric,
         "members": run["seeds"],
+        "causal_block": causal_block,
         "n_test_items": len(x),
         "logit_std_per_layer": logit_std(qkv),
         "qk_norm_ratio_per_layer_head": qk_norm_ratios(qkv),
@@ -123,7 +137,7 @@ def main() -> None:
             rank = full_rank(method, tokens) if rank_arg == "full" else int(rank_arg)
             for dtype in (torch.float32, torch.float64):
                 start = time.perf_counter()
-                model = swapped_model(run_config, state, method, rank, dtype)
+                model = swapped_model(run_config, state, method, rank, dtype, causal_block)
                 inputs = x.to(dtype) if x.is_floating_point() else x
                 scores = evaluate(model, task, inputs, y, 256)
                 row = {
@@ -136,7 +150,8 @@ def main() -> None:
                 }
                 result["rows"].append(row)
                 print(method, rank, row["dtype"], [round(v, 4) for v in row[metric]], flush=True)
-            errors = method_output_errors(qkv, method, {}, [rank], seeds=3)
+            block = {"causal_block": causal_block} if causal_block else {}
+            errors = method_output_errors(qkv, method, block, [rank], seeds=3)
             result["rows"][-1]["output_error"] = errors[0]
     out = args.out or args.bench_dir / "drop_in.json"
     write_json(out, result)

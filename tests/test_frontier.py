@@ -6,6 +6,7 @@ import pytest
 from scipy import stats
 
 from rpka.frontier import (
+    drop_in_curve,
     exact_by_construction,
     gap_recovered,
     per_seed_gap,
@@ -82,8 +83,9 @@ def bench_report(arms):
         "metric_direction": "lower",
         "baseline_arm": "exact",
         "attention_gate": {"control_arm": "mean-attention"},
-        "timings": {"step_ratio_vs_baseline": {n: 1.0 + (r or 0) / 32 for n, (_, r, _) in
-                                               arms.items()}},  # fmt: skip
+        "timings": {
+            "step_ratio_vs_baseline": {n: 1.0 + (r or 0) / 32 for n, (_, r, _) in arms.items()}
+        },  # fmt: skip
         "arms": {
             name: {
                 "method": method,
@@ -128,6 +130,38 @@ def test_track_frontier_finds_r_star_and_reads_the_positive_control(tmp_path):
     written = write_frontier({"recall": path}, tmp_path / "frontier.json")
     assert read_json(tmp_path / "frontier.json") == written
     assert written["tracks"]["recall"]["r_star"] == 32
+
+
+def test_the_drop_in_curve_is_the_gap_recovered_per_member_on_the_controls_seeds(tmp_path):
+    """scripts/drop_in.py's rows (exact's model, another method swapped in) as g per member,
+    paired with the control's score on the member's seed; full-rank rows left out."""
+    report = bench_report({
+        "exact": ("exact", None, EXACT),
+        "mean-attention": ("mean", None, CONTROL),
+        "rpka-r32": ("rpka", 32, arm_at([0.97] * 7)),
+    })  # fmt: skip
+    for arm in report["arms"].values():
+        arm["seeds"] = list(range(100, 107))
+    members = [102, 100]  # the drop-in's members: not the control's first seeds, in order
+    exact = [0.0, 0.01]
+    half = [(CONTROL[2] + exact[0]) / 2, (CONTROL[0] + exact[1]) / 2]
+    drop_in = {
+        "metric": "error", "members": members, "exact": {"float32": exact},
+        "rows": [
+            {"method": "rpka", "rank": 16, "dtype": "float32", "full_rank": False, "error": half},
+            {"method": "rpka", "rank": 16, "dtype": "float64", "full_rank": False, "error": exact},
+            {"method": "rpka", "rank": 256, "dtype": "float32", "full_rank": True, "error": exact},
+        ],
+    }  # fmt: skip
+    write_json(tmp_path / "bench_report.json", report)
+    write_json(tmp_path / "drop_in.json", drop_in)
+    written = write_frontier({"recall": tmp_path / "bench_report.json"}, tmp_path / "f.json")
+    (row,) = written["tracks"]["recall"]["drop_in"]
+    assert (row["method"], row["rank"], row["rank_over_n"]) == ("rpka", 16, 16 / 128)
+    assert row["per_member"] == pytest.approx([0.5, 0.5]) and row["gap_recovered"] == 0.5
+    drop_in["members"] = [99]
+    with pytest.raises(ValueError, match="not all seeds of the control"):
+        drop_in_curve(report, drop_in, 128)
 
 
 def test_a_positive_control_that_loses_is_reported_as_such():
