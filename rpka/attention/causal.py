@@ -146,6 +146,7 @@ class LandmarkSampler:
     weighting: str
     tempering: float
     generator: torch.Generator | None = None
+    pivot_backend: str = "auto"  # rpcholesky's loop: compiled on the CPU, torch elsewhere
 
     @property
     def points_per_position(self) -> int:
@@ -164,6 +165,7 @@ class LandmarkSampler:
             self.generator,
             weighting=self.weighting,
             tempering=self.tempering,
+            pivot_backend=self.pivot_backend,
         ).pivots
         pivots = F.pad(pivots, (0, self.rank - pivots.shape[-1]), value=-1)  # rank capped at m
         return gather_points(points, pivots), pivots >= 0  # differentiable in q and k
@@ -580,11 +582,18 @@ class CausalOptions:  # the attributes of RPKAttention read here (typing aid onl
     den_floor: float
     block_size: int
     generator: torch.Generator | None
+    pivot_backend: str
 
 
 def sampler_of(attn: CausalOptions) -> LandmarkSampler:
     return LandmarkSampler(
-        attn.rank, attn.pivot_rule, attn.pivot_set, attn.weighting, attn.tempering, attn.generator
+        attn.rank,
+        attn.pivot_rule,
+        attn.pivot_set,
+        attn.weighting,
+        attn.tempering,
+        attn.generator,
+        attn.pivot_backend,
     )
 
 
