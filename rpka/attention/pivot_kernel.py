@@ -37,6 +37,102 @@ RULE_CODES = {"rpc": 0, "greedy": 1, "uniform": 2}
 _RPC, _GREEDY, _UNIFORM = 0, 1, 2
 
 
+# A score's bounds from its residual's binary exponent alone (no log): r = m 2^e with
+# m in [1, 2) puts log r in [e ln 2, (e + 1) ln 2). Only points whose upper bound reaches
+# the largest lower bound (less SCORE_SLACK, relative, for the scores' float rounding) can
+# be the argmax, and only theirs are computed exactly (a handful of the N, not N logs).
+LN2 = math.log(2.0)
+SCORE_SLACK = 1e-3
+
+
+def _argmax_first(scores: np.ndarray) -> int:
+    """torch.argmax of a 1-d array: the first maximum; a NaN counts as the maximum."""
+    s = 0
+    best = scores[0]
+    if math.isnan(best):
+        return 0
+    for i in range(1, scores.shape[0]):
+        if math.isnan(scores[i]):
+            return i
+        if scores[i] > best:
+            best = scores[i]
+            s = i
+    return s
+
+
+def _select(
+    residual: np.ndarray,
+    residual_bits: np.ndarray,
+    picked: np.ndarray,
+    log_weight: np.ndarray,
+    add_weight: bool,
+    gumbel: np.ndarray,
+    rule: int,
+    float_format: tuple[int, int, int],
+    zero: np.floating,
+    scores: np.ndarray,
+    upper: np.ndarray,
+) -> int:
+    """One pivot of one problem: :func:`rpcholesky.select_pivot`'s argmax, same scores.
+
+    residual (N,) and residual_bits (N,) (the same memory viewed as integers),
+    picked, log_weight, gumbel (N,); ``float_format`` (mantissa bits, exponent mask,
+    exponent bias) of the dtype; scores, upper (N,) scratch. The score of point i is
+    ``log(r_i) [+ lw_i] [+ g_i]`` in the compute dtype, as the torch loop forms it; a point
+    is scored only if its exponent bound says it can win (the others cannot be the first
+    maximum, so the argmax is unchanged).
+    """
+    n_points = residual.shape[0]
+    neg_inf = -np.inf
+    use_noise = rule != _GREEDY
+    if rule != _UNIFORM:
+        mantissa, exponent_mask, bias = float_format
+        best_lower = neg_inf
+        alive = 0
+        has_nan = False
+        for i in range(n_points):
+            upper[i] = neg_inf
+            if picked[i]:
+                continue
+            bits = residual_bits[i]
+            if bits == 0:  # r = 0: log r = -inf, never the maximum
+                continue
+            exponent = (bits >> mantissa) & exponent_mask
+            if exponent == exponent_mask:  # NaN (a residual is never +inf: it is <= 1)
+                has_nan = True
+                continue
+            extra = 0.0
+            if add_weight:
+                extra += log_weight[i]
+            if use_noise:
+                extra += gumbel[i]
+            if exponent == 0:  # subnormal: below 2^(1 - bias), no useful lower bound
+                upper[i] = (1 - bias) * LN2 + extra
+            else:
+                lower = (exponent - bias) * LN2 + extra
+                upper[i] = lower + LN2
+                best_lower = max(best_lower, lower)
+            alive += 1
+        if alive > 0 and not has_nan:
+            threshold = best_lower - SCORE_SLACK * (1.0 + abs(best_lower))
+            for i in range(n_points):
+                scores[i] = neg_inf
+                if upper[i] >= threshold:
+                    value = math.log(residual[i])
+                    if add_weight:
+                        value = value + log_weight[i]
+                    if use_noise:
+                        value = value + gumbel[i]
+                    scores[i] = value
+            return _argmax_first(scores)
+    # uniform, or no usable mass: uniform over the points not yet picked
+    for i in range(n_points):
+        scores[i] = neg_inf if picked[i] else zero
+        if use_noise:
+            scores[i] = scores[i] + gumbel[i]
+    return _argmax_first(scores)
+
+
 def _pivot_steps(
     zt: np.ndarray,
     half_sq: np.ndarray,
@@ -50,10 +146,12 @@ def _pivot_steps(
     t_end: int,
     noise_start: int,
     rule: int,
+    float_format: tuple[int, int, int],
     round_off: np.floating,
     zero: np.floating,
     factor_t: np.ndarray,
     residual: np.ndarray,
+    residual_bits: np.ndarray,
     picked: np.ndarray,
     pivots: np.ndarray,
     trace: np.ndarray,
@@ -61,8 +159,10 @@ def _pivot_steps(
     """Steps ``t_start .. t_end - 1`` of RPCholesky for every problem, in place.
 
     Shapes: zt (B, d, N); half_sq, log_weight, weight, residual, picked (B, N);
+    residual_bits (B, N) the residual's memory viewed as integers of its width;
     stop_trace (B,); forced (B, t0) long (the forced first pivots); noise (T, B, N) the
     Gumbel noise of steps ``noise_start .. noise_start + T - 1`` (unused for greedy);
+    ``float_format`` (mantissa bits, exponent mask, bias) of the dtype;
     ``round_off`` (rpcholesky.pivot_floor) and ``zero`` are scalars of the compute dtype, so
     no step is promoted to float64 (a Python float literal would be);
     factor_t (B, r, N); pivots (B, r) long; trace (B, r + 1). The arithmetic is that of
@@ -71,48 +171,31 @@ def _pivot_steps(
     n_batch, n_dim, n_points = zt.shape
     n_forced = forced.shape[1]
     dtype = residual.dtype
-    neg_inf = -np.inf
     col = np.empty(n_points, dtype)
     scores = np.empty(n_points, dtype)
+    upper = np.empty(n_points, np.float64)
     zs = np.empty(n_dim, dtype)
+    no_noise = np.zeros(n_points, dtype)
     for b in range(n_batch):
         for t in range(t_start, t_end):
             # --- the pivot (rpcholesky.select_pivot)
             if t < n_forced:
                 s = forced[b, t]
             else:
-                bad = True
-                has_nan = False
-                for i in range(n_points):
-                    if rule == _UNIFORM:
-                        scores[i] = neg_inf if picked[b, i] else zero
-                    else:
-                        value = math.log(residual[b, i])
-                        if add_weight:
-                            value = value + log_weight[b, i]
-                        scores[i] = neg_inf if picked[b, i] else value
-                        if math.isnan(scores[i]):
-                            has_nan = True
-                        elif math.isfinite(scores[i]):
-                            bad = False
-                if rule != _UNIFORM and (bad or has_nan):
-                    # no usable mass: uniform over the points not yet picked
-                    for i in range(n_points):
-                        scores[i] = neg_inf if picked[b, i] else zero
-                if rule != _GREEDY:
-                    g = noise[t - noise_start, b]
-                    for i in range(n_points):
-                        scores[i] = scores[i] + g[i]
-                s = 0  # argmax, first maximum (NaN counts as the maximum, as torch's)
-                best = scores[0]
-                if not math.isnan(best):
-                    for i in range(1, n_points):
-                        if math.isnan(scores[i]):
-                            s = i
-                            break
-                        if scores[i] > best:
-                            best = scores[i]
-                            s = i
+                gumbel = no_noise if rule == _GREEDY else noise[t - noise_start, b]
+                s = _select(
+                    residual[b],
+                    residual_bits[b],
+                    picked[b],
+                    log_weight[b],
+                    add_weight,
+                    gumbel,
+                    rule,
+                    float_format,
+                    zero,
+                    scores,
+                    upper,
+                )
             # --- the kernel column g(z, z_s) = exp(min(z.z_s - |z|^2/2 - |z_s|^2/2, 0))
             for k in range(n_dim):
                 zs[k] = zt[b, k, s]
@@ -157,6 +240,19 @@ def _pivot_steps(
             trace[b, t + 1] = total
 
 
-pivot_steps = (
-    numba.njit(parallel=False, cache=True, nogil=True)(_pivot_steps) if AVAILABLE else None
-)
+if AVAILABLE:
+    # cache=True: compiled once per dtype into __pycache__ (or numba's user cache directory
+    # where the package is read-only), not at every process start
+    _jit = numba.njit(parallel=False, cache=True, nogil=True)
+    _argmax_first = _jit(_argmax_first)
+    _select = _jit(_select)
+    pivot_steps = _jit(_pivot_steps)
+else:  # pragma: no cover
+    pivot_steps = None
+
+
+def float_format(dtype: np.dtype) -> tuple[np.dtype, tuple[int, int, int]]:
+    """The integer view and (mantissa bits, exponent mask, exponent bias) of float32/64."""
+    info = np.finfo(dtype)
+    view = np.int32 if info.bits == np.finfo(np.float32).bits else np.int64
+    return np.dtype(view), (info.nmant, 2**info.nexp - 1, info.maxexp - 1)

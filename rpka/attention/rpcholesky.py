@@ -404,14 +404,17 @@ def _compiled_loop(
     pivots = np.full((n_batch, rank), -1, dtype=np.int64)
     traces = trace.reshape(n_batch, rank + 1).contiguous().numpy().copy()
     code = pivot_kernel.RULE_CODES[rule]
-    scalars = (np_dtype(pivot_floor(dtype)), np_dtype(0.0))
-    state = (factor_t, residual, picked, pivots, traces)
+    scalars = (np_dtype(pivot_floor(dtype)), np_dtype(0.0))  # scalars of the compute dtype
+    view, layout = pivot_kernel.float_format(np_dtype)
+    state = (factor_t, residual, residual.view(view), picked, pivots, traces)
     fixed = (zt, half_sq, log_w, add_weight, weights, stop, forced_pivots)
     no_noise = np.zeros((0, n_batch, n_points), dtype=np_dtype)
     if forced:
-        pivot_kernel.pivot_steps(*fixed, no_noise, 0, forced, 0, code, *scalars, *state)
+        pivot_kernel.pivot_steps(*fixed, no_noise, 0, forced, 0, code, layout, *scalars, *state)
     if rule == "greedy":
-        pivot_kernel.pivot_steps(*fixed, no_noise, forced, rank, forced, code, *scalars, *state)
+        pivot_kernel.pivot_steps(
+            *fixed, no_noise, forced, rank, forced, code, layout, *scalars, *state
+        )
     else:
         stream = GumbelStream(torch.Size(batch + [n_points]), z, generator, rank - forced)
         t = forced
@@ -421,7 +424,7 @@ def _compiled_loop(
                 (count, *batch, n_points), dtype=dtype, device=z.device, generator=generator
             )
             noise = _gumbel_from_uniform(u).reshape(count, n_batch, n_points).numpy()
-            pivot_kernel.pivot_steps(*fixed, noise, t, t + count, t, code, *scalars, *state)
+            pivot_kernel.pivot_steps(*fixed, noise, t, t + count, t, code, layout, *scalars, *state)
             t += count
     factor = torch.from_numpy(factor_t).transpose(1, 2).reshape(*batch, n_points, rank)
     return (
