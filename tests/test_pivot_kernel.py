@@ -6,7 +6,7 @@ RPKA's training output and gradients unchanged."""
 import pytest
 import torch
 
-from rpka.attention import pivot_kernel
+from rpka.attention import causal, pivot_kernel
 from rpka.attention.rpcholesky import PIVOT_RULES, resolve_backend, rpcholesky
 from rpka.attention.rpka import RPKAttention
 
@@ -145,4 +145,35 @@ def test_rpka_training_path_is_unchanged(causal):
         out.pow(2).sum().backward()
         results.append([out.detach(), *(x.grad for x in leaves)])
     for ref, new in zip(*results, strict=True):
+        assert torch.equal(ref, new)
+
+
+def composed_clamp(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    return torch.minimum(torch.maximum(x, lo), hi)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("constant_column", [False, True])
+def test_causal_clamp_fast_path_matches_the_composed_ops(monkeypatch, dtype, constant_column):
+    """Causal RPKA's hull clamp (guards.clamp_between, issue 28 lever 2) against the
+    composed ops it replaces: output and q/k gradients bitwise, v's equal (the fast path
+    leaves out only added zeros). A constant value column makes its bounds equal, so no
+    entry is strictly inside them there: the slow path (the composed ops' formulas) runs."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(3, 2, 64, 8, generator=gen, dtype=dtype) for _ in range(3))
+    if constant_column:
+        v[..., 0] = 1.0
+    results, fired = [], []
+    for clamp in (causal.clamp_between, composed_clamp):
+        monkeypatch.setattr(causal, "clamp_between", clamp)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        attn = RPKAttention(
+            rank=8, causal=True, causal_block=16, generator=torch.Generator().manual_seed(1)
+        )
+        out = attn(*leaves)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)).sum().backward()
+        results.append([out.detach(), *(x.grad for x in leaves)])
+        fired.append(int(attn.guard_counts["clamped"]))
+    assert fired[0] == fired[1]
+    for ref, new in zip(results[1], results[0], strict=True):
         assert torch.equal(ref, new)

@@ -87,7 +87,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rpka.attention.cache import GrowingBuffer
-from rpka.attention.guards import hull_tolerance
+from rpka.attention.guards import clamp_between, hull_tolerance
 from rpka.attention.nystrom import (
     Core,
     finite_or_zero,
@@ -313,7 +313,9 @@ def combine(
     with torch.no_grad():
         tol = hull_tolerance(v_low, v_high)
         clamped = (out < v_low - tol) | (out > v_high + tol)
-    return torch.minimum(torch.maximum(out, v_low), v_high), floored, clamped
+    # the composed clamp, with a backward that skips the running bounds while the guard is
+    # idle (guards.clamp_between; issue 28)
+    return clamp_between(out, v_low, v_high), floored, clamped
 
 
 def empty_guards(device: torch.device) -> dict[str, Tensor]:
