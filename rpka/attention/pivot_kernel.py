@@ -14,23 +14,40 @@ without reordering any sum - no fast-math): points transposed ``zt`` (B, d, N), 
 transposed ``factor_t`` (B, r, N). Every per-point sum (the kernel column's dot product
 over d, the factor correction over earlier steps) is accumulated in index order.
 
-Only ``numba`` is imported here; without it :data:`AVAILABLE` is False and callers use the
-torch loop.
+Only this module uses ``numba``, and it loads it lazily: importing numba costs ~0.7 s
+(measured under load), which every process importing ``rpka`` (the CLI, each notebook
+kernel, each worker) would otherwise pay; here only a process that runs the plain loop
+on the CPU does, at its first call (:func:`pivot_steps`). Without numba installed
+:data:`AVAILABLE` is False and callers use the torch loop.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
+from collections.abc import Callable
+from types import ModuleType
 
 import numpy as np
 
-try:  # numba is a dependency; a missing one falls back to the torch loop, not an error
-    import numba
 
-    AVAILABLE = True
-except ImportError:  # pragma: no cover - exercised only where numba is absent
-    numba = None
-    AVAILABLE = False
+def _lazy_module(name: str) -> ModuleType | None:
+    """``name`` as a module that executes on its first attribute access (None if absent)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        return None
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+numba = _lazy_module("numba")  # a dependency; a missing one falls back to the torch loop
+AVAILABLE = numba is not None
 
 # rule codes of the compiled loop (rpcholesky.PIVOT_RULES)
 RULE_CODES = {"rpc": 0, "greedy": 1, "uniform": 2}
@@ -240,15 +257,27 @@ def _pivot_steps(
             trace[b, t + 1] = total
 
 
-if AVAILABLE:
-    # cache=True: compiled once per dtype into __pycache__ (or numba's user cache directory
-    # where the package is read-only), not at every process start
-    _jit = numba.njit(parallel=False, cache=True, nogil=True)
-    _argmax_first = _jit(_argmax_first)
-    _select = _jit(_select)
-    pivot_steps = _jit(_pivot_steps)
-else:  # pragma: no cover
-    pivot_steps = None
+_compiled: dict[str, Callable] = {}
+
+
+def pivot_steps(*args: object) -> None:
+    """:func:`_pivot_steps`, compiled at the first call in a process (same arguments).
+
+    ``cache=True``: compiled once per dtype into ``__pycache__`` (or numba's user cache
+    directory where the package is read-only) and loaded from there afterwards. The
+    helpers are rebound to their compiled versions first: numba resolves the globals a
+    compiled function calls when it compiles it.
+    """
+    steps = _compiled.get("steps")
+    if steps is None:
+        if not AVAILABLE:
+            raise ValueError("the compiled pivot loop needs numba (pivot_backend='torch')")
+        global _argmax_first, _select
+        jit = numba.njit(parallel=False, cache=True, nogil=True)
+        _argmax_first = jit(_argmax_first)
+        _select = jit(_select)
+        steps = _compiled["steps"] = jit(_pivot_steps)
+    steps(*args)
 
 
 def float_format(dtype: np.dtype) -> tuple[np.dtype, tuple[int, int, int]]:
