@@ -396,7 +396,10 @@ def _compiled_loop(
         given = torch.broadcast_to(first_pivots[..., :forced], (*batch, forced))
         given = given.reshape(n_batch, forced).to(torch.long).cpu()
         if bool(((given < 0) | (given >= n_points)).any()):  # the compiled loop reads no bounds
-            raise ValueError(f"first_pivots must index the {n_points} points, got {given.tolist()}")
+            raise ValueError(
+                f"first_pivots must index the {n_points} points (0 .. {n_points - 1}), got "
+                f"values in [{int(given.min())}, {int(given.max())}]"
+            )
         forced_pivots = given.contiguous().numpy()
     factor_t = np.zeros((n_batch, rank, n_points), dtype=np_dtype)
     residual = np.ones((n_batch, n_points), dtype=np_dtype)  # diagonal of G is 1
@@ -416,6 +419,7 @@ def _compiled_loop(
             *fixed, no_noise, forced, rank, forced, code, layout, *scalars, *state
         )
     else:
+        # GumbelStream's block size (its draws are made here, in the same calls)
         stream = GumbelStream(torch.Size(batch + [n_points]), z, generator, rank - forced)
         t = forced
         while t < rank:
