@@ -7,10 +7,15 @@ freed - the step ``rpka.longctx.training_step_peak_mib`` probes. Two shapes:
 * ``forecast``: the main study's model (``ModelConfig()``: d_model 32, 2 layers, 2 heads)
   at 96 tokens, 8 members x batch 32 (the bench's evaluation job);
 * ``longctx``: the long-context study's model (d_model 16, 1 layer, 1 head, no linear
-  skip) at 512 / 2,048 / 8,192 tokens, 4 members x batch 16.
+  skip) at 512 / 2,048 / 8,192 tokens, 4 members x batch 16;
+* ``lm``: the lm track's causal decoder (``rpka.presets.LM_MODEL``, ``TransformerLM``) at
+  64 tokens, 8 members x batch 32, cross-entropy over the tokens; RPKA arms run causal
+  with the track's block (``LM_CAUSAL_BLOCK``).
 
 Arms: exact (torch SDPA), rpka-r16, rpka-r64 with the accelerated (block + rejection)
-pivot selection (the default, ``pivot_method="auto"``) and with the plain one-pivot loop.
+pivot selection (the default, ``pivot_method="auto"``) and with the plain one-pivot loop;
+``*-torch`` arms run the plain loop op by op in PyTorch (``pivot_backend="torch"``, the
+reference) instead of compiled (the default, issue 28).
 
 * ``step_ms``: median wall time of ``--repeats`` steps after ``--warmup`` steps
   (``time.perf_counter``; the arms of a shape take turns, one step each per repeat), and
@@ -46,19 +51,34 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from rpka import paths
 from rpka.io import write_json
-from rpka.model import ModelConfig, TransformerTiny
+from rpka.model import ModelConfig, TransformerLM, TransformerTiny
+from rpka.presets import LM_CAUSAL_BLOCK, LM_MODEL, LM_TRACK
 from rpka.scaling import peak_memory_mib
 
 DEFAULT_OUTPUT = f"{paths.SCALING_RESULTS}/training_step_cpu.json"
 HORIZON = 24  # the forecast track's horizon (rpka.tracks.forecast.TrackConfig)
+TORCH_LOOP = {"pivot_backend": "torch"}
 ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "exact": ("exact", {}),
     "rpka-r16": ("rpka", {"rank": 16}),
     "rpka-r64": ("rpka", {"rank": 64}),  # pivot_method="auto": accelerated
     "rpka-r64-plain": ("rpka", {"rank": 64, "pivot_method": "plain"}),
+    "rpka-r32": ("rpka", {"rank": 32}),  # causal (lm): the plain loop on each draw block
+    # the plain loop op by op in PyTorch (the reference; before issue 28's compiled loop)
+    "rpka-r64-plain-torch": (
+        "rpka",
+        {"rank": 64, "pivot_method": "plain", "pivot_backend": "torch"},
+    ),
+    "rpka-r16-plain": ("rpka", {"rank": 16, "pivot_method": "plain"}),
+    "rpka-r16-plain-torch": (
+        "rpka",
+        {"rank": 16, "pivot_method": "plain", "pivot_backend": "torch"},
+    ),
+    "rpka-r32-torch": ("rpka", {"rank": 32, **TORCH_LOOP}),
     # opt-in: the proposal refresh by L^{-1} and matrix products (same law, not bitwise)
     "rpka-r64-inverse": ("rpka", {"rank": 64, "residual_solve": "inverse"}),
     # the reference differentiable path (nystrom_softmax under autograd), before issue 16
@@ -80,14 +100,27 @@ class Shape:
     members: int
     batch: int
 
+    @property
+    def causal(self) -> bool:
+        """The lm shape trains a causal decoder on tokens; the others forecast."""
+        return self.name == "lm"
+
 
 def shapes(tiny: bool) -> list[Shape]:
     if tiny:
         small = ModelConfig(d_model=8, n_layers=1, n_heads=1, d_ff=16)
-        return [Shape("forecast", small, 24, 2, 4), Shape("longctx", small, 80, 2, 2)]
+        small_lm = ModelConfig(
+            d_model=8, n_layers=1, n_heads=1, d_ff=16, embed_kernel=1, linear_skip=False
+        )
+        return [
+            Shape("forecast", small, 24, 2, 4),
+            Shape("longctx", small, 80, 2, 2),
+            Shape("lm", small_lm, 40, 2, 2),
+        ]
     return [
         Shape("forecast", ModelConfig(), 96, 8, 32),
         *(Shape("longctx", LONGCTX_MODEL, n, 4, 16) for n in (512, 2048, 8192)),
+        Shape("lm", LM_MODEL, LM_TRACK.seq_len - 1, 8, 32),
     ]
 
 
@@ -99,15 +132,32 @@ def training_step(
     options = dict(options)
     if method == "rpka":
         options["generator"] = torch.Generator(device).manual_seed(seed)
-    model = TransformerTiny(shape.model, shape.context, HORIZON, seeds, method, options)
+    data = torch.Generator().manual_seed(seed)
+    size = (shape.members, shape.batch, shape.context)
+    if shape.causal:
+        if method == "rpka":
+            options["causal_block"] = LM_CAUSAL_BLOCK
+        n_tokens = LM_TRACK.n_tokens
+        model = TransformerLM(shape.model, n_tokens, shape.context, seeds, method, options)
+        x = torch.randint(n_tokens, size, generator=data).to(device)
+        y = torch.randint(n_tokens, size, generator=data).to(device)
+    else:
+        model = TransformerTiny(shape.model, shape.context, HORIZON, seeds, method, options)
+        x = torch.randn(size, generator=data).to(device)
+        y = torch.randn(shape.members, shape.batch, HORIZON, generator=data).to(device)
     model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    data = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape.members, shape.batch, shape.context, generator=data).to(device)
-    y = torch.randn(shape.members, shape.batch, HORIZON, generator=data).to(device)
+
+    def loss_of() -> torch.Tensor:
+        """The summed per-member loss (each member's gradient is its own)."""
+        out = model(x)
+        if shape.causal:  # (S, B, n, V) logits against (S, B, n) tokens
+            nll = F.cross_entropy(out.flatten(0, 2), y.flatten(), reduction="none")
+            return nll.view(size).mean((1, 2)).sum()
+        return (out - y).pow(2).mean((1, 2)).sum()
 
     def step() -> None:
-        loss = (model(x) - y).pow(2).mean((1, 2)).sum()  # each member's gradient is its own
+        loss = loss_of()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

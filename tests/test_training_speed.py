@@ -193,7 +193,7 @@ def test_bench_training_step_tiny_run(tmp_path):
     saved = read_json(out)
     assert saved["tiny"] is True and len(saved["load_average_before"]) == 3
     assert {(r["shape"], r["arm"]) for r in saved["rows"]} == {
-        (s, a) for s in ("forecast", "longctx") for a in ("exact", "rpka-r16")
+        (s, a) for s in ("forecast", "longctx", "lm") for a in ("exact", "rpka-r16")
     }
     for row in saved["rows"]:
         assert row["step_ms"] > 0 and row["step_cpu_ms"] > 0 and row["peak_mib"] > 0

@@ -87,7 +87,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rpka.attention.cache import GrowingBuffer
-from rpka.attention.guards import hull_tolerance
+from rpka.attention.guards import clamp_between, hull_tolerance
 from rpka.attention.nystrom import (
     Core,
     finite_or_zero,
@@ -146,6 +146,7 @@ class LandmarkSampler:
     weighting: str
     tempering: float
     generator: torch.Generator | None = None
+    pivot_backend: str = "auto"  # rpcholesky's loop: compiled on the CPU, torch elsewhere
 
     @property
     def points_per_position(self) -> int:
@@ -164,6 +165,7 @@ class LandmarkSampler:
             self.generator,
             weighting=self.weighting,
             tempering=self.tempering,
+            pivot_backend=self.pivot_backend,
         ).pivots
         pivots = F.pad(pivots, (0, self.rank - pivots.shape[-1]), value=-1)  # rank capped at m
         return gather_points(points, pivots), pivots >= 0  # differentiable in q and k
@@ -311,7 +313,9 @@ def combine(
     with torch.no_grad():
         tol = hull_tolerance(v_low, v_high)
         clamped = (out < v_low - tol) | (out > v_high + tol)
-    return torch.minimum(torch.maximum(out, v_low), v_high), floored, clamped
+    # the composed clamp, with a backward that skips the running bounds while the guard is
+    # idle (guards.clamp_between; issue 28)
+    return clamp_between(out, v_low, v_high), floored, clamped
 
 
 def empty_guards(device: torch.device) -> dict[str, Tensor]:
@@ -580,11 +584,18 @@ class CausalOptions:  # the attributes of RPKAttention read here (typing aid onl
     den_floor: float
     block_size: int
     generator: torch.Generator | None
+    pivot_backend: str
 
 
 def sampler_of(attn: CausalOptions) -> LandmarkSampler:
     return LandmarkSampler(
-        attn.rank, attn.pivot_rule, attn.pivot_set, attn.weighting, attn.tempering, attn.generator
+        attn.rank,
+        attn.pivot_rule,
+        attn.pivot_set,
+        attn.weighting,
+        attn.tempering,
+        attn.generator,
+        attn.pivot_backend,
     )
 
 

@@ -87,14 +87,53 @@ class _ClampToRange(torch.autograd.Function):
         want_x, want_v = ctx.needs_input_grad[:2]
         if bool(((x > lo) & (x < hi)).all()):  # the guard is idle everywhere
             return grad.clone() if want_x else None, torch.zeros_like(v) if want_v else None
-        # minimum(m, hi) then maximum(x, lo): PyTorch's formulas for both
-        m = torch.maximum(x, lo)
-        t = torch.where(m == hi, grad / 2, grad)
-        grad_m, grad_hi = t.masked_fill(m > hi, 0), t.masked_fill(m < hi, 0)
-        u = torch.where(x == lo, grad_m / 2, grad_m)
-        grad_x, grad_lo = u.masked_fill(x < lo, 0), u.masked_fill(x > lo, 0)
+        grad_x, grad_lo, grad_hi = _clamp_grads(grad, x, lo, hi)
         grad_v = _spread(grad_hi, hi, v) + _spread(grad_lo, lo, v) if want_v else None
         return grad_x if want_x else None, grad_v
+
+
+def _clamp_grads(grad: Tensor, x: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, ...]:
+    """Gradients of ``minimum(maximum(x, lo), hi)`` w.r.t. x, lo, hi (all of x's shape):
+    PyTorch's own formulas for ``minimum`` then ``maximum`` (half to each side of a tie)."""
+    m = torch.maximum(x, lo)
+    t = torch.where(m == hi, grad / 2, grad)
+    grad_m, grad_hi = t.masked_fill(m > hi, 0), t.masked_fill(m < hi, 0)
+    u = torch.where(x == lo, grad_m / 2, grad_m)
+    grad_x, grad_lo = u.masked_fill(x < lo, 0), u.masked_fill(x > lo, 0)
+    return grad_x, grad_lo, grad_hi
+
+
+class _ClampToBounds(torch.autograd.Function):
+    """``minimum(maximum(x, lo), hi)`` for bounds of x's shape that carry a gradient of
+    their own (causal RPKA: the running ``cummin`` / ``cummax`` of v, issue 28 lever 2).
+
+    Where every entry of x lies strictly inside its bounds (the guard idle, the usual
+    case) the composed ops' backward gives x the incoming gradient and the bounds exact
+    zeros; here the bounds get no gradient at all (None), so the ``cummin`` / ``cummax``
+    backward behind them - a scatter of zeros - does not run. x's gradient is the same
+    bits; v's differs from the composed ops' only by those added zeros (the sign of an
+    exact zero). Otherwise the composed ops' formulas run (:func:`_clamp_grads`).
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: Tensor, lo: Tensor, hi: Tensor):
+        ctx.save_for_backward(x, lo, hi)
+        return torch.minimum(torch.maximum(x, lo), hi)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor):
+        x, lo, hi = ctx.saved_tensors
+        if bool(((x > lo) & (x < hi)).all()):  # the guard is idle everywhere
+            return grad.clone(), None, None
+        return _clamp_grads(grad, x, lo, hi)
+
+
+def clamp_between(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
+    """``torch.minimum(torch.maximum(x, lo), hi)`` with the idle-guard fast path of
+    :class:`_ClampToBounds`; x, lo, hi of one shape (..., L, d_v)."""
+    if lo.shape != x.shape or hi.shape != x.shape:  # broadcast bounds: the composed ops
+        return torch.minimum(torch.maximum(x, lo), hi)
+    return _ClampToBounds.apply(x, lo, hi)
 
 
 def _spread(grad: Tensor, extreme: Tensor, v: Tensor) -> Tensor:

@@ -31,17 +31,25 @@ Pivot rules (Chen, Epperly, Tropp, Webber 2023, "Randomly pivoted Cholesky", Alg
 
 This module is the reference: :func:`rpcholesky`, one pivot per step. The accelerated
 selection (block + rejection sampling, same law) is in :mod:`rpka.attention.accelerated`.
+On the CPU the same loop runs compiled (``pivot_backend``, :mod:`rpka.attention.pivot_kernel`)
+on the Gumbel noise drawn here with torch, so the pivots are the same numbers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from rpka.attention import pivot_kernel
+
 PIVOT_RULES = ("rpc", "greedy", "uniform")
 WEIGHTINGS = ("exp", "gauss", "tempered")
+# where the plain loop runs: "auto" is the compiled loop on the CPU where numba is installed
+# (about 10x faster at the study's shapes, docs/speed.md) and the torch loop elsewhere (CUDA)
+PIVOT_BACKENDS = ("auto", "numba", "torch")
 
 
 def pivot_floor(dtype: torch.dtype) -> float:
@@ -207,6 +215,21 @@ def select_pivot(
     return (scores + gumbel).argmax(-1)
 
 
+def resolve_backend(pivot_backend: str, device: torch.device) -> str:
+    """The loop that runs for ``pivot_backend`` on ``device``: ``"numba"`` or ``"torch"``.
+
+    The compiled loop reads CPU memory only, so CUDA tensors always take the torch loop
+    (also when ``"numba"`` is asked for: the option names the CPU implementation).
+    """
+    if pivot_backend not in PIVOT_BACKENDS:
+        raise ValueError(f"pivot_backend must be one of {PIVOT_BACKENDS}, got {pivot_backend!r}")
+    if pivot_backend == "numba" and not pivot_kernel.AVAILABLE:
+        raise ValueError("pivot_backend='numba' needs numba installed (pip install numba)")
+    if pivot_backend == "torch" or device.type != "cpu" or not pivot_kernel.AVAILABLE:
+        return "torch"
+    return "numba"
+
+
 def check_arguments(
     points: Tensor,
     rank: int,
@@ -238,6 +261,7 @@ def rpcholesky(
     tempering: float = 0.5,
     tol: float = 0.0,
     first_pivots: Tensor | None = None,
+    pivot_backend: str = "auto",
 ) -> CholeskyResult:
     """Batched RPCholesky of the exponential kernel on ``points`` (..., N, d).
 
@@ -251,9 +275,15 @@ def rpcholesky(
     ``first_pivots`` (..., t0) forces the first t0 pivots (replaying a run, e.g. to draw
     many independent next steps from one residual); the rule picks the rest.
 
+    ``pivot_backend`` (:data:`PIVOT_BACKENDS`, :func:`resolve_backend`) chooses the torch
+    loop below or the same loop compiled (:func:`_compiled_loop`); both consume the same
+    Gumbel noise from ``generator``, so the pivots and the generator's state afterwards are
+    the same (the factor and traces agree to round-off: the sums run in another order).
+
     Computation is in float64 for float64 points and in float32 otherwise.
     """
     check_arguments(points, rank, rule, tol)
+    backend = resolve_backend(pivot_backend, points.device)
     dtype = torch.float64 if points.dtype == torch.float64 else torch.float32
     z = points.detach().to(dtype)
     *batch, n_points, _ = z.shape
@@ -280,6 +310,22 @@ def rpcholesky(
     z_half_sq = z.pow(2).sum(-1, keepdim=True) / 2  # as gaussian_kernel computes it
     # weighting "gauss" (tau = 0): log_weight is exactly 0, and adding it changes nothing
     add_weight = bool((log_weight != 0).any())
+    if backend == "numba" and residual.numel() > 0:
+        pivots, factor, trace, residual = _compiled_loop(
+            z,
+            rank,
+            rule,
+            generator,
+            first_pivots,
+            forced,
+            log_weight,
+            add_weight,
+            weight,
+            z_half_sq,
+            trace,
+            stop_trace,
+        )
+        return CholeskyResult(pivots, factor, trace, log_scale, log_weight, residual)
 
     for t in range(rank):
         log_res = torch.log(residual)
@@ -309,3 +355,85 @@ def rpcholesky(
         trace[..., t + 1] = (weight * residual).sum(-1)
 
     return CholeskyResult(pivots, factor, trace, log_scale, log_weight, residual)
+
+
+def _compiled_loop(
+    z: Tensor,
+    rank: int,
+    rule: str,
+    generator: torch.Generator | None,
+    first_pivots: Tensor | None,
+    forced: int,
+    log_weight: Tensor,
+    add_weight: bool,
+    weight: Tensor,
+    z_half_sq: Tensor,
+    trace: Tensor,
+    stop_trace: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The loop of :func:`rpcholesky` in :func:`pivot_kernel.pivot_steps` (CPU, no autograd).
+
+    z (..., N, d) in the compute dtype; log_weight, weight, z_half_sq[..., 0] (..., N);
+    trace (..., r + 1) with its first column set; stop_trace (...). Returns pivots
+    (..., r), factor (..., N, r), trace (..., r + 1), residual (..., N).
+
+    The Gumbel noise is drawn exactly as :class:`GumbelStream` draws it - blocks of the same
+    sizes, step-major, from ``generator`` - and each block is handed to the compiled steps
+    it belongs to, so the same uniforms feed the same steps and the generator ends in the
+    same state as after the torch loop.
+    """
+    *batch, n_points, dim = z.shape
+    n_batch = int(np.prod(batch)) if batch else 1
+    dtype = z.dtype
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    zt = z.reshape(n_batch, n_points, dim).transpose(1, 2).contiguous().numpy()
+    half_sq = z_half_sq.reshape(n_batch, n_points).contiguous().numpy()
+    log_w = log_weight.reshape(n_batch, n_points).contiguous().numpy()
+    weights = weight.reshape(n_batch, n_points).contiguous().numpy()
+    stop = stop_trace.reshape(n_batch).contiguous().numpy()
+    forced_pivots = np.zeros((n_batch, 0), dtype=np.int64)
+    if forced:
+        given = torch.broadcast_to(first_pivots[..., :forced], (*batch, forced))
+        given = given.reshape(n_batch, forced).to(torch.long).cpu()
+        if bool(((given < 0) | (given >= n_points)).any()):  # the compiled loop reads no bounds
+            raise ValueError(
+                f"first_pivots must index the {n_points} points (0 .. {n_points - 1}), got "
+                f"values in [{int(given.min())}, {int(given.max())}]"
+            )
+        forced_pivots = given.contiguous().numpy()
+    factor_t = np.zeros((n_batch, rank, n_points), dtype=np_dtype)
+    residual = np.ones((n_batch, n_points), dtype=np_dtype)  # diagonal of G is 1
+    picked = np.zeros((n_batch, n_points), dtype=np.bool_)
+    pivots = np.full((n_batch, rank), -1, dtype=np.int64)
+    traces = trace.reshape(n_batch, rank + 1).contiguous().numpy().copy()
+    code = pivot_kernel.RULE_CODES[rule]
+    scalars = (np_dtype(pivot_floor(dtype)), np_dtype(0.0))  # scalars of the compute dtype
+    view, layout = pivot_kernel.float_format(np_dtype)
+    state = (factor_t, residual, residual.view(view), picked, pivots, traces)
+    fixed = (zt, half_sq, log_w, add_weight, weights, stop, forced_pivots)
+    no_noise = np.zeros((0, n_batch, n_points), dtype=np_dtype)
+    if forced:
+        pivot_kernel.pivot_steps(*fixed, no_noise, 0, forced, 0, code, layout, *scalars, *state)
+    if rule == "greedy":
+        pivot_kernel.pivot_steps(
+            *fixed, no_noise, forced, rank, forced, code, layout, *scalars, *state
+        )
+    else:
+        # GumbelStream's block size (its draws are made here, in the same calls)
+        stream = GumbelStream(torch.Size(batch + [n_points]), z, generator, rank - forced)
+        t = forced
+        while t < rank:
+            count = min(stream.block, rank - t)
+            u = torch.rand(
+                (count, *batch, n_points), dtype=dtype, device=z.device, generator=generator
+            )
+            noise = _gumbel_from_uniform(u).reshape(count, n_batch, n_points).numpy()
+            pivot_kernel.pivot_steps(*fixed, noise, t, t + count, t, code, layout, *scalars, *state)
+            t += count
+    factor = torch.from_numpy(factor_t).transpose(1, 2).reshape(*batch, n_points, rank)
+    return (
+        torch.from_numpy(pivots).reshape(*batch, rank),
+        factor.contiguous(),
+        torch.from_numpy(traces).reshape(*batch, rank + 1),
+        torch.from_numpy(residual).reshape(*batch, n_points),
+    )

@@ -77,7 +77,13 @@ from rpka.attention.nystrom import (
     nystrom_softmax_chunked,
 )
 from rpka.attention.options import check_generator, check_open_unit
-from rpka.attention.rpcholesky import PIVOT_RULES, rpcholesky, weighting_power
+from rpka.attention.rpcholesky import (
+    PIVOT_BACKENDS,
+    PIVOT_RULES,
+    resolve_backend,
+    rpcholesky,
+    weighting_power,
+)
 from rpka.attention.streamed import nystrom_softmax_streamed
 
 PIVOT_SETS = ("joint", "keys")
@@ -85,7 +91,14 @@ SELECTION_METHODS = ("auto", "plain", "accelerated")
 PIVOT_REFRESH = ("call", "batch")
 GRAD_PATHS = ("autograd", "streamed")
 # options that choose how the estimate is computed, not its law (the same estimator either way)
-IMPLEMENTATION_OPTIONS = ("pivot_method", "block_size", "refresh", "grad_path", "residual_solve")
+IMPLEMENTATION_OPTIONS = (
+    "pivot_method",
+    "block_size",
+    "refresh",
+    "grad_path",
+    "residual_solve",
+    "pivot_backend",
+)
 # keys-only pivots: the largest centred key balanced to 1/KEYS_RATIO of the largest query,
 # WildCat's temperature rule (microsoft/wildcat), which keys-coreset uses; with equal
 # lengths (ratio 1, the joint set's balance) full rank was off by 1e-4 at q x3 / k x10 in
@@ -227,6 +240,11 @@ class RPKAttention(AttentionMethod):
             leave every logit ``q~.k~`` unchanged and make full rank exact whatever the
             scale of queries relative to keys (:func:`balanced_frame`); ``False`` pivots
             ``(q~, k~)`` as the study did before the fix (docs/numerics.md).
+        pivot_backend: where the plain pivot loop (``pivot_method="plain"``, greedy, the
+            causal path) runs: ``"auto"`` (default: compiled with numba on CPU tensors, the
+            torch loop on CUDA), ``"numba"`` or ``"torch"`` (the reference). The same
+            Gumbel noise from ``generator`` feeds both, so the pivots are the same numbers
+            (docs/speed.md, "Compiled pivot loop").
 
     Without gradients (inference) the accelerated path never materialises the joint set
     or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
@@ -256,6 +274,7 @@ class RPKAttention(AttentionMethod):
         grad_path: str = "streamed",
         residual_solve: str = "triangular",
         qk_balance: bool = True,
+        pivot_backend: str = "auto",
     ) -> None:
         super().__init__(causal=causal, check_inputs=check_inputs)
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
@@ -293,6 +312,12 @@ class RPKAttention(AttentionMethod):
             )
         if not isinstance(qk_balance, bool):
             raise ValueError(f"qk_balance must be True or False, got {qk_balance!r}")
+        if pivot_backend not in PIVOT_BACKENDS:
+            raise ValueError(
+                f"pivot_backend must be one of {PIVOT_BACKENDS}, got {pivot_backend!r}"
+            )
+        resolve_backend(pivot_backend, torch.device("cpu"))  # "numba" without numba: refused
+        self.pivot_backend = pivot_backend
         self.qk_balance = qk_balance
         self.residual_solve = residual_solve
         self.grad_path = grad_path
@@ -414,6 +439,7 @@ class RPKAttention(AttentionMethod):
             self.generator,
             weighting=self.weighting,
             tempering=self.tempering,
+            pivot_backend=self.pivot_backend,
         ).pivots
 
     def attend_prefix(

@@ -1,0 +1,287 @@
+"""The plain RPCholesky pivot loop compiled with numba (issue 28, lever 1).
+
+:func:`rpka.attention.rpcholesky.rpcholesky` runs Chen, Epperly, Tropp & Webber (2023),
+"Randomly pivoted Cholesky", Alg. 1 in lockstep over a batch of problems: ~20 small
+PyTorch ops per pivot step, each dispatched for the whole batch. The selection needs no
+gradient, so the same steps can run as one compiled loop per problem - no dispatch, no
+temporaries. This module is that loop; the caller draws the Gumbel noise with torch from
+the run's generator (same numbers, same order, same generator state afterwards) and passes
+it in, so the pivots are those of the torch loop wherever the two loops' round-off does
+not decide a near-tie (docs/speed.md, "Compiled pivot loop").
+
+Layout (chosen so the inner loops run over points, contiguous, and LLVM vectorises them
+without reordering any sum - no fast-math): points transposed ``zt`` (B, d, N), factor
+transposed ``factor_t`` (B, r, N). Every per-point sum (the kernel column's dot product
+over d, the factor correction over earlier steps) is accumulated in index order.
+
+Only this module uses ``numba``, and it loads it lazily: importing numba costs ~0.7 s
+(measured under load), which every process importing ``rpka`` (the CLI, each notebook
+kernel, each worker) would otherwise pay; here only a process that runs the plain loop
+on the CPU does, at its first call (:func:`pivot_steps`). Without numba installed
+:data:`AVAILABLE` is False and callers use the torch loop.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+import numpy as np
+
+
+def _lazy_module(name: str) -> ModuleType | None:
+    """``name`` as a module that executes on its first attribute access (None if absent)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        return None
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+numba = _lazy_module("numba")  # a dependency; a missing one falls back to the torch loop
+AVAILABLE = numba is not None
+
+# rule codes of the compiled loop (rpcholesky.PIVOT_RULES)
+RULE_CODES = {"rpc": 0, "greedy": 1, "uniform": 2}
+_RPC, _GREEDY, _UNIFORM = 0, 1, 2
+
+
+# A score's bounds from its residual's binary exponent alone (no log): r = m 2^e with
+# m in [1, 2) puts log r in [e ln 2, (e + 1) ln 2). Only points whose upper bound reaches
+# the largest lower bound (less SCORE_SLACK, relative, for the scores' float rounding) can
+# be the argmax, and only theirs are computed exactly (a handful of the N, not N logs).
+LN2 = math.log(2.0)
+SCORE_SLACK = 1e-3
+
+
+def _argmax_first(scores: np.ndarray) -> int:
+    """torch.argmax of a 1-d array: the first maximum; a NaN counts as the maximum."""
+    s = 0
+    best = scores[0]
+    if math.isnan(best):
+        return 0
+    for i in range(1, scores.shape[0]):
+        if math.isnan(scores[i]):
+            return i
+        if scores[i] > best:
+            best = scores[i]
+            s = i
+    return s
+
+
+def _select(
+    residual: np.ndarray,
+    residual_bits: np.ndarray,
+    picked: np.ndarray,
+    log_weight: np.ndarray,
+    add_weight: bool,
+    gumbel: np.ndarray,
+    rule: int,
+    float_format: tuple[int, int, int],
+    zero: np.floating,
+    scores: np.ndarray,
+    upper: np.ndarray,
+) -> int:
+    """One pivot of one problem: :func:`rpcholesky.select_pivot`'s argmax, same scores.
+
+    residual (N,) and residual_bits (N,) (the same memory viewed as integers),
+    picked, log_weight, gumbel (N,); ``float_format`` (mantissa bits, exponent mask,
+    exponent bias) of the dtype; scores, upper (N,) scratch. The score of point i is
+    ``log(r_i) [+ lw_i] [+ g_i]`` in the compute dtype, as the torch loop forms it; a point
+    is scored only if its exponent bound says it can win (the others cannot be the first
+    maximum, so the argmax is unchanged).
+    """
+    n_points = residual.shape[0]
+    neg_inf = -np.inf
+    use_noise = rule != _GREEDY
+    if rule != _UNIFORM:
+        mantissa, exponent_mask, bias = float_format
+        best_lower = neg_inf
+        alive = 0
+        has_nan = False
+        for i in range(n_points):
+            upper[i] = neg_inf
+            if picked[i]:
+                continue
+            bits = residual_bits[i]
+            if bits == 0:  # r = 0: log r = -inf, never the maximum
+                continue
+            exponent = (bits >> mantissa) & exponent_mask
+            if exponent == exponent_mask:  # NaN (a residual is never +inf: it is <= 1)
+                has_nan = True
+                continue
+            extra = 0.0
+            if add_weight:
+                extra += log_weight[i]
+            if use_noise:
+                extra += gumbel[i]
+            if exponent == 0:  # subnormal: below 2^(1 - bias), no useful lower bound
+                upper[i] = (1 - bias) * LN2 + extra
+            else:
+                lower = (exponent - bias) * LN2 + extra
+                upper[i] = lower + LN2
+                best_lower = max(best_lower, lower)
+            alive += 1
+        if alive > 0 and not has_nan:
+            threshold = best_lower - SCORE_SLACK * (1.0 + abs(best_lower))
+            for i in range(n_points):
+                scores[i] = neg_inf
+                if upper[i] >= threshold:
+                    value = math.log(residual[i])
+                    if add_weight:
+                        value = value + log_weight[i]
+                    if use_noise:
+                        value = value + gumbel[i]
+                    scores[i] = value
+            return _argmax_first(scores)
+    # uniform, or no usable mass: uniform over the points not yet picked
+    for i in range(n_points):
+        scores[i] = neg_inf if picked[i] else zero
+        if use_noise:
+            scores[i] = scores[i] + gumbel[i]
+    return _argmax_first(scores)
+
+
+def _pivot_steps(
+    zt: np.ndarray,
+    half_sq: np.ndarray,
+    log_weight: np.ndarray,
+    add_weight: bool,
+    weight: np.ndarray,
+    stop_trace: np.ndarray,
+    forced: np.ndarray,
+    noise: np.ndarray,
+    t_start: int,
+    t_end: int,
+    noise_start: int,
+    rule: int,
+    float_format: tuple[int, int, int],
+    round_off: np.floating,
+    zero: np.floating,
+    factor_t: np.ndarray,
+    residual: np.ndarray,
+    residual_bits: np.ndarray,
+    picked: np.ndarray,
+    pivots: np.ndarray,
+    trace: np.ndarray,
+) -> None:
+    """Steps ``t_start .. t_end - 1`` of RPCholesky for every problem, in place.
+
+    Shapes: zt (B, d, N); half_sq, log_weight, weight, residual, picked (B, N);
+    residual_bits (B, N) the residual's memory viewed as integers of its width;
+    stop_trace (B,); forced (B, t0) long (the forced first pivots); noise (T, B, N) the
+    Gumbel noise of steps ``noise_start .. noise_start + T - 1`` (unused for greedy);
+    ``float_format`` (mantissa bits, exponent mask, bias) of the dtype;
+    ``round_off`` (rpcholesky.pivot_floor) and ``zero`` are scalars of the compute dtype, so
+    no step is promoted to float64 (a Python float literal would be);
+    factor_t (B, r, N); pivots (B, r) long; trace (B, r + 1). The arithmetic is that of
+    the torch loop step for step (Alg. 1: sample, column, correction, update).
+    """
+    n_batch, n_dim, n_points = zt.shape
+    n_forced = forced.shape[1]
+    dtype = residual.dtype
+    col = np.empty(n_points, dtype)
+    scores = np.empty(n_points, dtype)
+    upper = np.empty(n_points, np.float64)
+    zs = np.empty(n_dim, dtype)
+    no_noise = np.zeros(n_points, dtype)
+    for b in range(n_batch):
+        for t in range(t_start, t_end):
+            # --- the pivot (rpcholesky.select_pivot)
+            if t < n_forced:
+                s = forced[b, t]
+            else:
+                gumbel = no_noise if rule == _GREEDY else noise[t - noise_start, b]
+                s = _select(
+                    residual[b],
+                    residual_bits[b],
+                    picked[b],
+                    log_weight[b],
+                    add_weight,
+                    gumbel,
+                    rule,
+                    float_format,
+                    zero,
+                    scores,
+                    upper,
+                )
+            # --- the kernel column g(z, z_s) = exp(min(z.z_s - |z|^2/2 - |z_s|^2/2, 0))
+            for k in range(n_dim):
+                zs[k] = zt[b, k, s]
+            for i in range(n_points):
+                col[i] = zero
+            for k in range(n_dim):
+                zk = zs[k]
+                row = zt[b, k]
+                for i in range(n_points):
+                    col[i] += row[i] * zk
+            hs = half_sq[b, s]
+            for i in range(n_points):
+                col[i] = math.exp(min(col[i] - half_sq[b, i] - hs, zero))
+            # --- minus the factor's part F f_s, earlier steps in order (later columns are 0)
+            for u in range(t):
+                f_us = factor_t[b, u, s]
+                frow = factor_t[b, u]
+                for i in range(n_points):
+                    col[i] -= frow[i] * f_us
+            pivot_residual = col[s]
+            running = trace[b, t] > stop_trace[b]  # not stopped by tol
+            active = running and pivot_residual > round_off  # pivot_floor: no near-duplicate
+            out = factor_t[b, t]
+            if active:
+                root = math.sqrt(max(pivot_residual, round_off))
+                for i in range(n_points):
+                    out[i] = col[i] / root
+                pivots[b, t] = s
+            else:
+                for i in range(n_points):
+                    out[i] = zero
+                pivots[b, t] = -1
+            if running:
+                picked[b, s] = True
+            for i in range(n_points):
+                residual[b, i] = max(residual[b, i] - out[i] * out[i], zero)
+            if running:
+                residual[b, s] = zero
+            total = zero
+            for i in range(n_points):
+                total += weight[b, i] * residual[b, i]
+            trace[b, t + 1] = total
+
+
+_compiled: dict[str, Callable] = {}
+
+
+def pivot_steps(*args: object) -> None:
+    """:func:`_pivot_steps`, compiled at the first call in a process (same arguments).
+
+    ``cache=True``: compiled once per dtype into ``__pycache__`` (or numba's user cache
+    directory where the package is read-only) and loaded from there afterwards. The
+    helpers are rebound to their compiled versions first: numba resolves the globals a
+    compiled function calls when it compiles it.
+    """
+    steps = _compiled.get("steps")
+    if steps is None:
+        if not AVAILABLE:
+            raise ValueError("the compiled pivot loop needs numba (pivot_backend='torch')")
+        global _argmax_first, _select
+        jit = numba.njit(parallel=False, cache=True, nogil=True)
+        _argmax_first = jit(_argmax_first)
+        _select = jit(_select)
+        steps = _compiled["steps"] = jit(_pivot_steps)
+    steps(*args)
+
+
+def float_format(dtype: np.dtype) -> tuple[np.dtype, tuple[int, int, int]]:
+    """The integer view and (mantissa bits, exponent mask, exponent bias) of float32/64."""
+    info = np.finfo(dtype)
+    view = np.int32 if info.bits == np.finfo(np.float32).bits else np.int64
+    return np.dtype(view), (info.nmant, 2**info.nexp - 1, info.maxexp - 1)
