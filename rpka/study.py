@@ -391,12 +391,18 @@ def load_result(path: str | Path, preset: str, progress: bool = True) -> dict:
             f"(`make report PRESET={preset}` computes the study's results)"
         )
     label, compute = writers[0]
-    print(
-        f"{path} is not there yet: computing it now ({label}, preset {preset}); "
-        f"`make report PRESET={preset}` computes every result of the study at once"
-    )
+    say_computing(path, label, preset)
     compute()
     return read_json(file)
+
+
+def say_computing(path: str | Path, label: str, preset: str) -> None:
+    """The one line a notebook prints before it computes a result file that is missing."""
+    print(
+        f"{path} is not there yet: computing it now ({label}, preset {preset}); "
+        f"`make report PRESET={preset}` computes every result of the study at once",
+        flush=True,
+    )
 
 
 # --------------------------------------------------------------------------- 01_train
@@ -463,6 +469,8 @@ def load_or_run_bench(
     report = read_json_or_heal(path, ("config", "arms"))  # a corrupt one is rebuilt below
     if report is not None:
         return report
+    label = "bench" if track_name == STUDY_TRACKS[0] else f"bench ({track_name})"
+    say_computing(Path(out_dir) / "bench_report.json", label, preset)
     return bench.run_bench(get_preset(preset, track_name), out_dir, progress=progress)
 
 

@@ -4,12 +4,14 @@ nbval executes every notebook with its smoke defaults (``--nbval-lax``, see pypr
 these tests check what nbval does not: the committed form and the rendered report.
 """
 
+import ast
 import base64
 import re
 
 import nbformat
 import pytest
 
+from rpka.notebook_params import check
 from rpka.paths import REPO_ROOT
 from rpka.pipeline import (
     Step,
@@ -42,9 +44,14 @@ def test_committed_without_outputs_with_one_parameters_cell(name):
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_defaults_are_the_smoke_parameters(name):
+    """The parameters cell names the smoke preset and leaves every path None: the first
+    cell derives them (rpka.notebook_params), the same as the pipeline passes."""
     declared = {k: v["default"] for k, v in declared_parameters(NOTEBOOK_DIR / name).items()}
+    assert declared["preset"] == "'smoke'"
+    defaults = {k: ast.literal_eval(v) for k, v in declared.items()}
+    settled = check(name, defaults)
     for key, value in notebook_parameters("smoke")[name].items():
-        assert declared[key] == repr(value), key
+        assert settled[key] == value, key
 
 
 def test_every_preset_passes_only_declared_parameters():
