@@ -344,12 +344,13 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--from-results",
         action="store_true",
-        help="render the result files already there (e.g. the committed full study): no "
-        "bench, sweep or long-context run first, only the study index (a notebook still "
-        "computes a result file that is missing)",
+        help="render the result files already there (e.g. the committed full study): "
+        "nothing is trained or computed and no result file is written (the study index "
+        "only where there is none); figures go to reports/<preset>/figures; refused when "
+        "a result file is missing",
     )
     args = parser.parse_args(argv)
-    steps = pipeline.preset_steps(args.preset)
+    steps = pipeline.preset_steps(args.preset, from_results=args.from_results)
     if args.print_parameters:
         print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
         return
@@ -357,9 +358,14 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     if args.parallel < 1:
         parser.error(f"--parallel must be an integer >= 1, got {args.parallel}")
     parallel = args.parallel
-    if args.from_results and parallel > 1 and not study.results_present(args.preset):
-        print("some result files are missing: the notebooks that compute them run one at a time")
-        parallel = 1
+    if args.from_results:
+        missing = study.missing_results(args.preset)
+        if missing:
+            parser.error(
+                f"--from-results: {len(missing)} result file(s) of preset {args.preset} "
+                f"missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
+                f"`python -m rpka report --preset {args.preset}` computes them"
+            )
     # A preview draws no conclusion from its timings, so its notebooks run beside the
     # stages they do not read. One torch thread per process then, as in every bench worker:
     # OpenMP's spinning threads on oversubscribed cores made the stages ~4x slower.
@@ -375,11 +381,11 @@ def report_main(argv: Sequence[str] | None = None) -> None:
             steps,
             Path(args.html),
             progress=not args.no_progress,
-            compute=[
-                stage
-                for stage in study.compute_steps(args.preset, progress=not args.no_progress)
-                if not args.from_results or stage[0] in study.RENDER_STEPS
-            ],
+            compute=(
+                study.render_steps(args.preset)
+                if args.from_results
+                else study.compute_steps(args.preset, progress=not args.no_progress)
+            ),
             title=pipeline.preset_title(args.preset),
             parallel=parallel,
             overlap=overlap,

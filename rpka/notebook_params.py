@@ -23,6 +23,10 @@ from typing import Any
 from rpka.study import NOTEBOOKS, notebook_parameters
 
 PRESETS = ("smoke", "quick", "full")
+# every notebook's switches: (default, what it does)
+FLAGS: dict[str, tuple[bool, str]] = {
+    "compute_missing": (True, "False: read the results, compute nothing (report --from-results)"),
+}
 # the integer parameters (not the preset, not a path): (default, lowest, highest)
 NUMBERS: dict[str, dict[str, tuple[int, int, int]]] = {
     "01_train.ipynb": {"n_windows_shown": (3, 1, 20)},
@@ -41,7 +45,7 @@ def declared(notebook: str) -> list[str]:
     """The parameters ``notebook`` (a file name in ``rpka.study.NOTEBOOKS``) takes."""
     if notebook not in NOTEBOOKS:
         raise ParameterError(f"notebook {notebook!r}: not one of {', '.join(NOTEBOOKS)}")
-    return [*notebook_parameters("smoke")[notebook], *NUMBERS.get(notebook, {})]
+    return [*notebook_parameters("smoke")[notebook], *NUMBERS.get(notebook, {}), *FLAGS]
 
 
 def check(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,6 +76,12 @@ def check(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
         value = given.get(name)
         if name in NUMBERS.get(notebook, {}):
             out[name] = _number(notebook, name, value)
+        elif name in FLAGS:
+            if value is not None and not isinstance(value, bool):
+                raise ParameterError(
+                    f"{notebook}: parameter {name} must be True or False, got {value!r}"
+                )
+            out[name] = FLAGS[name][0] if value is None else value
         elif name == "preset":
             out[name] = preset
         elif value is None:

@@ -410,10 +410,18 @@ class NotebookQueue:
             papermill_log.disabled = was_disabled
 
 
-def preset_steps(preset: str) -> list[Step]:
-    """The notebooks of the study, in order, with the preset's parameters."""
+def preset_steps(preset: str, from_results: bool = False) -> list[Step]:
+    """The notebooks of the study, in order, with the preset's parameters. ``from_results``
+    (``report --from-results``): the notebooks compute nothing and draw their figures into
+    ``reports/<preset>/figures`` - the results and figures there may be committed ones."""
     params = notebook_parameters(preset)
     out_dir = resolve(paths.report_dir(preset))
+    if from_results:
+        figures = f"{paths.report_dir(preset)}/figures"
+        params = {
+            name: {**values, "figures_dir": figures, "compute_missing": False}
+            for name, values in params.items()
+        }
     return [
         Step(NOTEBOOK_DIR / name, out_dir / name, parameters) for name, parameters in params.items()
     ]

@@ -165,7 +165,7 @@ def _entry(
 BENCH_REPORT_KEYS = ("track", "arms", "baseline_arm", "primary_arm")
 
 
-def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
+def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dict[str, Any]:
     """The study index with every track's bench report loaded.
 
     Returns {"preset", "source", "tracks": {name: entry}, "longctx"}; each entry has
@@ -201,7 +201,8 @@ def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
     if not tracks:  # nothing run yet (a fresh clone): compute the benches, saying so
         for name in STUDY_TRACKS:
             bench = paths.resolve(paths.bench_report(preset, get_task(name).out_dir))
-            tracks[name] = _entry(name, study.load_result(bench, preset), {}, bench)
+            result = study.load_result(bench, preset, compute=compute)
+            tracks[name] = _entry(name, result, {}, bench)
     order = {"passed": 0, "none": 1, "failed": 2}
     ordered = sorted(tracks.values(), key=lambda t: order[t["gate"]])
     return {
