@@ -130,8 +130,10 @@ def preview_banner(preset: str, study: Mapping[str, Any]) -> str:
         "models, few training steps and few seeds, to check that every step works. Its "
         "verdicts are printed as the rule gives them, but they **draw no conclusions**: the "
         f"smallest p-value the sign-flip test can give is {floors or 'undefined'}, and the "
-        "models are far from trained. The study's answer is the `full` preset's report "
-        "(`make report PRESET=full`)."
+        "models are far from trained. The study's answer is the committed report of the "
+        f"`full` preset, `{paths.COMMITTED_REPORT_HTML}` in the repository (`python -m rpka "
+        "report --from-results` renders it again from the committed results, in about a "
+        "minute)."
     )
 
 
@@ -232,6 +234,12 @@ def track_headline(track: Mapping[str, Any]) -> str:
         if "delta_median" in c
         else ""
     )
+    verdict = f"**Verdict: {verdict_word(c['verdict'])}.**"
+    if verdict_word(c["verdict"]) == "equivalent" and c.get("mde") is None:
+        verdict = (  # e.g. 2 pairs: TOST's t interval fits the margin, the rule cannot reject
+            "**Verdict: equivalent** by TOST's interval alone; the sign-flip rule has no "
+            f"power with {c['n_pairs']} pairs, so this is not a finding."
+        )
     return (
         f"**`{track['primary_arm']}` against `{report['baseline_arm']}`:** test "
         f"{metric_label(report)} {num(idea['full']['mean'], '.4g')} ± "
@@ -240,7 +248,7 @@ def track_headline(track: Mapping[str, Any]) -> str:
         f"delta {ci_text(c)} (95 % CI); the primary arm wins {c.get('idea_wins', '?')}/"
         f"{c['n_pairs']} seeds; sign-flip p = {num(c['p_value'], '.3g')}, adjustment "
         f"{esc(c.get('adjustment', 'Holm'))}{tost_text}; MDE of the rule {mde_text(c)}."
-        f"{robust} **Verdict: {verdict_word(c['verdict'])}.**"
+        f"{robust} {verdict}"
     )
 
 
