@@ -16,6 +16,7 @@ modules themselves know nothing of the command line or of the report layer.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -42,20 +43,27 @@ from rpka.tracks import get_task
 # evaluation seeds a paired comparison can use: at least 2 pairs; at most what any study
 # here would run (more is a typo, and 10**20 overflows the seed arithmetic)
 SEEDS_RANGE = (2, 1_000)
+# training epochs of a bench: the studies here train 1-8; a billion ran on silently
+EPOCHS_RANGE = (1, 1_000)
+# timed training steps per cost probe: 3 by default; 10**8 ran on silently
+COST_STEPS_RANGE = (1, 1_000)
 
 
 def _check_out_dir(parser: argparse.ArgumentParser, flag: str, folder: Path) -> None:
     """Refuse, before any compute, an output folder that is a file or cannot be written
     (probe: create it and a temporary file in it)."""
-    if folder.exists() and not folder.is_dir():
-        parser.error(f"argument {flag}: {folder} is a file, not a folder")
     try:
+        if folder.exists() and not folder.is_dir():
+            parser.error(f"argument {flag}: {folder} is a file, not a folder")
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".write-probe-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as err:
         parser.error(f"argument {flag}: cannot write to {folder} ({err.strerror})")
+
+
+NAME_MAX = 255  # bytes in one file name, on every common file system
 
 
 def _path_arg(value: str) -> str:
@@ -69,8 +77,13 @@ def _path_arg(value: str) -> str:
 def _check_out_file(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
     """Refuse, before any compute, an output file that is a folder or whose folder cannot
     be created and written (the result is written to a temporary file there, then renamed)."""
-    if path.is_dir():
-        parser.error(f"argument {flag}: {path} is a folder, not a file")
+    try:
+        if path.is_dir():
+            parser.error(f"argument {flag}: {path} is a folder, not a file")
+    except OSError as err:  # e.g. a name longer than the file system allows
+        parser.error(f"argument {flag}: cannot write to {path} ({err.strerror})")
+    if len(path.name.encode()) > NAME_MAX - len(".tmp") - 20:  # the temporary file's name
+        parser.error(f"argument {flag}: the file name {path.name[:40]}... is too long")
     _check_out_dir(parser, flag, path.parent)
 
 
@@ -140,9 +153,8 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     parser.add_argument(
         "--executor",
         choices=EXECUTOR_KINDS,
-        default="local",
         help="where runs go: a local process pool, in-process, or a local Dask cluster "
-        "(default: %(default)s)",
+        "(default: local)",
     )
     parser.add_argument(
         "--scheduler", help="a Dask scheduler address (tcp://host:port); implies --executor dask"
@@ -153,6 +165,14 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
         parser.error(f"argument --preset is required: one of {', '.join(names)}")
     if args.scheduler is not None and "://" not in args.scheduler:
         parser.error(f"argument --scheduler: expected tcp://host:port, got {args.scheduler!r}")
+    if args.scheduler is not None and args.executor not in (None, "dask"):
+        parser.error(
+            f"argument --scheduler: not allowed with --executor {args.executor} (a scheduler "
+            "address sends the runs to Dask: leave --executor out, or give --executor dask)"
+        )
+    if args.epochs is not None and not EPOCHS_RANGE[0] <= args.epochs <= EPOCHS_RANGE[1]:
+        parser.error(f"argument --epochs: must be in [{EPOCHS_RANGE[0]}, {EPOCHS_RANGE[1]}], "
+                     f"got {args.epochs}")  # fmt: skip
 
     overrides: dict[str, Any] = {}
     if args.ranks is not None:
@@ -200,12 +220,24 @@ def _refuse_committed_default(parser: argparse.ArgumentParser, default: str) -> 
 
 def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config, args = parse_bench(argv)
-    kind = args.scheduler or args.executor
-    with owned(make_executor(kind, n_workers=config.n_workers)) as executor:
+    kind = args.scheduler or args.executor or "local"
+    try:
+        executor = make_executor(kind, n_workers=config.n_workers)
+    except OSError as err:  # an unreachable scheduler: distributed's timeout, then OSError
+        if args.scheduler is None:
+            raise
+        _fail("bench", f"argument --scheduler: cannot reach {args.scheduler} ({err})")
+    with owned(executor) as executor:
         report = bench.run_bench(config, args.out, executor, progress=not args.no_progress)
     out = args.out
     print_bench_summary(report, out)
     return report
+
+
+def _fail(command: str, message: str) -> NoReturn:
+    """An error found once the options parsed (argparse's form and exit status 2)."""
+    print(f"python -m rpka {command}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def print_bench_summary(report: dict[str, Any], out: Path) -> None:
@@ -300,6 +332,7 @@ def parse_longctx(
         overrides["memory_probe"] = False
     try:
         config = get_longctx_preset(args.preset, **overrides)
+        longctx.check_memory(config)
     except ValueError as err:
         parser.error(str(err))
     if config.bench.device == "cuda" and not torch.cuda.is_available():
@@ -520,20 +553,55 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
 
 
 def summary_main(argv: Sequence[str] | None = None) -> None:
+    """The study's results in Markdown. Reads the committed results and never moves them;
+    a missing study, a README without the markers or one that cannot be written is one
+    line before anything is written."""
     parser = _parser("summary", "the study's results in Markdown")
     parser.add_argument("--preset", default="full", choices=sorted(study.SCALING_PRESET))
     parser.add_argument("--readme", type=Path, help="rewrite this file's summary block")
     args = parser.parse_args(argv)
-    if args.readme is not None and not args.readme.is_file():
-        parser.error(f"argument --readme: {args.readme} is not a file")
+    text = None
+    if args.readme is not None:
+        text = _readable_readme(parser, args.readme)
+    if not any(
+        resolve(paths.bench_report(args.preset, get_task(name).out_dir)).exists()
+        for name in STUDY_TRACKS
+    ):
+        parser.error(
+            f"argument --preset: no results of preset {args.preset} "
+            f"(no {paths.bench_report(args.preset)}): `python -m rpka report --preset "
+            f"{args.preset}` computes them"
+        )
     index = study.write_study_index(args.preset)  # study.json: where every reader starts
     print(f"study index: {paths.study_json(args.preset)} ({len(index['tracks'])} track(s))")
     block = summary.render(args.preset)
-    if args.readme is None:
+    if args.readme is None or text is None:
         print(block)
         return
-    atomic_write_text(args.readme, summary.replace_block(args.readme.read_text(), block))
+    try:
+        atomic_write_text(args.readme, summary.replace_block(text, block))
+    except OSError as err:
+        parser.error(f"argument --readme: cannot write {args.readme} ({err.strerror or err})")
     print(f"updated the summary block of {args.readme}")
+
+
+def _readable_readme(parser: argparse.ArgumentParser, readme: Path) -> str:
+    """The README's text, refused before any work where it is not a file, cannot be read or
+    written, or has no summary block."""
+    try:
+        if not readme.is_file():
+            parser.error(f"argument --readme: {readme} is not a file")
+        text = readme.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        parser.error(f"argument --readme: cannot read {readme} ({err})")
+    if summary.BEGIN not in text or summary.END not in text:
+        parser.error(
+            f"argument --readme: {readme} has no summary block (the lines {summary.BEGIN!r} "
+            f"and {summary.END!r})"
+        )
+    if not os.access(readme, os.W_OK) or not os.access(readme.parent or Path("."), os.W_OK):
+        parser.error(f"argument --readme: {readme} cannot be written (permissions)")
+    return text
 
 
 # --------------------------------------------------------------------------- cost
@@ -546,7 +614,7 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--benches", nargs="+", help="only these benches (default: every bench of the study)"
     )
     parser.add_argument(
-        "--steps", type=int, default=3, help="timed training steps per probe, >= 1 (default 3)"
+        "--steps", type=int, default=3, help="timed training steps per probe, 1-1000 (default 3)"
     )
     parser.add_argument(
         "--out",
@@ -555,8 +623,9 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"argument --steps: must be >= 1, got {args.steps}")
+    low, high = COST_STEPS_RANGE
+    if not low <= args.steps <= high:
+        parser.error(f"argument --steps: must be in [{low}, {high}], got {args.steps}")
     labels = [label for label, _, _ in cost.study_benches(args.preset)]
     unknown = sorted(set(args.benches or []) - set(labels))
     if unknown:
@@ -656,4 +725,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM (Interrupted)
         return _interrupted(err)
+    except OSError as err:
+        if err.errno not in STORAGE_ERRNOS:
+            raise
+        where = f" writing {err.filename}" if err.filename else ""
+        print(
+            f"error: {err.strerror}{where}: nothing was half-written (every result is written "
+            "to a temporary file, then renamed); free space and run the same command, which "
+            "resumes from the runs that finished",
+            file=sys.stderr,
+        )
+        return 2
     return 0
+
+
+# a full disk, a quota, a read-only file system: one line, not a traceback
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})

@@ -299,21 +299,21 @@ def write_study_index(
     context: a ``track_entry`` of its bench, or null without a long-context result).
     """
     out = resolve(out_dir or results_dir(preset))
-    required = ("config", "arms", "primary_arm")
+    required = INDEX_KEYS
     entries, missing = {}, []
     for name in tracks:
         path = out / get_task(name).out_dir / "bench_report.json"
-        report = read_json_or_heal(path, required)
+        report = read_if_there(path, required)
         if report is None:
             missing.append(name)
             continue
         entries[name] = track_entry(report, path, out)
-    longctx = read_json_or_heal(out / Path(paths.longctx_json(preset)).name, ("per_context",))
+    longctx = read_if_there(out / Path(paths.longctx_json(preset)).name, ("per_context",))
     longctx_entry = None
     if longctx is not None:
         longctx_entry = {"contexts": {}}
         for context, entry in longctx["per_context"].items():
-            report = read_json_or_heal(out / entry["bench_report"], required)
+            report = read_if_there(out / entry["bench_report"], required)
             if report is not None:
                 longctx_entry["contexts"][context] = track_entry(
                     report, out / entry["bench_report"], out
@@ -332,10 +332,22 @@ def write_study_index(
     return index
 
 
+# what a study index entry reads of a bench report (a report without one of them is
+# named, CorruptFileError, instead of a KeyError deep in track_entry)
+INDEX_KEYS = ("config", "metric", "arms", "primary_arm", "timings", "learnability")
+
+
+def read_if_there(path: Path, required: tuple[str, ...] = ()) -> Any | None:
+    """``path``'s JSON checked for ``required`` keys, or None where it is missing. A bad
+    file raises ``CorruptFileError`` naming it and stays where it is: the study index is
+    written from committed results too, and a reader of those never moves them."""
+    return read_json_checked(path, required) if path.exists() else None
+
+
 def spectrum_of(bench_out: Path) -> dict[str, Any] | None:
     """``spectrum.json`` of a bench (:func:`rpka.spectrum.bench_spectrum`): read when it is
     there, computed when exact's trained weights are (seconds), else None."""
-    done = read_json_or_heal(bench_out / "spectrum.json", ("heads",))
+    done = read_if_there(bench_out / "spectrum.json", ("heads",))
     if done is not None:
         return done
     try:
