@@ -27,11 +27,24 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
 from rpka import bench, cost, decoding, longctx, paths, pipeline, scaling, study, summary
+from rpka.cli_args import (
+    COST_STEPS_RANGE,
+    EPOCHS_RANGE,
+    SEEDS_RANGE,
+    check_out_dir,
+    check_out_file,
+    check_seeds,
+    eval_seeds,
+    fail,
+    make_parser,
+    path_arg,
+    readable_readme,
+)
 from rpka.config import DEVICES, BenchConfig, LongContextConfig
 from rpka.executors import EXECUTOR_KINDS, make_executor, owned
 from rpka.io import CorruptFileError, atomic_write_text, write_json
@@ -39,75 +52,6 @@ from rpka.paths import resolve
 from rpka.presets import PRESETS_BY_TRACK, PREVIEW_PRESETS, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
 from rpka.tracks import get_task
-
-# evaluation seeds a paired comparison can use: at least 2 pairs; at most what any study
-# here would run (more is a typo, and 10**20 overflows the seed arithmetic)
-SEEDS_RANGE = (2, 1_000)
-# training epochs of a bench: the studies here train 1-8; a billion ran on silently
-EPOCHS_RANGE = (1, 1_000)
-# timed training steps per cost probe: 3 by default; 10**8 ran on silently
-COST_STEPS_RANGE = (1, 1_000)
-
-
-def _check_out_dir(parser: argparse.ArgumentParser, flag: str, folder: Path) -> None:
-    """Refuse, before any compute, an output folder that is a file or cannot be written
-    (probe: create it and a temporary file in it)."""
-    try:
-        if folder.exists() and not folder.is_dir():
-            parser.error(f"argument {flag}: {folder} is a file, not a folder")
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        parser.error(f"argument {flag}: cannot write to {folder} ({err.strerror})")
-
-
-NAME_MAX = 255  # bytes in one file name, on every common file system
-
-
-def _path_arg(value: str) -> str:
-    """An ``--out`` value: refused when empty (``--out ''`` fell back to the default and
-    overwrote a committed result file)."""
-    if not value.strip():
-        raise argparse.ArgumentTypeError("an empty path; leave the option out for the default")
-    return value
-
-
-def _check_out_file(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
-    """Refuse, before any compute, an output file that is a folder or whose folder cannot
-    be created and written (the result is written to a temporary file there, then renamed)."""
-    try:
-        if path.is_dir():
-            parser.error(f"argument {flag}: {path} is a folder, not a file")
-    except OSError as err:  # e.g. a name longer than the file system allows
-        parser.error(f"argument {flag}: cannot write to {path} ({err.strerror})")
-    if len(path.name.encode()) > NAME_MAX - len(".tmp") - 20:  # the temporary file's name
-        parser.error(f"argument {flag}: the file name {path.name[:40]}... is too long")
-    _check_out_dir(parser, flag, path.parent)
-
-
-def _check_seeds(parser: argparse.ArgumentParser, n_seeds: int) -> None:
-    """``--seeds``: a paired test needs 2 seeds; above 1,000 the run is a typo, not a study."""
-    low, high = SEEDS_RANGE
-    if not low <= n_seeds <= high:
-        parser.error(f"argument --seeds: must be in [{low}, {high}], got {n_seeds}")
-
-
-def eval_seeds(sweep_seeds: Sequence[int], n_seeds: int) -> tuple[int, ...]:
-    """``n_seeds`` evaluation seeds, disjoint from the sweep seeds."""
-    first = max(sweep_seeds) + 100
-    return tuple(range(first, first + n_seeds))
-
-
-def _parser(command: str, description: str) -> argparse.ArgumentParser:
-    """The one argparse setup of every command."""
-    return argparse.ArgumentParser(
-        prog=f"python -m rpka {command}",
-        description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
 
 # --------------------------------------------------------------------------- bench
 
@@ -118,7 +62,7 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     ``--preset`` is required: without it the bench ran the full study (hours) into the
     committed ``data/results/full``. That folder is written only when ``--out`` names it.
     """
-    parser = _parser("bench", bench.__doc__.split("\n\n")[0])
+    parser = make_parser("bench", bench.__doc__.split("\n\n")[0])
     names = sorted({name for presets in PRESETS_BY_TRACK.values() for name in presets})
     parser.add_argument(
         "--preset",
@@ -133,7 +77,7 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     )
     parser.add_argument(
         "--out",
-        type=_path_arg,
+        type=path_arg,
         help="results folder (default: data/results/<preset>, data/results/<preset>/<track> "
         f"for tracks other than forecast; {paths.COMMITTED_RESULTS}, the committed study, "
         "only when named here)",
@@ -178,7 +122,7 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     if args.ranks is not None:
         overrides["ranks"] = args.ranks
     if args.seeds is not None:
-        _check_seeds(parser, args.seeds)
+        check_seeds(parser, args.seeds)
         try:
             base = get_preset(args.preset, args.track)
         except ValueError as err:
@@ -203,7 +147,7 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     if args.out is None:
         _refuse_committed_default(parser, bench.default_out(config))
     args.out = resolve(args.out or bench.default_out(config))
-    _check_out_dir(parser, "--out", args.out)
+    check_out_dir(parser, "--out", args.out)
     return config, args
 
 
@@ -226,18 +170,12 @@ def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     except OSError as err:  # an unreachable scheduler: distributed's timeout, then OSError
         if args.scheduler is None:
             raise
-        _fail("bench", f"argument --scheduler: cannot reach {args.scheduler} ({err})")
+        fail("bench", f"argument --scheduler: cannot reach {args.scheduler} ({err})")
     with owned(executor) as executor:
         report = bench.run_bench(config, args.out, executor, progress=not args.no_progress)
     out = args.out
     print_bench_summary(report, out)
     return report
-
-
-def _fail(command: str, message: str) -> NoReturn:
-    """An error found once the options parsed (argparse's form and exit status 2)."""
-    print(f"python -m rpka {command}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def print_bench_summary(report: dict[str, Any], out: Path) -> None:
@@ -298,10 +236,10 @@ def parse_longctx(
     argv: Sequence[str] | None = None,
 ) -> tuple[LongContextConfig, argparse.Namespace]:
     """Parse the command line into a validated config; bad values exit with an error."""
-    parser = _parser("longctx", longctx.__doc__.split("\n\n")[0])
+    parser = make_parser("longctx", longctx.__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(LONGCTX_PRESETS), default="full")
     parser.add_argument(
-        "--out", type=_path_arg, help="results folder (default data/results/<preset>)"
+        "--out", type=path_arg, help="results folder (default data/results/<preset>)"
     )
     parser.add_argument("--contexts", type=int, nargs="+", help="context lengths")
     parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
@@ -321,7 +259,7 @@ def parse_longctx(
         if preset_primary in {f"rpka-r{r}" for r in args.ranks}:
             overrides["primary_arm"] = preset_primary
     if args.seeds is not None:
-        _check_seeds(parser, args.seeds)
+        check_seeds(parser, args.seeds)
         sweep_seeds = LONGCTX_PRESETS[args.preset].bench.sweep_seeds
         overrides["eval_seeds"] = eval_seeds(sweep_seeds, args.seeds)
     if args.device is not None:
@@ -338,7 +276,7 @@ def parse_longctx(
     if config.bench.device == "cuda" and not torch.cuda.is_available():
         parser.error("argument --device: cuda requested but CUDA is not available")
     args.out = resolve(args.out or paths.results_dir(config.preset))
-    _check_out_dir(parser, "--out", args.out)
+    check_out_dir(parser, "--out", args.out)
     return config, args
 
 
@@ -355,11 +293,11 @@ def longctx_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def report_main(argv: Sequence[str] | None = None) -> None:
-    parser = _parser("report", pipeline.__doc__)
+    parser = make_parser("report", pipeline.__doc__)
     parser.add_argument("--preset", choices=pipeline.PRESETS, default="full")
     parser.add_argument(
         "--html",
-        type=_path_arg,
+        type=path_arg,
         default=str(resolve(paths.REPORT_HTML)),
         help="where to write the report (default: %(default)s)",
     )
@@ -387,7 +325,7 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     if args.print_parameters:
         print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
         return
-    _check_out_file(parser, "--html", Path(args.html))
+    check_out_file(parser, "--html", Path(args.html))
     if args.parallel < 1:
         parser.error(f"--parallel must be an integer >= 1, got {args.parallel}")
     parallel = args.parallel
@@ -431,7 +369,7 @@ def report_main(argv: Sequence[str] | None = None) -> None:
 
 
 def scaling_main(argv: Sequence[str] | None = None) -> dict:
-    parser = _parser("scaling", scaling.__doc__)
+    parser = make_parser("scaling", scaling.__doc__)
     parser.add_argument("--preset", choices=sorted(scaling.PRESETS), default="cpu")
     parser.add_argument("--lengths", type=int, nargs="+")
     parser.add_argument("--ranks", type=int, nargs="+")
@@ -451,7 +389,7 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
         f"(default length {scaling.ARM_LENGTH}; no rank sweep, backward or memory unless given)",
     )
     parser.add_argument(
-        "--out", type=_path_arg, help="JSON path (default: by preset, under data/results/scaling)"
+        "--out", type=path_arg, help="JSON path (default: by preset, under data/results/scaling)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -487,7 +425,7 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
     except ValueError as err:
         parser.error(str(err))
     out = resolve(args.out or default_out)
-    _check_out_file(parser, "--out", out)
+    check_out_file(parser, "--out", out)
     result = scaling.run_scaling(config, progress=not args.quiet, out=out, preset=args.preset)
     print("\n".join(scaling.summary_lines(result)))
     print(f"written to {out}")
@@ -495,7 +433,7 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
 
 
 def decode_main(argv: Sequence[str] | None = None) -> dict:
-    parser = _parser("decode", decoding.__doc__)
+    parser = make_parser("decode", decoding.__doc__)
     defaults = decoding.DecodeConfig()
     parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
     parser.add_argument("--batch-heads", type=int, default=defaults.batch_heads)
@@ -510,7 +448,7 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
         "--out",
-        type=_path_arg,
+        type=path_arg,
         default=None,
         help="default data/results/scaling/decode_<device>.json",
     )
@@ -533,7 +471,7 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
     except ValueError as err:
         parser.error(str(err))
     out = resolve(args.out or paths.decode_json(config.device))
-    _check_out_file(parser, "--out", out)
+    check_out_file(parser, "--out", out)
     result = decoding.run_decoding(config)
     write_json(out, result)
     print(f"{'method':>6} {'context':>8} {'ms/token':>9} {'mean':>8} {'max':>8} {'prefill ms':>11}")
@@ -556,13 +494,13 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
     """The study's results in Markdown. Reads the committed results and never moves them;
     a missing study, a README without the markers or one that cannot be written is one
     line before anything is written."""
-    parser = _parser("summary", "the study's results in Markdown")
+    parser = make_parser("summary", "the study's results in Markdown")
     parser.add_argument("--preset", default="full", choices=sorted(study.SCALING_PRESET))
     parser.add_argument("--readme", type=Path, help="rewrite this file's summary block")
     args = parser.parse_args(argv)
     text = None
     if args.readme is not None:
-        text = _readable_readme(parser, args.readme)
+        text = readable_readme(parser, args.readme)
     if not any(
         resolve(paths.bench_report(args.preset, get_task(name).out_dir)).exists()
         for name in STUDY_TRACKS
@@ -585,30 +523,11 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
     print(f"updated the summary block of {args.readme}")
 
 
-def _readable_readme(parser: argparse.ArgumentParser, readme: Path) -> str:
-    """The README's text, refused before any work where it is not a file, cannot be read or
-    written, or has no summary block."""
-    try:
-        if not readme.is_file():
-            parser.error(f"argument --readme: {readme} is not a file")
-        text = readme.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        parser.error(f"argument --readme: cannot read {readme} ({err})")
-    if summary.BEGIN not in text or summary.END not in text:
-        parser.error(
-            f"argument --readme: {readme} has no summary block (the lines {summary.BEGIN!r} "
-            f"and {summary.END!r})"
-        )
-    if not os.access(readme, os.W_OK) or not os.access(readme.parent or Path("."), os.W_OK):
-        parser.error(f"argument --readme: {readme} cannot be written (permissions)")
-    return text
-
-
 # --------------------------------------------------------------------------- cost
 
 
 def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = _parser("cost", cost.__doc__.split("\n\n")[0])
+    parser = make_parser("cost", cost.__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(pipeline.PRESETS), default="full")
     parser.add_argument(
         "--benches", nargs="+", help="only these benches (default: every bench of the study)"
@@ -618,7 +537,7 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument(
         "--out",
-        type=lambda value: Path(_path_arg(value)),
+        type=lambda value: Path(path_arg(value)),
         help="default data/results/<preset>/cost_model.json",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -631,7 +550,7 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if unknown:
         parser.error(f"argument --benches: unknown {unknown}; choose from {labels}")
     if args.out is not None:
-        _check_out_file(parser, "--out", args.out)
+        check_out_file(parser, "--out", args.out)
     torch.set_num_threads(1)  # as each bench job runs: the costs are one thread's
     result = cost.run_cost_model(
         args.preset, args.benches, args.steps, args.out, progress=not args.no_progress
