@@ -21,7 +21,9 @@ Timing: CUDA events around each call after warm-up (the events bracket the whole
 the stream, host synchronisations inside it included); CPU: ``time.perf_counter``. A
 measurement that runs out of memory is recorded as ``"oom"`` (and the larger lengths of
 that measurement are ``"skipped"``), one that fails otherwise as ``"error: ..."`` (likewise),
-one past the time budget as ``"skipped"``. The JSON is
+one past the time budget as ``"skipped"``, and so is one predicted to overrun what is left
+of it (``<measure>_predicted_s``: from the arm's last length, or a one-call probe at 1,024
+tokens, scaled by n^2 for exact attention and n for the others). The JSON is
 rewritten after every measurement, so an interrupted run keeps what it measured.
 
     python -m rpka scaling --preset cpu          # -> data/results/scaling/cpu.json
@@ -84,7 +86,8 @@ class ScalingConfig:
     seed: int = 0
     # SDPA backend pinned for exact (None: SDPA's own choice; "flash" on CUDA)
     exact_backend: str | None = None
-    # wall-clock budget in seconds for the whole sweep; later measurements are "skipped"
+    # wall-clock budget in seconds for the whole sweep; later measurements, and any one
+    # predicted to overrun what is left, are "skipped"
     max_seconds: float | None = None
     # more arms, any registered method by name: {"name": label, "method": ..., "options":
     # {...}} each (e.g. a bench preset's arms, see arm_latency); measured under their name
