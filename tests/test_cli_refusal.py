@@ -20,7 +20,7 @@ from rpka import cli
             ["--scheduler", "localhost"],
             "argument --scheduler: expected tcp://host:port",
         ),
-        (cli.cost_main, ["--steps", "0"], "argument --steps: must be >= 1"),
+        (cli.cost_main, ["--steps", "0"], "argument --steps: must be in [1, 1000], got 0"),
         (cli.cost_main, ["--benches", "nope"], "argument --benches: unknown ['nope']"),
     ],
 )
