@@ -6,6 +6,7 @@ import papermill
 import pytest
 
 from rpka.notebook_params import (
+    FLAGS,
     NUMBERS,
     ParameterError,
     assigned_literals,
@@ -52,6 +53,7 @@ def test_quick_writes_the_quick_study_not_the_smoke_defaults():
         ("02_sweep.ipynb", {"results_dir": {"a": 1}}, r"parameter results_dir must be a path"),
         ("02_sweep.ipynb", {"results_dir": "  "}, r"parameter results_dir must be a path"),
         ("07_nothing.ipynb", {}, r"notebook '07_nothing.ipynb': not one of 01_train"),
+        ("05_scaling.ipynb", {"compute_missing": "no"}, r"compute_missing must be True or"),
     ],
 )  # fmt: skip
 def test_a_wrong_parameter_is_one_line_naming_it(notebook, given, message):
@@ -79,6 +81,8 @@ def test_the_notebook_declares_what_the_check_knows_and_settles_first(name):
             assert default == "'smoke'"
         elif key in NUMBERS.get(name, {}):
             assert default == repr(NUMBERS[name][key][0])
+        elif key in FLAGS:
+            assert default == repr(FLAGS[key][0])
         else:
             assert default == "None", key
     nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
@@ -137,3 +141,20 @@ def test_papermill_with_a_mistyped_parameter_stops_in_the_first_cell_with_one_li
     ]
     assert len(errors) == 1 and len(errors[0]["traceback"]) == 1  # no traceback
     assert not (tmp_path / "data").exists()  # stopped before any work
+
+
+def test_02_says_it_computes_a_missing_bench(tmp_path, monkeypatch, capsys):
+    """02_sweep on a fresh state computed the bench without the line the README promises."""
+    from rpka import study
+
+    monkeypatch.setattr(study.bench, "run_bench", lambda *a, **kw: {"ran": True})
+    assert study.load_or_run_bench("smoke", tmp_path) == {"ran": True}
+    out = capsys.readouterr().out
+    assert f"{tmp_path}/bench_report.json is not there yet: computing it now (bench" in out
+    monkeypatch.setattr(study.bench, "run_bench", _never)
+    with pytest.raises(study.NotComputed):
+        study.load_or_run_bench("smoke", tmp_path, compute=False)
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("computed")
