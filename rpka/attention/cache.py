@@ -65,9 +65,7 @@ def check_state(k: Tensor, v: Tensor, state: object) -> None:
     prompt's (a mismatch was a ``RuntimeError`` deep in a buffer copy)."""
     keys, values = getattr(state, "keys", None), getattr(state, "values", None)
     if not isinstance(keys, GrowingBuffer) or not isinstance(values, GrowingBuffer):
-        raise ValueError(
-            f"state must be what prefill or step returned, got {type(state).__name__}"
-        )
+        return  # not a decoding state at all: the method's own check names its type
     for name, new, buffer in (("k", k, keys), ("v", v, values)):
         expected = (*buffer.data.shape[:-2], buffer.data.shape[-1])
         got = (*new.shape[:-2], new.shape[-1])
