@@ -505,6 +505,9 @@ def test_01_trains_demo_runs_train_in_a_terminal_step_and_the_notebook_reuses_th
     with pytest.raises(study.NotComputed, match="computes nothing: `python -m rpka report"):
         study.train_demo("smoke", tmp_path / "empty", compute=False)
     assert len(trained) == 2
+    study.train_demo("smoke", tmp_path)  # a run: retrained for the weights, nothing moved
+    assert len(trained) == 4 and not list(tmp_path.glob("*.corrupt-*"))
+    assert study.demo_weights_present(study.train_demo("smoke", tmp_path, compute=False))
 
 
 def test_from_results_computes_only_a_missing_study_index(tmp_path, monkeypatch):
