@@ -10,6 +10,10 @@ PRESET ?= full
 TORCH_SPEC ?= torch==2.13.0
 # the stamp names the torch spec too, so `make setup TORCH_SPEC=...` installs that torch
 STAMP  := $(VENV)/.installed-$(shell printf '%s' '$(TORCH_SPEC)' | cksum | cut -d' ' -f1)
+# pip (>= 25) shows the build backend's warnings even with --quiet: setuptools' editable
+# install prints a 10-line "Editable installation" banner that says nothing about this
+# project. This filter (a -W message prefix, no category to import) drops that one alone.
+QUIET_EDITABLE := ignore:Editable installation
 # Jupyter refuses to start as root without this flag (containers, cloud notebooks)
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
@@ -27,7 +31,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --upgrade "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test,lab]"
+	PYTHONWARNINGS="$(QUIET_EDITABLE)" $(BIN)/python -m pip install --quiet -e ".[test,lab]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name rpka --display-name "Python (rpka)"
 	rm -f $(VENV)/.installed*
 	touch $(STAMP)

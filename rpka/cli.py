@@ -16,6 +16,7 @@ modules themselves know nothing of the command line or of the report layer.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
@@ -31,6 +32,19 @@ from typing import Any
 import torch
 
 from rpka import bench, cost, decoding, longctx, paths, pipeline, scaling, study, summary
+from rpka.cli_args import (
+    COST_STEPS_RANGE,
+    EPOCHS_RANGE,
+    SEEDS_RANGE,
+    check_out_dir,
+    check_out_file,
+    check_seeds,
+    eval_seeds,
+    fail,
+    make_parser,
+    path_arg,
+    readable_readme,
+)
 from rpka.config import DEVICES, BenchConfig, LongContextConfig
 from rpka.executors import EXECUTOR_KINDS, make_executor, owned
 from rpka.io import CorruptFileError, atomic_write_text, write_json
@@ -38,63 +52,6 @@ from rpka.paths import resolve
 from rpka.presets import PRESETS_BY_TRACK, PREVIEW_PRESETS, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
 from rpka.tracks import get_task
-
-# evaluation seeds a paired comparison can use: at least 2 pairs; at most what any study
-# here would run (more is a typo, and 10**20 overflows the seed arithmetic)
-SEEDS_RANGE = (2, 1_000)
-
-
-def _check_out_dir(parser: argparse.ArgumentParser, flag: str, folder: Path) -> None:
-    """Refuse, before any compute, an output folder that is a file or cannot be written
-    (probe: create it and a temporary file in it)."""
-    if folder.exists() and not folder.is_dir():
-        parser.error(f"argument {flag}: {folder} is a file, not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        parser.error(f"argument {flag}: cannot write to {folder} ({err.strerror})")
-
-
-def _path_arg(value: str) -> str:
-    """An ``--out`` value: refused when empty (``--out ''`` fell back to the default and
-    overwrote a committed result file)."""
-    if not value.strip():
-        raise argparse.ArgumentTypeError("an empty path; leave the option out for the default")
-    return value
-
-
-def _check_out_file(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
-    """Refuse, before any compute, an output file that is a folder or whose folder cannot
-    be created and written (the result is written to a temporary file there, then renamed)."""
-    if path.is_dir():
-        parser.error(f"argument {flag}: {path} is a folder, not a file")
-    _check_out_dir(parser, flag, path.parent)
-
-
-def _check_seeds(parser: argparse.ArgumentParser, n_seeds: int) -> None:
-    """``--seeds``: a paired test needs 2 seeds; above 1,000 the run is a typo, not a study."""
-    low, high = SEEDS_RANGE
-    if not low <= n_seeds <= high:
-        parser.error(f"argument --seeds: must be in [{low}, {high}], got {n_seeds}")
-
-
-def eval_seeds(sweep_seeds: Sequence[int], n_seeds: int) -> tuple[int, ...]:
-    """``n_seeds`` evaluation seeds, disjoint from the sweep seeds."""
-    first = max(sweep_seeds) + 100
-    return tuple(range(first, first + n_seeds))
-
-
-def _parser(command: str, description: str) -> argparse.ArgumentParser:
-    """The one argparse setup of every command."""
-    return argparse.ArgumentParser(
-        prog=f"python -m rpka {command}",
-        description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
 
 # --------------------------------------------------------------------------- bench
 
@@ -105,7 +62,7 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     ``--preset`` is required: without it the bench ran the full study (hours) into the
     committed ``data/results/full``. That folder is written only when ``--out`` names it.
     """
-    parser = _parser("bench", bench.__doc__.split("\n\n")[0])
+    parser = make_parser("bench", bench.__doc__.split("\n\n")[0])
     names = sorted({name for presets in PRESETS_BY_TRACK.values() for name in presets})
     parser.add_argument(
         "--preset",
@@ -120,7 +77,7 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     )
     parser.add_argument(
         "--out",
-        type=_path_arg,
+        type=path_arg,
         help="results folder (default: data/results/<preset>, data/results/<preset>/<track> "
         f"for tracks other than forecast; {paths.COMMITTED_RESULTS}, the committed study, "
         "only when named here)",
@@ -140,9 +97,8 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     parser.add_argument(
         "--executor",
         choices=EXECUTOR_KINDS,
-        default="local",
         help="where runs go: a local process pool, in-process, or a local Dask cluster "
-        "(default: %(default)s)",
+        "(default: local)",
     )
     parser.add_argument(
         "--scheduler", help="a Dask scheduler address (tcp://host:port); implies --executor dask"
@@ -153,12 +109,20 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
         parser.error(f"argument --preset is required: one of {', '.join(names)}")
     if args.scheduler is not None and "://" not in args.scheduler:
         parser.error(f"argument --scheduler: expected tcp://host:port, got {args.scheduler!r}")
+    if args.scheduler is not None and args.executor not in (None, "dask"):
+        parser.error(
+            f"argument --scheduler: not allowed with --executor {args.executor} (a scheduler "
+            "address sends the runs to Dask: leave --executor out, or give --executor dask)"
+        )
+    if args.epochs is not None and not EPOCHS_RANGE[0] <= args.epochs <= EPOCHS_RANGE[1]:
+        parser.error(f"argument --epochs: must be in [{EPOCHS_RANGE[0]}, {EPOCHS_RANGE[1]}], "
+                     f"got {args.epochs}")  # fmt: skip
 
     overrides: dict[str, Any] = {}
     if args.ranks is not None:
         overrides["ranks"] = args.ranks
     if args.seeds is not None:
-        _check_seeds(parser, args.seeds)
+        check_seeds(parser, args.seeds)
         try:
             base = get_preset(args.preset, args.track)
         except ValueError as err:
@@ -183,7 +147,7 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     if args.out is None:
         _refuse_committed_default(parser, bench.default_out(config))
     args.out = resolve(args.out or bench.default_out(config))
-    _check_out_dir(parser, "--out", args.out)
+    check_out_dir(parser, "--out", args.out)
     return config, args
 
 
@@ -200,8 +164,14 @@ def _refuse_committed_default(parser: argparse.ArgumentParser, default: str) -> 
 
 def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config, args = parse_bench(argv)
-    kind = args.scheduler or args.executor
-    with owned(make_executor(kind, n_workers=config.n_workers)) as executor:
+    kind = args.scheduler or args.executor or "local"
+    try:
+        executor = make_executor(kind, n_workers=config.n_workers)
+    except OSError as err:  # an unreachable scheduler: distributed's timeout, then OSError
+        if args.scheduler is None:
+            raise
+        fail("bench", f"argument --scheduler: cannot reach {args.scheduler} ({err})")
+    with owned(executor) as executor:
         report = bench.run_bench(config, args.out, executor, progress=not args.no_progress)
     out = args.out
     print_bench_summary(report, out)
@@ -266,10 +236,10 @@ def parse_longctx(
     argv: Sequence[str] | None = None,
 ) -> tuple[LongContextConfig, argparse.Namespace]:
     """Parse the command line into a validated config; bad values exit with an error."""
-    parser = _parser("longctx", longctx.__doc__.split("\n\n")[0])
+    parser = make_parser("longctx", longctx.__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(LONGCTX_PRESETS), default="full")
     parser.add_argument(
-        "--out", type=_path_arg, help="results folder (default data/results/<preset>)"
+        "--out", type=path_arg, help="results folder (default data/results/<preset>)"
     )
     parser.add_argument("--contexts", type=int, nargs="+", help="context lengths")
     parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
@@ -289,7 +259,7 @@ def parse_longctx(
         if preset_primary in {f"rpka-r{r}" for r in args.ranks}:
             overrides["primary_arm"] = preset_primary
     if args.seeds is not None:
-        _check_seeds(parser, args.seeds)
+        check_seeds(parser, args.seeds)
         sweep_seeds = LONGCTX_PRESETS[args.preset].bench.sweep_seeds
         overrides["eval_seeds"] = eval_seeds(sweep_seeds, args.seeds)
     if args.device is not None:
@@ -300,12 +270,13 @@ def parse_longctx(
         overrides["memory_probe"] = False
     try:
         config = get_longctx_preset(args.preset, **overrides)
+        longctx.check_memory(config)
     except ValueError as err:
         parser.error(str(err))
     if config.bench.device == "cuda" and not torch.cuda.is_available():
         parser.error("argument --device: cuda requested but CUDA is not available")
     args.out = resolve(args.out or paths.results_dir(config.preset))
-    _check_out_dir(parser, "--out", args.out)
+    check_out_dir(parser, "--out", args.out)
     return config, args
 
 
@@ -322,11 +293,11 @@ def longctx_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def report_main(argv: Sequence[str] | None = None) -> None:
-    parser = _parser("report", pipeline.__doc__)
+    parser = make_parser("report", pipeline.__doc__)
     parser.add_argument("--preset", choices=pipeline.PRESETS, default="full")
     parser.add_argument(
         "--html",
-        type=_path_arg,
+        type=path_arg,
         default=str(resolve(paths.REPORT_HTML)),
         help="where to write the report (default: %(default)s)",
     )
@@ -344,22 +315,28 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--from-results",
         action="store_true",
-        help="render the result files already there (e.g. the committed full study): no "
-        "bench, sweep or long-context run first, only the study index (a notebook still "
-        "computes a result file that is missing)",
+        help="render the result files already there (e.g. the committed full study): "
+        "nothing is trained or computed and no result file is written (the study index "
+        "only where there is none); figures go to reports/<preset>/figures; refused when "
+        "a result file is missing",
     )
     args = parser.parse_args(argv)
-    steps = pipeline.preset_steps(args.preset)
+    steps = pipeline.preset_steps(args.preset, from_results=args.from_results)
     if args.print_parameters:
         print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
         return
-    _check_out_file(parser, "--html", Path(args.html))
+    check_out_file(parser, "--html", Path(args.html))
     if args.parallel < 1:
         parser.error(f"--parallel must be an integer >= 1, got {args.parallel}")
     parallel = args.parallel
-    if args.from_results and parallel > 1 and not study.results_present(args.preset):
-        print("some result files are missing: the notebooks that compute them run one at a time")
-        parallel = 1
+    if args.from_results:
+        missing = study.missing_results(args.preset)
+        if missing:
+            parser.error(
+                f"--from-results: {len(missing)} result file(s) of preset {args.preset} "
+                f"missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
+                f"`python -m rpka report --preset {args.preset}` computes them"
+            )
     # A preview draws no conclusion from its timings, so its notebooks run beside the
     # stages they do not read. One torch thread per process then, as in every bench worker:
     # OpenMP's spinning threads on oversubscribed cores made the stages ~4x slower.
@@ -375,11 +352,11 @@ def report_main(argv: Sequence[str] | None = None) -> None:
             steps,
             Path(args.html),
             progress=not args.no_progress,
-            compute=[
-                stage
-                for stage in study.compute_steps(args.preset, progress=not args.no_progress)
-                if not args.from_results or stage[0] in study.RENDER_STEPS
-            ],
+            compute=(
+                study.render_steps(args.preset)
+                if args.from_results
+                else study.compute_steps(args.preset, progress=not args.no_progress)
+            ),
             title=pipeline.preset_title(args.preset),
             parallel=parallel,
             overlap=overlap,
@@ -392,7 +369,7 @@ def report_main(argv: Sequence[str] | None = None) -> None:
 
 
 def scaling_main(argv: Sequence[str] | None = None) -> dict:
-    parser = _parser("scaling", scaling.__doc__)
+    parser = make_parser("scaling", scaling.__doc__)
     parser.add_argument("--preset", choices=sorted(scaling.PRESETS), default="cpu")
     parser.add_argument("--lengths", type=int, nargs="+")
     parser.add_argument("--ranks", type=int, nargs="+")
@@ -412,7 +389,7 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
         f"(default length {scaling.ARM_LENGTH}; no rank sweep, backward or memory unless given)",
     )
     parser.add_argument(
-        "--out", type=_path_arg, help="JSON path (default: by preset, under data/results/scaling)"
+        "--out", type=path_arg, help="JSON path (default: by preset, under data/results/scaling)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -448,7 +425,7 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
     except ValueError as err:
         parser.error(str(err))
     out = resolve(args.out or default_out)
-    _check_out_file(parser, "--out", out)
+    check_out_file(parser, "--out", out)
     result = scaling.run_scaling(config, progress=not args.quiet, out=out, preset=args.preset)
     print("\n".join(scaling.summary_lines(result)))
     print(f"written to {out}")
@@ -456,7 +433,7 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
 
 
 def decode_main(argv: Sequence[str] | None = None) -> dict:
-    parser = _parser("decode", decoding.__doc__)
+    parser = make_parser("decode", decoding.__doc__)
     defaults = decoding.DecodeConfig()
     parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
     parser.add_argument("--batch-heads", type=int, default=defaults.batch_heads)
@@ -471,7 +448,7 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
         "--out",
-        type=_path_arg,
+        type=path_arg,
         default=None,
         help="default data/results/scaling/decode_<device>.json",
     )
@@ -494,7 +471,7 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
     except ValueError as err:
         parser.error(str(err))
     out = resolve(args.out or paths.decode_json(config.device))
-    _check_out_file(parser, "--out", out)
+    check_out_file(parser, "--out", out)
     result = decoding.run_decoding(config)
     write_json(out, result)
     print(f"{'method':>6} {'context':>8} {'ms/token':>9} {'mean':>8} {'max':>8} {'prefill ms':>11}")
@@ -514,19 +491,35 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
 
 
 def summary_main(argv: Sequence[str] | None = None) -> None:
-    parser = _parser("summary", "the study's results in Markdown")
+    """The study's results in Markdown. Reads the committed results and never moves them;
+    a missing study, a README without the markers or one that cannot be written is one
+    line before anything is written."""
+    parser = make_parser("summary", "the study's results in Markdown")
     parser.add_argument("--preset", default="full", choices=sorted(study.SCALING_PRESET))
     parser.add_argument("--readme", type=Path, help="rewrite this file's summary block")
     args = parser.parse_args(argv)
-    if args.readme is not None and not args.readme.is_file():
-        parser.error(f"argument --readme: {args.readme} is not a file")
+    text = None
+    if args.readme is not None:
+        text = readable_readme(parser, args.readme)
+    if not any(
+        resolve(paths.bench_report(args.preset, get_task(name).out_dir)).exists()
+        for name in STUDY_TRACKS
+    ):
+        parser.error(
+            f"argument --preset: no results of preset {args.preset} "
+            f"(no {paths.bench_report(args.preset)}): `python -m rpka report --preset "
+            f"{args.preset}` computes them"
+        )
     index = study.write_study_index(args.preset)  # study.json: where every reader starts
     print(f"study index: {paths.study_json(args.preset)} ({len(index['tracks'])} track(s))")
     block = summary.render(args.preset)
-    if args.readme is None:
+    if args.readme is None or text is None:
         print(block)
         return
-    atomic_write_text(args.readme, summary.replace_block(args.readme.read_text(), block))
+    try:
+        atomic_write_text(args.readme, summary.replace_block(text, block))
+    except OSError as err:
+        parser.error(f"argument --readme: cannot write {args.readme} ({err.strerror or err})")
     print(f"updated the summary block of {args.readme}")
 
 
@@ -534,29 +527,30 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
 
 
 def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = _parser("cost", cost.__doc__.split("\n\n")[0])
+    parser = make_parser("cost", cost.__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(pipeline.PRESETS), default="full")
     parser.add_argument(
         "--benches", nargs="+", help="only these benches (default: every bench of the study)"
     )
     parser.add_argument(
-        "--steps", type=int, default=3, help="timed training steps per probe, >= 1 (default 3)"
+        "--steps", type=int, default=3, help="timed training steps per probe, 1-1000 (default 3)"
     )
     parser.add_argument(
         "--out",
-        type=lambda value: Path(_path_arg(value)),
+        type=lambda value: Path(path_arg(value)),
         help="default data/results/<preset>/cost_model.json",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"argument --steps: must be >= 1, got {args.steps}")
+    low, high = COST_STEPS_RANGE
+    if not low <= args.steps <= high:
+        parser.error(f"argument --steps: must be in [{low}, {high}], got {args.steps}")
     labels = [label for label, _, _ in cost.study_benches(args.preset)]
     unknown = sorted(set(args.benches or []) - set(labels))
     if unknown:
         parser.error(f"argument --benches: unknown {unknown}; choose from {labels}")
     if args.out is not None:
-        _check_out_file(parser, "--out", args.out)
+        check_out_file(parser, "--out", args.out)
     torch.set_num_threads(1)  # as each bench job runs: the costs are one thread's
     result = cost.run_cost_model(
         args.preset, args.benches, args.steps, args.out, progress=not args.no_progress
@@ -650,4 +644,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM (Interrupted)
         return _interrupted(err)
+    except OSError as err:
+        if err.errno not in STORAGE_ERRNOS:
+            raise
+        where = f" writing {err.filename}" if err.filename else ""
+        print(
+            f"error: {err.strerror}{where}: nothing was half-written (every result is written "
+            "to a temporary file, then renamed); free space and run the same command, which "
+            "resumes from the runs that finished",
+            file=sys.stderr,
+        )
+        return 2
     return 0
+
+
+# a full disk, a quota, a read-only file system: one line, not a traceback
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})

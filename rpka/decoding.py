@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from rpka.attention import build
 from rpka.attention.causal import LandmarkSet, sampler_of
+from rpka.checks import require_memory
 from rpka.scaling import DTYPES, device_name
 
 METHODS = ("exact", "rpka")
@@ -66,6 +67,12 @@ class DecodeConfig:
         ):
             if int(value) < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        short = [int(n) for n in self.contexts if int(n) < int(self.block_size)]
+        if short:  # no full block yet: no landmarks, nothing for RPKA's redraw to time
+            raise ValueError(
+                f"contexts must be >= block_size {self.block_size} (RPKA's landmarks come "
+                f"from full blocks), got {short}"
+            )
         if self.pivot_set not in ("joint", "keys"):
             raise ValueError(f"pivot_set must be 'joint' or 'keys', got {self.pivot_set!r}")
         if self.dtype not in DTYPES:
@@ -76,6 +83,22 @@ class DecodeConfig:
             raise ValueError("device='cuda' requested but CUDA is not available")
         if not self.target_ratio > 0:
             raise ValueError(f"target_ratio must be > 0, got {self.target_ratio}")
+        require_memory(
+            "contexts", max(int(n) for n in self.contexts), self.memory_bytes(),
+            "q, k, v of the longest context and both methods' caches",
+        )  # fmt: skip
+
+    def sequence_length(self) -> int:
+        """Tokens of q, k, v the sweep draws: the longest context or the untimed warm-up
+        run (two blocks), whichever is longer, then its warm-up and timed steps."""
+        longest = max(max(int(n) for n in self.contexts), 2 * int(self.block_size))
+        return longest + int(self.warmup) + int(self.steps)
+
+    def memory_bytes(self) -> float:
+        """A lower estimate of the sweep's peak memory: q, k, v (3 tensors), the exact
+        cache (k, v) and RPKA's state (k, v and the queries) at the longest length."""
+        item = torch.empty((), dtype=DTYPES[self.dtype]).element_size()
+        return 8.0 * self.batch_heads * self.sequence_length() * self.head_dim * item
 
 
 def timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
@@ -164,8 +187,9 @@ def run_decoding(config: DecodeConfig, progress: bool = True) -> dict:
     load_start = os.getloadavg()  # CPU timings mean little on a busy machine: record it
     dtype = DTYPES[config.dtype]
     gen = torch.Generator(device=config.device).manual_seed(config.seed)
-    longest = max(config.contexts) + config.warmup + config.steps
-    shape = (1, config.batch_heads, longest, config.head_dim)
+    # the warm-up run prefills two blocks: with a shorter context (--contexts 8 --rank 64,
+    # --contexts 24 --block-size 16) its steps read past q, k, v ("step takes one token")
+    shape = (1, config.batch_heads, config.sequence_length(), config.head_dim)
     qkv = [torch.randn(shape, generator=gen, device=config.device).to(dtype) for _ in range(3)]
     decode_once("rpka", 2 * config.block_size, config, qkv)  # untimed: lazy init, kernels
     decode_once("exact", 2 * config.block_size, config, qkv)

@@ -201,6 +201,10 @@ class DaskExecutor(cf.Executor):
         self.shutdown(wait=False, cancel_futures=True)
 
 
+# how long a scheduler address is tried before the bench gives up on it
+DASK_CONNECT_TIMEOUT_S = 10.0
+
+
 def dask_executor(address: str | None = None, n_workers: int = 2) -> DaskExecutor:
     """A Dask executor: on the scheduler at ``address`` (``tcp://host:port``), else on a
     new ``LocalCluster`` of ``n_workers`` single-threaded processes (loopback only, no
@@ -209,8 +213,8 @@ def dask_executor(address: str | None = None, n_workers: int = 2) -> DaskExecuto
         distributed = importlib.import_module("distributed")
     except ImportError as err:  # pragma: no cover - the test extra installs it
         raise ImportError('the dask executor needs dask: pip install "rpka[dask]"') from err
-    if address is not None:
-        return DaskExecutor(distributed.Client(address))
+    if address is not None:  # unreachable: OSError after the timeout (distributed's: 30 s)
+        return DaskExecutor(distributed.Client(address, timeout=DASK_CONNECT_TIMEOUT_S))
     if n_workers < 1:
         raise ValueError(f"n_workers must be >= 1, got {n_workers}")
     cluster = distributed.LocalCluster(

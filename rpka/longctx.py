@@ -50,6 +50,7 @@ from rpka.bench import (
     seed_groups,
     versions,
 )
+from rpka.checks import require_memory
 from rpka.config import BenchConfig, LongContextConfig
 from rpka.executors import owned
 from rpka.io import read_json, write_json
@@ -115,6 +116,26 @@ def probe_run_config(bench: BenchConfig, arm_name: str, data_dir: str) -> dict[s
 # --------------------------------------------------------------------------- the study
 
 
+def memory_bytes(config: LongContextConfig, context: int) -> float:
+    """A lower estimate of one context's peak memory: its windows (training, validation
+    and test; at least one float32 per token) and one training batch's activations
+    (batch x context x d_model float32, a few per layer)."""
+    windows = config.train_windows + 2 * config.eval_windows
+    model, train = config.bench.model, config.bench.train
+    activations = train.batch_size * context * model.d_model * (2 + 4 * model.n_layers)
+    return 4.0 * (windows * context + activations)
+
+
+def check_memory(config: LongContextConfig) -> None:
+    """Refuse, before any data is built, a context this machine cannot hold (``ValueError``
+    naming it with the estimate, :func:`memory_bytes`)."""
+    for context in config.contexts:
+        require_memory(
+            "contexts", context, memory_bytes(config, context),
+            "the windows and one training batch's activations",
+        )  # fmt: skip
+
+
 def run_longctx(
     config: LongContextConfig,
     out_dir: str | os.PathLike | None = None,
@@ -136,6 +157,7 @@ def run_longctx(
         data_dir: the track cache (default ``data/cache``).
     """
     config.validate()
+    check_memory(config)
     started = time.perf_counter()
     out = resolve(out_dir or paths.results_dir(config.preset))
     data_dir = str(resolve(data_dir or DEFAULT_DATA_DIR))

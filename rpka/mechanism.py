@@ -45,6 +45,7 @@ Everything returned is plain JSON-able data (lists, floats, ints, strings);
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -237,9 +238,20 @@ def _package_draws(
     return torch.gather(decrease, -1, pivots)
 
 
+LOG_BAR_INTERVAL_S = 60.0  # a bar's redraw interval where stderr is not a terminal
+
+
+def progress_bar(total: int, desc: str, progress: bool) -> tqdm:
+    """A tqdm bar; where stderr is not a terminal (a log file, a notebook's captured
+    stream) it redraws once a minute, not ten times a second: every redraw there is a new
+    line of the log."""
+    interval = 0.1 if sys.stderr.isatty() else LOG_BAR_INTERVAL_S
+    return tqdm(total=total, desc=desc, disable=not progress, mininterval=interval)
+
+
 @torch.no_grad()
 def trace_identity(
-    points: Tensor, config: MechanismConfig, progress: bool = False
+    points: Tensor, config: MechanismConfig, progress: bool = False, bar: tqdm | None = None
 ) -> dict[str, np.ndarray]:
     """Per-step check of (*) for one RPCholesky run on each of P point sets.
 
@@ -255,7 +267,8 @@ def trace_identity(
         distribution ``p_s = R_ss / tr R``; the sample one underestimates it when a few
         rarely drawn pivots carry the variance, e.g. ``exp`` weighting) - plus ``pivots``
         (P, steps) and ``trace0`` (P,). The run stops early (fewer steps) if the package
-        skipped a step (residual exhausted).
+        skipped a step (residual exhausted). ``bar``: a bar to advance by one per step
+        (the study's one bar over its Monte Carlo seeds) instead of a bar of its own.
     """
     points = points.to(torch.float64)
     n_sets, n_pts, dim = points.shape
@@ -273,7 +286,10 @@ def trace_identity(
     keys = ("trace", "predicted", "exact", "null_var", "mc_mean", "mc_sd")
     out = {key: np.zeros((n_sets, steps)) for key in keys}
 
-    for t in tqdm(range(steps), desc="trace identity", disable=not progress):
+    own = bar is None
+    if bar is None:
+        bar = progress_bar(steps, "trace identity", progress)
+    for t in range(steps):
         prefix = run.pivots[:, :t]
         diag = residual.diagonal(dim1=-2, dim2=-1)
         trace = diag.sum(-1)
@@ -300,6 +316,9 @@ def trace_identity(
         out["mc_mean"][:, t] = draws.mean(-1).cpu().numpy()
         out["mc_sd"][:, t] = draws.std(-1, correction=1).cpu().numpy()
         residual = schur_step(residual, run.pivots[:, t])
+        bar.update(1)
+    if own:
+        bar.close()
 
     out["trace_package"] = run.trace[:, :steps].cpu().numpy()
     out["trace0"] = run.trace[:, 0].cpu().numpy()
@@ -374,10 +393,14 @@ def trace_identity_study(
     )
     start = time.perf_counter()
     # one run per Monte Carlo seed; the first is shown per step, all are pooled to decide
-    runs = [
-        trace_identity(points, replace(config, seed=config.seed + i), progress=progress)
-        for i in range(config.mc_seeds)
-    ]
+    # one bar for every seed's steps (a bar per seed was that many bars in a log)
+    steps = min(config.rank, points.shape[-2])
+    desc = f"trace identity ({config.mc_seeds} Monte Carlo seeds)"
+    with progress_bar(config.mc_seeds * steps, desc, progress) as bar:
+        runs = [
+            trace_identity(points, replace(config, seed=config.seed + i), bar=bar)
+            for i in range(config.mc_seeds)
+        ]
     result = runs[0]
     seconds = time.perf_counter() - start
     per_head = []

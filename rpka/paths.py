@@ -115,3 +115,5 @@ def report_dir(preset: str) -> str:
 
 
 REPORT_HTML = f"{REPORTS}/rpka_report.html"
+# the full study's report as committed (git keeps it; reports/ is not kept)
+COMMITTED_REPORT_HTML = "docs/rpka_report_full.html"

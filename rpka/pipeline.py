@@ -42,10 +42,10 @@ from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
 from traitlets.config import Config
 
-from rpka import paths, report
+from rpka import notebook_params, paths, report
 from rpka.io import atomic_write_text
 from rpka.paths import REPO_ROOT, resolve
-from rpka.study import notebook_parameters
+from rpka.study import NOTEBOOKS, notebook_parameters
 
 NOTEBOOK_DIR = resolve(paths.NOTEBOOKS)
 REPORT_DIR = resolve(paths.REPORTS)
@@ -81,6 +81,12 @@ def check_parameters(notebook: str | Path, parameters: dict) -> None:
             f"{Path(notebook).name}: unknown parameter(s) {unknown}; the notebook declares "
             f"{sorted(declared)}"
         )
+    if Path(notebook).name in NOTEBOOKS:  # the study's: the check their first cell runs
+        try:
+            notebook_params.check(Path(notebook).name, parameters)
+        except notebook_params.ParameterError as err:
+            raise PipelineError(str(err)) from None
+        return
     for name, value in parameters.items():
         default = ast.literal_eval(declared[name]["default"])  # literals only (a test checks)
         if not _same_type(value, default):
@@ -404,10 +410,18 @@ class NotebookQueue:
             papermill_log.disabled = was_disabled
 
 
-def preset_steps(preset: str) -> list[Step]:
-    """The notebooks of the study, in order, with the preset's parameters."""
+def preset_steps(preset: str, from_results: bool = False) -> list[Step]:
+    """The notebooks of the study, in order, with the preset's parameters. ``from_results``
+    (``report --from-results``): the notebooks compute nothing and draw their figures into
+    ``reports/<preset>/figures`` - the results and figures there may be committed ones."""
     params = notebook_parameters(preset)
     out_dir = resolve(paths.report_dir(preset))
+    if from_results:
+        figures = f"{paths.report_dir(preset)}/figures"
+        params = {
+            name: {**values, "figures_dir": figures, "compute_missing": False}
+            for name, values in params.items()
+        }
     return [
         Step(NOTEBOOK_DIR / name, out_dir / name, parameters) for name, parameters in params.items()
     ]

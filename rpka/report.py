@@ -130,8 +130,10 @@ def preview_banner(preset: str, study: Mapping[str, Any]) -> str:
         "models, few training steps and few seeds, to check that every step works. Its "
         "verdicts are printed as the rule gives them, but they **draw no conclusions**: the "
         f"smallest p-value the sign-flip test can give is {floors or 'undefined'}, and the "
-        "models are far from trained. The study's answer is the `full` preset's report "
-        "(`make report PRESET=full`)."
+        "models are far from trained. The study's answer is the committed report of the "
+        f"`full` preset, `{paths.COMMITTED_REPORT_HTML}` in the repository (`python -m rpka "
+        "report --from-results` renders it again from the committed results, in about a "
+        "minute)."
     )
 
 
@@ -165,7 +167,7 @@ def _entry(
 BENCH_REPORT_KEYS = ("track", "arms", "baseline_arm", "primary_arm")
 
 
-def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
+def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dict[str, Any]:
     """The study index with every track's bench report loaded.
 
     Returns {"preset", "source", "tracks": {name: entry}, "longctx"}; each entry has
@@ -201,7 +203,8 @@ def load_study(study_json: str | Path, preset: str) -> dict[str, Any]:
     if not tracks:  # nothing run yet (a fresh clone): compute the benches, saying so
         for name in STUDY_TRACKS:
             bench = paths.resolve(paths.bench_report(preset, get_task(name).out_dir))
-            tracks[name] = _entry(name, study.load_result(bench, preset), {}, bench)
+            result = study.load_result(bench, preset, compute=compute)
+            tracks[name] = _entry(name, result, {}, bench)
     order = {"passed": 0, "none": 1, "failed": 2}
     ordered = sorted(tracks.values(), key=lambda t: order[t["gate"]])
     return {
@@ -231,6 +234,12 @@ def track_headline(track: Mapping[str, Any]) -> str:
         if "delta_median" in c
         else ""
     )
+    verdict = f"**Verdict: {verdict_word(c['verdict'])}.**"
+    if verdict_word(c["verdict"]) == "equivalent" and c.get("mde") is None:
+        verdict = (  # e.g. 2 pairs: TOST's t interval fits the margin, the rule cannot reject
+            "**Verdict: equivalent** by TOST's interval alone; the sign-flip rule has no "
+            f"power with {c['n_pairs']} pairs, so this is not a finding."
+        )
     return (
         f"**`{track['primary_arm']}` against `{report['baseline_arm']}`:** test "
         f"{metric_label(report)} {num(idea['full']['mean'], '.4g')} ± "
@@ -239,7 +248,7 @@ def track_headline(track: Mapping[str, Any]) -> str:
         f"delta {ci_text(c)} (95 % CI); the primary arm wins {c.get('idea_wins', '?')}/"
         f"{c['n_pairs']} seeds; sign-flip p = {num(c['p_value'], '.3g')}, adjustment "
         f"{esc(c.get('adjustment', 'Holm'))}{tost_text}; MDE of the rule {mde_text(c)}."
-        f"{robust} **Verdict: {verdict_word(c['verdict'])}.**"
+        f"{robust} {verdict}"
     )
 
 

@@ -21,7 +21,9 @@ Timing: CUDA events around each call after warm-up (the events bracket the whole
 the stream, host synchronisations inside it included); CPU: ``time.perf_counter``. A
 measurement that runs out of memory is recorded as ``"oom"`` (and the larger lengths of
 that measurement are ``"skipped"``), one that fails otherwise as ``"error: ..."`` (likewise),
-one past the time budget as ``"skipped"``. The JSON is
+one past the time budget as ``"skipped"``, and so is one predicted to overrun what is left
+of it (``<measure>_predicted_s``: from the arm's last length, or a one-call probe at 1,024
+tokens, scaled by n^2 for exact attention and n for the others). The JSON is
 rewritten after every measurement, so an interrupted run keeps what it measured.
 
     python -m rpka scaling --preset cpu          # -> data/results/scaling/cpu.json
@@ -50,6 +52,7 @@ except ImportError:  # pragma: no cover - a bare GPU box with torch only: no pro
 from rpka import paths
 from rpka.attention import build, options_of, triton_sweep
 from rpka.attention.rpka import IMPLEMENTATION_OPTIONS
+from rpka.checks import require_memory
 from rpka.io import write_json
 
 DTYPES = {
@@ -83,7 +86,8 @@ class ScalingConfig:
     seed: int = 0
     # SDPA backend pinned for exact (None: SDPA's own choice; "flash" on CUDA)
     exact_backend: str | None = None
-    # wall-clock budget in seconds for the whole sweep; later measurements are "skipped"
+    # wall-clock budget in seconds for the whole sweep; later measurements, and any one
+    # predicted to overrun what is left, are "skipped"
     max_seconds: float | None = None
     # more arms, any registered method by name: {"name": label, "method": ..., "options":
     # {...}} each (e.g. a bench preset's arms, see arm_latency); measured under their name
@@ -113,6 +117,13 @@ class ScalingConfig:
             raise ValueError("device='cuda' requested but CUDA is not available")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ValueError(f"max_seconds must be None or > 0, got {self.max_seconds!r}")
+        if self.device == "cpu":  # the inputs alone, before any attention runs
+            item = torch.empty((), dtype=DTYPES[self.dtype]).element_size()
+            longest = max(self.lengths)
+            require_memory(
+                "lengths", longest, 4.0 * self.batch_heads * longest * self.head_dim * item,
+                "q, k, v and the backward cotangent at the longest length",
+            )  # fmt: skip
         build("exact", backend=self.exact_backend)  # validates the backend name
         builtin = {"exact", "rpka", CONTROL}
         names = [arm.get("name") if isinstance(arm, Mapping) else None for arm in self.extra_arms]
@@ -289,6 +300,53 @@ def _inputs(config: ScalingConfig, n: int) -> tuple[torch.Tensor, ...]:
     )  # q, k, v and the backward cotangent
 
 
+# --max-seconds bounds each measurement by its predicted time: from the arm's last length
+# (or a one-call probe at this length, at most) scaled by n ** exponent
+PROBE_LENGTH = 1024
+
+
+def _exponent(method: str) -> int:
+    """How an arm's time grows with n: exact attention quadratically, the others about
+    linearly (landmarks of a fixed rank)."""
+    return 2 if method == "exact" else 1
+
+
+def _calls(kind: str, config: ScalingConfig, repeats: int) -> int:
+    """Calls of the attention one measurement makes."""
+    if kind == "memory":
+        return 1 + int(config.backward)
+    return config.warmup + repeats
+
+
+def _per_call_s(
+    history: Mapping[tuple[str, int | None, str], tuple[int, float]],
+    key: tuple[str, int | None, str],
+    n: int,
+    method: str,
+) -> float | None:
+    """The predicted seconds of one call at ``n`` from the arm's last measured length."""
+    if key not in history:
+        return None
+    n0, seconds = history[key]
+    return seconds * (n / n0) ** _exponent(method)
+
+
+def _probe_s(kind: str, attn: torch.nn.Module, config: ScalingConfig, n: int, method: str) -> float:
+    """Seconds of one call at ``n`` predicted from one call at ``PROBE_LENGTH`` (0 where
+    ``n`` is no longer: short lengths are cheap, and the budget is checked between)."""
+    if n <= PROBE_LENGTH:
+        return 0.0
+    probe = _inputs(config, PROBE_LENGTH)
+    started = time.perf_counter()
+    try:
+        _measure(kind, attn, probe, replace(config, warmup=0), 1)
+    except Exception:  # noqa: BLE001 - the measurement itself will record the error
+        return 0.0
+    calls = _calls(kind, replace(config, warmup=0), 1)
+    per_call = (time.perf_counter() - started) / calls
+    return per_call * (n / PROBE_LENGTH) ** _exponent(method)
+
+
 def _measure(
     kind: str, attn: torch.nn.Module, inputs: tuple, config: ScalingConfig, repeats: int
 ) -> dict:
@@ -420,6 +478,7 @@ def run_scaling(
     phases += [["fwd_bwd"]] if config.backward else []
     jobs = [(kinds, int(n)) for kinds in phases for n in config.lengths]
     bar = _progress(len(jobs) * len(arms(config)), progress)
+    history: dict[tuple[str, int | None, str], tuple[int, float]] = {}  # last n, s per call
     for kinds, n in jobs:
         inputs = _inputs(config, n)
         repeats = config.long_repeats if n >= config.long_length else config.repeats
@@ -433,8 +492,20 @@ def run_scaling(
                 if over or (label, rank, kind) in failed:
                     row[f"{kind}_status"] = "skipped"
                     continue
+                calls = _calls(kind, config, repeats)
+                if config.max_seconds:  # a single measurement must fit what is left too
+                    left = config.max_seconds - (time.perf_counter() - started)
+                    per_call = _per_call_s(history, (label, rank, kind), n, method)
+                    if per_call is None:
+                        per_call = _probe_s(kind, attn, config, n, method)
+                    if per_call * calls > left:
+                        row[f"{kind}_status"] = "skipped"
+                        row[f"{kind}_predicted_s"] = per_call * calls
+                        continue
                 try:
+                    measured = time.perf_counter()
                     row.update(_measure(kind, attn, inputs, config, repeats))
+                    history[(label, rank, kind)] = (n, (time.perf_counter() - measured) / calls)
                     row[f"{kind}_status"] = "ok"
                 except Exception as err:  # noqa: BLE001 - recorded, the sweep goes on
                     oom = _is_oom(err)

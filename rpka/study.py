@@ -21,7 +21,7 @@ import torch
 from rpka import bench, executors, paths, scaling
 from rpka.config import BenchConfig
 from rpka.frontier import write_frontier
-from rpka.io import read_json, read_json_or_heal, write_json
+from rpka.io import read_json, read_json_checked, read_json_or_heal, read_run_file, write_json
 from rpka.longctx import run_longctx
 from rpka.paths import resolve
 from rpka.presets import MECHANISM_TRACK, STUDY_TRACKS, get_preset
@@ -125,8 +125,18 @@ def scaling_json(preset: str) -> str:
 
 
 DEMO_STEP = "demo training (01_train)"
-# what `report --from-results` still computes: the notebooks' own demo runs and the index
-RENDER_STEPS = (DEMO_STEP, "study index")
+INDEX_STEP = "study index"
+
+
+def render_steps(preset: str) -> list[tuple[str, Callable[[], object], tuple[str, ...]]]:
+    """What ``report --from-results`` computes: the study index where there is none (a
+    study run before the index existed), nothing else - never a training run, never a
+    result file that is there (it may be a committed one)."""
+    if resolve(paths.study_json(preset)).exists():
+        return []
+    return [
+        (INDEX_STEP, lambda: write_study_index(preset), (paths.study_json(preset),)),
+    ]
 
 
 class WorkerPool:
@@ -244,7 +254,7 @@ def _study_steps(
         ),
         ("long-context training", run_long_context, (paths.longctx_json(preset),)),
         (
-            "study index",
+            INDEX_STEP,
             lambda: write_study_index(preset),
             (paths.study_json(preset), paths.frontier_json(preset)),
         ),
@@ -289,21 +299,21 @@ def write_study_index(
     context: a ``track_entry`` of its bench, or null without a long-context result).
     """
     out = resolve(out_dir or results_dir(preset))
-    required = ("config", "arms", "primary_arm")
+    required = INDEX_KEYS
     entries, missing = {}, []
     for name in tracks:
         path = out / get_task(name).out_dir / "bench_report.json"
-        report = read_json_or_heal(path, required)
+        report = read_if_there(path, required)
         if report is None:
             missing.append(name)
             continue
         entries[name] = track_entry(report, path, out)
-    longctx = read_json_or_heal(out / Path(paths.longctx_json(preset)).name, ("per_context",))
+    longctx = read_if_there(out / Path(paths.longctx_json(preset)).name, ("per_context",))
     longctx_entry = None
     if longctx is not None:
         longctx_entry = {"contexts": {}}
         for context, entry in longctx["per_context"].items():
-            report = read_json_or_heal(out / entry["bench_report"], required)
+            report = read_if_there(out / entry["bench_report"], required)
             if report is not None:
                 longctx_entry["contexts"][context] = track_entry(
                     report, out / entry["bench_report"], out
@@ -322,10 +332,22 @@ def write_study_index(
     return index
 
 
+# what a study index entry reads of a bench report (a report without one of them is
+# named, CorruptFileError, instead of a KeyError deep in track_entry)
+INDEX_KEYS = ("config", "metric", "arms", "primary_arm", "timings", "learnability")
+
+
+def read_if_there(path: Path, required: tuple[str, ...] = ()) -> Any | None:
+    """``path``'s JSON checked for ``required`` keys, or None where it is missing. A bad
+    file raises ``CorruptFileError`` naming it and stays where it is: the study index is
+    written from committed results too, and a reader of those never moves them."""
+    return read_json_checked(path, required) if path.exists() else None
+
+
 def spectrum_of(bench_out: Path) -> dict[str, Any] | None:
     """``spectrum.json`` of a bench (:func:`rpka.spectrum.bench_spectrum`): read when it is
     there, computed when exact's trained weights are (seconds), else None."""
-    done = read_json_or_heal(bench_out / "spectrum.json", ("heads",))
+    done = read_if_there(bench_out / "spectrum.json", ("heads",))
     if done is not None:
         return done
     try:
@@ -334,13 +356,18 @@ def spectrum_of(bench_out: Path) -> dict[str, Any] | None:
         return None
 
 
-def results_present(preset: str) -> bool:
-    """Whether every result file the notebooks read is there (what the compute stages
-    write): with one missing, a notebook computes it itself, and two notebooks that read
-    the same file must not both do so at the same time (``report --from-results``)."""
+def missing_results(preset: str) -> list[str]:
+    """The result files the notebooks read (what the compute stages write, and the demo
+    run files) that are not there: ``report --from-results`` computes none of them."""
     needed = [paths.bench_report(preset, get_task(name).out_dir) for name in STUDY_TRACKS]
     needed += [mechanism_json(preset), scaling_json(preset), paths.longctx_json(preset)]
-    return all(resolve(path).exists() for path in needed)
+    needed += [os.path.relpath(f, paths.REPO_ROOT) for f in demo_run_files(preset)]
+    return [path for path in needed if not resolve(path).exists()]
+
+
+def results_present(preset: str) -> bool:
+    """Whether every result file the notebooks read is there (:func:`missing_results`)."""
+    return not missing_results(preset)
 
 
 SUPERSEDED_FILE = "superseded.json"
@@ -372,11 +399,29 @@ def record_superseded(
     return out
 
 
-def load_result(path: str | Path, preset: str, progress: bool = True) -> dict:
+class NotComputed(FileNotFoundError):
+    """A result file that is missing where nothing may be computed (``report
+    --from-results``); the message names it and the command that computes it."""
+
+
+def not_computed(path: str | Path, preset: str) -> NotComputed:
+    return NotComputed(
+        f"{path} is not there, and a report from the results computes nothing: "
+        f"`python -m rpka report --preset {preset}` computes it"
+    )
+
+
+def load_result(path: str | Path, preset: str, progress: bool = True, compute: bool = True) -> dict:
     """The result file ``path`` of ``preset``'s study; if it is missing (a fresh clone:
     nothing run yet) or corrupt, the study step that writes it runs now - seconds for
-    ``smoke``, resumed from its run files otherwise - saying so in one line."""
+    ``smoke``, resumed from its run files otherwise - saying so in one line. Without
+    ``compute`` the file is only read: missing, :class:`NotComputed`; corrupt,
+    ``CorruptFileError`` (never moved aside: it may be a committed result)."""
     file = resolve(path)
+    if not compute:
+        if not file.exists():
+            raise not_computed(path, preset)
+        return read_json_checked(file)
     result = read_json_or_heal(file)  # a corrupt file is moved aside, then rebuilt
     if result is not None:
         return result
@@ -391,20 +436,31 @@ def load_result(path: str | Path, preset: str, progress: bool = True) -> dict:
             f"(`make report PRESET={preset}` computes the study's results)"
         )
     label, compute = writers[0]
-    print(
-        f"{path} is not there yet: computing it now ({label}, preset {preset}); "
-        f"`make report PRESET={preset}` computes every result of the study at once"
-    )
+    say_computing(path, label, preset)
     compute()
     return read_json(file)
+
+
+def say_computing(path: str | Path, label: str, preset: str) -> None:
+    """The one line a notebook prints before it computes a result file that is missing."""
+    print(
+        f"{path} is not there yet: computing it now ({label}, preset {preset}); "
+        f"`make report PRESET={preset}` computes every result of the study at once",
+        flush=True,
+    )
 
 
 # --------------------------------------------------------------------------- 01_train
 
 
-def train_demo(preset: str, run_dir: str | Path, progress: bool = False) -> dict[str, dict]:
+def train_demo(
+    preset: str, run_dir: str | Path, progress: bool = False, compute: bool = True
+) -> dict[str, dict]:
     """One model per arm (the baseline and the primary arm), the preset's middle learning
     rate and first evaluation seed, scored on test; cached in ``run_dir`` by config hash.
+    Without ``compute`` the run files are only read (their weights need not be there:
+    git keeps the full study's run files, not its weights); one missing raises
+    :class:`NotComputed`.
 
     Returns {arm name: {"result": run result, "run_file": path}}.
     """
@@ -423,11 +479,38 @@ def train_demo(preset: str, run_dir: str | Path, progress: bool = False) -> dict
         )
         path = resolve(run_dir) / f"{run_id(run_config)}.json"
         run_config["state_path"] = str(path.with_suffix(".pt"))
-        result = bench.finished_result(path, run_config["state_path"])  # heals a bad cache
-        if result is None:
+        if not compute:
+            if not path.exists():
+                raise not_computed(path, preset)
+            out[name] = {"result": read_run_file(path), "run_file": path}
+            continue
+        result = None
+        if Path(run_config["state_path"]).exists():  # else a committed run file without
+            result = bench.finished_result(path, run_config["state_path"])  # its weights:
+        if result is None:  # retrained for them, not moved aside; a bad cache heals above
             result = read_json(bench.run_to_file(run_config, str(path)))
         out[name] = {"result": result, "run_file": path}
     return out
+
+
+def demo_weights_present(runs: dict[str, dict]) -> bool:
+    """Whether every demo run's weights are beside its run file (:func:`demo_forecasts`
+    needs them)."""
+    return all(Path(run["run_file"]).with_suffix(".pt").exists() for run in runs.values())
+
+
+def demo_run_files(preset: str, run_dir: str | Path | None = None) -> list[Path]:
+    """The run files :func:`train_demo` reads for ``preset`` (nothing is trained here)."""
+    config = get_preset(preset)
+    lr = sorted(config.learning_rates)[len(config.learning_rates) // 2]
+    files = []
+    for name in (config.baseline_arm, config.primary_arm):
+        run_config = make_run_config(
+            config, config.arm(name), lr, [config.eval_seeds[0]], "test",
+            str(resolve(paths.DATA_CACHE)), {"enable": False},
+        )  # fmt: skip
+        files.append(resolve(run_dir or demo_run_dir(preset)) / f"{run_id(run_config)}.json")
+    return files
 
 
 @torch.no_grad()
@@ -454,15 +537,24 @@ def bench_config(preset: str) -> BenchConfig:
 
 
 def load_or_run_bench(
-    preset: str, out_dir: str | Path, progress: bool = False, track_name: str = STUDY_TRACKS[0]
+    preset: str,
+    out_dir: str | Path,
+    progress: bool = False,
+    track_name: str = STUDY_TRACKS[0],
+    compute: bool = True,
 ) -> dict:
     """``out_dir/bench_report.json`` if it exists (``python -m rpka report`` runs the bench
     first), else the bench of ``preset`` on ``track_name`` (one of ``STUDY_TRACKS``, whose
-    folder is :func:`bench_dir`) run (or resumed from its run files) now."""
+    folder is :func:`bench_dir`) run (or resumed from its run files) now; without
+    ``compute``, only read (:func:`load_result`)."""
     path = resolve(out_dir) / "bench_report.json"
+    if not compute:
+        return load_result(Path(out_dir) / "bench_report.json", preset, compute=False)
     report = read_json_or_heal(path, ("config", "arms"))  # a corrupt one is rebuilt below
     if report is not None:
         return report
+    label = "bench" if track_name == STUDY_TRACKS[0] else f"bench ({track_name})"
+    say_computing(Path(out_dir) / "bench_report.json", label, preset)
     return bench.run_bench(get_preset(preset, track_name), out_dir, progress=progress)
 
 

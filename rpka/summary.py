@@ -31,15 +31,21 @@ GPU_JSON = paths.GPU_SCALING_JSON
 DECODE_JSON = paths.decode_json("cpu")
 
 
-def _load(path: str | os.PathLike) -> dict[str, Any] | None:
+# what the summary reads of a bench report: one without them is named (CorruptFileError)
+BENCH_KEYS = ("track", "metric", "arms", "baseline_arm", "primary_arm", "timings")
+
+
+def _load(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """A result file, checked; None where it is missing; never moved (committed results)."""
     path = resolve(path)
-    return read_json_checked(path) if path.exists() else None
+    return read_json_checked(path, required) if path.exists() else None
 
 
 def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
     """Every result file the summary reads (None where a file is missing)."""
     benches = {
-        name: _load(paths.bench_report(preset, get_task(name).out_dir)) for name in STUDY_TRACKS
+        name: _load(paths.bench_report(preset, get_task(name).out_dir), BENCH_KEYS)
+        for name in STUDY_TRACKS
     }
     return {
         **benches,

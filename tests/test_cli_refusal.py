@@ -20,7 +20,7 @@ from rpka import cli
             ["--scheduler", "localhost"],
             "argument --scheduler: expected tcp://host:port",
         ),
-        (cli.cost_main, ["--steps", "0"], "argument --steps: must be >= 1"),
+        (cli.cost_main, ["--steps", "0"], "argument --steps: must be in [1, 1000], got 0"),
         (cli.cost_main, ["--benches", "nope"], "argument --benches: unknown ['nope']"),
     ],
 )
@@ -177,18 +177,33 @@ def test_report_refuses_a_parallel_below_one(value, tmp_path, capsys, no_compute
     assert f"--parallel must be an integer >= 1, got {value}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("present", "expected"), [(True, 2), (False, 1)])
-def test_from_results_runs_notebooks_one_at_a_time_when_a_result_is_missing(
-    present, expected, tmp_path, monkeypatch, capsys
-):
-    """A missing result file is computed by the notebook that reads it: two notebooks that
-    read the same one must not compute it side by side."""
+def test_from_results_is_refused_when_a_result_is_missing(tmp_path, monkeypatch, capsys):
+    """--from-results computes nothing: a missing result is named up front (a notebook
+    used to compute it, e.g. the full demo's 210 s of training)."""
+    missing = ["data/results/smoke/bench_report.json", "a", "b", "c"]
+    monkeypatch.setattr(cli.study, "missing_results", lambda preset: missing)
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", _never)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.report_main(["--preset", "smoke", "--from-results", "--html", str(tmp_path / "r.html")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert "--from-results: 4 result file(s) of preset smoke missing" in error
+    assert "data/results/smoke/bench_report.json, a, b, ...)" in error
+
+
+def test_from_results_trains_nothing_and_draws_into_the_report_folder(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(cli.study, "results_present", lambda preset: present)
-    monkeypatch.setattr(cli.pipeline, "run_pipeline", lambda *a, **kw: seen.update(kw))
+    monkeypatch.setattr(cli.study, "missing_results", lambda preset: [])
+    monkeypatch.setattr(cli.study, "render_steps", lambda preset: [])
+    monkeypatch.setattr(cli.study, "compute_steps", _never)
+    monkeypatch.setattr(
+        cli.pipeline, "run_pipeline", lambda steps, *a, **kw: seen.update(kw, steps=steps)
+    )
     cli.report_main(["--preset", "smoke", "--from-results", "--html", str(tmp_path / "r.html")])
-    assert seen["parallel"] == expected
-    assert ("run one at a time" in capsys.readouterr().out) is (not present)
+    assert seen["compute"] == [] and seen["parallel"] == 2
+    for step in seen["steps"]:
+        assert step.parameters["compute_missing"] is False
+        assert step.parameters["figures_dir"] == "reports/smoke/figures"
 
 
 def test_bench_requires_a_preset_naming_them(monkeypatch, capsys):

@@ -44,8 +44,19 @@ def test_writes_rows_for_every_method_and_context(tmp_path):
         ({"dtype": "int8"}, "dtype"),
         ({"device": "tpu"}, "device"),
         ({"pivot_set": "queries"}, "pivot_set"),
+        ({"contexts": [8]}, r"contexts must be >= block_size 64 .* got \[8\]"),
+        ({"contexts": [300_000_000]}, r"contexts 300000000 needs at least [\d,.]+ GiB"),
     ],
 )
 def test_bad_config_names_the_parameter(changes, match):
     with pytest.raises(ValueError, match=match):
         decoding.DecodeConfig(**changes).validate()
+
+
+def test_a_context_shorter_than_the_warm_up_run_still_runs(tmp_path):
+    """The untimed warm-up prefills two blocks: with a shorter sweep (``--contexts 24
+    --block-size 16``) its steps read past q, k, v - "step takes one token" (issue 31)."""
+    config = decoding.DecodeConfig(**{**TINY, "contexts": [16], "block_size": 16})
+    assert config.sequence_length() == 2 * 16 + 1 + 9
+    rows = decoding.run_decoding(config, progress=False)["rows"]
+    assert {r["context"] for r in rows} == {16}

@@ -61,3 +61,13 @@ def test_conda_environment_pins_the_makefile_torch():
     spec = re.search(r"^TORCH_SPEC \?= (\S+)$", (REPO_ROOT / "Makefile").read_text(), re.M)
     pins = re.findall(r"^\s+- (torch\S*)$", (REPO_ROOT / "environment.yml").read_text(), re.M)
     assert pins == [spec.group(1)] and "==" in pins[0]
+
+
+def test_setup_silences_only_setuptools_editable_banner(tmp_path):
+    """pip >= 25 passes the build backend's warnings through --quiet: setuptools' editable
+    install banner ("Editable installation ... Please be careful with folders") was the
+    only noise of a fresh set-up (issue 31 item 7). The filter names that message alone."""
+    install = next(
+        line for line in make_n(tmp_path / "venv", "setup").splitlines() if "-e " in line
+    )
+    assert install.startswith('PYTHONWARNINGS="ignore:Editable installation" ')

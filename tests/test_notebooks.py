@@ -4,12 +4,20 @@ nbval executes every notebook with its smoke defaults (``--nbval-lax``, see pypr
 these tests check what nbval does not: the committed form and the rendered report.
 """
 
+import ast
 import base64
+import os
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import nbformat
 import pytest
 
+import rpka
+from rpka.notebook_params import check
 from rpka.paths import REPO_ROOT
 from rpka.pipeline import (
     Step,
@@ -42,9 +50,14 @@ def test_committed_without_outputs_with_one_parameters_cell(name):
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_defaults_are_the_smoke_parameters(name):
+    """The parameters cell names the smoke preset and leaves every path None: the first
+    cell derives them (rpka.notebook_params), the same as the pipeline passes."""
     declared = {k: v["default"] for k, v in declared_parameters(NOTEBOOK_DIR / name).items()}
+    assert declared["preset"] == "'smoke'"
+    defaults = {k: ast.literal_eval(v) for k, v in declared.items()}
+    settled = check(name, defaults)
     for key, value in notebook_parameters("smoke")[name].items():
-        assert declared[key] == repr(value), key
+        assert settled[key] == value, key
 
 
 def test_every_preset_passes_only_declared_parameters():
@@ -166,3 +179,37 @@ def test_smoke_html_says_it_is_a_preview_and_starts_with_the_summary(smoke_html)
     assert "Preview, not a result." in smoke_html and "draw no conclusions" in smoke_html
     headings = re.findall(r"<h2[^>]*>(.*?)<", smoke_html)
     assert headings[0] == "Summary" and headings[-1] == "Appendix"
+
+
+@pytest.mark.slow
+def test_from_results_trains_nothing_and_leaves_a_clone_unchanged(smoke_report, tmp_path):
+    """A clone of a study as git keeps it (result and run files, figures; no weights, data
+    cache or reports): `report --from-results` trains nothing, and `git status` stays
+    clean - figures go to reports/<preset>/figures (issue 31 item 5)."""
+    root = tmp_path / "clone"
+    skip = shutil.ignore_patterns("*.pt", "*.corrupt-*", "*.tmp")
+    for part in ("notebooks", "data/results/smoke", "figures/smoke"):
+        shutil.copytree(REPO_ROOT / part, root / part, ignore=skip)
+    (root / ".gitignore").write_text("reports/\ndata/cache/\n")
+
+    def git(*args):
+        done = subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True)
+        return done.stdout
+
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "the study")
+    source = Path(rpka.__file__).resolve().parent.parent  # the kernels import this rpka
+    env = {**os.environ, "RPKA_ROOT": str(root), "PYTHONPATH": str(source)}
+    command = [sys.executable, "-m", "rpka", "report", "--preset", "smoke", "--from-results"]
+    done = subprocess.run(
+        [*command, "--no-progress", "--html", str(root / "reports/r.html")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[compute" not in done.stdout + done.stderr  # no stage: nothing trained
+    assert git("status", "--porcelain", "--untracked-files=all") == ""
+    assert (root / "reports/smoke/figures/train_curves.png").exists()
+    executed = nbformat.read(root / "reports/smoke/01_train.ipynb", as_version=4)
+    said = [o.get("text", "") for c in executed.cells for o in c.get("outputs", [])]
+    assert any("weights are not here: no forecasts drawn" in text for text in said)

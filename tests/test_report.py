@@ -250,6 +250,10 @@ def test_preview_banner_only_for_previews(fake_study):
     source = {"commit": "abc", "commit_date": "2026-01-01", "dirty": "no", "rendered": "now"}
     assert "Preview, not a result" in report.header("smoke", fake_study, source)
     assert "draw no conclusions" in report.header("quick", fake_study, source)
+    # it points to the committed report, not to hours of `make report PRESET=full`
+    assert "`docs/rpka_report_full.html`" in report.header("quick", fake_study, source)
+    assert (ROOT / "docs/rpka_report_full.html").is_file()
+    assert "PRESET=full" not in report.header("quick", fake_study, source)
     assert "Preview" not in report.header("full", fake_study, source)
     assert "commit `abc`" in report.header("full", fake_study, source)
     assert report.page_title("full", "abc") == "RPKA study report (full preset, commit abc)"
@@ -366,3 +370,16 @@ def test_the_trace_identity_caption_states_the_pooled_decision():
     pooled = mechanism["trained"]["mechanism_signature"]["pooled"]
     assert f"{pooled['n_seeds']} Monte Carlo seeds" in caption
     assert f"χ² p = {pooled['chi2_p']:.3g}" in caption and "fails" not in caption
+
+
+def test_an_equivalent_verdict_without_power_says_it_is_not_a_finding(fake_study):
+    """Two pairs: TOST's interval can fit the margin while the sign-flip rule cannot reject
+    at all; the quick preview said "equivalent" beside "zero power" (issue 31 item 6)."""
+    track = copy.deepcopy(next(iter(fake_study["tracks"].values())))
+    c = track["comparison"]
+    c.update(verdict="equivalent", mde=None, n_pairs=2, mde_note="zero power: with 2 pairs")
+    text = report.track_headline(track)
+    assert "**Verdict: equivalent** by TOST's interval alone" in text
+    assert "no power with 2 pairs, so this is not a finding" in text
+    c.update(mde=0.01)
+    assert report.track_headline(track).endswith("**Verdict: equivalent.**")

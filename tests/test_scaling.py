@@ -101,3 +101,29 @@ def test_cli_rejects_bad_values(capsys):
     with pytest.raises(SystemExit):
         cli.scaling_main(["--preset", "tiny", "--repeats", "0"])
     assert "repeats" in capsys.readouterr().err
+
+
+def test_the_time_budget_bounds_a_single_measurement(monkeypatch):
+    """--max-seconds was checked between measurements only: `--lengths 4000000
+    --max-seconds 20` ran past 150 s in its first one. A measurement predicted (from the
+    arm's last length, or a one-call probe) to overrun what is left is skipped, with the
+    prediction."""
+    import time
+
+    config = tiny(
+        lengths=(64, 2**18), control_ranks=(), batch_heads=1, head_dim=8, warmup=0,
+        memory=False, backward=False, max_seconds=3.0,
+    )  # fmt: skip
+    started = time.monotonic()
+    result = scaling.run_scaling(config, progress=False)
+    assert time.monotonic() - started < 60  # exact at 262,144 tokens alone: many minutes
+    long_exact = next(r for r in result["rows"] if r["method"] == "exact" and r["n"] == 2**18)
+    assert long_exact["forward_status"] == "skipped"
+    assert long_exact["forward_predicted_s"] > 3.0
+    short = [r for r in result["rows"] if r["n"] == 64]
+    assert all(r["forward_status"] == "ok" for r in short)
+
+
+def test_lengths_beyond_memory_are_refused_before_allocating():
+    with pytest.raises(ValueError, match=r"lengths 4000000000 needs at least [\d,.]+ GiB"):
+        tiny(lengths=(4_000_000_000,)).validate()

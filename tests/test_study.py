@@ -17,7 +17,7 @@ from rpka import cli, plots, scaling, study, tables  # noqa: E402
 from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
 from rpka.attention import REGISTRY, options_of  # noqa: E402
 from rpka.config import BenchConfig  # noqa: E402
-from rpka.io import read_json  # noqa: E402
+from rpka.io import CorruptFileError, read_json  # noqa: E402
 from rpka.presets import (  # noqa: E402
     ABLATION_RANK,
     PEERS,
@@ -471,11 +471,11 @@ def test_01_trains_demo_runs_train_in_a_terminal_step_and_the_notebook_reuses_th
     tmp_path, monkeypatch, capsys
 ):
     """`report` trains 01_train's two models as a step of its own, with a bar in the
-    terminal (the cell itself would wait in silence, ~10 min at full), even with
-    --from-results; the notebook's call then finds them cached (issue 17 item 8)."""
+    terminal (the cell itself would wait in silence, ~10 min at full); the notebook's call
+    then finds them cached (issue 17 item 8). --from-results trains nothing: the notebook
+    reads the run files, without their weights too (issue 31 item 5)."""
     labels = [label for label, _, _ in study.compute_steps("smoke", progress=False)]
-    assert labels[0] == study.DEMO_STEP and labels[-1] == "study index"
-    assert set(study.RENDER_STEPS) <= set(labels)
+    assert labels[0] == study.DEMO_STEP and labels[-1] == study.INDEX_STEP
     assert study.notebook_parameters("smoke")["01_train.ipynb"]["run_dir"] == (
         study.demo_run_dir("smoke")
     )
@@ -493,14 +493,42 @@ def test_01_trains_demo_runs_train_in_a_terminal_step_and_the_notebook_reuses_th
         k: v["run_file"] for k, v in first.items()
     }
 
-    ran = {}
-    monkeypatch.setattr(
-        cli.pipeline,
-        "run_pipeline",
-        lambda *a, compute, **kw: ran.update((label, run) for label, run, _ in compute),
+    assert sorted(study.demo_run_files("smoke", tmp_path)) == sorted(
+        v["run_file"] for v in first.values()
     )
-    cli.report_main(["--preset", "smoke", "--from-results", "--html", str(tmp_path / "r.html")])
-    assert list(ran) == list(study.RENDER_STEPS)
+    for run in first.values():  # as in a clone: git keeps run files, not weights
+        run["run_file"].with_suffix(".pt").unlink()
+    read = study.train_demo("smoke", tmp_path, compute=False)
+    assert len(trained) == 2 and not study.demo_weights_present(read)
+    assert {k: v["result"] for k, v in read.items()} == {k: v["result"] for k, v in first.items()}
+    assert all(v["run_file"].exists() for v in read.values())  # nothing moved aside
+    with pytest.raises(study.NotComputed, match="computes nothing: `python -m rpka report"):
+        study.train_demo("smoke", tmp_path / "empty", compute=False)
+    assert len(trained) == 2
+    study.train_demo("smoke", tmp_path)  # a run: retrained for the weights, nothing moved
+    assert len(trained) == 4 and not list(tmp_path.glob("*.corrupt-*"))
+    assert study.demo_weights_present(study.train_demo("smoke", tmp_path, compute=False))
+
+
+def test_from_results_computes_only_a_missing_study_index(tmp_path, monkeypatch):
+    monkeypatch.setattr(study.paths, "REPO_ROOT", tmp_path)  # resolve() reads it
+    assert [label for label, _, _ in study.render_steps("smoke")] == [study.INDEX_STEP]
+    index = tmp_path / study.paths.study_json("smoke")
+    index.parent.mkdir(parents=True)
+    index.write_text("{}")
+    assert study.render_steps("smoke") == []
+
+
+def test_a_reader_that_may_not_compute_neither_computes_nor_moves(tmp_path):
+    with pytest.raises(study.NotComputed, match=r"missing\.json is not there"):
+        study.load_result(tmp_path / "missing.json", "smoke", compute=False)
+    bad = tmp_path / "bench_report.json"
+    bad.write_text("{not json")
+    with pytest.raises(CorruptFileError):
+        study.load_result(bad, "smoke", compute=False)
+    with pytest.raises(CorruptFileError):
+        study.load_or_run_bench("smoke", tmp_path, compute=False)
+    assert bad.read_text() == "{not json"  # a committed result is never moved aside
 
 
 class _FakeExecutor:

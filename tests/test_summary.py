@@ -92,7 +92,7 @@ def test_cli_rewrites_a_readme_block(tmp_path, monkeypatch, smoke_study_report):
 
 
 def test_render_without_results_names_the_command(monkeypatch):
-    monkeypatch.setattr(summary, "_load", lambda path: None)
+    monkeypatch.setattr(summary, "_load", lambda path, required=(): None)
     with pytest.raises(FileNotFoundError, match="python -m rpka report --preset full"):
         summary.render("full")
 

@@ -80,3 +80,23 @@ def test_the_cli_silences_c10s_unknown_memory_block_line():
 
     assert "Memory block of unknown size" in stderr("")
     assert "Memory block" not in stderr("import rpka.__main__")
+
+
+def test_the_trace_identity_draws_one_bar_into_a_log(capsys):
+    """The mechanism check ran a bar per Monte Carlo seed, each redrawn ten times a second:
+    in a log (stderr not a terminal, as under capsys), many bars' lines (issue 31 item 7).
+    Now one bar over every seed's steps, redrawn once a minute there."""
+    import torch
+
+    from rpka.config import MechanismConfig
+    from rpka.mechanism import trace_identity_study
+
+    generator = torch.Generator().manual_seed(0)
+    qkv = [tuple(torch.randn(1, 2, 12, 4, generator=generator) for _ in range(3))]
+    config = MechanismConfig(rank=5, draws=50, mc_seeds=4, monte_carlo="resample")
+    trace_identity_study(qkv, config, progress=True)
+    err = capsys.readouterr().err
+    bars = [line for line in err.replace("\r", "\n").splitlines() if "trace identity" in line]
+    assert bars and all("4 Monte Carlo seeds" in line for line in bars)
+    assert len(bars) <= 2, err  # the start and the end
+    assert "20/20" in bars[-1]

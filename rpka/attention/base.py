@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from rpka.attention.cache import check_capacity, check_step
+from rpka.attention.cache import check_capacity, check_state, check_step
 from rpka.attention.guards import guard_shares, warn_frequent
 
 
@@ -145,6 +145,7 @@ class AttentionMethod(nn.Module):
         check_step(q, k, v)
         if not self.causal:
             raise ValueError("prefill/step need a causal method: build it with causal=True")
+        check_state(k, v, state)
         out, state = self.attend_step(q, k, v, state)
         self.report_guards()
         return out, state

@@ -60,6 +60,22 @@ def check_step(q: Tensor, k: Tensor, v: Tensor) -> None:
         )
 
 
+def check_state(k: Tensor, v: Tensor, state: object) -> None:
+    """The new token continues ``state``: its batch, heads and head dimensions are the
+    prompt's (a mismatch was a ``RuntimeError`` deep in a buffer copy)."""
+    keys, values = getattr(state, "keys", None), getattr(state, "values", None)
+    if not isinstance(keys, GrowingBuffer) or not isinstance(values, GrowingBuffer):
+        return  # not a decoding state at all: the method's own check names its type
+    for name, new, buffer in (("k", k, keys), ("v", v, values)):
+        expected = (*buffer.data.shape[:-2], buffer.data.shape[-1])
+        got = (*new.shape[:-2], new.shape[-1])
+        if got != expected:
+            raise ValueError(
+                f"step: {name} of shape {tuple(new.shape)} does not continue the state: "
+                f"(batch, heads, head dim) must be the prompt's {expected}, got {got}"
+            )
+
+
 def check_capacity(capacity: int | None) -> None:
     if capacity is not None and (
         not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1

@@ -1,0 +1,236 @@
+"""The hostile-input campaign of issue 31: each case that gave a traceback, a hang or a
+crash now gives one clear line and exit status 2 before any work, and a reader of the
+committed results never moves them."""
+
+import errno
+import json
+import time
+
+import pytest
+import torch
+
+from rpka import cli, executors, study, summary
+from rpka.attention import build
+from rpka.io import CorruptFileError, write_json
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the work started before the input was refused")
+
+
+def _refused(main, argv, capsys) -> str:
+    """``main(argv)`` exits 2; its last line on stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def test_a_scheduler_with_the_inline_executor_is_a_conflict(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "make_executor", _never)
+    argv = ["--preset", "smoke", "--out", str(tmp_path), "--executor", "inline"]
+    line = _refused(cli.bench_main, [*argv, "--scheduler", "tcp://127.0.0.1:9"], capsys)
+    assert "argument --scheduler: not allowed with --executor inline" in line
+
+
+def test_an_unreachable_scheduler_is_one_line_after_a_short_wait(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("distributed")
+    monkeypatch.setattr(executors, "DASK_CONNECT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(cli.bench, "run_bench", _never)
+    started = time.monotonic()
+    argv = ["--preset", "smoke", "--out", str(tmp_path), "--scheduler", "tcp://127.0.0.1:9"]
+    line = _refused(cli.bench_main, argv, capsys)
+    assert line.startswith("python -m rpka bench: error: argument --scheduler: cannot reach")
+    assert "tcp://127.0.0.1:9" in line
+    assert time.monotonic() - started < 20  # distributed's own timeout was 30 s
+
+
+@pytest.mark.parametrize("epochs", ["0", "1000000000"])
+def test_epochs_beyond_any_study_are_refused(epochs, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli.bench, "run_bench", _never)
+    argv = ["--preset", "smoke", "--out", str(tmp_path), "--epochs", epochs]
+    assert f"argument --epochs: must be in [1, 1000], got {epochs}" in _refused(
+        cli.bench_main, argv, capsys
+    )
+
+
+def test_cost_steps_beyond_a_probe_are_refused(monkeypatch, capsys):
+    monkeypatch.setattr(cli.cost, "run_cost_model", _never)
+    argv = ["--preset", "smoke", "--steps", "100000000"]
+    assert "argument --steps: must be in [1, 1000], got 100000000" in _refused(
+        cli.cost_main, argv, capsys
+    )
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "flag"),
+    [
+        (cli.bench_main, ["--preset", "smoke"], "--out"),
+        (cli.scaling_main, ["--preset", "tiny"], "--out"),
+        (cli.decode_main, [], "--out"),
+        (cli.report_main, ["--preset", "smoke"], "--html"),
+    ],
+)
+def test_an_out_name_longer_than_the_file_system_allows(main, argv, flag, tmp_path, capsys):
+    long = str(tmp_path / ("x" * 300))
+    line = _refused(main, [*argv, flag, long], capsys)
+    assert f"argument {flag}:" in line and ("too long" in line or "cannot write" in line)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def test_a_long_context_beyond_memory_is_refused_with_its_estimate(monkeypatch, capsys):
+    monkeypatch.setattr(cli.longctx, "run_longctx", _never)
+    line = _refused(cli.longctx_main, ["--preset", "smoke", "--contexts", "50000000"], capsys)
+    assert "contexts 50000000 needs at least" in line and "GiB available" in line
+
+
+def test_a_decode_context_beyond_memory_is_refused_with_its_estimate(monkeypatch, capsys):
+    monkeypatch.setattr(cli.decoding, "run_decoding", _never)
+    line = _refused(cli.decode_main, ["--contexts", "300000000"], capsys)
+    assert "contexts 300000000 needs at least" in line and "GiB available" in line
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--contexts", "8", "--rank", "64"], "contexts must be >= block_size 64"),
+    (["--contexts", "24", "--block-size", "32"], "contexts must be >= block_size 32"),
+])  # fmt: skip
+def test_decode_refuses_a_context_shorter_than_a_block(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(cli.decoding, "run_decoding", _never)
+    assert message in _refused(cli.decode_main, argv, capsys)
+
+
+# --------------------------------------------------------------------------- decoding state
+
+
+@pytest.mark.parametrize("method", ["exact", "rpka"])
+@pytest.mark.parametrize("shape", [(1, 3, 1, 8), (1, 2, 1, 4), (2, 2, 1, 8)])
+def test_step_checks_the_token_against_the_state(method, shape):
+    options = {"rank": 4, "causal_block": 8} if method == "rpka" else {}
+    attn = build(method, causal=True, **options)
+    prompt = torch.randn(1, 2, 16, 8)
+    _, state = attn.prefill(prompt, prompt, prompt)
+    token = torch.randn(shape)
+    with pytest.raises(ValueError, match=r"does not continue the state: \(batch, heads, head"):
+        attn.step(token, token, token, state)
+    with pytest.raises(ValueError, match="state must be the"):  # the method's own check
+        attn.step(prompt[..., :1, :], prompt[..., :1, :], prompt[..., :1, :], object())
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def test_summary_without_results_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(study.paths, "REPO_ROOT", tmp_path)  # an empty clone
+    monkeypatch.setattr(cli.study, "write_study_index", _never)
+    line = _refused(cli.summary_main, ["--preset", "quick"], capsys)
+    assert "argument --preset: no results of preset quick" in line
+    assert "`python -m rpka report --preset quick` computes them" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_summary_refuses_a_readme_without_markers_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli.study, "write_study_index", _never)
+    readme = tmp_path / "README.md"
+    readme.write_text("# no block here\n")
+    line = _refused(cli.summary_main, ["--readme", str(readme)], capsys)
+    assert f"argument --readme: {readme} has no summary block" in line
+    assert readme.read_text() == "# no block here\n"
+
+
+def test_summary_names_a_readme_it_cannot_write(tmp_path, monkeypatch, capsys):
+    """An immutable file (chattr +i: even root cannot rename over it) - the write fails
+    after the summary is rendered; one line, the file as it was."""
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{summary.BEGIN}\n{summary.END}\n")
+    monkeypatch.setattr(cli.study, "write_study_index", lambda preset: {"tracks": {}})
+    monkeypatch.setattr(cli.summary, "render", lambda preset: "block")
+
+    def immutable(path, text):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(cli, "atomic_write_text", immutable)
+    monkeypatch.setattr(cli, "resolve", lambda path: tmp_path)  # the results "exist"
+    line = _refused(cli.summary_main, ["--preset", "smoke", "--readme", str(readme)], capsys)
+    assert f"argument --readme: cannot write {readme} (Operation not permitted)" in line
+    assert readme.read_text() == f"{summary.BEGIN}\n{summary.END}\n"
+
+
+def _bench_report(**drop: bool) -> dict:
+    report = {
+        "config": {"preset": "smoke"},
+        "track": "forecast",
+        "metric": "mse",
+        "arms": {},
+        "baseline_arm": "exact",
+        "primary_arm": "rpka-r4",
+        "timings": {"phases": {"total_s": 1.0}},
+        "learnability": {"met": True},
+    }
+    return {k: v for k, v in report.items() if not drop.get(k)}
+
+
+def test_a_bench_report_without_timings_is_named_not_a_key_error(tmp_path):
+    path = tmp_path / "bench_report.json"
+    write_json(path, _bench_report(timings=True))
+    with pytest.raises(CorruptFileError, match=r"bench_report\.json: lacks the keys \['timings'\]"):
+        study.write_study_index("smoke", tracks=("forecast",), out_dir=tmp_path)
+    with pytest.raises(CorruptFileError, match=r"lacks the keys \['timings'\]"):
+        summary._load(path, summary.BENCH_KEYS)
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"arms": {}})])
+def test_the_study_index_never_moves_a_committed_result(content, tmp_path):
+    """`summary --preset full` with a corrupt committed bench_report.json said
+    "recomputing", recomputed nothing and renamed the committed file."""
+    path = tmp_path / "bench_report.json"
+    path.write_text(content)
+    with pytest.raises(CorruptFileError, match="bench_report.json"):
+        study.write_study_index("smoke", tracks=("forecast",), out_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench_report.json"]
+    assert path.read_text() == content
+    spectrum = tmp_path / "spectrum.json"
+    spectrum.write_text("[]")
+    with pytest.raises(CorruptFileError, match="spectrum.json"):
+        study.spectrum_of(tmp_path)
+    assert spectrum.read_text() == "[]"
+
+
+def test_the_cli_names_a_corrupt_result_in_one_line(tmp_path, monkeypatch, capsys):
+    def corrupt(argv):
+        raise CorruptFileError(f"{tmp_path}/bench_report.json: lacks the keys ['timings']")
+
+    monkeypatch.setitem(cli.COMMANDS, "summary", (corrupt, "test"))
+    assert cli.main(["summary"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {tmp_path}/bench_report.json: lacks the keys ['timings']"
+    ]
+
+
+# --------------------------------------------------------------------------- faults
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
+def test_a_full_disk_is_one_line(code, monkeypatch, capsys):
+    def full(argv):
+        raise OSError(code, "No space left on device", "data/results/smoke/x.json")
+
+    monkeypatch.setitem(cli.COMMANDS, "bench", (full, "test"))
+    assert cli.main(["bench"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "writing data/results/smoke/x.json" in lines[0]
+    assert "nothing was half-written" in lines[0]
+
+
+def test_other_os_errors_still_raise(monkeypatch):
+    def other(argv):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setitem(cli.COMMANDS, "bench", (other, "test"))
+    with pytest.raises(OSError, match="I/O error"):
+        cli.main(["bench"])
