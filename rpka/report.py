@@ -29,7 +29,8 @@ from matplotlib.figure import Figure
 from rpka import narrative, paths, plots_recall, report_text, stats, study, summary, tables
 from rpka.io import figure_png, read_json_checked
 from rpka.narrative import mde_text
-from rpka.plots import metric_label, plot_error_vs_time, plot_output_error_by_arm
+from rpka.plots import metric_label, plot_output_error_by_arm
+from rpka.plots_cost import plot_error_vs_time
 from rpka.plots_report import plot_forest, primary_comparison
 from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS
 from rpka.report_text import (

@@ -447,12 +447,20 @@ def cost_caption(track: Mapping[str, Any]) -> tuple[str, str]:
         else "no arm's CI excludes 0, so no Pareto front is drawn: every arm's error is "
         "within noise of exact's and only the cost tells them apart"
     )
+    tokens = report["arms"][report["baseline_arm"]].get("attention_tokens")
+    at = f" on this track at its {tokens} tokens" if tokens else " on this track"
     caption = (
         f"**{track['title']}: error against cost.** Each arm's paired test-error difference "
-        f"from exact (mean, 95 % CI) against its training step time (and attention latency "
-        f"where measured); {front}."
+        f"from exact (mean, unadjusted 95 % CI) against its median training step measured{at} "
+        f"(log scale); the primary arm `{track['primary_arm']}` framed and in bold in the "
+        f"legend; each arm keeps its colour in every figure. {front[0].upper()}{front[1:]}. "
+        "Forward latency at long sequences is in the speed section."
     )
-    return caption, f"Scatter plot of error difference against time per arm, {track['title']}."
+    alt = (
+        f"Scatter plot of each arm's error difference from exact against its training step "
+        f"time (log scale), {track['title']}, primary arm {track['primary_arm']}."
+    )
+    return caption, alt
 
 
 # --------------------------------------------------------------------------- appendix
