@@ -8,8 +8,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from rpka import paths, plots_report, report, report_summary
+from rpka import narrative, paths, plots_report, report, report_summary
 from rpka.frontier import MARGIN_GAP
+from rpka.tracks import get_task
 
 RESULTS = paths.resolve(paths.results_dir("full"))
 
@@ -110,3 +111,19 @@ def test_the_primary_gap_is_the_frontiers_rule_on_the_primary_arm(full_study, fr
         assert gap["mean"] == pytest.approx(row["gap_recovered"]["mean"])
         assert gap["ci_low"] == pytest.approx(row["gap_recovered"]["ci_low"])
     assert np.isclose(MARGIN_GAP, next(iter(frontier["tracks"].values()))["margin_gap"])
+
+
+def test_one_learning_rate_is_not_called_a_sweep():
+    assert narrative.rates_text([0.001], [0]).startswith("One learning rate, 0.001")
+    assert "swept" not in narrative.rates_text([0.001], [0])
+    assert "0.001, 0.003 swept" in narrative.rates_text([0.001, 0.003], [0, 1])
+
+
+def test_the_two_perplexities_are_labelled(full_study):
+    lm = full_study["tracks"]["lm"]["report"]
+    text = get_task("lm").learnability_text(lm)
+    le, base = lm["learnability"], lm["arms"][lm["baseline_arm"]]["full"]
+    assert f"exp(mean NLL over seeds) {le['baseline_test_perplexity']:.3f}" in text
+    mean = f"the mean of the seeds' perplexities, the metric compared above, is {base['mean']:.3f}"
+    assert mean in text
+    assert "not exp of the mean NLL" in get_task("lm").result_notes(lm)
