@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from rpka import palette
 from rpka.io import save_figure
 from rpka.plots import metric_label
 from rpka.tables import arm_group, verdict_word
@@ -82,7 +83,7 @@ def plot_headline(
         ax.axvspan(margin, right, color="C0", alpha=0.12, lw=0,
                    label=f"non-inferior zone (gap > {margin:g})")  # fmt: skip
     ax.axvline(0, color="0.3", lw=1, ls=":", label="no attention (control) = 0")
-    ax.axvline(1, color="C3", lw=1, ls="--", label="exact attention = 1")
+    ax.axvline(1, color=palette.EXACT, lw=1, ls="--", label="exact attention = 1")
     labels = []
     for i, row in enumerate(rows):
         y = len(rows) - 1 - i
