@@ -50,7 +50,8 @@ RANK_ANCHORS = {
     16: "#d95f02",
     32: "#c51b1b",
     64: "#7f0000",
-    96: "#3f007d",
+    96: "#6a51a3",
+    128: "#3f007d",
 }
 
 _RANKED = re.compile(r"^(?P<method>[a-z]+(?:-[a-z]+)*?)-r(?P<rank>\d+)(?:-(?P<variant>.+))?$")
