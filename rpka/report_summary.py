@@ -276,3 +276,18 @@ def headline_caption(rows: list[Mapping[str, Any]]) -> tuple[str, str]:
     return caption, "Headline dot plot of gap recovered, one row per track. " + "; ".join(
         parts
     ) + "."
+
+
+# --------------------------------------------------------------------------- targets
+
+# a target about the science (does a track teach exact attention anything; does the
+# mechanism hold), not about speed, memory or the study's budget
+SCIENCE_MARKERS = ("learnable", "trace identity")
+
+
+def split_targets(targets: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(science bars, engineering targets) of the targets table
+    (:func:`rpka.summary.targets_table`): a row is science when its target names a
+    track's learnability or the trace identity (``SCIENCE_MARKERS``)."""
+    science = targets["target"].str.contains("|".join(SCIENCE_MARKERS), regex=True)
+    return targets[science].reset_index(drop=True), targets[~science].reset_index(drop=True)

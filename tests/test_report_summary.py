@@ -127,3 +127,24 @@ def test_the_two_perplexities_are_labelled(full_study):
     mean = f"the mean of the seeds' perplexities, the metric compared above, is {base['mean']:.3f}"
     assert mean in text
     assert "not exp of the mean NLL" in get_task("lm").result_notes(lm)
+
+
+def test_targets_split_into_science_bars_and_engineering_targets(full_study):
+    import pandas as pd
+
+    targets = pd.DataFrame(
+        [
+            ("lm learnable: exact closes ≥ 50 %", "74%", "met"),
+            ("trace identity: pooled z-scores calibrated", "p 0.004", "not met"),
+            (
+                "forecast track: rpka-r16 training step at 96 tokens ≤ 1.5 × exact",
+                "3.6 ×",
+                "not met",
+            ),
+            ("study budget: `make report` ≤ 25 min on 2 cores", "239 min", "not met"),
+        ],
+        columns=["target", "measured", "status"],
+    )
+    science, engineering = report_summary.split_targets(targets)
+    assert list(science["target"].str[:5]) == ["lm le", "trace"]
+    assert list(engineering["target"].str[:5]) == ["forec", "study"]
