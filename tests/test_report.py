@@ -259,6 +259,7 @@ def test_offline_html_has_no_script_no_remote_link_and_the_title():
     out = offline(page, "RPKA <report>")
     assert "<script" not in out and "https:" not in out
     assert "<title>RPKA &lt;report&gt;</title>" in out and "<p>x</p>" in out
+    assert "@media print" in out.split("</head>")[0]  # wide tables wrap when printed
 
 
 def test_appendix_tables_use_words_not_python_reprs(fake_study):

@@ -5,6 +5,7 @@ committed files of ``figures/full/``, byte for byte."""
 import base64
 import hashlib
 import re
+from html.parser import HTMLParser
 
 import matplotlib.pyplot as plt
 
@@ -62,3 +63,29 @@ def test_every_figure_the_readme_shows_is_committed():
     shown = re.findall(r"\]\((figures/[^)]+\.png)\)", readme)
     assert shown
     assert [p for p in shown if not (ROOT / p).exists()] == []
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)
+        self.names: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.names.add(tag)
+
+
+# every element the rendered page may hold (nbconvert's page, Markdown, pandas' tables)
+HTML_TAGS = set(
+    "html head meta title style body main div span p a b i em strong code pre ul ol li "
+    "table thead tbody tfoot tr th td caption colgroup col h1 h2 h3 h4 h5 h6 br hr img "
+    "figure figcaption blockquote footer header section nav sup sub del ins svg path g "
+    "defs use link label input details summary small".split()
+)
+
+
+def test_the_committed_report_has_no_unescaped_generated_text():
+    """A generated string with ``<name>`` in it (``arms.<arm>.sweep``) parses as an
+    element nobody wrote: every element of the page must be an HTML one."""
+    parser = _Tags()
+    parser.feed((ROOT / "docs" / "rpka_report_full.html").read_text())
+    assert parser.names - HTML_TAGS == set()
