@@ -90,6 +90,7 @@ def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
 
 FIGURE_DPI = 150  # the resolution of every figure written or embedded
 _SAVED_PNG = "_rpka_png"  # where save_figure keeps the bytes it wrote, on the figure
+_SAVED_PATH = "_rpka_png_path"  # and the file it wrote them to
 
 
 def figure_png(fig: Any) -> bytes:
@@ -128,7 +129,14 @@ def save_figure(fig: Any, save_dir: str | os.PathLike | None, name: str) -> Path
     png = figure_png(fig)
     setattr(fig, _SAVED_PNG, png)
     fig.stale = False  # drawn as saved (the tight bounding box leaves the flag set)
-    return atomic_write(resolve(save_dir) / f"{name}.png", lambda fh: fh.write(png), binary=True)
+    path = atomic_write(resolve(save_dir) / f"{name}.png", lambda fh: fh.write(png), binary=True)
+    setattr(fig, _SAVED_PATH, path)
+    return path
+
+
+def saved_path(fig: Any) -> Path | None:
+    """The file :func:`save_figure` last wrote ``fig`` to (None if never saved)."""
+    return getattr(fig, _SAVED_PATH, None)
 
 
 # --------------------------------------------------------------------------- checked reads

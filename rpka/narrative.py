@@ -38,12 +38,20 @@ def setup(report: Mapping) -> str:
     protocol = (
         f"**Arms.** {arms}. Baseline `{report['baseline_arm']}` (torch SDPA); primary arm "
         f"`{report['primary_arm']}`.\n\n"
-        f"**Protocol.** Learning rates {cfg['learning_rates']} swept on validation with seeds "
-        f"{cfg['sweep_seeds']}; each arm's best rate then trained with {report['n_seeds']} fresh "
+        f"**Protocol.** {rates_text(cfg['learning_rates'], cfg['sweep_seeds'])} then "
+        f"trained with {report['n_seeds']} fresh "
         f"evaluation seeds {cfg['eval_seeds']} and scored on test ({metric}, "
         f"lower is better). A seed fixes data order and initialisation for both arms of a pair."
     )
     return get_task(report["track"]).setup_text(report, protocol)
+
+
+def rates_text(rates: list[float], seeds: list[int]) -> str:
+    """The learning-rate sweep in words, up to "each arm's ... rate": one rate is no sweep."""
+    if len(rates) == 1:
+        return f"One learning rate, {rates[0]:g}, for every arm (no sweep); each arm's rate"
+    listed = ", ".join(f"{r:g}" for r in rates)
+    return f"Learning rates {listed} swept on validation with seeds {seeds}; each arm's best rate"
 
 
 def relative_text(fraction: float, of: str = "exact's mean") -> str:

@@ -171,11 +171,20 @@ REMOTE_LINK = re.compile(r"<link\b[^>]*href=[\"']https?:[^>]*>\s*", re.I)
 TITLE = re.compile(r"<title>.*?</title>", re.S | re.I)
 
 
+# printed, a wide table wraps its cells inside the page instead of running off its edge
+PRINT_CSS = (
+    "<style>@media print { table { font-size: 8pt; table-layout: auto; width: 100%; } "
+    "td, th { white-space: normal !important; word-break: break-word; } "
+    "figure { break-inside: avoid; } img { max-width: 100% !important; } }</style>"
+)
+
+
 def offline(body: str, title: str | None = None) -> str:
     """The page without scripts (nbconvert's require.js, MathJax and mermaid loaders come
     from a CDN; the report needs none: its tables and figures are static) or remote
-    stylesheets, with ``title`` as its ``<title>``."""
+    stylesheets, with ``title`` as its ``<title>`` and a print style (``PRINT_CSS``)."""
     body = REMOTE_LINK.sub("", SCRIPT.sub("", body))
+    body = body.replace("</head>", PRINT_CSS + "</head>", 1)
     if title is not None:
         body = TITLE.sub(f"<title>{html.escape(title)}</title>", body, count=1)
     return body

@@ -14,7 +14,6 @@ import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
-import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -22,6 +21,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from rpka import palette
 from rpka.io import FIGURE_DPI, inline_png, save_figure
 from rpka.tables import arm_group
 from rpka.tracks import get_task
@@ -289,12 +289,9 @@ def plot_trained_vs_init(
 
 
 def _arm_colors(names: list[str]) -> dict[str, object]:
-    """One colour per arm, the same in every bench figure: the style's palette for up to 10
-    arms, ``tab20`` beyond (the full forecast study has 13)."""
-    if len(names) <= 10:
-        return {name: f"C{i}" for i, name in enumerate(names)}
-    tab20 = matplotlib.colormaps["tab20"]
-    return {name: tab20(i % 20) for i, name in enumerate(names)}
+    """One colour per arm, the same in every figure of every track (:mod:`rpka.palette`:
+    the colour follows from the arm's name, not from its place in a list)."""
+    return palette.arm_colours(names)
 
 
 def metric_label(report: Mapping, metric: str | None = None) -> str:
@@ -568,121 +565,8 @@ def plot_output_error_by_arm(
     return fig
 
 
-def pareto_front(x: Sequence[float], y: Sequence[float]) -> list[int]:
-    """Indices of the points no other point dominates (lower-or-equal x AND y, one strictly).
-
-    Sorted by x. NaN points are never on the front.
-    """
-    points = [(float(a), float(b), i) for i, (a, b) in enumerate(zip(x, y, strict=True))]
-    points = sorted(p for p in points if np.isfinite(p[0]) and np.isfinite(p[1]))
-    front, best = [], np.inf
-    for _, b, i in points:  # increasing x: on the front iff lower y than everything faster
-        if b < best:
-            front.append(i)
-            best = b
-    return front
-
-
-def excludes_zero(c: Mapping) -> bool:
-    """Whether a comparison's 95 % CI lies on one side of zero."""
-    low, high = c.get("ci_low"), c.get("ci_high")
-    return low is not None and high is not None and (low > 0 or high < 0)
-
-
-def plot_error_vs_time(
-    report: Mapping,
-    latency_ms: Mapping[str, float] | None = None,
-    latency_length: int | None = None,
-    save_dir: str | os.PathLike | None = None,
-    name: str = "bench_error_vs_time",
-) -> Figure:
-    """Test error against cost, with the Pareto front highlighted.
-
-    The error is each arm's paired test-metric difference from the baseline (mean over
-    seeds, 95 % CI bars): pairing removes the seed-to-seed spread that every arm shares,
-    so these bars are the ones the verdicts rest on (the baseline sits at 0).
-    Left: against the arm's median training step time (``timings.step_ms_median``).
-    Right (when ``latency_ms`` is given, e.g. :func:`rpka.scaling.forward_latency` of a
-    ``--bench-preset`` scaling run): the same
-    error against the attention's forward latency at ``latency_length`` tokens. The front
-    (no arm both faster and better) is joined by a line and its points circled; it runs
-    only through exact and the arms whose CI excludes 0 (none drawn with fewer than two).
-    The primary arm is framed by a square.
-    """
-    names = list(report["arms"])
-    panels = [("step", report["timings"]["step_ms_median"], "training step (ms, median)")]
-    if latency_ms:
-        length = f" at n = {latency_length}" if latency_length else ""
-        panels.append(("latency", latency_ms, f"attention forward latency{length} (ms)"))
-    fig, axes = plt.subplots(
-        1, len(panels), figsize=(7 * len(panels), 5), constrained_layout=True, squeeze=False
-    )
-    metric = metric_label(report)
-    for ax, (_, times, xlabel) in zip(axes[0], panels, strict=True):
-        shown = [n for n in names if times.get(n) is not None]
-        x = [float(times[n]) for n in shown]
-        deltas = [report["arms"][n].get("comparison") for n in shown]
-        y = [c["delta_mean"] if c else 0.0 for c in deltas]
-        # the front runs only through points told apart from exact (CI excluding 0, and
-        # exact itself): a point whose CI crosses 0 is not "better" than exact's cost
-        resolved = [j for j, c in enumerate(deltas) if not c or excludes_zero(c)]
-        front = {
-            resolved[i] for i in pareto_front([x[j] for j in resolved], [y[j] for j in resolved])
-        }
-        if len(front) < 2:
-            front = set()
-        for j, arm_name in enumerate(shown):
-            c = deltas[j]
-            err = [[y[j] - c["ci_low"]], [c["ci_high"] - y[j]]] if c else None
-            if err is not None and not np.all(np.isfinite(err)):
-                err = None
-            colour = _arm_colors(list(report["arms"]))[arm_name]
-            marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
-            ax.errorbar(
-                x[j], y[j], yerr=err, fmt=marker, color=colour, ms=7, capsize=2, label=arm_name
-            )
-            if arm_name == report["primary_arm"]:  # the primary arm stands out
-                ax.plot(x[j], y[j], "s", ms=16, mfc="none", mec=colour, mew=2)
-            if j in front:  # circled and named: the arms worth their cost
-                ax.plot(x[j], y[j], "o", ms=15, mfc="none", mec="k", mew=1.2)
-                rank_on_front = sorted(front, key=lambda i: x[i]).index(j)
-                ax.annotate(  # alternate above / below so neighbours' names do not collide
-                    arm_name,
-                    (x[j], y[j]),
-                    xytext=(8, 8 if rank_on_front % 2 == 0 else -14),
-                    textcoords="offset points",
-                    fontsize=8,
-                )
-        order = sorted(front, key=lambda j: x[j])
-        if order:
-            ax.plot(
-                [x[j] for j in order],
-                [y[j] for j in order],
-                "k--",
-                lw=1,
-                label="Pareto front (CIs excluding 0)",
-            )
-        ax.axhline(0, color="0.4", lw=1, ls=":")
-        ax.set(
-            xscale="log",
-            xlabel=xlabel,
-            ylabel=f"test {metric}: arm - {report['baseline_arm']} (paired mean, 95 % CI)",
-        )
-        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    axes[0][-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
-    axes[0][0].set_title("Error against training cost")
-    if len(panels) > 1:
-        axes[0][1].set_title("Error against inference cost")
-    save_figure(fig, save_dir, name)
-    return fig
-
-
 __all__ = [
-    "pareto_front",
     "plot_deltas",
-    "plot_error_vs_time",
     "plot_forecasts",
     "plot_learning_curves",
     "plot_output_error",

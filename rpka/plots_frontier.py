@@ -16,10 +16,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedFormatter, FixedLocator, NullFormatter
 
+from rpka import palette
 from rpka.io import save_figure
 
 # one colour per method, the same in every panel
-METHOD_COLOURS = {"rpka": "C1", "nystrom-uniform": "C0", "keys-coreset": "C4"}
+METHOD_COLOURS = {m: palette.method_colour(m) for m in ("rpka", "nystrom-uniform", "keys-coreset")}
 METHOD_MARKERS = {"rpka": "o", "nystrom-uniform": "s", "keys-coreset": "^"}
 LABEL_OFFSETS = {"rpka": (5, -4), "nystrom-uniform": (5, 14), "keys-coreset": (-40, -4)}
 RANK_TICKS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)

@@ -1,5 +1,5 @@
 """The report's own figures: the headline (every track's primary comparison on one
-relative scale) and the forest plot of one track (controls in their own panel, the
+scale, the gap recovered) and the forest plot of one track (controls in their own panel, the
 primary arm highlighted, the equivalence margin shaded).
 
 Each function takes the study index or a bench report as read from JSON (keys in
@@ -17,9 +17,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from rpka import palette
 from rpka.io import save_figure
 from rpka.plots import metric_label
-from rpka.tables import arm_group, relative_is_meaningful, verdict_word
+from rpka.tables import arm_group, verdict_word
 from rpka.tracks import get_task
 
 PRIMARY_COLOUR = "C1"  # the pre-registered primary arm, in every report figure
@@ -54,71 +55,59 @@ def _finite(*values: float | None) -> bool:
     return all(v is not None and np.isfinite(v) for v in values)
 
 
-# the headline's axis stops here (a scale choice: larger deltas squash the others); beyond
-# tables.NEAR_ZERO_FRACTION a value is said to be so because exact's mean is ~0
-HEADLINE_MAX_PCT = 1000.0
-
-
-def headline_limit(intervals: Sequence[tuple[float, float, float]]) -> float:
-    """Half-width of the headline's x axis (%): the largest finite |value| up to
-    ``HEADLINE_MAX_PCT``, padded by 10 %. A track whose exact mean is near 0 (recall's error
-    rate, 1e-4) has relative deltas of 10^5 %; it is drawn at the edge, not the scale."""
-    values = [abs(v) for row in intervals for v in row if np.isfinite(v)]
-    shown = [v for v in values if v <= HEADLINE_MAX_PCT]
-    top = max(shown) if shown else (HEADLINE_MAX_PCT if values else 10.0)
-    return 1.1 * max(top, 1.0)
-
-
 def plot_headline(
     rows: Sequence[Mapping[str, Any]],
     save_dir: str | os.PathLike | None = None,
     name: str = "report_headline",
 ) -> Figure:
-    """One row per track: the primary arm's delta against exact, mean and 95 % CI in
-    percent of exact's mean (one scale for MSE and perplexity), the equivalence margin
-    shaded. A track whose attention gate failed is drawn hollow and grey.
+    """One row per track (and long-context length): the primary arm's **gap recovered**
+    (1 = exact attention, 0 = the no-attention control; ``rpka.frontier``), mean and 95 %
+    t interval over the evaluation seeds, one scale for every metric; shaded: the
+    non-inferior zone above the frontier's margin. A track without a gap to recover (its
+    control ties exact: the attention gate failed) is drawn hollow and grey at 0 and says so.
 
-    ``rows``: dicts with ``label``, ``comparison``, ``gate`` ("passed", "failed" or
-    "none") and ``margin_pct`` (None without a margin), in display order (top first).
+    ``rows``: dicts with ``label``, ``gap`` (``{"mean", "ci_low", "ci_high"}`` or None),
+    ``gate`` ("passed", "failed" or "none"), ``verdict`` (the primary verdict, words) and
+    ``margin_gap`` (None: no zone), in display order (top first).
     """
-    fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(rows) + 1.5), constrained_layout=True)
-    intervals = [relative_interval(row["comparison"]) for row in rows]
-    limit = headline_limit(intervals)
+    fig, ax = plt.subplots(figsize=(8.5, 0.6 * len(rows) + 1.6), constrained_layout=True)
+    values = [
+        v
+        for row in rows
+        for v in ((row.get("gap") or {}).get(k) for k in ("mean", "ci_low", "ci_high"))
+        if _finite(v)
+    ]
+    left, right = min([0.0, *values]) - 0.08, max([1.0, *values]) + 0.08
+    margin = next((row["margin_gap"] for row in rows if row.get("margin_gap")), None)
+    if margin is not None:
+        ax.axvspan(margin, right, color="C0", alpha=0.12, lw=0,
+                   label=f"non-inferior zone (gap > {margin:g})")  # fmt: skip
+    ax.axvline(0, color="0.3", lw=1, ls=":", label="no attention (control) = 0")
+    ax.axvline(1, color=palette.EXACT, lw=1, ls="--", label="exact attention = 1")
     labels = []
-    for i, (row, (mean, low, high)) in enumerate(zip(rows, intervals, strict=True)):
+    for i, row in enumerate(rows):
         y = len(rows) - 1 - i
-        c = row["comparison"]
-        failed = row["gate"] == "failed"
-        colour = FAILED_GATE_COLOUR if failed else PRIMARY_COLOUR
-        if row.get("margin_pct") and row["margin_pct"] <= limit:  # else: off every scale
-            m = row["margin_pct"]
-            ax.fill_betweenx([y - 0.3, y + 0.3], -m, m, color="C0", alpha=0.12, lw=0)
-        if _finite(low, high):
-            ax.plot(np.clip([low, high], -limit, limit), [y, y], color=colour, lw=2.5)
-        if _finite(mean) and abs(mean) > limit:  # off the scale: at its edge, value written
-            edge = float(np.sign(mean) * limit)
-            ax.plot([edge], [y], ">" if mean > 0 else "<", ms=10, color=colour)
-            ax.annotate(
-                f"{mean:+,.0f} %"
-                + ("" if relative_is_meaningful(mean / 100) else "\n(exact's mean near 0)"),
-                (edge, y),
-                xytext=(-6 if mean > 0 else 6, 8),
-                textcoords="offset points",
-                ha="right" if mean > 0 else "left",
-                fontsize=8,
-            )
+        gap = row.get("gap") or {}
+        if _finite(gap.get("mean"), gap.get("ci_low"), gap.get("ci_high")):
+            ax.plot([gap["ci_low"], gap["ci_high"]], [y, y], color=PRIMARY_COLOUR, lw=2.5)
+            ax.plot([gap["mean"]], [y], "o", ms=9, color=PRIMARY_COLOUR)
+            ax.annotate(f"{gap['mean']:.2f}", (gap["mean"], y), xytext=(0, 7),
+                        textcoords="offset points", ha="center", fontsize=8)  # fmt: skip
         else:
-            ax.plot([mean], [y], "o", ms=9, color=colour, mfc="white" if failed else colour, mew=2)
+            ax.plot([0], [y], "o", ms=9, color=FAILED_GATE_COLOUR, mfc="white", mew=2)
+            why = "control ties exact: no gap" if row["gate"] == "failed" else "gap undefined"
+            ax.annotate(why, (0, y), xytext=(10, -3), textcoords="offset points",
+                        fontsize=8, color="0.35")  # fmt: skip
         gate = {"passed": "gate passed", "failed": "gate FAILED", "none": "no gate"}[row["gate"]]
-        labels.append(f"{row['label']}\n{verdict_word(c['verdict'])} ({gate})")
-    ax.axvline(0, color="C3", lw=1, ls="--")
-    lows = [v for row in intervals for v in row if np.isfinite(v) and -limit <= v < 0]
-    ax.set_xlim(1.1 * min(lows, default=0.0) - 0.1 * limit, limit)  # room left of 0 as needed
+        labels.append(f"{row['label']}\n{row.get('verdict', '')} ({gate})")
+    ax.set_xlim(left, right)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.set_yticks(range(len(rows))[::-1], labels, fontsize=9)
     ax.set(
-        xlabel="primary arm - exact, % of exact's test error (negative: primary arm better)",
-        title="Primary comparison per track: mean and 95 % CI (shaded: equivalence margin)",
+        xlabel="gap recovered by the primary arm, (control - arm) / (control - exact)",
+        title="Primary arm per track: gap recovered, mean and 95 % CI",
     )
+    fig.legend(loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     save_figure(fig, save_dir, name)
     return fig
 

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 
+from rpka import palette
 from rpka.io import save_figure
 from rpka.plots import figure
 from rpka.scaling_analysis import (
@@ -30,14 +30,13 @@ from rpka.tables import longctx_table
 # Attention latency and memory against sequence length (``rpka.scaling`` JSON, CPU or
 # GPU), decoding latency (``rpka.decoding`` JSON). The numbers come from ``rpka.tables``.
 
-EXACT_COLOUR = "black"
+EXACT_COLOUR = palette.EXACT
 
 
 def _arm_styles(frame: pd.DataFrame) -> dict[str, dict]:
-    """Line style per arm: exact black; one colour per rank (shared by every method at
-    that rank); rpka solid with filled markers, other methods dotted with open markers."""
-    ranks = sorted(int(r) for r in frame["rank"].dropna().unique())
-    colour = {rank: sns.color_palette("viridis", len(ranks))[i] for i, rank in enumerate(ranks)}
+    """Line style per arm: exact black; RPKA at a rank in its colour of every figure
+    (:func:`rpka.palette.rank_colour`), solid with filled markers; another method at that
+    rank in the same colour, dotted with open markers."""
     styles = {}
     for arm, method, rank in (
         frame[["arm", "method", "rank"]].drop_duplicates().itertuples(index=False)
@@ -45,9 +44,10 @@ def _arm_styles(frame: pd.DataFrame) -> dict[str, dict]:
         if pd.isna(rank):
             styles[arm] = {"color": EXACT_COLOUR, "marker": "s", "ls": "-"}
         elif method == "rpka":
-            styles[arm] = {"color": colour[int(rank)], "marker": "o", "ls": "-"}
+            styles[arm] = {"color": palette.rank_colour(int(rank)), "marker": "o", "ls": "-"}
         else:
-            styles[arm] = {"color": colour[int(rank)], "marker": "^", "ls": ":", "mfc": "none"}
+            styles[arm] = {"color": palette.rank_colour(int(rank)), "marker": "^", "ls": ":",
+                           "mfc": "none"}  # fmt: skip
     return styles
 
 
@@ -77,8 +77,8 @@ def _loglog_panel(
             grid = np.geomspace(fit["n_min"], fit["n_max"], 20)
             line = np.exp(fit["intercept"]) * grid ** fit["slope"]
             ax.plot(grid, line, color=style["color"], lw=2.5, alpha=0.35, ls="--")
-    ax.set(xscale="log", yscale="log", xlabel="sequence length n (tokens)")
-    ax.set_ylabel(SCALING_MEASURES[measure])
+    ax.set(xscale="log", yscale="log", xlabel="sequence length n (tokens, log scale)")
+    ax.set_ylabel(f"{SCALING_MEASURES[measure]}, log scale")
     lengths = sorted(frame["n"].unique())
     ax.set_xticks(lengths, labels=[f"{n:,}" for n in lengths])
     ax.minorticks_off()
@@ -177,8 +177,8 @@ def plot_speedup(
     ax.set(
         xscale="log",
         yscale="log",
-        xlabel="sequence length n (tokens)",
-        ylabel=f"speed-up vs exact ({SCALING_MEASURES[measure].split(' (')[0]})",
+        xlabel="sequence length n (tokens, log scale)",
+        ylabel=f"speed-up vs exact ({SCALING_MEASURES[measure].split(' (')[0]}, log scale)",
         title=f"Speed-up against exact - {scaling.get('device', '')}",
     )
     ax.set_xticks(lengths, labels=[f"{n:,}" for n in lengths])
@@ -208,7 +208,7 @@ def plot_decode_latency(
     if ax is None:
         fig, ax = plt.subplots(figsize=(8, 5.5), constrained_layout=True)
     fig = ax.figure
-    colours = {"exact": EXACT_COLOUR, "rpka": sns.color_palette("colorblind")[0]}
+    colours = {"exact": EXACT_COLOUR, "rpka": palette.method_colour("rpka")}
     rank = decode.get("config", {}).get("rank")
     for i, (method, part) in enumerate(frame.groupby("method", sort=True)):
         colour = colours.get(method, f"C{i}")
@@ -232,8 +232,8 @@ def plot_decode_latency(
     ax.set(
         xscale="log",
         yscale="log",
-        xlabel="context length (tokens)",
-        ylabel="decoding time per token (ms, median)",
+        xlabel="context length (tokens, log scale)",
+        ylabel="decoding time per token (ms, median, log scale)",
         title=f"Decoding one token - {decode.get('device', '')}",
     )
     ax.set_xticks(contexts, labels=[f"{n:,}" for n in contexts])
@@ -260,7 +260,7 @@ def plot_longctx(
     table = longctx_table(longctx)
     arms = list(dict.fromkeys(table["arm"]))
     contexts = sorted(table["context"].unique())
-    palette = dict(zip(arms, sns.color_palette("colorblind", len(arms)), strict=True))
+    colours = palette.arm_colours(arms)
     width = 0.8 / len(arms)
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.2), constrained_layout=True)
     panels = (
@@ -274,7 +274,7 @@ def plot_longctx(
             part = table[table["arm"] == arm].set_index("context").reindex(contexts)
             x = np.arange(len(contexts)) + (i - (len(arms) - 1) / 2) * width
             if column in ("step_ms", "peak_mib"):
-                ax.bar(x, part[column], width=width, color=palette[arm], label=arm)
+                ax.bar(x, part[column], width=width, color=colours[arm], label=arm)
                 continue
             if column == "test_mse_mean":
                 error = part["test_mse_sd"]
@@ -282,11 +282,11 @@ def plot_longctx(
                 error = np.stack(
                     [part["delta"] - part["delta_ci_low"], part["delta_ci_high"] - part["delta"]]
                 )
-            ax.errorbar(x, part[column], yerr=error, fmt="o", capsize=3, color=palette[arm])
+            ax.errorbar(x, part[column], yerr=error, fmt="o", capsize=3, color=colours[arm])
         if column == "delta":
             ax.axhline(0.0, color=EXACT_COLOUR, lw=1, ls="--")
         ax.set_xticks(np.arange(len(contexts)), labels=[f"{c:,} tokens" for c in contexts])
-        ax.set(ylabel=label, yscale="log" if log else "linear")
+        ax.set(ylabel=f"{label}, log scale" if log else label, yscale="log" if log else "linear")
     axes[0].legend(loc="upper left", fontsize="small")
     fig.suptitle(
         f"Training at long context ({longctx.get('preset', '')} preset) - "

@@ -16,7 +16,7 @@ import html
 import re
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,10 @@ from IPython.display import HTML, Markdown
 from matplotlib.figure import Figure
 
 from rpka import narrative, paths, plots_recall, report_text, stats, study, summary, tables
-from rpka.io import figure_png, read_json_checked
+from rpka.io import figure_png, read_json_checked, save_figure, saved_path
 from rpka.narrative import mde_text
-from rpka.plots import metric_label, plot_error_vs_time, plot_output_error_by_arm
+from rpka.plots import metric_label, plot_output_error_by_arm
+from rpka.plots_cost import plot_error_vs_time
 from rpka.plots_report import plot_forest, primary_comparison
 from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS
 from rpka.report_text import (
@@ -58,14 +59,30 @@ def inline_html(markdown: str) -> str:
 @dataclass
 class Figures:
     """Numbers the report's figures and shows each as ``<figure>`` with an embedded PNG,
-    alt text and a caption that states its message."""
+    alt text and a caption that states its message.
+
+    With ``figures_dir``, every figure shown is a file there and the page embeds that
+    file's bytes: a figure its plotting function saved (and did not change after) as
+    saved; one changed since, saved again to its file; one never saved, written as
+    ``<name>.png`` (``name``: the caller's, else ``report_figure_<n>``). ``files`` maps
+    each figure's number to its file.
+    """
 
     count: int = 0
+    figures_dir: str | Path | None = None
+    files: dict[int, Path] = field(default_factory=dict)
 
-    def show(self, fig: Figure, caption: str, alt: str) -> HTML:
+    def show(self, fig: Figure, caption: str, alt: str, name: str | None = None) -> HTML:
         """The figure as HTML (the matplotlib figure is closed, so the notebook's inline
         backend does not show it a second time without alt text)."""
         self.count += 1
+        if self.figures_dir is not None:
+            path = saved_path(fig)
+            if path is None or fig.stale:  # never saved, or changed since: (re)written
+                stem = path.stem if path is not None else name or f"report_figure_{self.count}"
+                path = save_figure(fig, path.parent if path is not None else self.figures_dir,
+                                   stem)  # fmt: skip
+            self.files[self.count] = path
         png = base64.b64encode(figure_png(fig)).decode("ascii")
         plt.close(fig)
         return HTML(

@@ -232,13 +232,10 @@ def speed_text(
 # --------------------------------------------------------------------------- summary
 
 
-def failures(study: Mapping[str, Any], targets: pd.DataFrame | None) -> list[str]:
-    """What failed: targets not met, arms that lose significantly (controls aside),
-    diverged runs."""
+def failures(study: Mapping[str, Any]) -> list[str]:
+    """What failed in the science: arms that lose significantly (controls aside), diverged
+    runs. The engineering targets (speed, budget) have their own section."""
     out = []
-    if targets is not None and len(targets):
-        missed = targets[targets["status"] == "not met"]
-        out += [f"{esc(r.target)} ({esc(r.measured)})" for r in missed.itertuples()]
     for t in study["tracks"].values():
         report = t["report"]
         losses = [
@@ -288,10 +285,10 @@ def summary_bullets(
     study: Mapping[str, Any],
     scaling: Mapping[str, Any] | None = None,
     decode: Mapping[str, Any] | None = None,
-    targets: pd.DataFrame | None = None,
 ) -> str:
     """The five bullets of the Summary (Markdown): tracks that need attention and their
-    answers; tracks that do not; speed; what failed; the main limitation."""
+    answers; tracks that do not; speed; what lost (science only: the engineering targets
+    are their own section); the main limitation."""
     tracks = list(study["tracks"].values())
     informative = [t for t in tracks if t["gate"] != "failed"]
     failed = [t for t in tracks if t["gate"] == "failed"]
@@ -309,57 +306,15 @@ def summary_bullets(
         "from exact, so they cannot tell attention methods apart):"
         + (sub(failed) if failed else " none (no track failed an attention gate).")
     )
-    failed_items = failures(study, targets)
-    what_failed = "**What failed.** " + (
+    failed_items = failures(study)
+    what_failed = "**What lost.** " + (
         "; ".join(failed_items) + "."
         if failed_items
-        else "No target was missed, no arm lost significantly and no run diverged."
+        else "No arm lost significantly and no run diverged."
     )
     bullets = [answer, gated, speed_text(study, scaling, decode), what_failed]
     bullets.append(main_limitation(study, scaling))
     return "\n".join(f"- {b}" for b in bullets)
-
-
-def headline_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The headline figure's rows (``rpka.plots_report.plot_headline``)."""
-    rows = []
-    for t in study["tracks"].values():
-        c = t["comparison"]
-        margin, base = t["decision"].get("margin"), c.get("baseline_mean")
-        rows.append(
-            {
-                "label": f"{t['title']}: {t['primary_arm']}",
-                "comparison": c,
-                "gate": t["gate"],
-                "margin_pct": 100 * margin / abs(base) if margin and base else None,
-            }
-        )
-    return rows
-
-
-def headline_caption(study: Mapping[str, Any]) -> tuple[str, str]:
-    """(caption, alt text) of the headline figure."""
-    parts, alt = [], []
-    for t in study["tracks"].values():
-        c = t["comparison"]
-        mean, low, high = relative_interval(c)
-        verdict = verdict_word(c["verdict"])
-        parts.append(
-            f"{t['title']}: {num(mean, '+.1f')} % [{num(low, '+.1f')}, "
-            f"{num(high, '+.1f')}], {verdict}"
-        )
-        alt.append(
-            f"{t['title']} {num(mean, '+.1f')} percent, CI {num(low, '+.1f')} to "
-            f"{num(high, '+.1f')}, {verdict}, gate {t['gate']}"
-        )
-    caption = (
-        "**The answer per track.** The primary arm's paired difference from exact attention, "
-        "in percent of exact's test error (negative: RPKA better), mean and 95 % CI; shaded: "
-        "the equivalence margin; hollow grey: the track failed its attention gate. "
-        + "; ".join(parts)
-        + "."
-    )
-    return caption, "Headline dot plot, one row per track. " + "; ".join(alt) + "."
 
 
 # --------------------------------------------------------------------------- disclosures
@@ -492,12 +447,20 @@ def cost_caption(track: Mapping[str, Any]) -> tuple[str, str]:
         else "no arm's CI excludes 0, so no Pareto front is drawn: every arm's error is "
         "within noise of exact's and only the cost tells them apart"
     )
+    tokens = report["arms"][report["baseline_arm"]].get("attention_tokens")
+    at = f" on this track at its {tokens} tokens" if tokens else " on this track"
     caption = (
         f"**{track['title']}: error against cost.** Each arm's paired test-error difference "
-        f"from exact (mean, 95 % CI) against its training step time (and attention latency "
-        f"where measured); {front}."
+        f"from exact (mean, unadjusted 95 % CI) against its median training step measured{at} "
+        f"(log scale); the primary arm `{track['primary_arm']}` framed and in bold in the "
+        f"legend; each arm keeps its colour in every figure. {front[0].upper()}{front[1:]}. "
+        "Forward latency at long sequences is in the speed section."
     )
-    return caption, f"Scatter plot of error difference against time per arm, {track['title']}."
+    alt = (
+        f"Scatter plot of each arm's error difference from exact against its training step "
+        f"time (log scale), {track['title']}, primary arm {track['primary_arm']}."
+    )
+    return caption, alt
 
 
 # --------------------------------------------------------------------------- appendix

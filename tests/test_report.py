@@ -15,7 +15,7 @@ import pytest
 from IPython.core.formatters import DisplayFormatter
 from IPython.display import Markdown
 
-from rpka import narrative, plots, plots_report, report, report_text, stats, study
+from rpka import narrative, plots, plots_cost, plots_report, report, report_text, stats, study
 from rpka.io import FIGURE_DPI, figure_png, save_figure
 from rpka.paths import REPO_ROOT as ROOT
 from rpka.pipeline import offline
@@ -192,26 +192,19 @@ def test_forest_plot_puts_controls_in_their_own_panel_and_the_primary_first(fake
     plt.close(fig)
 
 
-def test_headline_plot_draws_a_failed_gate_hollow(fake_study):
-    fig = plots_report.plot_headline(report_text.headline_rows(fake_study))
-    markers = [line for line in fig.axes[0].lines if line.get_marker() == "o"]
-    assert [m.get_markerfacecolor() for m in markers][1] == "white"
-    plt.close(fig)
-
-
 def test_no_pareto_front_through_cis_that_cross_zero(fake_study):
     bench = copy.deepcopy(next(iter(fake_study["tracks"].values()))["report"])
     for entry in bench["arms"].values():
         if entry.get("comparison"):
             entry["comparison"].update(ci_low=-1.0, ci_high=1.0)
-    fig = plots.plot_error_vs_time(bench)
-    assert not [line for line in fig.axes[0].lines if line.get_linestyle() == "--"]
+    fig = plots_cost.plot_error_vs_time(bench)
+    assert not [line for ax in fig.axes for line in ax.lines if line.get_linestyle() == "--"]
     plt.close(fig)
     arm = next(a for a, e in bench["arms"].items() if e.get("comparison"))
     bench["arms"][arm]["comparison"].update(delta_mean=-0.5, ci_low=-0.6, ci_high=-0.4)
     bench["timings"]["step_ms_median"][arm] = 2 * bench["timings"]["step_ms_median"]["exact"]
-    fig = plots.plot_error_vs_time(bench)
-    (front,) = [line for line in fig.axes[0].lines if line.get_linestyle() == "--"]
+    fig = plots_cost.plot_error_vs_time(bench)
+    (front,) = [line for ax in fig.axes for line in ax.lines if line.get_linestyle() == "--"]
     assert len(front.get_xdata()) == 2  # exact and the one arm told apart from it
     plt.close(fig)
 
@@ -270,6 +263,7 @@ def test_offline_html_has_no_script_no_remote_link_and_the_title():
     out = offline(page, "RPKA <report>")
     assert "<script" not in out and "https:" not in out
     assert "<title>RPKA &lt;report&gt;</title>" in out and "<p>x</p>" in out
+    assert "@media print" in out.split("</head>")[0]  # wide tables wrap when printed
 
 
 def test_appendix_tables_use_words_not_python_reprs(fake_study):
@@ -280,19 +274,6 @@ def test_appendix_tables_use_words_not_python_reprs(fake_study):
     assert {"TOST p", "margin", "MDE of the rule", "one seed flips it"} <= set(stats_table)
     assert set(stats_table["verdict"]) <= set(stats.VERDICTS)
     assert np.isfinite(stats_table["delta mean"]).all()
-
-
-def test_headline_keeps_its_scale_when_exacts_mean_is_near_zero(fake_study):
-    rows = report_text.headline_rows(fake_study)
-    off = copy.deepcopy(rows[0])
-    c = off["comparison"]  # recall-like: exact's error 1e-4, a delta of 0.39
-    c.update(baseline_mean=1e-4, delta_mean=0.39, ci_low=0.17, ci_high=0.61)
-    fig = plots_report.plot_headline([*rows, off])
-    ax = fig.axes[0]
-    assert ax.get_xlim()[1] <= 1.1 * plots_report.HEADLINE_MAX_PCT
-    assert [line for line in ax.lines if line.get_marker() == ">"]  # drawn at the edge
-    assert any("near 0" in t.get_text() for t in ax.texts)
-    plt.close(fig)
 
 
 def test_a_flip_that_only_the_seed_count_forces_is_not_called_one_seed(fake_study):

@@ -13,7 +13,7 @@ import torch
 
 matplotlib.use("Agg")
 
-from rpka import cli, plots, scaling, study, tables  # noqa: E402
+from rpka import cli, plots, plots_cost, scaling, study, tables  # noqa: E402
 from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
 from rpka.attention import REGISTRY, options_of  # noqa: E402
 from rpka.config import BenchConfig  # noqa: E402
@@ -332,7 +332,7 @@ def test_pareto_front():
     x = [1.0, 2.0, 3.0, 4.0, 2.5, math.nan]
     y = [5.0, 3.0, 3.5, 1.0, 2.0, 0.0]
     # (3, 3.5) is dominated by (2, 3); (2.5, 2) joins the front; NaN never does
-    assert plots.pareto_front(x, y) == [0, 1, 4, 3]
+    assert plots_cost.pareto_front(x, y) == [0, 1, 4, 3]
 
 
 def test_tables(smoke_study_report, tmp_path):
@@ -370,7 +370,7 @@ def test_figures_write_pngs(smoke_study_report, tmp_path):
     figures = [
         plots.plot_deltas(report, tmp_path),  # the forest plot: every arm against exact
         plots.plot_output_error_by_arm(report, tmp_path),
-        plots.plot_error_vs_time(report, latency, 64, tmp_path),
+        plots_cost.plot_error_vs_time(report, latency, 64, tmp_path),
     ]
     for name in ("bench_deltas", "bench_output_error", "bench_error_vs_time"):
         assert (tmp_path / f"{name}.png").stat().st_size > 0

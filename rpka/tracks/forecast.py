@@ -530,8 +530,8 @@ class ForecastTask(Task):
         ratios = report["timings"]["step_ratio_vs_baseline"]
         steps = [
             (
-                f"{arm} training step at {report['config']['track']['context']} tokens "
-                f"≤ {bound} × exact",
+                f"{self.name} track: {arm} training step at "
+                f"{report['config']['track']['context']} tokens ≤ {bound} × exact",
                 f"{ratios[arm]:.2f} ×",
                 ratios[arm] <= bound,
             )

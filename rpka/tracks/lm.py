@@ -501,9 +501,17 @@ class LMTask(Task):
     def learnability_text(self, report: Mapping) -> str:
         le = report["learnability"]
         met = "met" if le["met"] else "**not met**"
+        base = report["arms"][report["baseline_arm"]]["full"]
+        mean = (
+            f"; the mean of the seeds' perplexities, the metric compared above, is "
+            f"{base['mean']:.3f}"
+            if report["metric"] == "perplexity"
+            else ""
+        )
         return (
-            f"Exact attention's test perplexity {le['baseline_test_perplexity']:.3f} "
-            f"(NLL {le['baseline_test_nll']:.4f} nats) against the best n-gram model "
+            f"Exact attention's test perplexity as exp(mean NLL over seeds) "
+            f"{le['baseline_test_perplexity']:.3f} (mean NLL {le['baseline_test_nll']:.4f} "
+            f"nats{mean}) against the best n-gram model "
             f"(`{le['best_ngram']}`) {le['best_ngram_perplexity']:.3f} "
             f"({le['best_ngram_nll']:.4f} nats) and the exact floor "
             f"{le['floor_perplexity']:.3f} ({le['floor_nll']:.4f} nats): it closes "
@@ -573,8 +581,9 @@ class LMTask(Task):
         return (
             f"The source's exact perplexity floor for these sequences is {floor['perplexity']:.3f} "
             f"({floor['nll']:.4f} nats/token; stationary entropy rate {rate['nll']:.4f} nats, "
-            f"perplexity {rate['perplexity']:.3f}). Mean test perplexity over "
-            f"{report['n_seeds']} seeds, with the gap to the floor: " + "; ".join(parts) + "."
+            f"perplexity {rate['perplexity']:.3f}). Mean of the seeds' test perplexities over "
+            f"{report['n_seeds']} seeds (not exp of the mean NLL), with the gap to the floor: "
+            + "; ".join(parts) + "."
         )
 
     def summary_targets(self, report: Mapping) -> list[tuple[str, str, bool | None]]:

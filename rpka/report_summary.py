@@ -1,0 +1,293 @@
+"""The top of the report: the answer in one sentence and one table of every track.
+
+The question the study asks is *when does RPKA stop losing to exact attention, and at what
+cost*. The answer is read from ``frontier.json`` (:mod:`rpka.frontier`: r* per track, the
+gap recovered there with its 95 % interval, the training-step ratio, the positive control)
+and the study index ``study.json`` (each track's gate and primary verdict, the long-context
+contexts). Every number comes from those files; a key an older file lacks reads "n/a".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rpka.frontier import MARGIN_GAP, gap_recovered, per_seed_gap
+from rpka.io import read_json_checked
+from rpka.report_text import esc, num
+from rpka.tables import verdict_word
+from rpka.tracks import get_task
+
+NA = "n/a"
+
+
+def _title(name: str) -> str:
+    try:
+        return get_task(name).title
+    except (KeyError, ValueError):  # a track this checkout does not register
+        return name
+
+
+def _gap(row: Mapping[str, Any] | None) -> str:
+    g = (row or {}).get("gap_recovered") or {}
+    if g.get("mean") is None:
+        return NA
+    return f"{g['mean']:.3f} [{num(g.get('ci_low'), '.3f')}, {num(g.get('ci_high'), '.3f')}]"
+
+
+def r_star_row(entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The frontier row of the RPKA arm at r* (None where r* is not reached)."""
+    r_star = entry.get("r_star")
+    if r_star is None:
+        return None
+    return next(
+        (r for r in entry.get("rows", []) if r.get("method") == "rpka" and r.get("rank") == r_star),
+        None,
+    )
+
+
+def best_rpka_row(entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The RPKA row with the largest mean gap recovered (where r* is not reached)."""
+    rows = [
+        r
+        for r in entry.get("rows", [])
+        if r.get("method") == "rpka" and (r.get("gap_recovered") or {}).get("mean") is not None
+    ]
+    return max(rows, key=lambda r: r["gap_recovered"]["mean"]) if rows else None
+
+
+def _ratio(x: float | None) -> str:
+    return NA if x is None else f"{x:.2f}×"
+
+
+def _track_clause(name: str, entry: Mapping[str, Any]) -> str:
+    row = r_star_row(entry)
+    if row is not None:
+        return (
+            f"from rank {entry['r_star']} of {row['n_points']} points "
+            f"({row['rank_over_n']:.2f} of them) on {esc(_title(name))}, recovering "
+            f"{_gap(row)} of the gap at {_ratio(row.get('step_ratio'))} exact's training step"
+        )
+    best = best_rpka_row(entry)
+    if best is None:
+        return f"at no trained rank on {esc(_title(name))}"
+    return (
+        f"at no trained rank on {esc(_title(name))} (best: rank {best['rank']} of "
+        f"{best['n_points']}, {_gap(best)} of the gap, at {_ratio(best.get('step_ratio'))} "
+        "exact's training step)"
+    )
+
+
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else "; ".join(items[:-1]) + "; and " + items[-1]
+
+
+def answer_sentence(frontier: Mapping[str, Any] | None) -> str:
+    """When RPKA stops losing, at what cost, and whether the positive control ties: one
+    sentence per the frontier file (Markdown); without a frontier, says so."""
+    tracks = (frontier or {}).get("tracks") or {}
+    if not tracks:
+        return (
+            "**When does RPKA stop losing, at what cost?** Not answered: this study has no "
+            "rank frontier (`frontier.json`)."
+        )
+    margin = next(iter(tracks.values())).get("margin_gap")
+    clauses = [_track_clause(name, entry) for name, entry in tracks.items()]
+    positives = {
+        name: (entry.get("positive_control") or {}).get("verdict")
+        for name, entry in tracks.items()
+    }
+    tie = [_title(n) for n, v in positives.items() if v == "non-inferior"]
+    no_tie = [_title(n) for n, v in positives.items() if v is not None and v != "non-inferior"]
+    untested = [_title(n) for n, v in positives.items() if v is None]
+    control = []
+    if tie:
+        control.append(f"ties with exact on {', '.join(tie)}")
+    if no_tie:
+        control.append(f"**does not tie** on {', '.join(no_tie)} (that frontier is not read)")
+    if untested:
+        control.append(f"was not trained on {', '.join(untested)}")
+    return (
+        "**When does RPKA stop losing, at what cost?** It ties with exact attention (mean gap "
+        f"recovered non-inferior to {num(margin, '.2f')}, one-sided t-test at 0.05; 1 is exact "
+        f"attention, 0 no attention) {_join(clauses)}. The positive control (a rank exact by "
+        f"construction) {'; it '.join(control)}."
+    )
+
+
+def _positive(entry: Mapping[str, Any] | None) -> str:
+    positive = (entry or {}).get("positive_control")
+    if not entry:
+        return "no frontier"
+    if positive is None:
+        return "not trained"
+    return f"`{positive['arm']}`: {positive.get('verdict', NA)}"
+
+
+def _gate(gate: Mapping[str, Any] | None) -> str:
+    if gate is None:
+        return "none"
+    return "passed" if gate.get("passed") else "failed"
+
+
+def _length(report: Mapping[str, Any]) -> str:
+    tokens = report["arms"].get(report["primary_arm"], {}).get("attention_tokens")
+    return NA if tokens is None else f"{int(tokens):,}"
+
+
+def all_tracks_table(
+    study: Mapping[str, Any], frontier: Mapping[str, Any] | None
+) -> pd.DataFrame:
+    """One row per track (study order: gate passed first) and per long-context length:
+    length, gate, primary arm and verdict, r* (rank / points), gap recovered at r* with its
+    95 % CI, training step at r* against exact's, the positive control's reading."""
+    fronts = (frontier or {}).get("tracks") or {}
+    rows = []
+    for name, track in study["tracks"].items():
+        report, entry = track["report"], fronts.get(name)
+        row = r_star_row(entry) if entry else None
+        if entry is None:
+            r_star = "no frontier"
+        elif row is None:
+            r_star = "not reached"
+        else:
+            r_star = f"{row['rank']} / {row['n_points']} ({row['rank_over_n']:.2f})"
+        rows.append({
+            "track": track["title"],
+            "length": _length(report),
+            "gate": _gate(track.get("attention_gate")),
+            "primary arm": f"`{track['primary_arm']}`",
+            "primary verdict": verdict_word((track.get("comparison") or {}).get("verdict", NA)),
+            "r* (rank / points)": r_star,
+            "gap recovered at r* [95 % CI]": _gap(row) if row else NA,
+            "train step at r* (× exact)": _ratio(row.get("step_ratio")) if row else NA,
+            "positive control": _positive(entry),
+        })  # fmt: skip
+    for context, entry in sorted(
+        ((study.get("longctx") or {}).get("contexts") or {}).items(), key=lambda kv: int(kv[0])
+    ):
+        rows.append({
+            "track": "long context",
+            "length": f"{int(context):,}",
+            "gate": _gate(entry.get("attention_gate")),
+            "primary arm": f"`{entry.get('primary_arm', NA)}`",
+            "primary verdict": verdict_word((entry.get("primary") or {}).get("verdict", NA)),
+            "r* (rank / points)": "no frontier",
+            "gap recovered at r* [95 % CI]": NA,
+            "train step at r* (× exact)": NA,
+            "positive control": "no frontier",
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def all_tracks_note() -> str:
+    """What the table's columns mean (Markdown)."""
+    return (
+        "*Gate*: the track's attention gate (uniform attention clearly worse than exact); a "
+        "failed gate makes every verdict of the track uninformative. *Primary verdict*: the "
+        "pre-registered primary arm against exact on the track's own metric (Section 2). "
+        "*r\\**: the smallest RPKA rank whose gap recovered is non-inferior (Section 1), "
+        "with the points it pivots among. *Train step*: the median training step against "
+        "exact attention's on the same track and length (a speed measurement, not a quality "
+        "one)."
+    )
+
+
+# --------------------------------------------------------------------------- the headline figure
+
+
+def primary_gap(report: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The primary arm's gap recovered against exact and the track's control
+    (:func:`rpka.frontier.per_seed_gap`, :func:`rpka.frontier.gap_recovered`): mean, 95 %
+    t interval, verdict; None without a control arm, or where a seed has no gap."""
+    arms = report["arms"]
+    control = (report.get("attention_gate") or {}).get("control_arm")
+    if control not in arms or report["primary_arm"] not in arms:
+        return None
+    g = per_seed_gap(
+        arms[control]["full"]["per_seed"],
+        arms[report["baseline_arm"]]["full"]["per_seed"],
+        arms[report["primary_arm"]]["full"]["per_seed"],
+        report["metric_direction"],
+    )
+    gap = gap_recovered(g)
+    return None if gap["mean"] is None else gap
+
+
+def longctx_reports(
+    study: Mapping[str, Any], results_dir: str | os.PathLike
+) -> dict[int, dict[str, Any]]:
+    """The long-context bench report of each context the study index names, by context
+    (those whose file is absent are left out)."""
+    out = {}
+    for context, entry in ((study.get("longctx") or {}).get("contexts") or {}).items():
+        path = Path(results_dir) / str(entry.get("bench_report", ""))
+        if entry.get("bench_report") and path.exists():
+            out[int(context)] = read_json_checked(path, ("arms", "baseline_arm", "primary_arm"))
+    return dict(sorted(out.items()))
+
+
+def headline_rows(
+    study: Mapping[str, Any], longctx: Mapping[int, Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The headline figure's rows (``rpka.plots_report.plot_headline``): every track, then
+    each long-context length (``longctx``: :func:`longctx_reports`)."""
+    rows = []
+    for t in study["tracks"].values():
+        report = t["report"]
+        rows.append({
+            "label": f"{t['title']} ({_length(report)} tokens): {t['primary_arm']}",
+            "gap": primary_gap(report) if t["gate"] != "failed" else None,
+            "gate": t["gate"], "margin_gap": MARGIN_GAP,
+            "verdict": verdict_word((t.get("comparison") or {}).get("verdict", NA)),
+        })  # fmt: skip
+    for context, report in (longctx or {}).items():
+        gate = report.get("attention_gate")
+        c = report["arms"][report["primary_arm"]].get("comparison") or {}
+        rows.append({
+            "label": f"long context ({context:,} tokens): {report['primary_arm']}",
+            "gap": primary_gap(report) if _gate(gate) != "failed" else None,
+            "gate": _gate(gate), "margin_gap": MARGIN_GAP,
+            "verdict": verdict_word(c.get("verdict", NA)),
+        })  # fmt: skip
+    return rows
+
+
+def headline_caption(rows: list[Mapping[str, Any]]) -> tuple[str, str]:
+    """(caption, alt text) of the headline figure, every row's numbers in it."""
+    parts = []
+    for row in rows:
+        gap = row.get("gap")
+        value = "no gap to recover" if gap is None else _gap({"gap_recovered": gap})
+        parts.append(f"{esc(row['label'])}: {value}, {row['verdict']}")
+    caption = (
+        "**The answer per track, on one scale.** The primary arm's gap recovered, "
+        "(control - arm) / (control - exact) per evaluation seed, where 1 is exact attention "
+        "and 0 the no-attention control (uniform attention); mean and 95 % t interval; "
+        f"shaded: non-inferior to exact (the frontier's margin, {MARGIN_GAP:g}). Hollow grey: "
+        "the control ties exact (the attention gate failed), so there is no gap to recover. "
+        "The verdict beside each row is the primary comparison's, on the track's own metric "
+        "(Section 2). " + "; ".join(parts) + "."
+    )
+    return caption, "Headline dot plot of gap recovered, one row per track. " + "; ".join(
+        parts
+    ) + "."
+
+
+# --------------------------------------------------------------------------- targets
+
+# a target about the science (does a track teach exact attention anything; does the
+# mechanism hold), not about speed, memory or the study's budget
+SCIENCE_MARKERS = ("learnable", "trace identity")
+
+
+def split_targets(targets: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(science bars, engineering targets) of the targets table
+    (:func:`rpka.summary.targets_table`): a row is science when its target names a
+    track's learnability or the trace identity (``SCIENCE_MARKERS``)."""
+    science = targets["target"].str.contains("|".join(SCIENCE_MARKERS), regex=True)
+    return targets[science].reset_index(drop=True), targets[~science].reset_index(drop=True)

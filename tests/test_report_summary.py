@@ -1,0 +1,150 @@
+"""The report's top (rpka.report_summary): the answer sentence, the all-tracks table and
+the headline figure on the gap-recovered scale, read from the committed full study."""
+
+import copy
+import json
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from rpka import narrative, paths, plots_report, report, report_summary
+from rpka.frontier import MARGIN_GAP
+from rpka.tracks import get_task
+
+RESULTS = paths.resolve(paths.results_dir("full"))
+
+
+@pytest.fixture(scope="module")
+def full_study():
+    return report.load_study(paths.study_json("full"), "full")
+
+
+@pytest.fixture(scope="module")
+def frontier():
+    return json.loads((RESULTS / "frontier.json").read_text())
+
+
+def test_the_answer_sentence_reads_r_star_gap_step_ratio_and_the_control_from_the_file(
+    frontier,
+):
+    text = report_summary.answer_sentence(frontier)
+    assert text.startswith("**When does RPKA stop losing, at what cost?**")
+    for entry in frontier["tracks"].values():
+        row = report_summary.r_star_row(entry)
+        if row is None:
+            best = report_summary.best_rpka_row(entry)
+            assert f"rank {best['rank']} of {best['n_points']}" in text
+            continue
+        g = row["gap_recovered"]
+        assert f"from rank {entry['r_star']} of {row['n_points']} points" in text
+        assert f"{g['mean']:.3f} [{g['ci_low']:.3f}, {g['ci_high']:.3f}]" in text
+        assert f"{row['step_ratio']:.2f}× exact's training step" in text
+    assert "positive control" in text and "ties with exact" in text
+
+
+def test_a_positive_control_that_does_not_tie_is_said_and_no_frontier_is_said(frontier):
+    broken = copy.deepcopy(frontier)
+    entry = next(e for e in broken["tracks"].values() if e["positive_control"])
+    entry["positive_control"]["verdict"] = "not shown"
+    assert "**does not tie**" in report_summary.answer_sentence(broken)
+    assert "Not answered" in report_summary.answer_sentence(None)
+
+
+def test_the_all_tracks_table_has_every_track_and_long_context_length(full_study, frontier):
+    table = report_summary.all_tracks_table(full_study, frontier)
+    contexts = full_study["longctx"]["contexts"]
+    assert len(table) == len(full_study["tracks"]) + len(contexts)
+    assert list(table["track"][: len(full_study["tracks"])]) == [
+        t["title"] for t in full_study["tracks"].values()
+    ]
+    assert (table["track"] == "long context").sum() == len(contexts)
+    for name, entry in frontier["tracks"].items():
+        row = table[table["track"] == full_study["tracks"][name]["title"]].iloc[0]
+        star = report_summary.r_star_row(entry)
+        if star:
+            assert row["r* (rank / points)"].startswith(f"{entry['r_star']} / ")
+            assert row["train step at r* (× exact)"] == f"{star['step_ratio']:.2f}×"
+        else:
+            assert row["r* (rank / points)"] == "not reached"
+    failed = [t["title"] for t in full_study["tracks"].values() if t["gate"] == "failed"]
+    assert set(table[table["gate"] == "failed"]["track"]) == set(failed)
+
+
+def test_a_long_context_entry_missing_keys_still_renders(full_study, frontier):
+    study = copy.deepcopy(full_study)
+    study["longctx"] = {"contexts": {"4096": {"local_gate": {"passed": True}}}}
+    table = report_summary.all_tracks_table(study, frontier)
+    row = table.iloc[-1]
+    assert row["length"] == "4,096" and row["primary verdict"] == "n/a"
+    assert report_summary.longctx_reports(study, RESULTS) == {}
+
+
+def test_the_headline_is_on_the_gap_scale_and_every_track_is_readable(full_study):
+    longctx = report_summary.longctx_reports(full_study, RESULTS)
+    rows = report_summary.headline_rows(full_study, longctx)
+    assert len(rows) == len(full_study["tracks"]) + len(longctx)
+    fig = plots_report.plot_headline(rows)
+    ax = fig.axes[0]
+    low, high = ax.get_xlim()
+    assert low <= 0 and high >= 1 and high - low < 3  # 0 = no attention, 1 = exact
+    means = [r["gap"]["mean"] for r in rows if r["gap"]]
+    assert means and all(low < m < high for m in means)
+    hollow = [line for line in ax.lines if line.get_marker() == "o" and
+              line.get_markerfacecolor() == "white"]  # fmt: skip
+    assert len(hollow) == sum(t["gate"] == "failed" for t in full_study["tracks"].values())
+    caption, alt = report_summary.headline_caption(rows)
+    assert "1 is exact attention" in caption and "%" not in caption.split("Hollow")[1]
+    for r in rows:
+        if r["gap"]:
+            assert f"{r['gap']['mean']:.3f}" in caption
+    plt.close(fig)
+
+
+def test_the_primary_gap_is_the_frontiers_rule_on_the_primary_arm(full_study, frontier):
+    for name, entry in frontier["tracks"].items():
+        report_ = full_study["tracks"][name]["report"]
+        row = next((r for r in entry["rows"] if r["arm"] == report_["primary_arm"]), None)
+        if row is None:
+            continue
+        gap = report_summary.primary_gap(report_)
+        assert gap["mean"] == pytest.approx(row["gap_recovered"]["mean"])
+        assert gap["ci_low"] == pytest.approx(row["gap_recovered"]["ci_low"])
+    assert np.isclose(MARGIN_GAP, next(iter(frontier["tracks"].values()))["margin_gap"])
+
+
+def test_one_learning_rate_is_not_called_a_sweep():
+    assert narrative.rates_text([0.001], [0]).startswith("One learning rate, 0.001")
+    assert "swept" not in narrative.rates_text([0.001], [0])
+    assert "0.001, 0.003 swept" in narrative.rates_text([0.001, 0.003], [0, 1])
+
+
+def test_the_two_perplexities_are_labelled(full_study):
+    lm = full_study["tracks"]["lm"]["report"]
+    text = get_task("lm").learnability_text(lm)
+    le, base = lm["learnability"], lm["arms"][lm["baseline_arm"]]["full"]
+    assert f"exp(mean NLL over seeds) {le['baseline_test_perplexity']:.3f}" in text
+    mean = f"the mean of the seeds' perplexities, the metric compared above, is {base['mean']:.3f}"
+    assert mean in text
+    assert "not exp of the mean NLL" in get_task("lm").result_notes(lm)
+
+
+def test_targets_split_into_science_bars_and_engineering_targets(full_study):
+    import pandas as pd
+
+    targets = pd.DataFrame(
+        [
+            ("lm learnable: exact closes ≥ 50 %", "74%", "met"),
+            ("trace identity: pooled z-scores calibrated", "p 0.004", "not met"),
+            (
+                "forecast track: rpka-r16 training step at 96 tokens ≤ 1.5 × exact",
+                "3.6 ×",
+                "not met",
+            ),
+            ("study budget: `make report` ≤ 25 min on 2 cores", "239 min", "not met"),
+        ],
+        columns=["target", "measured", "status"],
+    )
+    science, engineering = report_summary.split_targets(targets)
+    assert list(science["target"].str[:5]) == ["lm le", "trace"]
+    assert list(engineering["target"].str[:5]) == ["forec", "study"]
