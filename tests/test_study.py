@@ -269,9 +269,11 @@ def test_output_error_of_every_method_falls_with_rank(method):
     rows = method_output_errors(layers(), method, {}, ranks=(2, 48), seeds=2)
     low, high = rows
     assert low["rank"] == 2 and low["n"] == 2 * 2 * 2 * 2  # layers x items x heads x seeds
-    assert 0 < high["error_mean"] < low["error_mean"]
-    if method in ("rpka", "nystrom-uniform"):  # 48 = the 2n joint points: exact
+    assert 0 <= high["error_mean"] < low["error_mean"]
+    if method in ("rpka", "nystrom-uniform", "keys-coreset"):  # 48 >= every point: exact
         assert high["error_max"] < 1e-10
+    else:
+        assert high["error_mean"] > 0
 
 
 def test_output_error_of_exact_is_zero_and_bad_input_is_rejected():
