@@ -197,13 +197,13 @@ def test_bench_plots_draw_the_lm_report(lm_smoke_report):
 
 def test_resume_skips_finished_runs(tmp_path, monkeypatch):
     calls = []
-    real = bench.train_run
+    real = bench.jobs.train_run
 
     def counting(run_config):
         calls.append(run_config["arm"]["name"])
         return real(run_config)
 
-    monkeypatch.setattr(bench, "train_run", counting)
+    monkeypatch.setattr(bench.jobs, "train_run", counting)  # the scheduler's job
     kwargs = dict(executor=InProcessExecutor(), progress=False, data_dir=tmp_path / "cache")
     first = run_bench(SMOKE, tmp_path / "out", **kwargs)
     assert len(calls) == first["timings"]["n_runs"] == 4

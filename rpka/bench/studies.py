@@ -1,0 +1,180 @@
+"""The bench's post-run studies: what is measured on the trained models once the runs are in.
+
+- the mechanism study (:func:`study_mechanism`): the trace identity and approximation
+  quality on the primary arm's trained model, written to ``<out>/mechanism.json``;
+- the output-error study (:func:`study_output_errors`): every arm's attention output
+  error against exact on trained Q/K, at several ranks.
+
+:func:`run_studies` runs those the configuration asks for and times each. (The drop-in
+study, each method in place of exact's trained attention, is ``scripts/drop_in.py``.)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rpka.attention import options_of
+from rpka.config import BenchConfig
+from rpka.io import read_json_or_heal, write_json
+from rpka.quality import mechanism_study, method_output_errors
+from rpka.train import build_model, load_trained, track_config_of
+
+OUTPUT_ERROR_SEEDS = 5  # pivot / feature draws per method and rank in the output-error study
+OUTPUT_ERROR_DEFINITION = (
+    "relative error |O_hat - O|_F / |O|_F of each arm's attention (its method and options, "
+    "rank replaced) against exact SDPA in float64, per layer, test window, head and draw, on "
+    "the attention inputs (q, k, v) of a trained model: the arm's own ('own') and the exact "
+    "arm's ('exact'), first evaluation seed (rpka.quality.method_output_errors)"
+)
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+@dataclass
+class StudyResults:
+    """The report's keys the studies fill (None: not asked for) and their durations."""
+
+    mechanism_signature: dict[str, Any] | None = None
+    output_error: dict[str, Any] | None = None
+    mechanism_s: float = 0.0
+    output_error_s: float = 0.0
+
+
+def run_studies(
+    config: BenchConfig,
+    eval_of: dict[str, dict[str, Any]],
+    runs_dir: Path,
+    out: Path,
+    track: Any,
+    progress: bool = True,
+) -> StudyResults:
+    """The post-run studies ``config`` asks for (``mechanism``, ``output_error_ranks``),
+    on the evaluation runs ``eval_of`` (by arm) whose weights are in ``runs_dir``."""
+    results = StudyResults()
+    start = time.perf_counter()
+    if config.mechanism is not None and config.primary_arm in eval_of:
+        results.mechanism_signature = study_mechanism(
+            config, eval_of[config.primary_arm], runs_dir, out, track, progress
+        )
+    middle = time.perf_counter()
+    if config.output_error_ranks and config.baseline_arm in eval_of:
+        results.output_error = study_output_errors(config, eval_of, runs_dir, track)
+    results.mechanism_s, results.output_error_s = middle - start, time.perf_counter() - middle
+    return results
+
+
+# --------------------------------------------------------------------------- mechanism
+
+
+def study_mechanism(
+    config: BenchConfig,
+    primary: dict[str, Any],
+    runs_dir: Path,
+    out: Path,
+    track: Any,
+    progress: bool = True,
+    n_windows: int = 4,
+) -> dict[str, Any]:
+    """The trace identity and approximation quality on the primary arm's trained model.
+
+    Takes the first evaluation seed's trained weights and, for contrast, the same member
+    freshly initialised; feeds ``n_windows`` test windows; writes both studies to
+    ``out/mechanism.json`` and returns the trained model's ``mechanism_signature``.
+    """
+    trained, result = load_trained(runs_dir / f"{primary['run_ids'][0]}.json")
+    init = build_model(result["config"], track_config_of(result["config"]), torch.device("cpu"))
+    arm = config.arm(config.primary_arm)
+    options = {
+        k: arm.options[k] for k in ("pivot_set", "weighting", "tempering") if k in arm.options
+    }
+    x = config.task.inputs_targets(track, "test")[0][:n_windows]
+    study_options = {**options, **(config.mechanism or {})}
+    seed = result["seeds"][0]
+    described = (
+        f"{arm.name} (method {arm.method}, options {dict(arm.options)}), lr "
+        f"{result['lr']:g}, evaluation seed {seed}, run {result['run_id']}, "
+        f"{len(x)} test {config.task.sample_unit}"
+    )
+    path = out / "mechanism.json"
+    previous = read_json_or_heal(path, ("model", "options", "trained"))
+    if previous is not None:  # resume: this model was studied with these options already
+        if previous.get("model") == described and previous.get("options") == study_options:
+            return {**previous["trained"]["mechanism_signature"], **trained_model(described)}
+    studies = {}
+    for name, model in (("trained", trained), ("init", init)):
+        member0 = member0_attention_inputs(model, x)
+        studies[name] = mechanism_study(member0, progress=progress, **study_options)
+    signature = {**studies["trained"]["mechanism_signature"], **trained_model(described)}
+    write_json(path, {"model": described, "options": study_options, **studies})
+    return signature
+
+
+def member0_attention_inputs(model: Any, x: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Every layer's attention (q, k, v), each (B, H, n, d), of a stacked model's member 0
+    (its first seed) on inputs ``x`` (B, ...)."""
+    qkv = model.attention_inputs(x.expand(model.n_members, *x.shape))
+    return [tuple(t[: len(x)] for t in layer) for layer in qkv]
+
+
+def trained_model(described: str) -> dict[str, Any]:
+    """The signature's model keys: ``trained_model`` a boolean (the earlier check's type),
+    the words beside it."""
+    return {"trained_model": True, "trained_model_description": described}
+
+
+# --------------------------------------------------------------------------- output error
+
+
+def study_output_errors(
+    config: BenchConfig,
+    eval_of: dict[str, dict[str, Any]],
+    runs_dir: Path,
+    track: Any,
+    n_windows: int = 4,
+) -> dict[str, Any]:
+    """Every arm's attention output error against exact on trained Q/K, at several ranks.
+
+    Ranks: ``config.output_error_ranks`` plus the arm's own. Inputs: the arm's own trained
+    model and the exact arm's (the Q/K softmax attention learned: one set for every
+    method), member 0 (the first evaluation seed), ``n_windows`` test windows.
+    """
+    x = config.task.inputs_targets(track, "test")[0][:n_windows]
+    exact_inputs = _trained_inputs(runs_dir, eval_of[config.baseline_arm], x)
+    rows = []
+    for arm in config.arms:
+        if arm.method == "exact" or arm.name not in eval_of:
+            continue
+        if "rank" not in options_of(arm.method):
+            continue  # a control without a rank (``mean``): nothing to approximate
+        own = dict(arm.options).get("rank")
+        ranks = sorted(set(config.output_error_ranks) | ({own} if own else set()))
+        own_inputs = _trained_inputs(runs_dir, eval_of[arm.name], x)
+        for label, qkv in (("own", own_inputs), ("exact", exact_inputs)):
+            for row in method_output_errors(
+                qkv, arm.method, dict(arm.options), ranks, OUTPUT_ERROR_SEEDS
+            ):
+                rows.append(
+                    {"arm": arm.name, "method": arm.method, "inputs": label, "own_rank": own, **row}
+                )
+    return {
+        "definition": OUTPUT_ERROR_DEFINITION,
+        "ranks": list(config.output_error_ranks),
+        "n_windows": len(x),
+        "seeds": OUTPUT_ERROR_SEEDS,
+        "rows": rows,
+    }
+
+
+def _trained_inputs(
+    runs_dir: Path, result: dict[str, Any], x: Tensor
+) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Member 0's attention inputs on ``x`` of the model an evaluation ``result`` trained."""
+    model, _ = load_trained(runs_dir / f"{result['run_ids'][0]}.json")
+    return member0_attention_inputs(model, x)
