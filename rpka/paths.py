@@ -1,6 +1,11 @@
-"""Where things live. Relative paths in configs and notebook parameters are relative to
-the repository root, so a notebook opened in JupyterLab (cwd ``notebooks/``) and one run by
-papermill (cwd the root) read and write the same files."""
+"""Where things live: the one owner of the study's file layout.
+
+Every result, figure and report path is a function or constant here, named by preset and,
+for a file of one track's bench, by that track's folder (``track_dir``: its task's
+``out_dir``, e.g. ``get_task("lm").out_dir``; this module sits below the tracks). Relative
+paths in configs and notebook parameters are relative to the repository root, so a notebook
+opened in JupyterLab (cwd ``notebooks/``) and one run by papermill (cwd the root) read and
+write the same files."""
 
 from __future__ import annotations
 
@@ -73,8 +78,19 @@ def study_json(preset: str) -> str:
 
 
 def mechanism_json(preset: str, track_dir: str = "") -> str:
-    """The mechanism study a bench wrote beside its report (``rpka.bench.study_mechanism``)."""
+    """The mechanism study a bench wrote beside its report
+    (``rpka.bench.studies.study_mechanism``)."""
     return f"{bench_dir(preset, track_dir)}/mechanism.json"
+
+
+def mechanism_followup_json(preset: str, track_dir: str = "") -> str:
+    """scripts/mechanism_followup.py's result beside a bench's mechanism study (optional)."""
+    return f"{bench_dir(preset, track_dir)}/mechanism_followup.json"
+
+
+def demo_run_dir(preset: str) -> str:
+    """Where 01_train's two demo runs are cached: ``data/results/<preset>/train``."""
+    return f"{results_dir(preset)}/train"
 
 
 def longctx_json(preset: str) -> str:

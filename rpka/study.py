@@ -3,8 +3,10 @@
 ``notebook_parameters(preset)`` is the one place where a preset becomes notebook
 parameters (paths of the result files that pass between notebooks, figure folders); the
 notebooks' own ``parameters`` cells hold the smoke values of the same (a test checks it).
-The functions below keep the notebooks thin: each loads a result file, or computes it if
-it is missing (every computation resumes from its run files).
+Every path comes from ``rpka.paths``, the one owner of the layout (a track's bench
+folder: ``paths.bench_dir(preset, get_task(name).out_dir)``). The functions below keep
+the notebooks thin: each loads a result file, or computes it if it is missing (every
+computation resumes from its run files).
 """
 
 from __future__ import annotations
@@ -40,54 +42,22 @@ NOTEBOOKS = (
 )
 
 
-def results_dir(preset: str) -> str:
-    return paths.results_dir(preset)
-
-
-def bench_dir(preset: str, track_name: str) -> str:
-    """Where the study's bench of track ``track_name`` writes (``rpka.paths.bench_dir``)."""
-    return paths.bench_dir(preset, get_task(track_name).out_dir)
-
-
-def mechanism_json(preset: str) -> str:
-    """The study's mechanism check: the one of the ``MECHANISM_TRACK`` bench."""
-    return paths.mechanism_json(preset, get_task(MECHANISM_TRACK).out_dir)
-
-
-def mechanism_followup_json(preset: str) -> str:
-    """scripts/mechanism_followup.py's result beside the study's mechanism check (optional)."""
-    return str(Path(mechanism_json(preset)).with_name("mechanism_followup.json"))
-
-
-def lm_results_dir(preset: str) -> str:
-    """Where the study's lm bench writes: ``data/results/<preset>/lm``."""
-    return bench_dir(preset, "lm")
-
-
-def demo_run_dir(preset: str) -> str:
-    """Where 01_train's two demo runs are cached: ``data/results/<preset>/train``."""
-    return f"{results_dir(preset)}/train"
-
-
-def figures_dir(preset: str) -> str:
-    return paths.figures_dir(preset)
-
-
 def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
     """Each notebook's parameters for ``preset`` (all literals, relative to the repo root)."""
-    results, figures = results_dir(preset), figures_dir(preset)
+    results, figures = paths.results_dir(preset), paths.figures_dir(preset)
     report = paths.bench_report(preset)
+    mechanism = paths.mechanism_json(preset, get_task(MECHANISM_TRACK).out_dir)
     return {
         "01_train.ipynb": {
             "preset": preset,
-            "run_dir": demo_run_dir(preset),
+            "run_dir": paths.demo_run_dir(preset),
             "figures_dir": figures,
         },
         "02_sweep.ipynb": {"preset": preset, "results_dir": results, "figures_dir": figures},
         "03_deltas.ipynb": {"preset": preset, "bench_report": report, "figures_dir": figures},
         "04_mechanism.ipynb": {
             "preset": preset,
-            "mechanism_json": mechanism_json(preset),
+            "mechanism_json": mechanism,
             "figures_dir": figures,
         },
         "05_scaling.ipynb": {
@@ -103,8 +73,10 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "results_dir": results,
             "study_json": paths.study_json(preset),
             "frontier_json": paths.frontier_json(preset),
-            "mechanism_json": mechanism_json(preset),
-            "mechanism_followup_json": mechanism_followup_json(preset),
+            "mechanism_json": mechanism,
+            "mechanism_followup_json": paths.mechanism_followup_json(
+                preset, get_task(MECHANISM_TRACK).out_dir
+            ),
             "scaling_cpu_json": paths.scaling_cpu_json(preset),
             "decode_json": paths.decode_json("cpu"),
             "scaling_gpu_json": paths.GPU_SCALING_JSON,
@@ -118,10 +90,6 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
 
 # the CPU latency sweep each preset re-measures (rpka.scaling presets)
 SCALING_PRESET = {"smoke": "tiny", "quick": "tiny", "full": "cpu"}
-
-
-def scaling_json(preset: str) -> str:
-    return paths.scaling_cpu_json(preset)
 
 
 DEMO_STEP = "demo training (01_train)"
@@ -214,32 +182,32 @@ def _study_steps(
 
     def run_one_bench(name: str) -> dict:
         config = get_preset(preset, name)
-        out = bench_dir(preset, name)
+        out = paths.bench_dir(preset, get_task(name).out_dir)
         return bench.run_bench(config, out, shared(config.n_workers), progress=progress)
 
     def run_long_context() -> dict:
         config = get_longctx_preset(preset)
         try:
             executor = shared(config.bench.n_workers)
-            return run_longctx(config, results_dir(preset), executor, progress=progress)
+            return run_longctx(config, paths.results_dir(preset), executor, progress=progress)
         finally:  # the study's last step with workers
             if pool is not None:
                 pool.close()
 
     def bench_step(name: str) -> tuple[str, Callable[[], object], tuple[str, ...]]:
         label = "bench" if name == primary else f"bench ({name})"
-        out = bench_dir(preset, name)
+        folder = get_task(name).out_dir
         return (
             label,
             lambda: run_one_bench(name),
-            (f"{out}/bench_report.json", f"{out}/mechanism.json"),
+            (paths.bench_report(preset, folder), paths.mechanism_json(preset, folder)),
         )
 
     return [
         (  # first: in a preview, 01_train then starts beside the benches
             DEMO_STEP,  # 01_train's models: here a bar in the terminal, in the cell a silent wait
-            lambda: train_demo(preset, demo_run_dir(preset), progress=progress),
-            (demo_run_dir(preset),),  # run files named by their configuration's hash
+            lambda: train_demo(preset, paths.demo_run_dir(preset), progress=progress),
+            (paths.demo_run_dir(preset),),  # run files named by their configuration's hash
         ),
         *(bench_step(name) for name in STUDY_TRACKS),
         (
@@ -247,10 +215,10 @@ def _study_steps(
             lambda: scaling.run_scaling(
                 scaling.PRESETS[SCALING_PRESET[preset]],
                 progress=progress,
-                out=resolve(scaling_json(preset)),
+                out=resolve(paths.scaling_cpu_json(preset)),
                 preset=SCALING_PRESET[preset],
             ),
-            (scaling_json(preset),),
+            (paths.scaling_cpu_json(preset),),
         ),
         ("long-context training", run_long_context, (paths.longctx_json(preset),)),
         (
@@ -298,7 +266,7 @@ def write_study_index(
     without a report yet is left out and named in ``missing``) and ``longctx`` (per
     context: a ``track_entry`` of its bench, or null without a long-context result).
     """
-    out = resolve(out_dir or results_dir(preset))
+    out = resolve(out_dir or paths.results_dir(preset))
     required = INDEX_KEYS
     entries, missing = {}, []
     for name in tracks:
@@ -360,7 +328,11 @@ def missing_results(preset: str) -> list[str]:
     """The result files the notebooks read (what the compute stages write, and the demo
     run files) that are not there: ``report --from-results`` computes none of them."""
     needed = [paths.bench_report(preset, get_task(name).out_dir) for name in STUDY_TRACKS]
-    needed += [mechanism_json(preset), scaling_json(preset), paths.longctx_json(preset)]
+    needed += [
+        paths.mechanism_json(preset, get_task(MECHANISM_TRACK).out_dir),
+        paths.scaling_cpu_json(preset),
+        paths.longctx_json(preset),
+    ]
     needed += [os.path.relpath(f, paths.REPO_ROOT) for f in demo_run_files(preset)]
     return [path for path in needed if not resolve(path).exists()]
 
@@ -509,7 +481,7 @@ def demo_run_files(preset: str, run_dir: str | Path | None = None) -> list[Path]
             config, config.arm(name), lr, [config.eval_seeds[0]], "test",
             str(resolve(paths.DATA_CACHE)), {"enable": False},
         )  # fmt: skip
-        files.append(resolve(run_dir or demo_run_dir(preset)) / f"{run_id(run_config)}.json")
+        files.append(resolve(run_dir or paths.demo_run_dir(preset)) / f"{run_id(run_config)}.json")
     return files
 
 
@@ -545,7 +517,7 @@ def load_or_run_bench(
 ) -> dict:
     """``out_dir/bench_report.json`` if it exists (``python -m rpka report`` runs the bench
     first), else the bench of ``preset`` on ``track_name`` (one of ``STUDY_TRACKS``, whose
-    folder is :func:`bench_dir`) run (or resumed from its run files) now; without
+    folder is ``rpka.paths.bench_dir``) run (or resumed from its run files) now; without
     ``compute``, only read (:func:`load_result`)."""
     path = resolve(out_dir) / "bench_report.json"
     if not compute:

@@ -22,7 +22,7 @@ from rpka import narrative, paths, study, tables
 from rpka.cost import cost_model_json, measured_cpu_s
 from rpka.io import read_json_checked
 from rpka.paths import resolve
-from rpka.presets import STUDY_TRACKS
+from rpka.presets import MECHANISM_TRACK, STUDY_TRACKS
 from rpka.tracks import get_task
 
 BEGIN = "<!-- BEGIN rpka summary (python -m rpka summary --preset full --readme README.md) -->"
@@ -47,10 +47,11 @@ def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
         name: _load(paths.bench_report(preset, get_task(name).out_dir), BENCH_KEYS)
         for name in STUDY_TRACKS
     }
+    mechanism_dir = get_task(MECHANISM_TRACK).out_dir  # the study's mechanism check
     return {
         **benches,
-        "mechanism": _load(study.mechanism_json(preset)),
-        "mechanism_followup": _load(study.mechanism_followup_json(preset)),
+        "mechanism": _load(paths.mechanism_json(preset, mechanism_dir)),
+        "mechanism_followup": _load(paths.mechanism_followup_json(preset, mechanism_dir)),
         "scaling_cpu": _load(paths.scaling_cpu_json(preset)),
         "longctx": _load(paths.longctx_json(preset)),
         "decode": _load(DECODE_JSON),

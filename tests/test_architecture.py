@@ -113,3 +113,20 @@ def test_no_branch_on_a_track_name_outside_tracks():
             if pattern.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_paths_are_owned_by_rpka_paths_alone():
+    """``rpka.paths`` is the one owner of the layout: ``rpka.study`` builds no path of its
+    own - no function named like a path and none sharing a name with ``rpka.paths``."""
+    from rpka import paths, study
+
+    def functions(module: object) -> set[str]:
+        return {
+            name
+            for name, value in vars(module).items()
+            if callable(value) and getattr(value, "__module__", None) == module.__name__
+        }
+
+    in_study = functions(study)
+    assert not in_study & set(vars(paths)), in_study & set(vars(paths))
+    assert not {n for n in in_study if n.endswith(("_dir", "_json", "_path"))}, in_study

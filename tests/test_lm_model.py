@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rpka import study
+from rpka import paths, study
 from rpka.bench import default_out
 from rpka.cli import parse_bench
 from rpka.config import BenchConfig
@@ -189,7 +189,7 @@ def test_full_study_has_the_lm_track_with_two_ranks():
     assert len(ranks) >= 2 and len(full.eval_seeds) == 8
     assert default_out(full) == "data/results/full/lm"
     assert default_out(get_preset("full")) == "data/results/full"
-    assert study.lm_results_dir("full") == "data/results/full/lm"
+    assert paths.bench_dir("full", get_task("lm").out_dir) == "data/results/full/lm"
     labels = [label for label, _, _ in study.compute_steps("full")]
     assert labels[1:3] == ["bench", "bench (lm)"]  # after 01_train's demo runs
 

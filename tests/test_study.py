@@ -13,7 +13,7 @@ import torch
 
 matplotlib.use("Agg")
 
-from rpka import cli, plots, plots_cost, scaling, study, tables  # noqa: E402
+from rpka import cli, paths, plots, plots_cost, scaling, study, tables  # noqa: E402
 from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
 from rpka.attention import REGISTRY, options_of  # noqa: E402
 from rpka.config import BenchConfig  # noqa: E402
@@ -479,7 +479,7 @@ def test_01_trains_demo_runs_train_in_a_terminal_step_and_the_notebook_reuses_th
     labels = [label for label, _, _ in study.compute_steps("smoke", progress=False)]
     assert labels[0] == study.DEMO_STEP and labels[-1] == study.INDEX_STEP
     assert study.notebook_parameters("smoke")["01_train.ipynb"]["run_dir"] == (
-        study.demo_run_dir("smoke")
+        paths.demo_run_dir("smoke")
     )
 
     trained = []
