@@ -1,11 +1,16 @@
 """RPCholesky against independent references (numpy Schur complements, scipy chi-square)."""
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
+from rpka.attention.accelerated import rpcholesky_accelerated
 from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky, weighting_power
+from rpka.attention.rpka import RPKAttention
+from rpka.config import MechanismConfig
 
 
 def qk_points(n: int = 12, d: int = 4, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
@@ -94,7 +99,8 @@ def test_first_pivot_frequencies_match_residual_diagonal():
     a = pivoted_matrix(z, "exp")
     probs = np.diag(a) / np.trace(a)
     draws = 20000
-    res = rpcholesky(z.expand(draws, *z.shape), 1, "rpc", torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    res = rpcholesky(z.expand(draws, *z.shape), 1, "rpc", g, weighting="exp")
     counts = np.bincount(res.pivots[:, 0].numpy(), minlength=len(probs))
     p = stats.chisquare(counts, probs * draws).pvalue
     assert p > 1e-4, p
@@ -191,3 +197,14 @@ def test_non_finite_points_are_refused(bad):
     points[1, 2, 0] = bad
     with pytest.raises(ValueError, match="points contains non-finite values"):
         rpcholesky(points, 3)
+
+
+def test_one_weighting_default():
+    """The selectors, RPKAttention and the mechanism study default to the same weighting
+    (``gauss``, docs/design.md section 2): a caller that leaves it out gets RPKA's."""
+    defaults = {
+        fn.__qualname__: inspect.signature(fn).parameters["weighting"].default
+        for fn in (rpcholesky, rpcholesky_accelerated, RPKAttention.__init__)
+    }
+    defaults["MechanismConfig"] = MechanismConfig().weighting
+    assert set(defaults.values()) == {"gauss"}, defaults

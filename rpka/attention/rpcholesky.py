@@ -257,7 +257,7 @@ def rpcholesky(
     rule: str = "rpc",
     generator: torch.Generator | None = None,
     *,
-    weighting: str = "exp",
+    weighting: str = "gauss",
     tempering: float = 0.5,
     tol: float = 0.0,
     first_pivots: Tensor | None = None,
