@@ -1,7 +1,8 @@
 """The architecture as a contract (docs/design.md, "Layout"): the import layers of
 pyproject.toml's ``[tool.importlinter]``, no import cycles, no imports hidden in functions,
 no module over 700 lines, no reference outside the repository, no track name outside
-``rpka/tracks``."""
+``rpka/tracks``, every top-level module in the contract and in docs/design.md section 8,
+no path built outside ``rpka.paths`` by ``rpka.study``."""
 
 import ast
 import os
@@ -9,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import grimp
@@ -130,3 +132,51 @@ def test_paths_are_owned_by_rpka_paths_alone():
     in_study = functions(study)
     assert not in_study & set(vars(paths)), in_study & set(vars(paths))
     assert not {n for n in in_study if n.endswith(("_dir", "_json", "_path"))}, in_study
+
+
+def _design_layout() -> list[list[str]]:
+    """docs/design.md section 8's module list: top-level modules in layer groups (blank
+    lines between layers), each name as written (a package with a trailing ``/``)."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text[text.index("## 8. Layout") : text.index("## 9.")]
+    lines = section[: section.index("Where to add:")].splitlines()
+    block = lines[next(i for i, line in enumerate(lines) if line.startswith("    ")) :]
+    groups: list[list[str]] = [[]]
+    for line in block:
+        if not line.strip():
+            if groups[-1]:
+                groups.append([])
+        elif line.startswith("    ") and not line.startswith("     "):  # a top-level entry
+            groups[-1].append(line.split()[0])
+        elif not line.startswith("      "):  # text after the block
+            break
+    return [group for group in groups if group]
+
+
+def _top_level_modules() -> set[str]:
+    return {p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")} | {
+        p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()
+    }
+
+
+def test_design_lists_every_top_level_module_once_in_its_layer():
+    """docs/design.md section 8 names each top-level module (and package) of rpka once,
+    grouped as pyproject.toml's layer contract groups them, in the same order."""
+    groups = _design_layout()
+    listed = [name.rstrip("/") for group in groups for name in group]
+    assert sorted(listed) == sorted(_top_level_modules()), (
+        f"missing: {sorted(_top_level_modules() - set(listed))}, "
+        f"not modules: {sorted(set(listed) - _top_level_modules())}"
+    )
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = config["contracts"][0]["layers"]
+    contract = [sorted(n.strip() for n in re.split(r"[|:]", layer)) for layer in layers]
+    assert [sorted(n.rstrip("/") for n in group) for group in groups] == contract
+
+
+def test_every_top_level_module_is_in_the_layer_contract():
+    """A module outside the contract is unchecked: every one has a layer."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = config["contracts"][0]["layers"]
+    named = {n.strip() for layer in layers for n in re.split(r"[|:]", layer)}
+    assert _top_level_modules() <= named, sorted(_top_level_modules() - named)
