@@ -2,7 +2,7 @@
 pyproject.toml's ``[tool.importlinter]``, no import cycles, no imports hidden in functions,
 no module over 700 lines, no reference outside the repository, no track name outside
 ``rpka/tracks``, every top-level module in the contract and in docs/design.md section 8,
-no path built outside ``rpka.paths`` by ``rpka.study``."""
+no path built outside ``rpka.paths`` by ``rpka.study``, no ``nonlocal``."""
 
 import ast
 import os
@@ -180,3 +180,15 @@ def test_every_top_level_module_is_in_the_layer_contract():
     layers = config["contracts"][0]["layers"]
     named = {n.strip() for layer in layers for n in re.split(r"[|:]", layer)}
     assert _top_level_modules() <= named, sorted(_top_level_modules() - named)
+
+
+def test_no_closure_shares_state_by_nonlocal():
+    """State that outlives a call lives in an object (e.g. ``rpka.bench.jobs.Scheduler``),
+    not in variables closures rebind with ``nonlocal``."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Nonlocal)
+    ]
+    assert not found, f"nonlocal: {found}"
