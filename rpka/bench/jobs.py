@@ -217,12 +217,10 @@ class Scheduler:
         progress: bool = True,
         started: float | None = None,
     ) -> None:
-        self.config, self.runs_dir, self.data_dir, self.progress = (
-            config,
-            runs_dir,
-            data_dir,
-            progress,
-        )
+        self.config = config
+        self.runs_dir = runs_dir
+        self.data_dir = data_dir
+        self.progress = progress
         self.n_groups = {
             (phase, arm.name): len(seed_groups(config, phase, arm))
             for arm in config.arms
