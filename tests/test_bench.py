@@ -249,7 +249,7 @@ def test_best_learning_rate_rule():
         (["--seeds", "0"], "--seeds"),
         (["--workers", "0"], "n_workers"),
         (["--device", "tpu"], "--device"),
-        (["--epochs", "0"], "train.epochs"),
+        (["--epochs", "0"], "--epochs: must be in [1, 1000]"),
     ],
 )
 def test_bad_cli_values_fail_before_writing_anything(tmp_path, capsys, argv, message):
