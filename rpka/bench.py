@@ -58,7 +58,7 @@ from rpka.ablations import choose_default, rpka_configuration
 from rpka.attention import options_of
 from rpka.attention.guards import guard_shares
 from rpka.config import ArmConfig, BenchConfig
-from rpka.decision import METRIC_DIRECTION, compare_arms, decision_of
+from rpka.decision import METRIC_DIRECTION, compare_arms, decision_of, local_gate
 from rpka.executors import (
     InProcessExecutor,  # noqa: F401 - re-exported for callers
     owned,
@@ -615,6 +615,7 @@ def build_report(
         "idea": earlier_keys(primary, config.primary_arm),
         "comparison": primary["comparison"],
         "attention_gate": gate,
+        "local_gate": local_gate(config, arms),
         "decision": decision_of(config),
         "mechanism_signature": None,
         "output_error": None,
