@@ -8,9 +8,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rpka.config import BenchConfig, LongContextConfig, TrainConfig, apply_overrides
+from rpka.config import (
+    ArmConfig,
+    BenchConfig,
+    LongContextConfig,
+    TrainConfig,
+    apply_overrides,
+    local_arm,
+    peer_arm,
+)
 from rpka.model import ModelConfig
 from rpka.presets import EXACT, FORECAST_MARGIN, MEAN_CONTROL, QUICK_EVAL_SEEDS, rpka_arm
+from rpka.tracks.lookup import LookupConfig
 from rpka.tracks.regimes import RegimesConfig
 
 # --------------------------------------------------------------------------- long context
@@ -156,6 +165,99 @@ LONGCTX_PRESETS: dict[str, LongContextConfig] = {
     # (7 runs x 250 steps) takes 1,730 CPU-s, and fewer steps learn less.
     "full": _longctx("full", contexts=(512, 2048), **REGIMES_STUDY),
 }
+
+# --------------------------------------------------------------------------- long range
+# Issue 27: a task whose answer lies far back (forecast-lookup: cue-payload pairs anywhere
+# but in the context's last min_distance steps, the query cue at the end), the local window
+# as a second control and the two-control gate (BenchConfig.gate_needs_local): the verdicts
+# count only where exact beats both mean-attention and local-w128 by >= 25 % (one-sided
+# p < 0.05).
+LOCAL_WINDOW = 128  # the local control's window at long context (issue 27)
+# no pair within the local window plus the embedding's reach on both sides: a token sees
+# embed_kernel // 2 steps either side, so a band of 128 tokens ending at the last one reaches
+# no payload step (lookup module docstring)
+LONGRANGE_TRACK = LookupConfig(
+    min_distance=LOCAL_WINDOW + 2 * (LONGCTX_MODEL.embed_kernel // 2),
+)
+
+
+def _longrange(
+    preset: str,
+    contexts: tuple[int, ...],
+    train_windows: int,
+    eval_windows: int,
+    ranks: tuple[int, ...],
+    uniform_rank: int | None,
+    window: int = LOCAL_WINDOW,
+    track: LookupConfig = LONGRANGE_TRACK,
+    **bench: Any,
+) -> LongContextConfig:
+    """A long-range preset on ``forecast-lookup``: exact, RPKA at ``ranks``,
+    ``nystrom-uniform`` at ``uniform_rank`` (None: none), and both controls (mean-attention,
+    ``local-w<window>``) under the two-control gate; ``bench`` sets the template's other
+    fields (model, train, seeds, ...)."""
+    arms: tuple[ArmConfig, ...] = (
+        EXACT,
+        *(rpka_arm(r, residual_solve=LONGCTX_RESIDUAL_SOLVE) for r in ranks),
+        *((peer_arm("nystrom-uniform", uniform_rank),) if uniform_rank is not None else ()),
+        MEAN_CONTROL,
+        local_arm(window),
+    )
+    template = BenchConfig(
+        preset=f"longctx-{preset}",
+        track=track,
+        arms=arms,
+        mechanism=None,
+        margin=FORECAST_MARGIN,
+        gate_needs_local=True,
+        **bench,
+    )
+    template = dataclasses.replace(
+        template,
+        track=template.task.at_context(track, contexts[0], train_windows, eval_windows),
+    )
+    config = LongContextConfig(preset, contexts, template, train_windows, eval_windows)
+    config.validate()
+    return config
+
+
+LONGRANGE_PRESETS: dict[str, LongContextConfig] = {
+    # the study's structure in seconds (tests): a short context, a narrow window
+    "longrange-smoke": _longrange(
+        "longrange-smoke",
+        contexts=(64, 80),
+        train_windows=16,
+        eval_windows=8,
+        ranks=(4, 8),
+        uniform_rank=8,
+        window=8,
+        track=dataclasses.replace(LONGRANGE_TRACK, min_distance=24, n_pairs=2),
+        model=dataclasses.replace(LONGCTX_MODEL, d_model=8, n_heads=1, d_ff=16, embed_kernel=5),
+        train=TrainConfig(epochs=1, batch_size=8, warmup_steps=0),
+        primary_arm="rpka-r8",
+        learning_rates=(1e-2,),
+        sweep_seeds=(0,),
+        eval_seeds=(100, 101),
+        n_workers=1,
+        seeds_per_job=2,
+    ),
+    "longrange": _longrange(
+        "longrange",
+        contexts=(512, 1024, 2048),
+        train_windows=4000,
+        eval_windows=256,
+        ranks=(16, 64, 128, 192),
+        uniform_rank=64,
+        model=LONGCTX_MODEL,
+        train=LONGCTX_TRAIN,
+        primary_arm="rpka-r64",
+        learning_rates=(1e-2,),
+        sweep_seeds=(0,),
+        eval_seeds=tuple(range(100, 108)),
+        seeds_per_job=4,
+    ),
+}
+LONGCTX_PRESETS.update(LONGRANGE_PRESETS)
 LONGCTX_FIELDS = ("contexts", "train_windows", "eval_windows", "memory_probe")
 
 
