@@ -250,3 +250,23 @@ def test_longrange_smoke_study_reports_both_gates(tmp_path):
         assert set(entry["local_gate"]) == set(entry["attention_gate"])
     arms = {r["arm"] for r in result["rows"]}
     assert {"local-w8", "mean-attention", "nystrom-uniform-r8"} <= arms
+
+
+def test_rare_copies_count_the_nearest_occurrence():
+    """With n_copies > 1 every pair occurs that often, far back; the distance is to the
+    asked pair's nearest occurrence, as found directly in the data."""
+    config = dataclasses.replace(TRACK, n_pairs=2, n_cues=2, n_copies=3)
+    out = generate(config, 200, np.random.default_rng(5))
+    assert (np.bincount(out["pair_of"][0], minlength=2) == 3).all()
+    raw, span = out["raw"], config.pair_length
+    # the asked pair as the data show it: the context's last cue, then the target
+    pair = raw[:, config.context - config.cue_length :]
+    segments = np.lib.stride_tricks.sliding_window_view(raw[:, : config.context], span, 1)
+    error = ((segments - pair[:, None, :]) ** 2).sum(-1)
+    match = error < 2.0  # copies differ by noise only (16 squares of N(0, 0.02): ~0.3)
+    assert (match.sum(1) == config.n_copies).all()
+    found = np.where(match, np.arange(match.shape[1]), -1).max(1)  # the nearest
+    last_step = found + span - 1
+    np.testing.assert_array_equal((config.context - 1) - last_step, out["distance"])
+    with pytest.raises(ValueError, match="n_copies"):
+        dataclasses.replace(config, n_copies=0).validate()

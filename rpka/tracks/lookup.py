@@ -24,7 +24,9 @@ N(0, ``noise``^2) on every step (the target too). Windows are standardised by th
 How far back the evidence lies: :func:`locality` simulates the layout and returns the
 distance from the context's last step back to the queried payload's last step (its
 nearest step): median, 10th / 90th percentiles, and the share within a window of w steps
-(0 by construction for w <= ``min_distance``). Per window ``cue_start`` (N, n_pairs),
+(0 by construction for w <= ``min_distance``). With ``n_copies`` > 1 each pair
+occurs that many times (all far back: "rarely") and the distance is to its nearest
+occurrence. Per window ``cue_start`` and ``pair_of`` (N, n_pairs x n_copies),
 ``cue`` (N, n_pairs), ``query`` (N,), ``payload_start`` and ``distance`` (N,) are stored
 for the tests.
 """
@@ -63,6 +65,7 @@ class LookupConfig:
     cue_length: int = 8
     n_pairs: int = 2
     n_cues: int = 2  # the codebook's fixed cue patterns (>= n_pairs)
+    n_copies: int = 1  # each pair occurs this many times (rarely, all far back)
     cue_scale: float = 2.0  # a cue's steps are +-cue_scale (the background's sd is 1)
     min_distance: int = 144  # no pair in the context's last min_distance steps
     noise: float = 0.1
@@ -75,6 +78,11 @@ class LookupConfig:
     def pair_length(self) -> int:
         """Steps of one pair: its cue, then its payload."""
         return self.cue_length + self.horizon
+
+    @property
+    def n_slots(self) -> int:
+        """Pair occurrences per window: ``n_pairs`` x ``n_copies``."""
+        return self.n_pairs * self.n_copies
 
     @property
     def season_period(self) -> int:
@@ -92,9 +100,10 @@ class LookupConfig:
         require_int(self, "cue_length", 1)
         require_int(self, "n_pairs", 1)
         require_int(self, "n_cues", self.n_pairs)
+        require_int(self, "n_copies", 1)
         require_int(self, "min_distance", self.cue_length)  # the query cue fits in the tail
-        # the pairs fit, non-overlapping, before the tail
-        require_int(self, "context", self.min_distance + self.n_pairs * self.pair_length)
+        # the pairs' copies fit, non-overlapping, before the tail
+        require_int(self, "context", self.min_distance + self.n_slots * self.pair_length)
         for field in ("cue_scale", "noise"):
             value = getattr(self, field)
             low_ok = value > 0 if field == "cue_scale" else value >= 0
@@ -106,20 +115,26 @@ class LookupConfig:
 
 
 def layout(config: LookupConfig, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Where the pairs lie: ``cue_start`` (N, n_pairs), increasing, non-overlapping, uniform
-    over [0, context - min_distance - pair_length]; the asked pair ``query`` (N,); its
-    ``payload_start`` and ``distance`` (N,): the context's last step minus the payload's
-    last step."""
-    k, span = config.n_pairs, config.pair_length
+    """Where the pairs lie: per occurrence (slot) ``cue_start`` (N, n_slots), increasing,
+    non-overlapping, uniform over [0, context - min_distance - pair_length], and the pair it
+    shows ``pair_of`` (N, n_slots; each pair ``n_copies`` times, in random order); the asked
+    pair ``query`` (N,); its nearest occurrence's ``payload_start`` and ``distance`` (N,):
+    the context's last step minus that payload's last step."""
+    k, span = config.n_slots, config.pair_length
     room = config.context - config.min_distance - k * span  # free steps to share out
-    # k sorted uniform draws in [0, room], then pair i shifted by the i pairs before it
+    # k sorted uniform draws in [0, room], then slot i shifted by the i slots before it
     offsets = np.sort(rng.integers(0, room + 1, (n, k)), axis=1)
     cue_start = offsets + span * np.arange(k)
-    query = rng.integers(0, k, n)
-    payload_start = cue_start[np.arange(n), query] + config.cue_length
+    pairs = np.repeat(np.arange(config.n_pairs), config.n_copies)
+    pair_of = pairs[np.argsort(rng.random((n, k)), axis=1)]
+    query = rng.integers(0, config.n_pairs, n)
+    # the asked pair's last occurrence (slots are in increasing order of position)
+    nearest = np.where(pair_of == query[:, None], np.arange(k), -1).max(1)
+    payload_start = cue_start[np.arange(n), nearest] + config.cue_length
     distance = (config.context - 1) - (payload_start + config.horizon - 1)
     return {
         "cue_start": cue_start,
+        "pair_of": pair_of,
         "query": query,
         "payload_start": payload_start,
         "distance": distance,
@@ -144,11 +159,11 @@ def generate(config: LookupConfig, n: int, rng: np.random.Generator) -> dict[str
     cues = codebook(config)[cue]  # (N, n_pairs, cue_length)
     payloads = rng.standard_normal((n, config.n_pairs, config.horizon))
     rows = np.arange(n)[:, None]
-    for i in range(config.n_pairs):
-        start = where["cue_start"][:, i : i + 1]
-        raw[rows, start + np.arange(config.cue_length)] = cues[:, i]
-        raw[rows, start + config.cue_length + np.arange(config.horizon)] = payloads[:, i]
     asked = np.arange(n)
+    for i in range(config.n_slots):
+        start, pair = where["cue_start"][:, i : i + 1], where["pair_of"][:, i]
+        raw[rows, start + np.arange(config.cue_length)] = cues[asked, pair]
+        raw[rows, start + config.cue_length + np.arange(config.horizon)] = payloads[asked, pair]
     raw[:, config.context - config.cue_length : config.context] = cues[asked, where["query"]]
     raw[:, config.context :] = payloads[asked, where["query"]]
     raw += config.noise * rng.standard_normal(raw.shape)
@@ -185,7 +200,7 @@ def locality(
 
 
 def build_arrays(config: LookupConfig) -> dict[str, np.ndarray]:
-    """``<split>_{x, y, mean, std}`` and ``<split>_{cue_start, query, payload_start,
+    """``<split>_{x, y, mean, std}`` and ``<split>_{cue_start, pair_of, query, payload_start,
     distance, cue}``."""
     return generated_arrays(config, generate)
 
