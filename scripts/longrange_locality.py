@@ -38,10 +38,12 @@ def locality_of(preset: str, n_windows: int) -> dict:
 def cost_of(preset: str, steps: int) -> dict:
     """The cost model's prediction (CPU-s) of every context's bench of ``preset``."""
     config = LONGRANGE_PRESETS[preset]
-    benches = {
-        str(c): predict_bench(config.bench_for(c), steps=steps, label=f"{preset}-{c}")
-        for c in config.contexts
-    }
+    benches = {}
+    for context in config.contexts:
+        bench = predict_bench(config.bench_for(context), steps=steps, label=f"{preset}-{context}")
+        benches[str(context)] = bench
+        arms = {a: round(e["predicted_cpu_s"]) for a, e in bench["arms"].items()}
+        print(f"{context:>5}: {bench['predicted_cpu_s']:.0f} CPU-s {arms}", flush=True)
     total = sum(b["predicted_cpu_s"] for b in benches.values())
     return {"preset": preset, "predicted_cpu_s": total, "benches": benches}
 
@@ -58,9 +60,6 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.cost:
         result = cost_of(args.preset, args.steps)
-        for context, bench in result["benches"].items():
-            arms = {a: round(e["predicted_cpu_s"]) for a, e in bench["arms"].items()}
-            print(f"{context:>5}: {bench['predicted_cpu_s']:.0f} CPU-s {arms}")
         print(f"total {result['predicted_cpu_s']:.0f} CPU-s")
         write_json(out / "cost_model.json", result)
         return
