@@ -620,33 +620,6 @@ def attention_gate(
     }
 
 
-def two_control_gate(
-    exact: Sequence[float],
-    control: Sequence[float],
-    local: Sequence[float],
-    metric_direction: str = "lower",
-    min_rel: float = 0.25,
-    alpha: float = ALPHA,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """The long-context gate (issue 27): exact must beat BOTH the no-attention control
-    (``control``, e.g. ``mean-attention``) and the local window (``local``, e.g.
-    ``local-w128``), each by :func:`attention_gate`'s rule (>= ``min_rel`` of exact's mean,
-    one-sided paired sign-flip p < ``alpha``). Per-seed values (n,) paired by seed.
-
-    Returns ``passed`` (both passed), ``attention_gate`` and ``local_gate`` (each
-    :func:`attention_gate`'s dict) and ``rule``."""
-    uniform = attention_gate(exact, control, metric_direction, min_rel, alpha, seed)
-    window = attention_gate(exact, local, metric_direction, min_rel, alpha, seed)
-    return {
-        "passed": bool(uniform["passed"] and window["passed"]),
-        "attention_gate": uniform,
-        "local_gate": window,
-        "rule": f"passed when exact beats both the no-attention control and the local window, "
-        f"each by >= {min_rel:.0%} of exact's mean with one-sided paired sign-flip p < {alpha:g}",
-    }
-
-
 def apply_gate(comparison: dict[str, Any], gate: Mapping[str, Any]) -> dict[str, Any]:
     """Turn the verdict ``uninformative`` when the track failed its attention gate."""
     comparison["gate_passed"] = bool(gate["passed"])

@@ -32,7 +32,7 @@ def worse(by: float) -> list[float]:
 
 
 def test_two_control_gate_passes_only_when_exact_beats_both():
-    gate = stats.two_control_gate(EXACT, worse(0.5), worse(0.4))
+    gate = decision.two_control_gate(EXACT, worse(0.5), worse(0.4))
     assert gate["passed"] and gate["attention_gate"]["passed"] and gate["local_gate"]["passed"]
     assert gate["attention_gate"]["p_value"] == pytest.approx(1 / 256)
     assert gate["local_gate"]["control_rel"] == pytest.approx(0.4)
@@ -49,7 +49,7 @@ def test_two_control_gate_passes_only_when_exact_beats_both():
     ],
 )
 def test_two_control_gate_fails_when_either_control_does(control, local, failing):
-    gate = stats.two_control_gate(EXACT, control, local)
+    gate = decision.two_control_gate(EXACT, control, local)
     assert not gate["passed"]
     assert not gate[failing]["passed"]
     other = "local_gate" if failing == "attention_gate" else "attention_gate"
@@ -58,9 +58,9 @@ def test_two_control_gate_fails_when_either_control_does(control, local, failing
 
 def test_two_control_gate_rejects_bad_input():
     with pytest.raises(ValueError, match="pair up"):
-        stats.two_control_gate(EXACT, worse(0.5), worse(0.5)[:-1])
+        decision.two_control_gate(EXACT, worse(0.5), worse(0.5)[:-1])
     with pytest.raises(ValueError, match="min_rel"):
-        stats.two_control_gate(EXACT, worse(0.5), worse(0.5), min_rel=-1)
+        decision.two_control_gate(EXACT, worse(0.5), worse(0.5), min_rel=-1)
 
 
 def arms_of(config, values: dict[str, list[float]]) -> dict[str, dict]:
