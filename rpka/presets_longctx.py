@@ -230,7 +230,15 @@ def _longrange(
     return config
 
 
-LONGRANGE_RANKS = (16, 64, 128)
+# Priced with the cost model (scripts/longrange_locality.py --cost --probe-eval-windows 32,
+# 2026-12-02, busy machine; data/results/full/longrange/cost_model_r128.json) with r128 in:
+# 10,362 CPU-s - 512: 1,436 (exact 121, r16 100, r64 239, r128 572, nystrom-uniform-r64 221,
+# mean 40, local-w128 143); 1,024: 2,825 (exact 405, r16 192, r64 400, r128 1,006, uniform
+# 297, mean 92, local 433); 2,048: 6,101 (exact 1,385, r16 426, r64 810, r128 1,438,
+# uniform 685, mean 148, local 1,208). Over the ~7,000 CPU-s budget, so r128 (break-even
+# with exact at 2,048: 1,438 vs 1,385) is an extension: `--ranks 16 64 128` resumes every
+# finished run and trains only r128 (+3,016 CPU-s). Without it: 7,346 CPU-s.
+LONGRANGE_RANKS = (16, 64)
 LONGRANGE_TRAIN = TrainConfig(epochs=1, batch_size=8, warmup_steps=2)
 LONGRANGE_PRESETS: dict[str, LongContextConfig] = {
     # the study's structure in seconds (tests): a short context, a narrow window

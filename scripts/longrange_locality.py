@@ -1,7 +1,7 @@
 """How far back the evidence of the long-range study's task lies, and what it costs (issue 27).
 
     python scripts/longrange_locality.py [--preset longrange] [--out DIR] [--windows 10000]
-    python scripts/longrange_locality.py --cost [--steps 3]
+    python scripts/longrange_locality.py --cost [--steps 3] [--probe-eval-windows 32]
 
 Writes ``<out>/locality.json`` (default ``data/results/<preset>/``): per context of the
 preset, ``rpka.tracks.lookup.locality`` of its ``forecast-lookup`` track at the local
@@ -14,10 +14,11 @@ a few timed steps per arm and stacked-seed count) and writes ``<out>/cost_model.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
-from rpka.cost import predict_bench
+from rpka.cost import predict_bench, price, probes_of
 from rpka.io import write_json
 from rpka.paths import resolve, results_dir
 from rpka.presets_longctx import LONGRANGE_PRESETS
@@ -35,12 +36,33 @@ def locality_of(preset: str, n_windows: int) -> dict:
     return out
 
 
-def cost_of(preset: str, steps: int) -> dict:
-    """The cost model's prediction (CPU-s) of every context's bench of ``preset``."""
+def cost_of(preset: str, steps: int, probe_eval_windows: int | None = None) -> dict:
+    """The cost model's prediction (CPU-s) of every context's bench of ``preset``.
+
+    ``probe_eval_windows``: probe on that many validation / test windows and scale the
+    measured passes (eq. (1)'s ``t_val``, ``t_test``: linear in the windows) up to the
+    preset's - the probes' evaluation passes at 2,048 tokens otherwise cost minutes each.
+    """
     config = LONGRANGE_PRESETS[preset]
     benches = {}
     for context in config.contexts:
-        bench = predict_bench(config.bench_for(context), steps=steps, label=f"{preset}-{context}")
+        real = config.bench_for(context)
+        probed = real
+        if probe_eval_windows is not None:
+            small = dataclasses.replace(config, eval_windows=probe_eval_windows)
+            probed = small.bench_for(context)
+        bench = predict_bench(probed, steps=steps, label=f"{preset}-{context}")
+        if probe_eval_windows is not None:
+            scale = config.eval_windows / probe_eval_windows
+            probes = {
+                key: dataclasses.replace(p, val_s=p.val_s * scale, test_s=p.test_s * scale)
+                for key, p in probes_of(bench).items()
+            }
+            repriced = price(real, probes)
+            for arm, entry in repriced["arms"].items():
+                entry["probes"] = [dataclasses.asdict(p) for k, p in probes.items() if k[0] == arm]
+            bench = {**repriced, "probe_cpu_s": bench["probe_cpu_s"]}
+            bench["probe_eval_windows"] = probe_eval_windows
         benches[str(context)] = bench
         arms = {a: round(e["predicted_cpu_s"]) for a, e in bench["arms"].items()}
         print(f"{context:>5}: {bench['predicted_cpu_s']:.0f} CPU-s {arms}", flush=True)
@@ -55,11 +77,14 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=10_000)
     parser.add_argument("--cost", action="store_true", help="price the benches instead")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--probe-eval-windows", type=int, default=None, help="probe on fewer, scale up"
+    )
     args = parser.parse_args()
     out = resolve(args.out or results_dir(args.preset))
     torch.set_num_threads(1)
     if args.cost:
-        result = cost_of(args.preset, args.steps)
+        result = cost_of(args.preset, args.steps, args.probe_eval_windows)
         print(f"total {result['predicted_cpu_s']:.0f} CPU-s")
         write_json(out / "cost_model.json", result)
         return
