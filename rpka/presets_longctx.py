@@ -266,7 +266,9 @@ LONGRANGE_PRESETS: dict[str, LongContextConfig] = {
     # primary's two-sided 1/128). Learnability (one seed, scripts/longctx_probe.py): at 512
     # tokens exact 0.083 test MSE after these 500 steps (linear 0.718); 0.016 after 500 steps
     # of batch 16, 0.440 after 250 (local-w128 0.630, mean-attention 0.599 there); at 1,024
-    # tokens 0.112 after 250 steps of batch 16 (linear 1.008). Cost: docs/longctx.md.
+    # tokens 0.112 after 250 steps of batch 16 and 0.357 after these 500 (linear 1.008); at
+    # 2,048 tokens 0.896 after these 500 steps - not learned (naive mean 0.897, linear 1.776).
+    # Cost: docs/longctx.md.
     "longrange": _longrange(
         "longrange",
         contexts=(512, 1024, 2048),
