@@ -267,7 +267,8 @@ LONGRANGE_PRESETS: dict[str, LongContextConfig] = {
     # tokens exact 0.083 test MSE after these 500 steps (linear 0.718); 0.016 after 500 steps
     # of batch 16, 0.440 after 250 (local-w128 0.630, mean-attention 0.599 there); at 1,024
     # tokens 0.112 after 250 steps of batch 16 and 0.357 after these 500 (linear 1.008); at
-    # 2,048 tokens 0.896 after these 500 steps - not learned (naive mean 0.897, linear 1.776).
+    # 2,048 tokens 0.896 after these 500 steps - not learned (naive mean 0.897, linear 1.776),
+    # nor after 250 steps of batch 16 or 1,000 steps of batch 8 (0.896 both).
     # Cost: docs/longctx.md.
     "longrange": _longrange(
         "longrange",
