@@ -89,7 +89,6 @@ class TrainConfig:
         )
 
 
-
 @dataclass(frozen=True)
 class ArmConfig:
     """One arm of the comparison: an attention method and its options.
@@ -149,10 +148,18 @@ def rpka_arm(rank: int, label: str | None = None, **options: Any) -> ArmConfig:
     return ArmConfig(name, "rpka", {"rank": rank, **options})
 
 
+def local_arm(window: int, lr_from: str | None = None) -> ArmConfig:
+    """The local-window control ``local-w<window>`` (``rpka.attention.local``: softmax over
+    the last ``window`` keys, causal or not as the track's model is), on any track. It
+    sweeps its own learning rate unless ``lr_from`` names the arm whose rate it takes - a
+    control that failed for want of a tuned rate would show nothing."""
+    require(is_int(window) and window >= 1, "window", "an integer >= 1", window)
+    return ArmConfig(f"local-w{window}", "local", {"window": window}, lr_from=lr_from)
+
+
 def peer_arm(method: str, rank: int, **options: Any) -> ArmConfig:
     """The arm ``<method>-r<rank>``: a peer method at rank (landmarks / features) ``rank``."""
     return ArmConfig(f"{method}-r{rank}", method, {"rank": rank, **options})
-
 
 
 @dataclass(frozen=True)
@@ -272,7 +279,12 @@ class BenchConfig:
     no equivalence test, so no verdict "equivalent"). ``control_arm`` (None: the arm of
     method ``mean`` if there is one) is the attention gate's control: it must lose to the
     baseline by at least ``gate_min_rel`` of the baseline's mean (one-sided p < 0.05), or
-    every verdict of the track reads "uninformative".
+    every verdict of the track reads "uninformative". ``local_control_arm`` (None: the arm
+    of method ``local`` if there is one) is the local-window control (issue 27): outside
+    the Holm family like the control; with ``gate_needs_local`` (the long-context studies)
+    the gate passes only when the baseline beats both controls by that rule
+    (``rpka.decision.two_control_gate``); without it the local control is reported beside the
+    gate and does not change it.
     """
 
     preset: str
@@ -302,6 +314,8 @@ class BenchConfig:
     margin: float | None = None
     control_arm: str | None = None
     gate_min_rel: float = 0.25
+    local_control_arm: str | None = None
+    gate_needs_local: bool = False
     # the arm exact by construction (the rank frontier's positive control, rpka.frontier):
     # read by the frontier rule, outside the Holm family like the attention gate's control
     positive_control_arm: str | None = None
@@ -315,10 +329,24 @@ class BenchConfig:
         return next((a.name for a in self.arms if a.method == "mean"), None)
 
     @property
+    def local_control(self) -> str | None:
+        """The local-window control arm: ``local_control_arm``, else the arm of method
+        ``local`` (sliding-window attention), else None."""
+        if self.local_control_arm is not None:
+            return self.local_control_arm
+        return next((a.name for a in self.arms if a.method == "local"), None)
+
+    @property
     def secondary_arms(self) -> tuple[str, ...]:
         """The Holm family: every arm but the baseline, the primary and the controls (the
-        attention gate's and the frontier's positive control)."""
-        skip = {self.baseline_arm, self.primary_arm, self.control, self.positive_control_arm}
+        attention gate's, the local window and the frontier's positive control)."""
+        skip = {
+            self.baseline_arm,
+            self.primary_arm,
+            self.control,
+            self.local_control,
+            self.positive_control_arm,
+        }
         return tuple(a.name for a in self.arms if a.name not in skip)
 
     @property
@@ -383,6 +411,25 @@ class BenchConfig:
             "control_arm",
             f"None or an arm other than the baseline and the primary, one of {names}",
             self.control_arm,
+        )
+        require(
+            self.local_control_arm is None
+            or (
+                self.local_control_arm in names
+                and self.arm(self.local_control_arm).method == "local"
+                and self.local_control_arm not in (self.baseline_arm, self.primary_arm)
+            ),
+            "local_control_arm",
+            f"None or an arm of method 'local' other than the baseline and the primary, one "
+            f"of {names}",
+            self.local_control_arm,
+        )
+        require(
+            isinstance(self.gate_needs_local, bool)
+            and (not self.gate_needs_local or self.local_control is not None),
+            "gate_needs_local",
+            "a bool, True only with a local control arm (an arm of method 'local')",
+            self.gate_needs_local,
         )
         require(
             self.positive_control_arm is None
@@ -473,9 +520,7 @@ class BenchConfig:
         metrics = self.task.metrics
         require(self.metric in metrics, "metric", f"one of {metrics} for this track", self.metric)
         require(self.device in DEVICES, "device", f"one of {DEVICES}", self.device)
-        require(
-            is_int(self.n_workers) and self.n_workers >= 1, "n_workers", ">= 1", self.n_workers
-        )
+        require(is_int(self.n_workers) and self.n_workers >= 1, "n_workers", ">= 1", self.n_workers)
         require(
             is_int(self.seeds_per_job) and self.seeds_per_job >= 1,
             "seeds_per_job",
@@ -529,7 +574,6 @@ TUPLE_FIELDS = (
 )
 
 
-
 def apply_overrides(config: BenchConfig, **overrides: Any) -> BenchConfig:
     """``config`` with overrides as :func:`get_preset` takes them, validated."""
     overrides = dict(overrides)
@@ -572,7 +616,6 @@ def apply_overrides(config: BenchConfig, **overrides: Any) -> BenchConfig:
     config = dataclasses.replace(config, **overrides)
     config.validate()
     return config
-
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,15 @@
 
 The preset's primary arm against the baseline is the one pre-registered comparison,
 unadjusted; the control (attention replaced by the context mean) is read only by the
-attention gate; every other arm is the Holm family; a track that fails its gate has every
-verdict "uninformative". The statistics themselves live in ``rpka.stats``.
+attention gate, the local-window control (issue 27) by the local gate; every other arm is
+the Holm family; a track that fails its gate has every verdict "uninformative" - on the
+long-context studies (``BenchConfig.gate_needs_local``) the gate is both controls'. The
+statistics themselves live in ``rpka.stats``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rpka import stats
@@ -31,24 +34,94 @@ def attention_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict
     return {"control_arm": control, **gate}
 
 
+def two_control_gate(
+    exact: Sequence[float],
+    control: Sequence[float],
+    local: Sequence[float],
+    metric_direction: str = "lower",
+    min_rel: float = 0.25,
+    alpha: float = stats.ALPHA,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The long-context gate (issue 27): exact must beat BOTH the no-attention control
+    (``control``, e.g. ``mean-attention``) and the local window (``local``, e.g.
+    ``local-w128``), each by ``rpka.stats.attention_gate``'s rule (>= ``min_rel`` of exact's mean,
+    one-sided paired sign-flip p < ``alpha``). Per-seed values (n,) paired by seed.
+
+    Returns ``passed`` (both passed), ``attention_gate`` and ``local_gate`` (each
+    ``rpka.stats.attention_gate``'s dict) and ``rule``."""
+    uniform = stats.attention_gate(exact, control, metric_direction, min_rel, alpha, seed)
+    window = stats.attention_gate(exact, local, metric_direction, min_rel, alpha, seed)
+    return {
+        "passed": bool(uniform["passed"] and window["passed"]),
+        "attention_gate": uniform,
+        "local_gate": window,
+        "rule": f"passed when exact beats both the no-attention control and the local window, "
+        f"each by >= {min_rel:.0%} of exact's mean with one-sided paired sign-flip p < {alpha:g}",
+    }
+
+
+def local_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The local gate (issue 27): does the local-window control lose to the baseline by
+    ``config.gate_min_rel``? ``rpka.stats.attention_gate`` on the local arm, the same fields
+    as :func:`attention_gate`'s; None when the study has no local control."""
+    local = config.local_control
+    if local is None or local not in arms:
+        return None
+    gate = stats.attention_gate(
+        arms[config.baseline_arm]["full"]["per_seed"],
+        arms[local]["full"]["per_seed"],
+        METRIC_DIRECTION,
+        min_rel=config.gate_min_rel,
+    )
+    return {"control_arm": local, **gate}
+
+
+def verdict_gate(
+    config: BenchConfig, gate: dict[str, Any] | None, local: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The gate the verdicts obey: the attention gate alone, or - with
+    ``config.gate_needs_local`` - passed only when both it and the local gate passed
+    (``rule`` says which); None without either."""
+    if not config.gate_needs_local:
+        return gate
+    parts = [g for g in (gate, local) if g is not None]
+    if not parts:
+        return None
+    return {
+        "passed": all(g["passed"] for g in parts),
+        "rule": "two-control gate: " + "; ".join(f"{g['control_arm']}: {g['rule']}" for g in parts),
+    }
+
+
 def decide(
-    config: BenchConfig, comparisons: dict[str, dict[str, Any]], gate: dict[str, Any] | None
+    config: BenchConfig,
+    comparisons: dict[str, dict[str, Any]],
+    gate: dict[str, Any] | None,
+    local: dict[str, Any] | None = None,
 ) -> None:
     """The decision rule (docs/statistics.md): the primary unadjusted, Holm over the
-    secondary family, the control outside both (it is the gate's), then the gate."""
-    control, positive = config.control, config.positive_control_arm
-    family = {name: c for name, c in comparisons.items() if name not in (control, positive)}
+    secondary family, the controls outside both (they are the gates'), then the gate
+    (:func:`verdict_gate`: with ``config.gate_needs_local`` both controls')."""
+    control, positive, window = config.control, config.positive_control_arm, config.local_control
+    controls = (control, window)
+    family = {name: c for name, c in comparisons.items() if name not in (*controls, positive)}
     stats.apply_holm(family, primary=config.primary_arm)
     if control in comparisons:
         comparisons[control]["adjustment"] = "none (the control: read by the attention gate)"
+    if window in comparisons:
+        comparisons[window]["adjustment"] = (
+            "none (the local-window control: read by the local gate)"
+        )
     if positive in comparisons:  # unadjusted, as apply_holm leaves an arm outside its family
         comparisons[positive]["adjustment"] = (
             "none (the positive control: read by the rank frontier's rule)"
         )
-    if gate is not None:
+    applied = verdict_gate(config, gate, local)
+    if applied is not None:
         for name, comparison in comparisons.items():
-            if name != control:
-                stats.apply_gate(comparison, gate)
+            if name not in controls:
+                stats.apply_gate(comparison, applied)
 
 
 def compare_arms(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -64,7 +137,7 @@ def compare_arms(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[s
         if name != config.baseline_arm
     }
     gate = attention_gate(config, arms)
-    decide(config, comparisons, gate)
+    decide(config, comparisons, gate, local_gate(config, arms))
     for name, entry in arms.items():
         entry["comparison"] = comparisons.get(name)
     return gate
@@ -77,6 +150,7 @@ def redecide(report: dict[str, Any], config: BenchConfig) -> dict[str, Any]:
     them); nothing is retrained. ``baseline``/``idea``/``comparison`` follow."""
     gate = compare_arms(config, report["arms"])
     report["attention_gate"] = gate
+    report["local_gate"] = local_gate(config, report["arms"])
     report["decision"] = decision_of(config)
     report["comparison"] = report["arms"][config.primary_arm]["comparison"]
     report["redecided"] = (
@@ -92,6 +166,8 @@ def decision_of(config: BenchConfig) -> dict[str, Any]:
         "primary_arm": config.primary_arm,
         "baseline_arm": config.baseline_arm,
         "control_arm": config.control,
+        "local_control_arm": config.local_control,
+        "gate_needs_local": config.gate_needs_local,
         "secondary_family": list(config.secondary_arms),
         "margin": config.margin,
         "alpha": stats.ALPHA,
@@ -105,6 +181,12 @@ def decision_of(config: BenchConfig) -> dict[str, Any]:
                 f"{config.baseline_arm} by >= {config.gate_min_rel:.0%} (attention gate)"
                 if config.control
                 else "; no control arm: no attention gate"
+            )
+            + (
+                f"; and unless {config.local_control} loses to {config.baseline_arm} by the "
+                "same rule (local gate: the task needs more than a local window)"
+                if config.gate_needs_local
+                else ""
             )
         ),
     }

@@ -301,6 +301,7 @@ def context_entry(report: dict[str, Any], bench_dir: Path, out: Path) -> dict[st
         "naive_test_mse": {name: f["test"]["mse"] for name, f in naive.items()},
         "learnability_met": report["learnability"]["met"],
         "attention_gate": report["attention_gate"],
+        "local_gate": report.get("local_gate"),
         "wall_s": report["timings"]["phases"]["total_s"],
         "n_runs": report["timings"]["n_runs"],
         "n_runs_resumed": report["timings"]["n_runs_resumed"],

@@ -8,9 +8,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rpka.config import BenchConfig, LongContextConfig, TrainConfig, apply_overrides
+from rpka.config import (
+    ArmConfig,
+    BenchConfig,
+    LongContextConfig,
+    TrainConfig,
+    apply_overrides,
+    local_arm,
+    peer_arm,
+)
 from rpka.model import ModelConfig
 from rpka.presets import EXACT, FORECAST_MARGIN, MEAN_CONTROL, QUICK_EVAL_SEEDS, rpka_arm
+from rpka.tracks.lookup import LookupConfig
 from rpka.tracks.regimes import RegimesConfig
 
 # --------------------------------------------------------------------------- long context
@@ -156,6 +165,128 @@ LONGCTX_PRESETS: dict[str, LongContextConfig] = {
     # (7 runs x 250 steps) takes 1,730 CPU-s, and fewer steps learn less.
     "full": _longctx("full", contexts=(512, 2048), **REGIMES_STUDY),
 }
+
+# --------------------------------------------------------------------------- long range
+# Issue 27: a task whose answer lies far back (forecast-lookup: cue-payload pairs anywhere
+# but in the context's last min_distance steps, the query cue at the end), the local window
+# as a second control and the two-control gate (BenchConfig.gate_needs_local): the verdicts
+# count only where exact beats both mean-attention and local-w128 by >= 25 % (one-sided
+# p < 0.05).
+LOCAL_WINDOW = 128  # the local control's window at long context (issue 27)
+# no pair within the local window plus the embedding's reach on both sides: a token sees
+# embed_kernel // 2 steps either side, so a band of 128 tokens ending at the last one reaches
+# no payload step (lookup module docstring)
+# One pair (a fixed cue, a fresh payload) occurring 8 times, all far back: measured with
+# scripts/longctx_probe.py --preset longrange at 512 tokens (one seed, 250 steps of batch 16,
+# lr 1e-2, the longrange model): a single occurrence learned nothing (exact 0.969 test MSE =
+# the mean forecast's, also after 1,000 steps, lr 1e-2 or 3e-3, cue_scale 2 or 4); 4
+# occurrences 0.774 (mean forecast 0.778); 8 occurrences 0.440 (mean forecast 0.653,
+# linear 0.718); two pairs of 8 occurrences each 0.391 (linear 0.615). Docs: docs/longctx.md.
+LONGRANGE_TRACK = LookupConfig(
+    n_pairs=1,
+    n_cues=1,
+    n_copies=8,
+    min_distance=LOCAL_WINDOW + 2 * (LONGCTX_MODEL.embed_kernel // 2),
+)
+
+
+def _longrange(
+    preset: str,
+    contexts: tuple[int, ...],
+    train_windows: int,
+    eval_windows: int,
+    ranks: tuple[int, ...],
+    uniform_rank: int | None,
+    window: int = LOCAL_WINDOW,
+    track: LookupConfig = LONGRANGE_TRACK,
+    **bench: Any,
+) -> LongContextConfig:
+    """A long-range preset on ``forecast-lookup``: exact, RPKA at ``ranks``,
+    ``nystrom-uniform`` at ``uniform_rank`` (None: none), and both controls (mean-attention,
+    ``local-w<window>``) under the two-control gate; ``bench`` sets the template's other
+    fields (model, train, seeds, ...)."""
+    arms: tuple[ArmConfig, ...] = (
+        EXACT,
+        *(rpka_arm(r, residual_solve=LONGCTX_RESIDUAL_SOLVE) for r in ranks),
+        *((peer_arm("nystrom-uniform", uniform_rank),) if uniform_rank is not None else ()),
+        MEAN_CONTROL,
+        local_arm(window),
+    )
+    template = BenchConfig(
+        preset=f"longctx-{preset}",
+        track=track,
+        arms=arms,
+        mechanism=None,
+        margin=FORECAST_MARGIN,
+        gate_needs_local=True,
+        **bench,
+    )
+    template = dataclasses.replace(
+        template,
+        track=template.task.at_context(track, contexts[0], train_windows, eval_windows),
+    )
+    config = LongContextConfig(preset, contexts, template, train_windows, eval_windows)
+    config.validate()
+    return config
+
+
+# Priced with the cost model (scripts/longrange_locality.py --cost --probe-eval-windows 32,
+# 2026-12-02, busy machine; data/results/full/longrange/cost_model_r128.json) with r128 in:
+# 10,362 CPU-s - 512: 1,436 (exact 121, r16 100, r64 239, r128 572, nystrom-uniform-r64 221,
+# mean 40, local-w128 143); 1,024: 2,825 (exact 405, r16 192, r64 400, r128 1,006, uniform
+# 297, mean 92, local 433); 2,048: 6,101 (exact 1,385, r16 426, r64 810, r128 1,438,
+# uniform 685, mean 148, local 1,208). Over the ~7,000 CPU-s budget, so r128 (break-even
+# with exact at 2,048: 1,438 vs 1,385) is an extension: `--ranks 16 64 128` resumes every
+# finished run and trains only r128 (+3,016 CPU-s). Without it: 7,346 CPU-s.
+LONGRANGE_RANKS = (16, 64)
+LONGRANGE_TRAIN = TrainConfig(epochs=1, batch_size=8, warmup_steps=2)
+LONGRANGE_PRESETS: dict[str, LongContextConfig] = {
+    # the study's structure in seconds (tests): a short context, a narrow window
+    "longrange-smoke": _longrange(
+        "longrange-smoke",
+        contexts=(64, 80),
+        train_windows=16,
+        eval_windows=8,
+        ranks=(4, 8),
+        uniform_rank=8,
+        window=8,
+        track=dataclasses.replace(LONGRANGE_TRACK, min_distance=24, n_copies=2),
+        model=dataclasses.replace(LONGCTX_MODEL, d_model=8, n_heads=1, d_ff=16, embed_kernel=5),
+        train=TrainConfig(epochs=1, batch_size=8, warmup_steps=0),
+        primary_arm="rpka-r8",
+        learning_rates=(1e-2,),
+        sweep_seeds=(0,),
+        eval_seeds=(100, 101),
+        n_workers=1,
+        seeds_per_job=2,
+    ),
+    # The study (issue 27): 512, 1,024 and 2,048 tokens, the same model and training at
+    # every length - one epoch of 4,000 windows in batches of 8 (500 steps), learning rate
+    # 1e-2 on one sweep seed, 8 evaluation seeds (the gate's one-sided p can reach 1/256, the
+    # primary's two-sided 1/128). Learnability (one seed, scripts/longctx_probe.py): at 512
+    # tokens exact 0.083 test MSE after these 500 steps (linear 0.718); 0.016 after 500 steps
+    # of batch 16, 0.440 after 250 (local-w128 0.630, mean-attention 0.599 there); at 1,024
+    # tokens 0.112 after 250 steps of batch 16 and 0.357 after these 500 (linear 1.008); at
+    # 2,048 tokens 0.896 after these 500 steps - not learned (naive mean 0.897, linear 1.776),
+    # nor after 250 steps of batch 16 or 1,000 steps of batch 8 (0.896 both).
+    # Cost: docs/longctx.md.
+    "longrange": _longrange(
+        "longrange",
+        contexts=(512, 1024, 2048),
+        train_windows=4000,
+        eval_windows=256,
+        ranks=LONGRANGE_RANKS,
+        uniform_rank=64,
+        model=LONGCTX_MODEL,
+        train=LONGRANGE_TRAIN,
+        primary_arm="rpka-r64",
+        learning_rates=(1e-2,),
+        sweep_seeds=(0,),
+        eval_seeds=tuple(range(100, 108)),
+        seeds_per_job=4,
+    ),
+}
+LONGCTX_PRESETS.update(LONGRANGE_PRESETS)
 LONGCTX_FIELDS = ("contexts", "train_windows", "eval_windows", "memory_probe")
 
 

@@ -240,6 +240,7 @@ def track_entry(report: dict[str, Any], report_path: Path, index_dir: Path) -> d
         "preset": report["config"]["preset"],
         "metric": report["metric"],
         "attention_gate": report.get("attention_gate"),
+        "local_gate": report.get("local_gate"),
         "primary_arm": report["primary_arm"],
         "primary": {
             k: primary.get(k)

@@ -10,11 +10,13 @@ step of every arm of the preset at each of its contexts.
     python scripts/longctx_probe.py --context 128 --track '{"period_max": 16}' \\
         --model '{"readout": "flatten"}' --lr 3e-3
     python scripts/longctx_probe.py --step-time
+    python scripts/longctx_probe.py --preset longrange --context 512 \
+        --arms exact local-w128 mean-attention
 
 Fields: ``--track`` / ``--model`` / ``--train`` are JSON objects replacing fields of the
-``full`` preset's template (track resized to ``--context`` with ``--train-windows`` and
-``--eval-windows``). One thread per process (as in the bench's workers); on a machine
-shared with other jobs the wall times are slow, the CPU times less so.
+``--preset``'s template (default ``full``; track resized to ``--context`` with
+``--train-windows`` and ``--eval-windows``). One thread per process (as in the bench's
+workers); on a machine shared with other jobs the wall times are slow, the CPU times less so.
 """
 
 from __future__ import annotations
@@ -30,13 +32,12 @@ from rpka.presets_longctx import LONGCTX_PRESETS
 from rpka.tracks import get_task
 from rpka.train import build_model, make_run_config, track_config_of, train_run
 
-PRESET = LONGCTX_PRESETS["full"]
 DATA_DIR = "data/cache"
 
 
 def probe_bench(args: argparse.Namespace):
-    """The full preset's bench at ``args.context`` with the command line's fields replaced."""
-    bench = PRESET.bench
+    """The preset's bench at ``args.context`` with the command line's fields replaced."""
+    bench = LONGCTX_PRESETS[args.preset].bench
     track = dataclasses.replace(bench.track, **json.loads(args.track))
     track = get_task(track.name).at_context(
         track, args.context, args.train_windows, args.eval_windows
@@ -63,11 +64,12 @@ def learn(args: argparse.Namespace) -> None:
         )
 
 
-def step_time() -> None:
+def step_time(preset: str) -> None:
     """CPU seconds of one training step (1 seed, one batch, Adam), best of 3 after a warm-up."""
-    batch = PRESET.bench.train.batch_size
-    for context in PRESET.contexts:
-        bench = PRESET.bench_for(context)
+    config = LONGCTX_PRESETS[preset]
+    batch = config.bench.train.batch_size
+    for context in config.contexts:
+        bench = config.bench_for(context)
         for arm in bench.arms:
             run_config = make_run_config(bench, arm, bench.learning_rates[0], [100], "test")
             model = build_model(run_config, track_config_of(run_config), torch.device("cpu"))
@@ -86,20 +88,28 @@ def step_time() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="full", choices=sorted(LONGCTX_PRESETS))
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--arms", nargs="+", default=["exact", "mean-attention"])
     parser.add_argument("--track", default="{}", help="JSON: track fields to replace")
     parser.add_argument("--model", default="{}", help="JSON: model fields to replace")
     parser.add_argument("--train", default="{}", help="JSON: training fields to replace")
-    parser.add_argument("--train-windows", type=int, default=PRESET.train_windows)
-    parser.add_argument("--eval-windows", type=int, default=PRESET.eval_windows)
-    parser.add_argument("--lr", type=float, default=PRESET.bench.learning_rates[0])
+    parser.add_argument("--train-windows", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--eval-windows", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--lr", type=float, default=None, help="default: the preset's first")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--step-time", action="store_true", help="only time one step per arm")
     args = parser.parse_args()
+    preset = LONGCTX_PRESETS[args.preset]
+    if args.train_windows is None:
+        args.train_windows = preset.train_windows
+    if args.eval_windows is None:
+        args.eval_windows = preset.eval_windows
+    if args.lr is None:
+        args.lr = preset.bench.learning_rates[0]
     torch.set_num_threads(1)
     if args.step_time:
-        step_time()
+        step_time(args.preset)
     else:
         learn(args)
 

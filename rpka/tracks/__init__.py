@@ -13,6 +13,7 @@ from typing import Any
 from rpka.tracks.base import Task
 from rpka.tracks.forecast import ForecastTask
 from rpka.tracks.lm import LMTask
+from rpka.tracks.lookup import LookupTask
 from rpka.tracks.motif import MotifTask
 from rpka.tracks.real import RealTask
 from rpka.tracks.recall import RecallTask
@@ -25,6 +26,7 @@ TRACKS: dict[str, Task] = {
     "forecast-regimes": RegimesTask(),
     "forecast-real": RealTask(),
     "recall": RecallTask(),
+    "forecast-lookup": LookupTask(),
 }
 
 
