@@ -24,7 +24,7 @@ from rpka.ablations import choose_default, rpka_configuration
 from rpka.attention.guards import guard_shares
 from rpka.bench.jobs import RunResults, sweep_score
 from rpka.config import ArmConfig, BenchConfig
-from rpka.decision import METRIC_DIRECTION, compare_arms, decision_of
+from rpka.decision import METRIC_DIRECTION, compare_arms, decision_of, local_gate
 
 BENCH_VERSION = "2.0"
 
@@ -146,6 +146,7 @@ def build_report(
         "idea": _earlier_keys(primary, config.primary_arm),
         "comparison": primary["comparison"],
         "attention_gate": gate,
+        "local_gate": local_gate(config, arms),
         "decision": decision_of(config),
         "mechanism_signature": None,
         "output_error": None,
