@@ -97,6 +97,15 @@ def longctx_json(preset: str) -> str:
     return f"{results_dir(preset)}/longctx.json"
 
 
+def longrange_dir(preset: str) -> str:
+    """The long-range study's folder (issue 27: ``python -m rpka longctx --preset longrange
+    --out <this>``), its own ``longctx.json`` inside: ``data/results/<preset>/longrange``."""
+    return f"{results_dir(preset)}/{LONGRANGE}"
+
+
+LONGRANGE = "longrange"  # the long-range study's folder in a study's results, and its key
+
+
 def longctx_context_dir(context: int) -> str:
     """One long-context bench's folder, relative to the study's results folder."""
     return f"longctx/context-{context}"

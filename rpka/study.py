@@ -24,6 +24,7 @@ from rpka import bench, executors, paths, scaling
 from rpka.config import BenchConfig
 from rpka.frontier import write_frontier
 from rpka.io import read_json, read_json_checked, read_json_or_heal, read_run_file, write_json
+from rpka.longctx import FILE_NAME as LONGCTX_FILE
 from rpka.longctx import run_longctx
 from rpka.paths import resolve
 from rpka.presets import MECHANISM_TRACK, STUDY_TRACKS, get_preset
@@ -265,7 +266,10 @@ def write_study_index(
 
     Keys: ``preset``, ``tracks`` (``{<track>: track_entry}`` in the study's order; a track
     without a report yet is left out and named in ``missing``) and ``longctx`` (per
-    context: a ``track_entry`` of its bench, or null without a long-context result).
+    context: a ``track_entry`` of its bench, or null without a long-context result) and
+    ``longrange`` (:func:`longrange_entry`, from ``<out>/longrange/``, or null). The frontier
+    (``frontier.json``) takes the tracks whose attention gate passed and the long-range
+    lengths whose two-control gate passed (``longrange-<n>``).
     """
     out = resolve(out_dir or paths.results_dir(preset))
     required = INDEX_KEYS
@@ -287,7 +291,11 @@ def write_study_index(
                 longctx_entry["contexts"][context] = track_entry(
                     report, out / entry["bench_report"], out
                 )
-    index = {"preset": preset, "tracks": entries, "missing": missing, "longctx": longctx_entry}
+    longrange = longrange_entry(out / paths.LONGRANGE, out)
+    index = {
+        "preset": preset, "tracks": entries, "missing": missing, "longctx": longctx_entry,
+        paths.LONGRANGE: longrange,
+    }  # fmt: skip
     write_json(out / Path(paths.study_json(preset)).name, index)
     # the rank frontier of the tracks that need attention (a gap to recover needs a gate)
     gated = {
@@ -295,10 +303,55 @@ def write_study_index(
         for name, entry in entries.items()
         if (entry.get("attention_gate") or {}).get("passed")
     }
-    write_frontier(gated, out / Path(paths.frontier_json(preset)).name)
     for report_path in gated.values():  # why: the kernel's spectrum on exact's trained heads
         spectrum_of(report_path.parent)
+    write_frontier(gated | longrange_gated(longrange, out),
+                   out / Path(paths.frontier_json(preset)).name)  # fmt: skip
     return index
+
+
+LONGRANGE_TRACK = "longrange-{context}"  # a long-range length's name in frontier.json
+
+
+def longrange_entry(folder: Path, index_dir: Path) -> dict[str, Any] | None:
+    """The long-range study's line in ``study.json`` (issue 27), from ``folder``'s own
+    ``longctx.json`` (``python -m rpka longctx --preset longrange --out <folder>``): per
+    context a :func:`track_entry` of its bench (both gates, every arm's verdict) with
+    ``gate_passed`` (both gates) and ``learnability`` (exact against the linear naive
+    forecast), and ``longctx_json`` (its path). None without the file, never an error."""
+    result = read_if_there(folder / LONGCTX_FILE, ("per_context",))
+    if result is None:
+        return None
+    contexts = {}
+    for context, entry in result["per_context"].items():
+        path = folder / entry["bench_report"]
+        report = read_if_there(path, INDEX_KEYS)
+        if report is None:
+            continue
+        line = track_entry(report, path, index_dir)
+        gates = (line.get("attention_gate"), line.get("local_gate"))
+        line["gate_passed"] = all((g or {}).get("passed") for g in gates)
+        line["learnability"] = {
+            k: report["learnability"].get(k)
+            for k in ("ratio_to_linear", "linear_ratio_required", "meets_linear", "met")
+        }
+        contexts[context] = line
+    return {
+        "longctx_json": os.path.relpath(folder / LONGCTX_FILE, index_dir),
+        "preset": result.get("preset"),
+        "contexts": contexts,
+    }
+
+
+def longrange_gated(longrange: dict[str, Any] | None, index_dir: Path) -> dict[str, Path]:
+    """The long-range lengths whose two-control gate passed, as frontier tracks
+    (``longrange-<n>`` -> bench report path)."""
+    contexts = (longrange or {}).get("contexts") or {}
+    return {
+        LONGRANGE_TRACK.format(context=context): index_dir / entry["bench_report"]
+        for context, entry in sorted(contexts.items(), key=lambda kv: int(kv[0]))
+        if entry.get("gate_passed")
+    }
 
 
 # what a study index entry reads of a bench report (a report without one of them is
