@@ -131,3 +131,75 @@ def plot_spectrum(
     fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8)
     save_figure(fig, save_dir, name)
     return fig
+
+
+# --------------------------------------------------------------------------- long range
+
+NON_INFERIOR_GAP = 0.95  # drawn only when the points do not carry the frontier's margin
+LENGTH_CMAP = "viridis"  # one colour per length, short to long
+LENGTH_SHADE = (0.1, 0.85)  # the colour map's range used (its ends are too light / dark)
+
+
+def _length_colours(contexts: list[int]) -> dict[int, Any]:
+    cmap = plt.get_cmap(LENGTH_CMAP)
+    shades = np.linspace(*LENGTH_SHADE, max(len(contexts), 2))
+    return {c: cmap(shades[i]) for i, c in enumerate(contexts)}
+
+
+def _answer_panel(
+    ax: plt.Axes, points: list[Mapping[str, Any]], key: str, margin: float, xlabel: str
+) -> None:
+    ax.axhspan(margin, 1.05, color="C2", alpha=0.10, lw=0,
+               label=f"non-inferior zone (g > {margin:g})")  # fmt: skip
+    ax.axhline(margin, color="C2", lw=1, label=f"non-inferiority line (g = {margin:g})")
+    ax.axhline(1.0, color="0.2", lw=1, ls="--", label="exact attention (g = 1)")
+    ax.axvline(1.0, color="0.4", lw=1, ls=":", label="x = 1 (as costly as exact)")
+    colours = _length_colours(sorted({int(p["context"]) for p in points}))
+    for p in points:
+        x, g = p.get(key), p.get("gap_mean")
+        if x is None or g is None:
+            continue
+        low, high = p.get("gap_ci_low"), p.get("gap_ci_high")
+        yerr = None if low is None or high is None else [[g - low], [high - g]]
+        ax.errorbar([x], [g], yerr=yerr, color=colours[int(p["context"])],
+                    marker=METHOD_MARKERS.get(p.get("method"), "o"), ms=6, capsize=3,
+                    label=f"{int(p['context']):,} tokens")  # fmt: skip
+        ax.annotate(f"r{p['rank']}" + ("" if p.get("method") == "rpka" else " uniform"),
+                    (x, g), xytext=(5, -4), textcoords="offset points", fontsize=7,
+                    va="top", color=colours[int(p["context"])])  # fmt: skip
+    ax.set(xscale="log", xlabel=xlabel, ylabel="gap recovered g (1 = exact, 0 = mean control)")
+
+
+def plot_longrange_answer(
+    points: list[Mapping[str, Any]],
+    margin_gap: float = NON_INFERIOR_GAP,
+    save_dir: str | os.PathLike | None = None,
+    name: str = "longrange_answer",
+) -> Figure:
+    """Issue 27's answer: gap recovered (mean, 95 % t interval) against the training
+    step's time ratio to exact (log), one point per (length, rank), coloured by length
+    (marker by method); the non-inferiority line and x = 1 drawn. With a peak-memory ratio
+    on any point, a second panel against it. ``points``: dicts with ``context``,
+    ``method``, ``rank``, ``gap_mean``, ``gap_ci_low``, ``gap_ci_high``, ``step_ratio``,
+    ``peak_ratio`` (``rpka.report_longrange.answer_points``)."""
+    memory = any(p.get("peak_ratio") is not None for p in points)
+    fig, axes = plt.subplots(1, 2 if memory else 1, figsize=(5.2 * (2 if memory else 1), 4.2),
+                             squeeze=False, constrained_layout=True)  # fmt: skip
+    _answer_panel(axes[0][0], points, "step_ratio", margin_gap,
+                  "training step time / exact's (log scale)")  # fmt: skip
+    axes[0][0].set_title("quality against training-step time")
+    if memory:
+        _answer_panel(axes[0][1], points, "peak_ratio", margin_gap,
+                      "training-step peak memory / exact's (log scale)")  # fmt: skip
+        axes[0][1].set_title("quality against peak memory")
+    if not points:
+        axes[0][0].text(0.5, 0.5, "no gated length", transform=axes[0][0].transAxes,
+                        ha="center")  # fmt: skip
+    handles: dict[str, Any] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center",
+               ncol=min(len(handles), 4), fontsize=8)  # fmt: skip
+    save_figure(fig, save_dir, name)
+    return fig

@@ -121,10 +121,15 @@ def frontier_caption(frontier: Mapping[str, Any]) -> tuple[str, str]:
 def load_spectra(
     frontier: Mapping[str, Any] | None, results_dir: str | os.PathLike
 ) -> dict[str, dict[str, Any]]:
-    """The ``spectrum.json`` of each frontier track that has one (:mod:`rpka.spectrum`)."""
+    """The ``spectrum.json`` of each frontier track that has one (:mod:`rpka.spectrum`);
+    a track that is not a registered one (``longrange-<n>``) has none."""
     spectra = {}
     for track in (frontier or {}).get("tracks", {}):
-        path = Path(results_dir) / get_task(track).out_dir / "spectrum.json"
+        try:
+            out_dir = get_task(track).out_dir
+        except (KeyError, ValueError):  # a long-range length, not a registered track
+            continue
+        path = Path(results_dir) / out_dir / "spectrum.json"
         if path.exists():
             spectra[track] = read_json(path)
     return spectra

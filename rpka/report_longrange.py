@@ -1,0 +1,352 @@
+"""The report's long-range study (issue 27): a task whose answer lies far back, exact
+attention against two controls (no attention, a local window), RPKA per length and rank.
+
+Reads the study index's ``longrange`` (:func:`rpka.study.longrange_entry`: both gates, the
+learnability bar and every arm's verdict per length), ``frontier.json``'s
+``longrange-<n>`` tracks (the gap recovered of each gated length), the study's own
+``longctx.json`` (step and peak-memory ratios per arm, the set-up) and ``locality.json``
+(how far back the evidence lies). Every number comes from those files; a file or key
+that is missing reads "n/a" / "not run", never an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+from IPython.display import Markdown
+
+from rpka.plots_frontier import NON_INFERIOR_GAP, plot_longrange_answer
+from rpka.report_text import esc, num
+from rpka.study import LONGRANGE_TRACK
+from rpka.tables import verdict_word
+
+NA = "n/a"
+NOT_RUN = "not run"
+NON_INFERIOR = "non-inferior"  # the frontier's verdict on the gap scale (rpka.frontier)
+
+
+def _contexts(index: Mapping[str, Any] | None) -> list[tuple[int, dict[str, Any]]]:
+    contexts = (index or {}).get("contexts") or {}
+    return sorted(((int(c), e) for c, e in contexts.items()), key=lambda kv: kv[0])
+
+
+def _lengths(values: list[int]) -> str:
+    named = [f"{v:,}" for v in values]
+    if not named:
+        return NA
+    return named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+
+
+def frontier_track(frontier: Mapping[str, Any] | None, context: int) -> dict[str, Any] | None:
+    """``frontier.json``'s track of one long-range length (None: its gate failed, or no
+    frontier)."""
+    return ((frontier or {}).get("tracks") or {}).get(LONGRANGE_TRACK.format(context=context))
+
+
+def cost_rows(longctx_file: Mapping[str, Any] | None) -> dict[tuple[int, str], dict[str, Any]]:
+    """``longctx.json``'s rows by (context, arm): step and peak-memory ratios to exact."""
+    return {
+        (int(r["context"]), str(r.get("arm"))): r
+        for r in (longctx_file or {}).get("rows", [])
+        if r.get("context") is not None
+    }
+
+
+def answer_points(
+    frontier: Mapping[str, Any] | None, longctx_file: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """One point per (gated length, low-rank arm): the gap recovered (mean, 95 % CI,
+    frontier verdict) and, from ``longctx.json``'s rows, the training step's and peak
+    memory's ratios to exact (the step ratio falls back to the frontier row's)."""
+    costs = cost_rows(longctx_file)
+    points = []
+    for name, track in ((frontier or {}).get("tracks") or {}).items():
+        prefix = LONGRANGE_TRACK.format(context="")
+        if not name.startswith(prefix) or not name[len(prefix) :].isdigit():
+            continue
+        context = int(name[len(prefix) :])
+        for row in track.get("rows", []):
+            cost = costs.get((context, row["arm"]), {})
+            gap = row.get("gap_recovered") or {}
+            step = cost.get("step_ratio_vs_exact", row.get("step_ratio"))
+            points.append({
+                "context": context, "arm": row["arm"], "method": row.get("method"),
+                "rank": row.get("rank"), "gap_mean": gap.get("mean"),
+                "gap_ci_low": gap.get("ci_low"), "gap_ci_high": gap.get("ci_high"),
+                "verdict": row.get("verdict", NA), "step_ratio": step,
+                "peak_ratio": cost.get("peak_ratio_vs_exact"),
+                "margin_gap": track.get("margin_gap"),
+            })  # fmt: skip
+    return sorted(points, key=lambda p: (p["context"], p["method"] != "rpka", p["rank"] or 0))
+
+
+def paying_points(points: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The points where RPKA's step is cheaper than exact's and its gap non-inferior."""
+    return [
+        p
+        for p in points
+        if p.get("method") == "rpka"
+        and p.get("step_ratio") is not None
+        and p["step_ratio"] < 1
+        and p.get("verdict") == NON_INFERIOR
+    ]
+
+
+def _ratio(x: float | None) -> str:
+    return NA if x is None else f"{x:.2f}×"
+
+
+def _gap(p: Mapping[str, Any]) -> str:
+    if p.get("gap_mean") is None:
+        return NA
+    low, high = num(p.get("gap_ci_low"), ".3f"), num(p.get("gap_ci_high"), ".3f")
+    return f"{p['gap_mean']:.3f} [{low}, {high}]"
+
+
+# --------------------------------------------------------------------------- text
+
+
+def setup_text(
+    index: Mapping[str, Any] | None,
+    longctx_file: Mapping[str, Any] | None,
+    locality: Mapping[str, Any] | None,
+) -> str:
+    """The study's set-up (Markdown): task, how far back its evidence lies per length
+    (``locality.json``), lengths, arms, seeds, the gate rule."""
+    contexts = [c for c, _ in _contexts(index)]
+    if not contexts:
+        return (
+            "The long-range study (issue 27) was not run in this study "
+            "(no `longrange/longctx.json`)."
+        )
+    bench = ((longctx_file or {}).get("config") or {}).get("bench") or {}
+    task = (bench.get("track") or {}).get("name", NA)
+    arms = [a.get("name", NA) for a in bench.get("arms", [])]
+    seeds = len(bench.get("eval_seeds") or [])
+    far = []
+    for context in contexts:
+        loc = ((locality or {}).get("contexts") or {}).get(str(context))
+        if loc:
+            share = loc.get("share_within_window")
+            within = num(None if share is None else 100 * share, ".0f")
+            far.append(
+                f"{context:,} tokens: median {num(loc.get('median'), '.0f')} steps back "
+                f"(10th–90th percentile {num(loc.get('p10'), '.0f')}–"
+                f"{num(loc.get('p90'), '.0f')}; {within}"
+                f" % within the local window of {loc.get('window', NA)})"
+            )
+    where = "; ".join(far) if far else "not measured (no `locality.json`)"
+    rules = {(e.get("attention_gate") or {}).get("rule") for _, e in _contexts(index)} - {None}
+    return (
+        f"**Set-up.** Task `{esc(task)}` trained at {_lengths(contexts)} tokens; arms "
+        f"{', '.join(f'`{esc(a)}`' for a in arms) or NA}; {seeds or NA} evaluation seeds. "
+        f"How far back the evidence the forecast needs lies: {where}. A length is informative "
+        "only when exact attention beats **both** controls, the no-attention control and the "
+        "local window (the two-control gate; each gate "
+        f"{esc('; '.join(sorted(rules))) if rules else NA}); its verdicts count only then."
+    )
+
+
+def older_study_note(longctx_index: Mapping[str, Any] | None) -> str:
+    """What the older long-context study (``study.json``'s ``longctx``) is: a local task
+    whose gate had no local control."""
+    if not (longctx_index or {}).get("contexts"):
+        return ""
+    return (
+        "**The older long-context study** (the rows labelled *regimes, local task* below): "
+        "its task, `forecast-regimes`, is local - the evidence lies a few dozen tokens back "
+        "at every length - and its gate compared exact only with the no-attention control, "
+        "not with a local window, so it does not show that attention over the whole context "
+        "is needed. Its rows are kept as measured."
+    )
+
+
+def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]) -> str:
+    """Issue 27's question answered from the points (Markdown): is there a (length, rank)
+    where RPKA's step is cheaper than exact's and its quality non-inferior?"""
+    contexts = _contexts(index)
+    if not contexts:
+        return "**Does RPKA pay at long range?** Not answered: the long-range study was not run."
+    gated = [c for c, e in contexts if e.get("gate_passed")]
+    if not gated:
+        return (
+            "**Does RPKA pay at long range?** Not answered: at no length did exact attention "
+            "beat both controls (the two-control gate), so there is no gap to recover."
+        )
+    paying = paying_points(points)
+    if paying:
+        named = "; ".join(
+            f"{p['context']:,} tokens, r {p['rank']}: gap recovered {_gap(p)}, step "
+            f"{_ratio(p['step_ratio'])} exact's" + (f", peak memory {_ratio(p.get('peak_ratio'))}"
+                                                     if p.get("peak_ratio") is not None else "")
+            for p in paying
+        )  # fmt: skip
+        return f"**Does RPKA pay at long range?** Yes: {named}."
+    rpka = [p for p in points if p.get("method") == "rpka" and p.get("gap_mean") is not None]
+    best = max(rpka, key=lambda p: p["gap_mean"]) if rpka else None
+    cheaper = [p for p in rpka if p.get("step_ratio") is not None and p["step_ratio"] < 1]
+    text = (
+        f"**Does RPKA pay at long range?** Not shown: at the gated lengths ({_lengths(gated)} "
+        "tokens) no RPKA rank is both cheaper per training step than exact and non-inferior "
+        f"(gap recovered above {num(points[0].get('margin_gap') if points else None, '.2f')})."
+    )
+    if best is not None:
+        text += (
+            f" Best: {best['context']:,} tokens, r {best['rank']}, gap recovered {_gap(best)} at "
+            f"{_ratio(best.get('step_ratio'))} exact's step."
+        )
+    if cheaper:
+        text += (
+            " Cheaper than exact: "
+            + ", ".join(
+                f"r {p['rank']} at {p['context']:,} ({_ratio(p['step_ratio'])}, {_gap(p)})"
+                for p in cheaper
+            )
+            + "."
+        )
+    return text
+
+
+def summary_line(index: Mapping[str, Any] | None, frontier: Mapping[str, Any] | None,
+                 longctx_file: Mapping[str, Any] | None) -> str:  # fmt: skip
+    """The Summary's line on the long-range study (Markdown)."""
+    if not _contexts(index):
+        return "**Long range (issue 27).** Not run in this study."
+    gates = ", ".join(
+        f"{c:,}: {'passed' if e.get('gate_passed') else 'failed'}" for c, e in _contexts(index)
+    )
+    answer = answer_text(index, answer_points(frontier, longctx_file))
+    answer = answer.replace("**Does RPKA pay at long range?** ", "")
+    return f"**Long range (issue 27, Section 3).** Two-control gate per length ({gates}). {answer}"
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _gate(gate: Mapping[str, Any] | None) -> str:
+    if not gate:
+        return NOT_RUN
+    word = "passed" if gate.get("passed") else "failed"
+    rel, p = gate.get("control_rel"), gate.get("p_value")
+    worse = num(None if rel is None else 100 * rel, "+.0f")
+    return f"{word}: `{esc(gate.get('control_arm', NA))}` {worse} % worse, p = {num(p, '.3g')}"
+
+
+def _learnability(entry: Mapping[str, Any]) -> str:
+    bar = entry.get("learnability") or {}
+    ratio, required = bar.get("ratio_to_linear"), bar.get("linear_ratio_required")
+    if ratio is None:
+        return NA
+    met = "met" if required is not None and ratio <= required else "missed"
+    return f"{ratio:.3f} (≤ {num(required, '.2g')}: {met})"
+
+
+def gates_table(index: Mapping[str, Any] | None) -> pd.DataFrame:
+    """Per length: both gates, the two-control gate, the learnability bar (exact's test
+    MSE over the linear naive forecast's) and the primary verdict."""
+    return pd.DataFrame([
+        {
+            "length (tokens)": f"{c:,}",
+            "no-attention gate": _gate(e.get("attention_gate")),
+            "local gate": _gate(e.get("local_gate")),
+            "two-control gate": "passed" if e.get("gate_passed") else "failed",
+            "learnability: exact ÷ linear": _learnability(e),
+            "primary": f"`{esc(e.get('primary_arm', NA))}`: "
+            + verdict_word((e.get("primary") or {}).get("verdict", NA)),
+        }
+        for c, e in _contexts(index)
+    ])  # fmt: skip
+
+
+def verdicts_table(
+    index: Mapping[str, Any] | None,
+    frontier: Mapping[str, Any] | None,
+    longctx_file: Mapping[str, Any] | None,
+) -> pd.DataFrame:
+    """Per (length, arm with a verdict): the verdict against exact, the gap recovered
+    [95 % CI] and its reading (gated lengths), the training step and peak memory against
+    exact's - quality beside speed and memory."""
+    costs = cost_rows(longctx_file)
+    rows = []
+    for context, entry in _contexts(index):
+        track = frontier_track(frontier, context) or {}
+        gaps = {r["arm"]: r for r in track.get("rows", [])}
+        for arm, verdict in (entry.get("verdicts") or {}).items():
+            cost, g = costs.get((context, arm), {}), gaps.get(arm)
+            gap = {} if g is None else {
+                "gap_mean": (g.get("gap_recovered") or {}).get("mean"),
+                "gap_ci_low": (g.get("gap_recovered") or {}).get("ci_low"),
+                "gap_ci_high": (g.get("gap_recovered") or {}).get("ci_high"),
+            }  # fmt: skip
+            c = cost.get("comparison") or {}
+            rows.append({
+                "length": f"{context:,}",
+                "arm": f"`{esc(arm)}`",
+                "verdict vs exact": verdict_word(verdict) if entry.get("gate_passed")
+                else f"{verdict_word(verdict)} (gate failed)",
+                "delta test MSE [95 % CI]": NA if c.get("delta_mean") is None else
+                f"{num(c['delta_mean'])} [{num(c.get('ci_low'))}, {num(c.get('ci_high'))}]",
+                "gap recovered [95 % CI]": _gap(gap) if g else NA,
+                "gap reading": g.get("verdict", NA) if g else NA,
+                "train step (× exact)": _ratio(cost.get("step_ratio_vs_exact")),
+                "peak memory (× exact)": _ratio(cost.get("peak_ratio_vs_exact")),
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def answer_caption(points: list[Mapping[str, Any]]) -> tuple[str, str]:
+    """(caption, alt text) of the answer figure, every point's numbers in it."""
+    margin = points[0].get("margin_gap") if points else None
+    parts = [
+        f"{p['context']:,} tokens {esc(p['arm'])}: {_gap(p)}, step {_ratio(p.get('step_ratio'))}, "
+        f"peak memory {_ratio(p.get('peak_ratio'))}, {p.get('verdict', NA)}"
+        for p in points
+    ]
+    caption = (
+        "**Does RPKA pay at long range?** Gap recovered, (mean control - arm) / (mean "
+        "control - exact) per evaluation seed (1 = exact, 0 = no attention; mean and 95 % t "
+        "interval), against the training step's time ratio to exact's (log scale; left of "
+        "x = 1: cheaper than exact), one point per gated length and rank, coloured by length; "
+        f"above the line g = {num(margin, '.2f')}: non-inferior. The second panel, where "
+        "measured, puts the peak memory of a training step on the x axis. "
+        + ("; ".join(parts) if parts else "No length passed its two-control gate.")
+        + "."
+    )
+    return caption, "Gap recovered against step-time ratio per length and rank. " + (
+        "; ".join(parts) or "No points."
+    )
+
+
+# --------------------------------------------------------------------------- section
+
+
+def longrange_section(
+    study: Mapping[str, Any],
+    frontier: Mapping[str, Any] | None,
+    longctx_file: Mapping[str, Any] | None,
+    locality: Mapping[str, Any] | None,
+    figs: Any,
+    figures_dir: str | os.PathLike | None,
+) -> list[Any]:
+    """The long-range part of the long-context section, for ``display``: set-up, gates and
+    learnability per length, the answer and its figure (through ``figs.show``), verdicts
+    with speed and memory per rank, the note on the older (local) study."""
+    index = study.get("longrange")
+    items: list[Any] = [Markdown(setup_text(index, longctx_file, locality))]
+    if not _contexts(index):
+        return items
+    items.append(Markdown(gates_table(index).to_markdown(index=False)))
+    points = answer_points(frontier, longctx_file)
+    items.append(Markdown(answer_text(index, points)))
+    if points:
+        margin = points[0].get("margin_gap") or NON_INFERIOR_GAP
+        fig = plot_longrange_answer(points, margin, figures_dir)
+        items.append(figs.show(fig, *answer_caption(points), name="longrange_answer"))
+    items.append(Markdown(verdicts_table(index, frontier, longctx_file).to_markdown(index=False)))
+    note = older_study_note(study.get("longctx"))
+    if note:
+        items.append(Markdown(note))
+    return items
