@@ -1,6 +1,7 @@
 """Two small sections of the report: memory beside speed (RPKA's forward peak against
-exact attention's per length, from the CPU scaling file) and the long-context study (its
-set-up, gate and verdict per length, from the study index's ``longctx``).
+exact attention's per length, from the CPU scaling file) and the older long-context study
+(forecast-regimes, a local task; its set-up, gate and verdict per length, from the study
+index's ``longctx``). The long-range study (issue 27) is :mod:`rpka.report_longrange`.
 
 Both read their files defensively: the long-context study's structure is changing (a
 local gate beside the attention gate), so a key a file lacks reads "n/a" and a key it adds
@@ -18,6 +19,7 @@ from rpka.report_text import esc, num
 from rpka.tables import verdict_word
 
 NA = "n/a"
+OLDER_STUDY = "regimes, local task"  # the older long-context study's label (issue 27)
 MEMORY_RANK = 64  # the rank the speed targets are stated at (rpka.report_text.SPEED_RANK)
 
 
@@ -111,12 +113,12 @@ def longctx_table(
     and from ``longctx.json`` its training step and peak memory against exact's."""
     contexts = (index or {}).get("contexts") or {}
     measured = _rows_by_context(longctx_file)
-    local = any("local_gate" in e for e in contexts.values())
+    local = any(e.get("local_gate") for e in contexts.values())  # null: no local control
     rows = []
     for context, entry in sorted(contexts.items(), key=lambda kv: int(kv[0])):
         primary, c = entry.get("primary_arm", NA), entry.get("primary") or {}
         cost = measured.get((int(context), primary), {})
-        row = {"context (tokens)": f"{int(context):,}",
+        row = {"study": OLDER_STUDY, "context (tokens)": f"{int(context):,}",
                "attention gate": _gate_word(entry.get("attention_gate"))}  # fmt: skip
         if local:
             row["local gate"] = _gate_word(entry.get("local_gate"))
@@ -150,11 +152,14 @@ def longctx_text(
     named = [f"{c:,}" for c in contexts]
     lengths = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
     return (
-        f"The long-context study trains a forecasting model at contexts of {lengths} tokens "
-        f"(preset {', '.join(f'`{p}`' for p in presets)}), the primary arm "
-        f"{', '.join(f'`{p}`' for p in primaries)} against exact attention with the same rule "
-        "as the tracks (Section 2): the attention gate first, then the primary comparison; "
-        "training step and peak memory are measured in the same runs. The table is read "
-        "from `study.json`'s `longctx` (and `longctx.json` for the costs); the study's "
-        "structure is being revised, so this section is kept short."
+        f"**The older long-context study ({OLDER_STUDY}).** It trains a forecasting model at "
+        f"contexts of {lengths} tokens (preset {', '.join(f'`{p}`' for p in presets)}), the "
+        f"primary arm {', '.join(f'`{p}`' for p in primaries)} against exact attention with "
+        "the same rule as the tracks (Section 2): the attention gate first, then the primary "
+        "comparison; training step and peak memory are measured in the same runs. Its task "
+        "(`forecast-regimes`) is local: the evidence lies a few dozen tokens back, and its "
+        "gate compared exact only with the no-attention control, never with a local window "
+        "- so it does not show that the whole context is needed (the long-range study above "
+        "does). Its rows, from `study.json`'s `longctx` (costs from `longctx.json`), are "
+        "kept as measured."
     )

@@ -19,13 +19,19 @@ import pandas as pd
 from rpka.frontier import MARGIN_GAP, gap_recovered, per_seed_gap
 from rpka.io import read_json_checked
 from rpka.report_text import esc, num
+from rpka.study import LONGRANGE_TRACK
 from rpka.tables import verdict_word
 from rpka.tracks import get_task
 
 NA = "n/a"
 
 
+LONGRANGE_PREFIX = LONGRANGE_TRACK.format(context="")  # frontier tracks of the long-range study
+
+
 def _title(name: str) -> str:
+    if name.startswith(LONGRANGE_PREFIX) and name[len(LONGRANGE_PREFIX) :].isdigit():
+        return f"long range at {int(name[len(LONGRANGE_PREFIX) :]):,} tokens"
     try:
         return get_task(name).title
     except (KeyError, ValueError):  # a track this checkout does not register
@@ -98,8 +104,7 @@ def answer_sentence(frontier: Mapping[str, Any] | None) -> str:
     margin = next(iter(tracks.values())).get("margin_gap")
     clauses = [_track_clause(name, entry) for name, entry in tracks.items()]
     positives = {
-        name: (entry.get("positive_control") or {}).get("verdict")
-        for name, entry in tracks.items()
+        name: (entry.get("positive_control") or {}).get("verdict") for name, entry in tracks.items()
     }
     tie = [_title(n) for n, v in positives.items() if v == "non-inferior"]
     no_tie = [_title(n) for n, v in positives.items() if v is not None and v != "non-inferior"]
@@ -139,10 +144,9 @@ def _length(report: Mapping[str, Any]) -> str:
     return NA if tokens is None else f"{int(tokens):,}"
 
 
-def all_tracks_table(
-    study: Mapping[str, Any], frontier: Mapping[str, Any] | None
-) -> pd.DataFrame:
-    """One row per track (study order: gate passed first) and per long-context length:
+def all_tracks_table(study: Mapping[str, Any], frontier: Mapping[str, Any] | None) -> pd.DataFrame:
+    """One row per track (study order: gate passed first), per length of the older
+    long-context study and per length of the long-range one (:func:`longrange_rows`):
     length, gate, primary arm and verdict, r* (rank / points), gap recovered at r* with its
     95 % CI, training step at r* against exact's, the positive control's reading."""
     fronts = (frontier or {}).get("tracks") or {}
@@ -171,7 +175,7 @@ def all_tracks_table(
         ((study.get("longctx") or {}).get("contexts") or {}).items(), key=lambda kv: int(kv[0])
     ):
         rows.append({
-            "track": "long context",
+            "track": "long context (regimes, local task)",
             "length": f"{int(context):,}",
             "gate": _gate(entry.get("attention_gate")),
             "primary arm": f"`{entry.get('primary_arm', NA)}`",
@@ -181,14 +185,49 @@ def all_tracks_table(
             "train step at r* (× exact)": NA,
             "positive control": "no frontier",
         })  # fmt: skip
+    rows += longrange_rows(study.get("longrange"), frontier)
     return pd.DataFrame(rows)
+
+
+def longrange_rows(
+    longrange: Mapping[str, Any] | None, frontier: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The all-tracks table's rows of the long-range study (issue 27), one per length: the
+    two-control gate, the primary verdict, r* and its cost from ``frontier.json``'s
+    ``longrange-<n>`` (a length whose gate failed has no frontier)."""
+    fronts = (frontier or {}).get("tracks") or {}
+    rows = []
+    contexts = (longrange or {}).get("contexts") or {}
+    for context, entry in sorted(contexts.items(), key=lambda kv: int(kv[0])):
+        front = fronts.get(LONGRANGE_TRACK.format(context=int(context)))
+        row = r_star_row(front) if front else None
+        if front is None:
+            r_star = "no frontier"
+        elif row is None:
+            r_star = "not reached"
+        else:
+            r_star = f"{row['rank']} / {row['n_points']} ({row['rank_over_n']:.2f})"
+        rows.append({
+            "track": "long range (two controls)",
+            "length": f"{int(context):,}",
+            "gate": "passed" if entry.get("gate_passed") else "failed",
+            "primary arm": f"`{entry.get('primary_arm', NA)}`",
+            "primary verdict": verdict_word((entry.get("primary") or {}).get("verdict", NA)),
+            "r* (rank / points)": r_star,
+            "gap recovered at r* [95 % CI]": _gap(row) if row else NA,
+            "train step at r* (× exact)": _ratio(row.get("step_ratio")) if row else NA,
+            "positive control": _positive(front),
+        })  # fmt: skip
+    return rows
 
 
 def all_tracks_note() -> str:
     """What the table's columns mean (Markdown)."""
     return (
         "*Gate*: the track's attention gate (uniform attention clearly worse than exact); a "
-        "failed gate makes every verdict of the track uninformative. *Primary verdict*: the "
+        "failed gate makes every verdict of the track uninformative. On the long-range rows "
+        "it is the two-control gate (exact clearly better than both uniform attention and a "
+        "local window). *Primary verdict*: the "
         "pre-registered primary arm against exact on the track's own metric (Section 2). "
         "*r\\**: the smallest RPKA rank whose gap recovered is non-inferior (Section 1), "
         "with the points it pivots among. *Train step*: the median training step against "

@@ -265,9 +265,9 @@ def main_limitation(study: Mapping[str, Any], scaling: Mapping[str, Any] | None)
         if max(contexts) < at:
             return (
                 f"**Main limitation.** Quality is compared at {max(contexts):,} tokens or "
-                f"fewer, below the ≈ {at:,.0f} tokens where RPKA starts to pay off: the study "
-                "does not show quality and speed together (the long-context runs of the "
-                "speed section are its only training beyond that)."
+                f"fewer, below the ≈ {at:,.0f} tokens where RPKA starts to pay off: the tracks "
+                "do not show quality and speed together (the long-context studies of Section 3 "
+                "are its only training beyond that)."
             )
     failed = [t["title"] for t in study["tracks"].values() if t["gate"] == "failed"]
     if failed:

@@ -58,7 +58,7 @@ def test_the_all_tracks_table_has_every_track_and_long_context_length(full_study
     assert list(table["track"][: len(full_study["tracks"])]) == [
         t["title"] for t in full_study["tracks"].values()
     ]
-    assert (table["track"] == "long context").sum() == len(contexts)
+    assert (table["track"] == "long context (regimes, local task)").sum() == len(contexts)
     for name, entry in frontier["tracks"].items():
         row = table[table["track"] == full_study["tracks"][name]["title"]].iloc[0]
         star = report_summary.r_star_row(entry)
