@@ -18,6 +18,9 @@ from typing import Any
 import pandas as pd
 from IPython.display import Markdown
 
+from rpka import paths
+from rpka.io import read_json_checked
+from rpka.longctx import FILE_NAME as LONGCTX_FILE
 from rpka.plots_frontier import NON_INFERIOR_GAP, plot_longrange_answer
 from rpka.report_text import esc, num
 from rpka.study import LONGRANGE_TRACK
@@ -26,6 +29,19 @@ from rpka.tables import verdict_word
 NA = "n/a"
 NOT_RUN = "not run"
 NON_INFERIOR = "non-inferior"  # the frontier's verdict on the gap scale (rpka.frontier)
+LOCALITY_FILE = "locality.json"  # scripts/longrange_locality.py, beside longctx.json
+
+
+def load_files(
+    folder: str | os.PathLike,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(``longctx.json``, ``locality.json``) of the long-range study's folder
+    (``rpka.paths.longrange_dir``), each None where it is not there."""
+    found = []
+    for name in (LONGCTX_FILE, LOCALITY_FILE):
+        path = paths.resolve(folder) / name
+        found.append(read_json_checked(path) if path.exists() else None)
+    return found[0], found[1]
 
 
 def _contexts(index: Mapping[str, Any] | None) -> list[tuple[int, dict[str, Any]]]:

@@ -74,6 +74,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "results_dir": results,
             "study_json": paths.study_json(preset),
             "frontier_json": paths.frontier_json(preset),
+            "longrange_dir": paths.longrange_dir(preset),
             "mechanism_json": mechanism,
             "mechanism_followup_json": paths.mechanism_followup_json(
                 preset, get_task(MECHANISM_TRACK).out_dir
