@@ -1,0 +1,204 @@
+"""The long-range study (issue 27) in the study index, the frontier, the answer figure and
+the report (rpka.study.longrange_entry, rpka.report_longrange, rpka.plots_frontier), on the
+``longrange-smoke`` preset's output: as run (both gates fail at smoke size) and with its
+gates made to pass (the control losing on every seed), and with files missing."""
+
+import json
+import shutil
+
+import pytest
+from matplotlib.figure import Figure
+
+from rpka import longctx, report_longrange, report_summary, study
+from rpka.executors import InProcessExecutor
+from rpka.plots_frontier import plot_longrange_answer
+from rpka.presets_longctx import get_longctx_preset
+
+SMOKE = get_longctx_preset("longrange-smoke")
+CONTROL_LOSS = 1.0  # added to exact's per-seed MSE: a control that loses on every seed
+
+
+@pytest.fixture(scope="module")
+def smoke_study(tmp_path_factory):
+    """A study folder whose ``longrange/`` is the smoke preset's output."""
+    root = tmp_path_factory.mktemp("lr")
+    longctx.run_longctx(
+        SMOKE, root / "study" / "longrange", InProcessExecutor(), progress=False,
+        data_dir=root / "cache",
+    )  # fmt: skip
+    return root / "study"
+
+
+def _gate_open(folder):
+    """Make every length's two-control gate pass: the controls lose on every seed."""
+    result = json.loads((folder / "longctx.json").read_text())
+    for entry in result["per_context"].values():
+        path = folder / entry["bench_report"]
+        report = json.loads(path.read_text())
+        exact = report["arms"][report["baseline_arm"]]["full"]["per_seed"]
+        for gate in ("attention_gate", "local_gate"):
+            control = report[gate]["control_arm"]
+            report["arms"][control]["full"]["per_seed"] = [e + CONTROL_LOSS for e in exact]
+            report[gate]["passed"] = True
+        path.write_text(json.dumps(report))
+
+
+@pytest.fixture()
+def gated_study(smoke_study, tmp_path):
+    out = tmp_path / "study"
+    shutil.copytree(smoke_study, out)
+    _gate_open(out / "longrange")
+    return out
+
+
+def _index(out):
+    return study.write_study_index("smoke", tracks=(), out_dir=out)
+
+
+def _read(out, name):
+    return json.loads((out / name).read_text())
+
+
+def test_the_index_carries_both_gates_and_every_ranks_verdict(smoke_study, tmp_path):
+    out = tmp_path / "study"
+    shutil.copytree(smoke_study, out)
+    entry = _index(out)["longrange"]
+    assert entry["longctx_json"] == "longrange/longctx.json"
+    assert sorted(entry["contexts"], key=int) == [str(c) for c in SMOKE.contexts]
+    for line in entry["contexts"].values():
+        assert line["attention_gate"]["control_arm"] == "mean-attention"
+        assert line["local_gate"]["control_arm"] == "local-w8"
+        assert {"rpka-r4", "rpka-r8", "nystrom-uniform-r8"} <= set(line["verdicts"])
+        assert line["gate_passed"] is False
+        assert (out / line["bench_report"]).exists()
+        assert set(line["learnability"]) >= {"ratio_to_linear", "linear_ratio_required"}
+    assert _read(out, "study.json")["longrange"] == entry
+    assert not any(t.startswith("longrange-") for t in _read(out, "frontier.json")["tracks"])
+
+
+def test_without_the_folder_the_index_reads_null(tmp_path):
+    assert _index(tmp_path)["longrange"] is None
+    assert study.longrange_entry(tmp_path / "nowhere", tmp_path) is None
+
+
+def test_gated_lengths_are_frontier_tracks(gated_study):
+    index = _index(gated_study)
+    assert all(e["gate_passed"] for e in index["longrange"]["contexts"].values())
+    tracks = _read(gated_study, "frontier.json")["tracks"]
+    for context in SMOKE.contexts:
+        track = tracks[f"longrange-{context}"]
+        assert track["control_arm"] == "mean-attention"
+        assert track["causal_block"] is None
+        assert track["positive_control"] is None  # a rank >= 2n is not trained
+        assert {r["arm"] for r in track["rows"]} == {"rpka-r4", "rpka-r8", "nystrom-uniform-r8"}
+        assert all(r["step_ratio"] is not None for r in track["rows"])
+        assert all(r["gap_recovered"]["mean"] is not None for r in track["rows"])
+
+
+def test_the_answer_figure_plots_every_point_and_writes_the_png(gated_study, tmp_path):
+    _index(gated_study)
+    frontier = _read(gated_study, "frontier.json")
+    longctx_file, _ = report_longrange.load_files(gated_study / "longrange")
+    points = report_longrange.answer_points(frontier, longctx_file)
+    assert len(points) == 3 * len(SMOKE.contexts)
+    rows = report_longrange.cost_rows(longctx_file)
+    for p in points:
+        row = rows[(p["context"], p["arm"])]
+        assert p["step_ratio"] == row["step_ratio_vs_exact"]
+        assert p["peak_ratio"] == row["peak_ratio_vs_exact"]
+    fig = plot_longrange_answer(points, save_dir=tmp_path, name="answer")
+    assert isinstance(fig, Figure) and (tmp_path / "answer.png").stat().st_size > 0
+    assert len(fig.axes) == 2  # the memory panel beside the speed one
+    no_memory = [{**p, "peak_ratio": None} for p in points]
+    assert len(plot_longrange_answer(no_memory).axes) == 1
+    caption, alt = report_longrange.answer_caption(points)
+    assert all(f"{p['context']:,} tokens {p['arm']}" in caption for p in points)
+    assert isinstance(plot_longrange_answer([]), Figure)
+
+
+class _Figs:
+    def show(self, fig, caption, alt, name=None):
+        return caption
+
+
+def _sections(out):
+    index = _index(out)
+    frontier = _read(out, "frontier.json")
+    longctx_file, locality = report_longrange.load_files(out / "longrange")
+    runs = {"longrange": index["longrange"], "longctx": None, "tracks": {}}
+    return runs, frontier, longctx_file, locality
+
+
+def test_failing_gates_read_failed_and_no_answer(smoke_study, tmp_path):
+    out = tmp_path / "study"
+    shutil.copytree(smoke_study, out)
+    runs, frontier, longctx_file, _ = _sections(out)
+    index = runs["longrange"]
+    gates = report_longrange.gates_table(index)
+    assert len(gates) == len(SMOKE.contexts)
+    assert set(gates["two-control gate"]) == {"failed"}
+    assert gates["local gate"].str.startswith("failed: `local-w8`").all()
+    assert "Not answered" in report_longrange.answer_text(index, [])
+    verdicts = report_longrange.verdicts_table(index, frontier, longctx_file)
+    assert verdicts["verdict vs exact"].str.endswith("(gate failed)").all()
+    assert set(verdicts["gap recovered [95 % CI]"]) == {"n/a"}
+    table = report_summary.all_tracks_table(runs, frontier)
+    lr = table[table["track"] == "long range (two controls)"]
+    assert list(lr["gate"]) == ["failed"] * len(SMOKE.contexts)
+    assert set(lr["r* (rank / points)"]) == {"no frontier"}
+    line = report_longrange.summary_line(index, frontier, longctx_file)
+    assert "failed" in line and "Not answered" in line
+
+
+def test_passing_gates_give_gaps_learnability_and_a_section(gated_study, tmp_path):
+    runs, frontier, longctx_file, _ = _sections(gated_study)
+    index = runs["longrange"]
+    gates = report_longrange.gates_table(index)
+    assert set(gates["two-control gate"]) == {"passed"}
+    for (_, row), (_, entry) in zip(gates.iterrows(), sorted(index["contexts"].items(),
+                                                             key=lambda kv: int(kv[0])),
+                                    strict=True):  # fmt: skip
+        ratio = entry["learnability"]["ratio_to_linear"]
+        assert row["learnability: exact ÷ linear"].startswith(f"{ratio:.3f}")
+    verdicts = report_longrange.verdicts_table(index, frontier, longctx_file)
+    assert (verdicts["gap recovered [95 % CI]"] != "n/a").any()
+    table = report_summary.all_tracks_table(runs, frontier)
+    lr = table[table["track"] == "long range (two controls)"]
+    assert set(lr["gate"]) == {"passed"} and set(lr["positive control"]) == {"not trained"}
+    locality = {"contexts": {"64": {"median": 31.0, "p10": 25.0, "p90": 40.0,
+                                    "share_within_window": 0.0, "window": 8}}}  # fmt: skip
+    setup = report_longrange.setup_text(index, longctx_file, locality)
+    assert "forecast-lookup" in setup and "median 31 steps back" in setup
+    assert "not measured" in report_longrange.setup_text(index, longctx_file, None)
+    items = report_longrange.longrange_section(
+        runs, frontier, longctx_file, locality, _Figs(), tmp_path
+    )
+    assert any(isinstance(i, str) and "Does RPKA pay" in i for i in items)
+    assert (tmp_path / "longrange_answer.png").exists()
+
+
+def test_a_cheaper_non_inferior_point_is_the_answer():
+    index = {"contexts": {"2048": {"gate_passed": True}}}
+    point = {"context": 2048, "arm": "rpka-r64", "method": "rpka", "rank": 64,
+             "gap_mean": 0.98, "gap_ci_low": 0.96, "gap_ci_high": 1.0,
+             "verdict": "non-inferior", "step_ratio": 0.48, "peak_ratio": 0.7,
+             "margin_gap": 0.95}  # fmt: skip
+    text = report_longrange.answer_text(index, [point])
+    assert "Yes" in text and "0.48×" in text and "0.980 [0.960, 1.000]" in text
+    slower = {**point, "step_ratio": 1.3}
+    text = report_longrange.answer_text(index, [slower])
+    assert "Not shown" in text and "1.30×" in text
+
+
+def test_missing_files_read_not_run(tmp_path):
+    assert report_longrange.load_files(tmp_path) == (None, None)
+    items = report_longrange.longrange_section({}, None, None, None, _Figs(), None)
+    assert len(items) == 1 and "not run" in items[0].data
+    assert report_longrange.gates_table(None).empty
+    assert report_longrange.verdicts_table(None, None, None).empty
+    assert report_longrange.answer_points(None, None) == []
+    assert "Not run" in report_longrange.summary_line(None, None, None)
+    assert report_summary.longrange_rows(None, None) == []
+    entry = {"contexts": {"512": {"attention_gate": None}}}
+    row = report_longrange.gates_table(entry).iloc[0]
+    assert row["no-attention gate"] == "not run" and row["learnability: exact ÷ linear"] == "n/a"
