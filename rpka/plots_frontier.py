@@ -14,7 +14,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedFormatter, FixedLocator, NullFormatter
+from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, NullFormatter
 
 from rpka import palette
 from rpka.io import save_figure
@@ -138,6 +138,7 @@ def plot_spectrum(
 NON_INFERIOR_GAP = 0.95  # drawn only when the points do not carry the frontier's margin
 LENGTH_CMAP = "viridis"  # one colour per length, short to long
 LENGTH_SHADE = (0.1, 0.85)  # the colour map's range used (its ends are too light / dark)
+GAP_PAD = 0.05  # room below the lowest interval and above g = 1
 
 
 def _length_colours(contexts: list[int]) -> dict[int, Any]:
@@ -168,6 +169,12 @@ def _answer_panel(
                     (x, g), xytext=(5, -4), textcoords="offset points", fontsize=7,
                     va="top", color=colours[int(p["context"])])  # fmt: skip
     ax.set(xscale="log", xlabel=xlabel, ylabel="gap recovered g (1 = exact, 0 = mean control)")
+    times = FuncFormatter(lambda v, _: f"{v:.2g}×")  # ratios, not powers of ten
+    ax.xaxis.set_major_formatter(times)
+    ax.xaxis.set_minor_formatter(times)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
+    lows = [p["gap_ci_low"] for p in points if p.get("gap_ci_low") is not None]
+    ax.set_ylim(min([0.0, *lows]) - GAP_PAD, 1.0 + 2 * GAP_PAD)  # 0 (no attention) in view
 
 
 def plot_longrange_answer(
