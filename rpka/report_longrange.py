@@ -166,20 +166,6 @@ def setup_text(
     )
 
 
-def older_study_note(longctx_index: Mapping[str, Any] | None) -> str:
-    """What the older long-context study (``study.json``'s ``longctx``) is: a local task
-    whose gate had no local control."""
-    if not (longctx_index or {}).get("contexts"):
-        return ""
-    return (
-        "**The older long-context study** (the rows labelled *regimes, local task* below): "
-        "its task, `forecast-regimes`, is local - the evidence lies a few dozen tokens back "
-        "at every length - and its gate compared exact only with the no-attention control, "
-        "not with a local window, so it does not show that attention over the whole context "
-        "is needed. Its rows are kept as measured."
-    )
-
-
 def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]) -> str:
     """Issue 27's question answered from the points (Markdown): is there a (length, rank)
     where RPKA's step is cheaper than exact's and its quality non-inferior?"""
@@ -349,7 +335,8 @@ def longrange_section(
 ) -> list[Any]:
     """The long-range part of the long-context section, for ``display``: set-up, gates and
     learnability per length, the answer and its figure (through ``figs.show``), verdicts
-    with speed and memory per rank, the note on the older (local) study."""
+    with speed and memory per rank (the older, local study follows it:
+    ``rpka.report_sections.longctx_text``)."""
     index = study.get("longrange")
     items: list[Any] = [Markdown(setup_text(index, longctx_file, locality))]
     if not _contexts(index):
@@ -362,7 +349,4 @@ def longrange_section(
         fig = plot_longrange_answer(points, margin, figures_dir)
         items.append(figs.show(fig, *answer_caption(points), name="longrange_answer"))
     items.append(Markdown(verdicts_table(index, frontier, longctx_file).to_markdown(index=False)))
-    note = older_study_note(study.get("longctx"))
-    if note:
-        items.append(Markdown(note))
     return items

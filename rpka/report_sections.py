@@ -160,6 +160,7 @@ def longctx_text(
         "(`forecast-regimes`) is local: the evidence lies a few dozen tokens back, and its "
         "gate compared exact only with the no-attention control, never with a local window "
         "- so it does not show that the whole context is needed (the long-range study above "
-        "does). Its rows, from `study.json`'s `longctx` (costs from `longctx.json`), are "
+        "adds that control). Its rows, from `study.json`'s `longctx` (costs from "
+        "`longctx.json`), are "
         "kept as measured."
     )
