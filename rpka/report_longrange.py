@@ -154,7 +154,12 @@ def setup_text(
                 f"{num(loc.get('p90'), '.0f')}; {within}"
                 f" % within the local window of {loc.get('window', NA)})"
             )
-    where = "; ".join(far) if far else "not measured (no `locality.json`)"
+    if far:
+        where = "; ".join(far)
+    elif locality:
+        where = "not measured at these lengths (`locality.json` has other lengths)"
+    else:
+        where = "not measured (no `locality.json`)"
     rules = {(e.get("attention_gate") or {}).get("rule") for _, e in _contexts(index)} - {None}
     return (
         f"**Set-up.** Task `{esc(task)}` trained at {_lengths(contexts)} tokens; arms "

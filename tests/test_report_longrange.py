@@ -170,6 +170,8 @@ def test_passing_gates_give_gaps_learnability_and_a_section(gated_study, tmp_pat
     setup = report_longrange.setup_text(index, longctx_file, locality)
     assert "forecast-lookup" in setup and "median 31 steps back" in setup
     assert "not measured" in report_longrange.setup_text(index, longctx_file, None)
+    other = {"contexts": {"512": locality["contexts"]["64"]}}
+    assert "at these lengths" in report_longrange.setup_text(index, longctx_file, other)
     items = report_longrange.longrange_section(
         runs, frontier, longctx_file, locality, _Figs(), tmp_path
     )
