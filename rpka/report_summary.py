@@ -258,12 +258,13 @@ def primary_gap(report: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def longctx_reports(
-    study: Mapping[str, Any], results_dir: str | os.PathLike
+    study: Mapping[str, Any], results_dir: str | os.PathLike, key: str = "longctx"
 ) -> dict[int, dict[str, Any]]:
-    """The long-context bench report of each context the study index names, by context
-    (those whose file is absent are left out)."""
+    """The long-context bench report of each context the study index names under ``key``
+    (``longctx``, or ``longrange`` for issue 27's study), by context (those whose file is
+    absent are left out)."""
     out = {}
-    for context, entry in ((study.get("longctx") or {}).get("contexts") or {}).items():
+    for context, entry in ((study.get(key) or {}).get("contexts") or {}).items():
         path = Path(results_dir) / str(entry.get("bench_report", ""))
         if entry.get("bench_report") and path.exists():
             out[int(context)] = read_json_checked(path, ("arms", "baseline_arm", "primary_arm"))
@@ -271,10 +272,14 @@ def longctx_reports(
 
 
 def headline_rows(
-    study: Mapping[str, Any], longctx: Mapping[int, Mapping[str, Any]] | None = None
+    study: Mapping[str, Any],
+    longctx: Mapping[int, Mapping[str, Any]] | None = None,
+    longrange: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The headline figure's rows (``rpka.plots_report.plot_headline``): every track, then
-    each long-context length (``longctx``: :func:`longctx_reports`)."""
+    each long-context length (``longctx``: :func:`longctx_reports`), then each long-range
+    length (``longrange``: :func:`longctx_reports` with ``key="longrange"``; its gate the
+    two-control gate, from the study index)."""
     rows = []
     for t in study["tracks"].values():
         report = t["report"]
@@ -291,6 +296,17 @@ def headline_rows(
             "label": f"long context ({context:,} tokens): {report['primary_arm']}",
             "gap": primary_gap(report) if _gate(gate) != "failed" else None,
             "gate": _gate(gate), "margin_gap": MARGIN_GAP,
+            "verdict": verdict_word(c.get("verdict", NA)),
+        })  # fmt: skip
+    gates = ((study.get("longrange") or {}).get("contexts")) or {}
+    for context, report in (longrange or {}).items():
+        passed = (gates.get(str(context)) or {}).get("gate_passed")
+        gate = "passed" if passed else "failed"
+        c = report["arms"][report["primary_arm"]].get("comparison") or {}
+        rows.append({
+            "label": f"long range ({context:,} tokens): {report['primary_arm']}",
+            "gap": primary_gap(report) if passed else None,
+            "gate": gate, "margin_gap": MARGIN_GAP,
             "verdict": verdict_word(c.get("verdict", NA)),
         })  # fmt: skip
     return rows

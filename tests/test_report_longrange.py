@@ -165,6 +165,11 @@ def test_passing_gates_give_gaps_learnability_and_a_section(gated_study, tmp_pat
     table = report_summary.all_tracks_table(runs, frontier)
     lr = table[table["track"] == "long range (two controls)"]
     assert set(lr["gate"]) == {"passed"} and set(lr["positive control"]) == {"not trained"}
+    reports = report_summary.longctx_reports(runs, gated_study, key="longrange")
+    assert sorted(reports) == list(SMOKE.contexts)
+    headline = report_summary.headline_rows(runs, None, reports)
+    assert [r["gate"] for r in headline] == ["passed"] * len(SMOKE.contexts)
+    assert all(r["gap"] is not None and r["label"].startswith("long range") for r in headline)
     locality = {"contexts": {"64": {"median": 31.0, "p10": 25.0, "p90": 40.0,
                                     "share_within_window": 0.0, "window": 8}}}  # fmt: skip
     setup = report_longrange.setup_text(index, longctx_file, locality)
