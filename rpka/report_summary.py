@@ -293,7 +293,7 @@ def headline_rows(
         gate = report.get("attention_gate")
         c = report["arms"][report["primary_arm"]].get("comparison") or {}
         rows.append({
-            "label": f"long context ({context:,} tokens): {report['primary_arm']}",
+            "label": f"long context, local task ({context:,} tokens): {report['primary_arm']}",
             "gap": primary_gap(report) if _gate(gate) != "failed" else None,
             "gate": _gate(gate), "margin_gap": MARGIN_GAP,
             "verdict": verdict_word(c.get("verdict", NA)),
