@@ -23,7 +23,7 @@ from rpka.io import save_figure
 METHOD_COLOURS = {m: palette.method_colour(m) for m in ("rpka", "nystrom-uniform", "keys-coreset")}
 METHOD_MARKERS = {"rpka": "o", "nystrom-uniform": "s", "keys-coreset": "^"}
 LABEL_OFFSETS = {"rpka": (5, -4), "nystrom-uniform": (5, 14), "keys-coreset": (-40, -4)}
-RANK_TICKS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
+RANK_TICKS = (1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
 
 
 def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
@@ -65,7 +65,9 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
     title = f"{track}: r* = {r_star}" if r_star else f"{track}: r* not reached"
     ax.set(xscale="log", title=title, xlabel="rank / points pivoted (log scale)",
            ylabel="gap recovered g (1 = exact, 0 = no attention)")  # fmt: skip
-    ax.set_xlim(1 / 48, 1.5)
+    # every point in view: a long context's rank is a small share of its points
+    shares = [r["rank_over_n"] for r in (*frontier["rows"], *frontier.get("drop_in", []))]
+    ax.set_xlim(min([1 / 48, *shares]) / 1.5, 1.5)
     ax.xaxis.set_major_locator(FixedLocator(RANK_TICKS))
     ax.xaxis.set_major_formatter(FixedFormatter([f"1/{round(1 / t)}" if t < 1 else "1"
                                                  for t in RANK_TICKS]))  # fmt: skip
@@ -174,7 +176,9 @@ def _answer_panel(
     ax.xaxis.set_minor_formatter(times)
     ax.tick_params(axis="x", which="minor", labelsize=7)
     lows = [p["gap_ci_low"] for p in points if p.get("gap_ci_low") is not None]
-    ax.set_ylim(min([0.0, *lows]) - GAP_PAD, 1.0 + 2 * GAP_PAD)  # 0 (no attention) in view
+    highs = [p["gap_ci_high"] for p in points if p.get("gap_ci_high") is not None]
+    # 0 (no attention) in view, and every interval whole
+    ax.set_ylim(min([0.0, *lows]) - GAP_PAD, max([1.0, *highs]) + 2 * GAP_PAD)
 
 
 def plot_longrange_answer(

@@ -135,7 +135,7 @@ def setup_text(
     contexts = [c for c, _ in _contexts(index)]
     if not contexts:
         return (
-            "The long-range study (issue 27) was not run in this study "
+            "The long-range study was not run in this study "
             "(no `longrange/longctx.json`)."
         )
     bench = ((longctx_file or {}).get("config") or {}).get("bench") or {}
@@ -221,13 +221,13 @@ def summary_line(index: Mapping[str, Any] | None, frontier: Mapping[str, Any] | 
                  longctx_file: Mapping[str, Any] | None) -> str:  # fmt: skip
     """The Summary's line on the long-range study (Markdown)."""
     if not _contexts(index):
-        return "**Long range (issue 27).** Not run in this study."
+        return "**Long range.** Not run in this study."
     gates = ", ".join(
         f"{c:,}: {'passed' if e.get('gate_passed') else 'failed'}" for c, e in _contexts(index)
     )
     answer = answer_text(index, answer_points(frontier, longctx_file))
     answer = answer.replace("**Does RPKA pay at long range?** ", "")
-    return f"**Long range (issue 27, Section 3).** Two-control gate per length ({gates}). {answer}"
+    return f"**Long range (Section 3).** Two-control gate per length ({gates}). {answer}"
 
 
 # --------------------------------------------------------------------------- tables

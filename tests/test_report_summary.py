@@ -54,12 +54,16 @@ def test_a_positive_control_that_does_not_tie_is_said_and_no_frontier_is_said(fr
 def test_the_all_tracks_table_has_every_track_and_long_context_length(full_study, frontier):
     table = report_summary.all_tracks_table(full_study, frontier)
     contexts = full_study["longctx"]["contexts"]
-    assert len(table) == len(full_study["tracks"]) + len(contexts)
+    longrange = (full_study.get("longrange") or {}).get("contexts", {})
+    assert len(table) == len(full_study["tracks"]) + len(contexts) + len(longrange)
+    assert (table["track"] == "long range (two controls)").sum() == len(longrange)
     assert list(table["track"][: len(full_study["tracks"])]) == [
         t["title"] for t in full_study["tracks"].values()
     ]
     assert (table["track"] == "long context (regimes, local task)").sum() == len(contexts)
     for name, entry in frontier["tracks"].items():
+        if name not in full_study["tracks"]:  # a long-range length: its own rows
+            continue
         row = table[table["track"] == full_study["tracks"][name]["title"]].iloc[0]
         star = report_summary.r_star_row(entry)
         if star:
@@ -68,12 +72,15 @@ def test_the_all_tracks_table_has_every_track_and_long_context_length(full_study
         else:
             assert row["r* (rank / points)"] == "not reached"
     failed = [t["title"] for t in full_study["tracks"].values() if t["gate"] == "failed"]
+    if any(not e.get("gate_passed") for e in longrange.values()):
+        failed.append("long range (two controls)")
     assert set(table[table["gate"] == "failed"]["track"]) == set(failed)
 
 
 def test_a_long_context_entry_missing_keys_still_renders(full_study, frontier):
     study = copy.deepcopy(full_study)
     study["longctx"] = {"contexts": {"4096": {"local_gate": {"passed": True}}}}
+    study["longrange"] = None  # the long-context rows are the table's last
     table = report_summary.all_tracks_table(study, frontier)
     row = table.iloc[-1]
     assert row["length"] == "4,096" and row["primary verdict"] == "n/a"
@@ -103,6 +110,8 @@ def test_the_headline_is_on_the_gap_scale_and_every_track_is_readable(full_study
 
 def test_the_primary_gap_is_the_frontiers_rule_on_the_primary_arm(full_study, frontier):
     for name, entry in frontier["tracks"].items():
+        if name not in full_study["tracks"]:  # a long-range length (its own index entry)
+            continue
         report_ = full_study["tracks"][name]["report"]
         row = next((r for r in entry["rows"] if r["arm"] == report_["primary_arm"]), None)
         if row is None:
