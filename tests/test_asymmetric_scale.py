@@ -18,7 +18,7 @@ import pytest
 import torch
 from softmax_reference import softmax_attention
 
-from rpka.attention import build, guards
+from rpka.attention import build
 from rpka.attention.nystrom import estimate_unless_keys_covered, keys_covered
 
 # q scale x k scale: every ratio from 1/20 to 20 and logit standard deviations (about
@@ -164,27 +164,17 @@ def test_identity_is_applied_only_where_every_key_is_a_landmark():
     assert int(got["denominator"]) == 0 and int(got["rows"]) == 16
 
 
-def test_full_rank_missing_a_key_says_so_once_with_the_share(monkeypatch):
-    """A full-rank call whose landmarks miss a key (as when a pivot floor drops a point)
-    is not exact at sharp attention; it warns once per process with the share of rows."""
-    monkeypatch.setattr(guards, "_warned", set())
+@pytest.mark.parametrize(("pivot_set", "rank"), [("joint", 128), ("keys", 64)])
+def test_full_rank_draws_nothing(pivot_set, rank):
+    """At rank >= every point RPCholesky would take them all: no draw (the generator does
+    not move), exact attention. (Below it, a draw whose pivots hold every key gets the
+    identity per batch element: test_identity_is_applied_only_where_every_key_is_a_landmark.)"""
     q, k, v = scaled_qkv(10.0, 10.0, SHAPES[0], 0)
-    method = build("rpka", rank=128, generator=torch.Generator().manual_seed(1))
-    draw = method.draw_pivots
-
-    def drop_last_key(points):
-        pivots = draw(points)
-        return pivots.masked_fill(pivots == points.shape[-2] - 1, -1)
-
-    monkeypatch.setattr(method, "draw_pivots", drop_last_key)
-    inputs = [x.clone().requires_grad_(True) for x in (q, k, v)]  # the path that draws here
-    not_exact = r"at full rank the estimate is not exact on \d+\.\d% of rows"
-    with pytest.warns(RuntimeWarning, match=not_exact):
-        out = method(*inputs)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        method(*inputs)  # once per process
-    assert guards.check_full_rank("rpka", out.detach(), q, k, v) > 0
+    generator = torch.Generator().manual_seed(1)
+    before = generator.get_state()
+    out = build("rpka", rank=rank, pivot_set=pivot_set, generator=generator)(q, k, v)
+    assert torch.equal(generator.get_state(), before)
+    assert rel_err(out, softmax_attention(q, k, v)) < TOL[torch.float64]
 
 
 def test_qk_balance_option_is_checked():

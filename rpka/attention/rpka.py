@@ -67,10 +67,10 @@ from rpka.attention.accelerated import (
     check_fast_options,
 )
 from rpka.attention.base import AttentionMethod
-from rpka.attention.guards import check_full_rank
 from rpka.attention.keys_coreset import WILDCAT_RHO
 from rpka.attention.nystrom import (
     estimate_unless_keys_covered,
+    exact_with_counts,
     gather_points,
     keys_covered,
     nystrom_softmax,
@@ -370,6 +370,14 @@ class RPKAttention(AttentionMethod):
         if self.causal:
             out, self._guards = causal.attend(self, q, k, v)
             return out
+        n_points = k.shape[-2] + (q.shape[-2] if self.pivot_set == "joint" else 0)
+        if self.rank >= n_points:
+            # RPCholesky at r >= N takes every point, so no draw is needed; with every key a
+            # landmark the estimate is softmax attention by Nystrom's identity
+            # (estimate_unless_keys_covered). The frontier's positive control: exact by
+            # construction, at exact attention's cost instead of an N-pivot loop.
+            out, self._guards = exact_with_counts(q, k, v)
+            return out
         needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
         frame = self._scaled(q, k)
         per_call = self.pivot_refresh == "call"
@@ -384,7 +392,7 @@ class RPKAttention(AttentionMethod):
                 v,
                 self.keys_covered(state.pivots.reshape(*q.shape[:-2], -1), q, k),
             )
-            return self.checked(out, q, k, v)
+            return out
         compute = frame.compute
         q_s = q.to(compute) * frame.q_scale
         k_s = k.to(compute) * frame.k_scale - frame.key_shift  # guard 1: exact invariance
@@ -404,27 +412,13 @@ class RPKAttention(AttentionMethod):
             v,
             self.keys_covered(pivots, q, k),
         )
-        return self.checked(out, q, k, v)
+        return out
 
     def keys_covered(self, pivots: Tensor, q: Tensor, k: Tensor) -> Tensor:
         """(...,) bool: the pivots (..., r) hold every key (then the estimate is exact by
         Nystrom's identity, :func:`estimate_unless_keys_covered`)."""
         n_queries = q.shape[-2] if self.pivot_set == "joint" else 0
         return keys_covered(pivots, n_queries, k.shape[-2])
-
-    def checked(self, out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """``out``, after a check against exact attention where the rank claims exactness.
-
-        At a rank that covers every pivoted point the estimate equals softmax attention in
-        exact arithmetic (applied by the identity where the landmarks hold every key);
-        where round-off, the representable range or a pivot floor that dropped a key says
-        otherwise, the share of rows affected is reported once per process
-        (:func:`check_full_rank`).
-        """
-        n_points = k.shape[-2] + (q.shape[-2] if self.pivot_set == "joint" else 0)
-        if self.rank >= n_points:
-            check_full_rank(self.name, out, q, k, v)
-        return out
 
     @torch.no_grad()
     def draw_pivots(self, points: Tensor) -> Tensor:
