@@ -38,25 +38,21 @@ from rpka.tracks.regimes import RegimesConfig
 LONGCTX_RESIDUAL_SOLVE = "inverse"
 
 
-def _longctx(
+def _long_preset(
     preset: str,
     contexts: tuple[int, ...],
     train_windows: int,
     eval_windows: int,
     track: Any,
-    ranks: tuple[int, ...],
+    arms: tuple[ArmConfig, ...],
     **bench: Any,
 ) -> LongContextConfig:
-    """A long-context preset: exact, RPKA at ``ranks`` and the control on ``track``, resized
-    to each context; ``bench`` sets the template's other fields."""
+    """A long-context preset of ``arms`` on ``track``, resized to each context; ``bench``
+    sets the template's other fields."""
     template = BenchConfig(
         preset=f"longctx-{preset}",
         track=track,
-        arms=(
-            EXACT,
-            *(rpka_arm(r, residual_solve=LONGCTX_RESIDUAL_SOLVE) for r in ranks),
-            MEAN_CONTROL,
-        ),
+        arms=arms,
         mechanism=None,
         margin=FORECAST_MARGIN,
         **bench,
@@ -68,6 +64,25 @@ def _longctx(
     config = LongContextConfig(preset, contexts, template, train_windows, eval_windows)
     config.validate()
     return config
+
+
+def _longctx(
+    preset: str,
+    contexts: tuple[int, ...],
+    train_windows: int,
+    eval_windows: int,
+    track: Any,
+    ranks: tuple[int, ...],
+    **bench: Any,
+) -> LongContextConfig:
+    """A long-context preset: exact, RPKA at ``ranks`` and the control on ``track``, resized
+    to each context; ``bench`` sets the template's other fields."""
+    arms = (
+        EXACT,
+        *(rpka_arm(r, residual_solve=LONGCTX_RESIDUAL_SOLVE) for r in ranks),
+        MEAN_CONTROL,
+    )
+    return _long_preset(preset, contexts, train_windows, eval_windows, track, arms, **bench)
 
 
 # The long-context form of forecast-regimes (issue 14): 3 regimes of period 7-10 in
@@ -212,22 +227,9 @@ def _longrange(
         MEAN_CONTROL,
         local_arm(window),
     )
-    template = BenchConfig(
-        preset=f"longctx-{preset}",
-        track=track,
-        arms=arms,
-        mechanism=None,
-        margin=FORECAST_MARGIN,
-        gate_needs_local=True,
-        **bench,
+    return _long_preset(
+        preset, contexts, train_windows, eval_windows, track, arms, gate_needs_local=True, **bench
     )
-    template = dataclasses.replace(
-        template,
-        track=template.task.at_context(track, contexts[0], train_windows, eval_windows),
-    )
-    config = LongContextConfig(preset, contexts, template, train_windows, eval_windows)
-    config.validate()
-    return config
 
 
 # Priced with the cost model (scripts/longrange_locality.py --cost --probe-eval-windows 32,
