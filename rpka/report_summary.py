@@ -144,6 +144,25 @@ def _length(report: Mapping[str, Any]) -> str:
     return NA if tokens is None else f"{int(tokens):,}"
 
 
+def _frontier_cells(entry: Mapping[str, Any] | None) -> dict[str, str]:
+    """The all-tracks table's frontier columns of one ``frontier.json`` track (None: no
+    frontier): r* (rank / points), the gap recovered and the training step at r*, the
+    positive control's reading."""
+    row = r_star_row(entry) if entry else None
+    if entry is None:
+        r_star = "no frontier"
+    elif row is None:
+        r_star = "not reached"
+    else:
+        r_star = f"{row['rank']} / {row['n_points']} ({row['rank_over_n']:.2f})"
+    return {
+        "r* (rank / points)": r_star,
+        "gap recovered at r* [95 % CI]": _gap(row) if row else NA,
+        "train step at r* (× exact)": _ratio(row.get("step_ratio")) if row else NA,
+        "positive control": _positive(entry),
+    }
+
+
 def all_tracks_table(study: Mapping[str, Any], frontier: Mapping[str, Any] | None) -> pd.DataFrame:
     """One row per track (study order: gate passed first), per length of the older
     long-context study and per length of the long-range one (:func:`longrange_rows`):
@@ -152,24 +171,13 @@ def all_tracks_table(study: Mapping[str, Any], frontier: Mapping[str, Any] | Non
     fronts = (frontier or {}).get("tracks") or {}
     rows = []
     for name, track in study["tracks"].items():
-        report, entry = track["report"], fronts.get(name)
-        row = r_star_row(entry) if entry else None
-        if entry is None:
-            r_star = "no frontier"
-        elif row is None:
-            r_star = "not reached"
-        else:
-            r_star = f"{row['rank']} / {row['n_points']} ({row['rank_over_n']:.2f})"
         rows.append({
             "track": track["title"],
-            "length": _length(report),
+            "length": _length(track["report"]),
             "gate": _gate(track.get("attention_gate")),
             "primary arm": f"`{track['primary_arm']}`",
             "primary verdict": verdict_word((track.get("comparison") or {}).get("verdict", NA)),
-            "r* (rank / points)": r_star,
-            "gap recovered at r* [95 % CI]": _gap(row) if row else NA,
-            "train step at r* (× exact)": _ratio(row.get("step_ratio")) if row else NA,
-            "positive control": _positive(entry),
+            **_frontier_cells(fronts.get(name)),
         })  # fmt: skip
     for context, entry in sorted(
         ((study.get("longctx") or {}).get("contexts") or {}).items(), key=lambda kv: int(kv[0])
@@ -199,24 +207,13 @@ def longrange_rows(
     rows = []
     contexts = (longrange or {}).get("contexts") or {}
     for context, entry in sorted(contexts.items(), key=lambda kv: int(kv[0])):
-        front = fronts.get(LONGRANGE_TRACK.format(context=int(context)))
-        row = r_star_row(front) if front else None
-        if front is None:
-            r_star = "no frontier"
-        elif row is None:
-            r_star = "not reached"
-        else:
-            r_star = f"{row['rank']} / {row['n_points']} ({row['rank_over_n']:.2f})"
         rows.append({
             "track": "long range (two controls)",
             "length": f"{int(context):,}",
             "gate": "passed" if entry.get("gate_passed") else "failed",
             "primary arm": f"`{entry.get('primary_arm', NA)}`",
             "primary verdict": verdict_word((entry.get("primary") or {}).get("verdict", NA)),
-            "r* (rank / points)": r_star,
-            "gap recovered at r* [95 % CI]": _gap(row) if row else NA,
-            "train step at r* (× exact)": _ratio(row.get("step_ratio")) if row else NA,
-            "positive control": _positive(front),
+            **_frontier_cells(fronts.get(LONGRANGE_TRACK.format(context=int(context)))),
         })  # fmt: skip
     return rows
 
