@@ -294,6 +294,16 @@ def _arm_colors(names: list[str]) -> dict[str, object]:
     return palette.arm_colours(names)
 
 
+def legend_entries(axes: Iterable[plt.Axes]) -> dict[str, object]:
+    """Label -> handle of everything drawn with a label on ``axes``, first one kept: one
+    legend for several panels."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    return entries
+
+
 def metric_label(report: Mapping, metric: str | None = None) -> str:
     """e.g. "MSE (standardised units)" (forecast) or "perplexity" (lm): the track's label."""
     return get_task(report["track"]).metric_label(metric or report["metric"])

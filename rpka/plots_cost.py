@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from rpka import palette
 from rpka.io import save_figure
-from rpka.plots import GROUP_MARKERS, metric_label
+from rpka.plots import GROUP_MARKERS, legend_entries, metric_label
 from rpka.tables import arm_group
 
 MAX_SERIES = 6  # arms in one panel before the figure splits into one panel per group
@@ -163,10 +163,7 @@ def plot_error_vs_time(
                 ax.set_ylabel(f"test {metric}: arm - {report['baseline_arm']}\n(paired mean, "
                               "95 % CI)")  # fmt: skip
     for row in range(len(panels)):  # one legend per row: every arm drawn in any column
-        entries: dict[str, object] = {}
-        for ax in axes[row]:
-            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-                entries.setdefault(label, handle)
+        entries = legend_entries(axes[row])
         legend = axes[row, -1].legend(entries.values(), entries.keys(), loc="center left",
                                       bbox_to_anchor=(1.02, 0.5), fontsize=8)  # fmt: skip
         for text in legend.get_texts():

@@ -18,6 +18,7 @@ from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, NullF
 
 from rpka import palette
 from rpka.io import save_figure
+from rpka.plots import legend_entries
 
 # one colour per method, the same in every panel
 METHOD_COLOURS = {m: palette.method_colour(m) for m in ("rpka", "nystrom-uniform", "keys-coreset")}
@@ -90,10 +91,7 @@ def plot_frontier(
                              constrained_layout=True)  # fmt: skip
     for ax, (track, entry) in zip(axes[0], tracks.items(), strict=True):
         _panel(ax, track, entry)
-    handles = {}  # one legend for every panel: the methods of any track, the guide lines
-    for ax in axes[0]:
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(label, handle)
+    handles = legend_entries(axes[0])  # one legend: the methods of any track, the guides
     fig.legend(handles.values(), handles.keys(), loc="outside lower center",
                ncol=min(len(handles), 6), fontsize=8)  # fmt: skip
     save_figure(fig, save_dir, name)
@@ -206,10 +204,7 @@ def plot_longrange_answer(
     if not points:
         axes[0][0].text(0.5, 0.5, "no gated length", transform=axes[0][0].transAxes,
                         ha="center")  # fmt: skip
-    handles: dict[str, Any] = {}
-    for ax in axes[0]:
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(label, handle)
+    handles = legend_entries(axes[0])
     fig.legend(handles.values(), handles.keys(), loc="outside lower center",
                ncol=min(len(handles), 4), fontsize=8)  # fmt: skip
     save_figure(fig, save_dir, name)
