@@ -19,10 +19,11 @@ from rpka.config import BenchConfig
 METRIC_DIRECTION = "lower"  # every metric (MSE, MAE, perplexity, NLL, error): lower is better
 
 
-def attention_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The track's attention gate (``rpka.stats.attention_gate``): does the control lose to
-    the baseline by ``config.gate_min_rel``? None when the study has no control arm."""
-    control = config.control
+def control_gate(
+    config: BenchConfig, arms: dict[str, dict[str, Any]], control: str | None
+) -> dict[str, Any] | None:
+    """``rpka.stats.attention_gate`` of one control arm: does ``control`` lose to the
+    baseline by ``config.gate_min_rel``? None when the study has no such arm."""
     if control is None or control not in arms:
         return None
     gate = stats.attention_gate(
@@ -32,6 +33,11 @@ def attention_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict
         min_rel=config.gate_min_rel,
     )
     return {"control_arm": control, **gate}
+
+
+def attention_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The track's attention gate: :func:`control_gate` of the no-attention control."""
+    return control_gate(config, arms, config.control)
 
 
 def two_control_gate(
@@ -62,19 +68,9 @@ def two_control_gate(
 
 
 def local_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The local gate (issue 27): does the local-window control lose to the baseline by
-    ``config.gate_min_rel``? ``rpka.stats.attention_gate`` on the local arm, the same fields
-    as :func:`attention_gate`'s; None when the study has no local control."""
-    local = config.local_control
-    if local is None or local not in arms:
-        return None
-    gate = stats.attention_gate(
-        arms[config.baseline_arm]["full"]["per_seed"],
-        arms[local]["full"]["per_seed"],
-        METRIC_DIRECTION,
-        min_rel=config.gate_min_rel,
-    )
-    return {"control_arm": local, **gate}
+    """The local gate (issue 27): :func:`control_gate` of the local-window control, the same
+    fields as :func:`attention_gate`'s."""
+    return control_gate(config, arms, config.local_control)
 
 
 def verdict_gate(
