@@ -53,9 +53,8 @@ from torch import Tensor
 
 from rpka.attention.base import AttentionMethod
 from rpka.attention.nystrom import (
-    estimate_unless_keys_covered,
+    exact_with_counts,
     gather_points,
-    keys_covered,
     nystrom_core,
     nystrom_readout,
 )
@@ -123,6 +122,12 @@ class KeysCoresetAttention(AttentionMethod):
         reject_causal(self.name, causal)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.rank >= k.shape[-2]:
+            # the coreset of every key: exact by Nystrom's identity, applied rather than
+            # computed (rpka.attention.nystrom.estimate_unless_keys_covered); no draw, whose
+            # float32 floor could drop small keys
+            out, self._guards = exact_with_counts(q, k, v)
+            return out
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         scale = q.shape[-1] ** -0.25  # beta^{1/2}
         q_s = q.to(compute) * scale
@@ -134,24 +139,14 @@ class KeysCoresetAttention(AttentionMethod):
             else torch.tensor(self.temperature, dtype=compute, device=q.device)
         )
         k_t = k_s / tau  # tempered keys k': E_tau(k_a, k_b) = exp(k'_a . k'_b)
-        m = k.shape[-2]
-        if self.rank >= m:  # the coreset of every key: no draw (the floor could drop keys)
-            pivots = torch.arange(m, device=k.device).expand(*k.shape[:-2], m)
-        else:
-            pivots = rpcholesky(k_t, self.rank, "rpc", self.generator, weighting="exp").pivots
+        pivots = rpcholesky(k_t, self.rank, "rpc", self.generator, weighting="exp").pivots
         valid = pivots >= 0
         landmarks = gather_points(k_t, pivots)  # (..., r, d), differentiable in k
         v_c = v.to(compute)
-
-        def estimate() -> tuple[Tensor, dict[str, Tensor]]:
-            core = nystrom_core(k_t, v_c, landmarks, valid)  # (..., r, d_v + 1)
-            # query side: exp(beta q.k_s) e^{-|k'_s|^2/2} = exp((tau q~).k'_s - |k'_s|^2/2)
-            return nystrom_readout(tau * q_s, landmarks, valid, core, v_c, self.den_floor)
-
-        # a coreset of every key is exact by Nystrom's identity: applied, not computed
-        covered = keys_covered(pivots, 0, m)
-        out, self._guards = estimate_unless_keys_covered(estimate, q, k, v, covered)
-        return out
+        core = nystrom_core(k_t, v_c, landmarks, valid)  # (..., r, d_v + 1)
+        # query side: exp(beta q.k_s) e^{-|k'_s|^2/2} = exp((tau q~).k'_s - |k'_s|^2/2)
+        out, self._guards = nystrom_readout(tau * q_s, landmarks, valid, core, v_c, self.den_floor)
+        return out.to(q.dtype)
 
     def extra_repr(self) -> str:
         tau = "wildcat" if self.temperature is None else self.temperature
