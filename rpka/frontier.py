@@ -182,12 +182,18 @@ def causal_block_of(report: Mapping[str, Any]) -> int | None:
     return blocks.pop() if blocks else None
 
 
+def control_arm_of(report: Mapping[str, Any]) -> str:
+    """The no-attention control a bench report's gap is measured from: its attention gate's
+    control arm (``mean-attention`` for a report without one)."""
+    return report.get("attention_gate", {}).get("control_arm") or "mean-attention"
+
+
 def track_frontier(report: Mapping[str, Any], margin_gap: float = MARGIN_GAP) -> dict[str, Any]:
     """The frontier of one bench report: rows per low-rank arm, r*, the positive control
     (its exact-by-construction rank from the arms' causal block, :func:`causal_block_of`),
     the pivoting comparisons."""
     causal_block = causal_block_of(report)
-    control = report.get("attention_gate", {}).get("control_arm") or "mean-attention"
+    control = control_arm_of(report)
     if control not in report["arms"]:
         raise ValueError(f"the bench report has no control arm {control!r}: no gap to recover")
     rows = _rows(report, control, margin_gap)
@@ -225,9 +231,7 @@ def drop_in_curve(
     and its per-member values. A rank at which the method is exact is left out (the
     positive control's place is the trained arm's).
     """
-    control = report["arms"][
-        report.get("attention_gate", {}).get("control_arm") or "mean-attention"
-    ]
+    control = report["arms"][control_arm_of(report)]
     by_seed = dict(zip(control["seeds"], control["full"]["per_seed"], strict=True))
     members = drop_in["members"]
     if any(seed not in by_seed for seed in members):
