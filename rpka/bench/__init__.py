@@ -23,7 +23,8 @@ still score it on validation.
 A bench is three stages, one module each, that :func:`run_bench` calls in turn:
 
 - ``rpka.bench.jobs``: the scheduler - the study's jobs, their run files (a job whose
-  file exists is not run again, so an interrupted bench resumes), the executor
+  file exists is not run again, so an interrupted bench resumes; only the evaluation runs
+  a later stage reads keep their weights), the executor
   (docs/design.md section 9: any ``concurrent.futures`` executor);
 - ``rpka.bench.report``: the report builder - ``bench_report.json`` from the merged runs;
 - ``rpka.bench.studies``: the post-run studies on the trained models (mechanism, output
@@ -47,14 +48,17 @@ from rpka.bench.jobs import (
     RunResults,
     Scheduler,
     best_learning_rate,
+    ensure_weights,
     finished_result,
     job_groups,
+    keeps_weights,
     make_jobs,
     merge_results,
     n_swept_rates,
     run_to_file,
     seed_groups,
     sweep_score,
+    weight_readers,
 )
 from rpka.bench.report import (
     BENCH_VERSION,
@@ -100,8 +104,10 @@ __all__ = [  # what other modules, scripts and tests import from rpka.bench
     "default_executor",
     "default_out",
     "device_description",
+    "ensure_weights",
     "finished_result",
     "job_groups",
+    "keeps_weights",
     "load_average",
     "make_jobs",
     "member0_attention_inputs",
@@ -118,6 +124,7 @@ __all__ = [  # what other modules, scripts and tests import from rpka.bench
     "timings",
     "trained_model",
     "versions",
+    "weight_readers",
 ]
 
 
@@ -170,7 +177,8 @@ def run_bench(
 
     report = build_report(config, naive, runs.sweep_of, runs.eval_of, track)
     t_stats = time.perf_counter()
-    studied = run_studies(config, runs.eval_of, runs_dir, out, track, progress)
+    studied = run_studies(config, runs.eval_of, runs_dir, out, track, progress, data_dir)
+    runs.n_resumed -= len(studied.retrained)  # resumed, then retrained for their weights
     report["mechanism_signature"] = studied.mechanism_signature
     report["output_error"] = studied.output_error
     t_end = time.perf_counter()

@@ -4,7 +4,10 @@ A job is ``(arm, learning rate, seed group)``; its full configuration goes to
 :func:`run_to_file`, which trains it and writes ``<out>/runs/<run id>.json`` (atomically).
 :class:`Scheduler` submits jobs to an executor with the ``concurrent.futures`` interface
 and reads results back from their files. A job whose file exists is not run again
-(:func:`finished_result`), so an interrupted bench resumes where it stopped. An arm's
+(:func:`finished_result`), so an interrupted bench resumes where it stopped. Only the
+evaluation runs a later stage reads keep their weights (:func:`keeps_weights`); the run
+files are committed, the weights are not, and a stage that finds a run's weights missing
+retrains that run alone (:func:`ensure_weights`; training is seeded: same numbers). An arm's
 evaluation job is submitted as soon as its sweep is done, and an ``lr_from`` arm's sweep
 as soon as its source arm has chosen, so workers never wait for a phase boundary.
 """
@@ -22,6 +25,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
+from rpka.attention import options_of
 from rpka.config import ArmConfig, BenchConfig
 from rpka.io import (
     CorruptFileError,
@@ -42,15 +46,40 @@ def run_to_file(run_config: dict[str, Any], path: str) -> str:
     return path
 
 
+def weight_readers(config: BenchConfig) -> dict[str, tuple[str, ...]]:
+    """Per arm, the later stages that read its first evaluation run's weights: the
+    mechanism study (the primary arm), the output-error study (exact and every arm with a
+    rank), and after the bench ``rpka.spectrum.bench_spectrum`` and ``scripts/drop_in.py``
+    (exact). No other run's weights are read, so no other run keeps them."""
+    readers: dict[str, list[str]] = {config.baseline_arm: ["spectrum", "drop_in"]}
+    if config.mechanism is not None:
+        readers.setdefault(config.primary_arm, []).append("mechanism")
+    if config.output_error_ranks:
+        readers[config.baseline_arm].append("output_error")
+        for arm in config.arms:
+            if arm.method != "exact" and "rank" in options_of(arm.method):
+                readers.setdefault(arm.name, []).append("output_error")
+    return {arm: tuple(stages) for arm, stages in readers.items()}
+
+
+def keeps_weights(config: BenchConfig, arm: str, phase: str, group: int) -> bool:
+    """Whether the job (``arm``, ``phase``, seed ``group``) saves its trained weights: only
+    an evaluation run whose weights a later stage reads (:func:`weight_readers`), the
+    first seed group (those stages take member 0, the first evaluation seed)."""
+    return phase == "eval" and group == 0 and arm in weight_readers(config)
+
+
 def finished_result(path: Path, state_path: str | None = None) -> dict[str, Any] | None:
-    """The result of a run that finished earlier (its file ``path`` and, if the run keeps
-    them, its weights ``state_path``), or None: not run yet, or its files are corrupt or
-    belong to another run - then they are moved aside, to be rerun."""
+    """The result of a run that finished earlier (its file ``path``), or None: not run yet,
+    or its files are corrupt or belong to another run - then they are moved aside, to be
+    rerun. Weights at ``state_path`` are checked if there; missing ones do not unfinish
+    the run (they are not committed): a stage that needs them retrains the run then
+    (:func:`ensure_weights`)."""
     if not path.exists():
         return None
     try:
         result = read_run_file(path)
-        if state_path:
+        if state_path and Path(state_path).exists():
             read_checked(state_path, load_state)
         return result
     except CorruptFileError as err:
@@ -58,6 +87,24 @@ def finished_result(path: Path, state_path: str | None = None) -> dict[str, Any]
             if bad is not None and bad.exists():
                 quarantine(bad, str(err))
         return None
+
+
+def ensure_weights(run_file: Path, data_dir: str, progress: bool = False) -> bool:
+    """Make sure the weights of the finished run ``run_file`` are beside it (``.pt``):
+    if they are missing (a clone of the committed study), retrain the run from its
+    recorded configuration, which gives the same weights and numbers (training is seeded).
+    Returns whether it retrained."""
+    if run_file.with_suffix(".pt").exists():
+        return False
+    result = read_run_file(run_file)
+    run_config = {
+        **result["config"],
+        "data_dir": data_dir,
+        "progress": {"enable": progress, "leave": False},
+        "state_path": str(run_file.with_suffix(".pt")),
+    }
+    run_to_file(run_config, str(run_file))
+    return True
 
 
 @dataclass
@@ -111,7 +158,7 @@ def make_jobs(
         bar = {"enable": progress, "position": 1, "leave": False}
         run_config = make_run_config(config, arm, lr, seeds, split, data_dir, bar)
         path = runs_dir / f"{run_id(run_config)}.json"
-        if phase == "eval":  # evaluation runs keep their weights (mechanism study, notebooks)
+        if keeps_weights(config, arm.name, phase, group):  # a later stage reads them
             run_config["state_path"] = str(path.with_suffix(".pt"))
         jobs.append(Job(arm.name, lr, phase, group, run_config, path))
     return jobs

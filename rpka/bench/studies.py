@@ -5,14 +5,17 @@
 - the output-error study (:func:`study_output_errors`): every arm's attention output
   error against exact on trained Q/K, at several ranks.
 
-:func:`run_studies` runs those the configuration asks for and times each. (The drop-in
-study, each method in place of exact's trained attention, is ``scripts/drop_in.py``.)
+:func:`run_studies` runs those the configuration asks for and times each. Each resumes
+from its earlier output when that was made on the same runs, and reads weights only when
+it computes; a run whose weights are missing (they are not committed) is then retrained
+(``rpka.bench.jobs.ensure_weights``). (The drop-in study, each method in place of exact's
+trained attention, is ``scripts/drop_in.py``.)
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,9 @@ import torch
 from torch import Tensor
 
 from rpka.attention import options_of
+from rpka.bench.jobs import ensure_weights
 from rpka.config import BenchConfig
-from rpka.io import read_json_or_heal, write_json
+from rpka.io import read_json_or_heal, read_run_file, write_json
 from rpka.quality import mechanism_study, method_output_errors
 from rpka.train import build_model, load_trained, track_config_of
 
@@ -45,6 +49,26 @@ class StudyResults:
     output_error: dict[str, Any] | None = None
     mechanism_s: float = 0.0
     output_error_s: float = 0.0
+    retrained: set[str] = field(default_factory=set)  # run ids retrained for their weights
+
+
+@dataclass
+class Weights:
+    """Where the studies find trained weights: ``runs_dir``, whose missing ``.pt`` files
+    are remade by retraining their run (with the track cache ``data_dir``), noted in
+    ``retrained``."""
+
+    runs_dir: Path
+    data_dir: str
+    progress: bool = False
+    retrained: set[str] = field(default_factory=set)
+
+    def load(self, run_id: str) -> tuple[Any, dict[str, Any]]:
+        """The trained model of run ``run_id`` and its result (``rpka.train.load_trained``)."""
+        run_file = self.runs_dir / f"{run_id}.json"
+        if ensure_weights(run_file, self.data_dir, self.progress):
+            self.retrained.add(run_id)
+        return load_trained(run_file)
 
 
 def run_studies(
@@ -54,18 +78,25 @@ def run_studies(
     out: Path,
     track: Any,
     progress: bool = True,
+    data_dir: str | None = None,
 ) -> StudyResults:
     """The post-run studies ``config`` asks for (``mechanism``, ``output_error_ranks``),
-    on the evaluation runs ``eval_of`` (by arm) whose weights are in ``runs_dir``."""
-    results = StudyResults()
+    on the evaluation runs ``eval_of`` (by arm) whose run files are in ``runs_dir``
+    (missing weights are retrained with the track cache ``data_dir``)."""
+    weights = Weights(runs_dir, data_dir or str(runs_dir), progress)
+    results = StudyResults(retrained=weights.retrained)
     start = time.perf_counter()
     if config.mechanism is not None and config.primary_arm in eval_of:
         results.mechanism_signature = study_mechanism(
-            config, eval_of[config.primary_arm], runs_dir, out, track, progress
+            config, eval_of[config.primary_arm], weights, out, track, progress
         )
     middle = time.perf_counter()
     if config.output_error_ranks and config.baseline_arm in eval_of:
-        results.output_error = study_output_errors(config, eval_of, runs_dir, track)
+        previous = read_json_or_heal(out / "bench_report.json", ("arms",))
+        if output_error_current(config, eval_of, previous):
+            results.output_error = previous["output_error"]  # resume: same runs, same study
+        else:
+            results.output_error = study_output_errors(config, eval_of, weights, track)
     results.mechanism_s, results.output_error_s = middle - start, time.perf_counter() - middle
     return results
 
@@ -76,7 +107,7 @@ def run_studies(
 def study_mechanism(
     config: BenchConfig,
     primary: dict[str, Any],
-    runs_dir: Path,
+    weights: Weights,
     out: Path,
     track: Any,
     progress: bool = True,
@@ -86,9 +117,10 @@ def study_mechanism(
 
     Takes the first evaluation seed's trained weights and, for contrast, the same member
     freshly initialised; feeds ``n_windows`` test windows; writes both studies to
-    ``out/mechanism.json`` and returns the trained model's ``mechanism_signature``.
+    ``out/mechanism.json`` and returns the trained model's ``mechanism_signature``. An
+    ``out/mechanism.json`` of the same run and options is read instead (no weights read).
     """
-    trained, result = load_trained(runs_dir / f"{primary['run_ids'][0]}.json")
+    result = read_run_file(weights.runs_dir / f"{primary['run_ids'][0]}.json")
     init = build_model(result["config"], track_config_of(result["config"]), torch.device("cpu"))
     arm = config.arm(config.primary_arm)
     options = {
@@ -107,6 +139,7 @@ def study_mechanism(
     if previous is not None:  # resume: this model was studied with these options already
         if previous.get("model") == described and previous.get("options") == study_options:
             return {**previous["trained"]["mechanism_signature"], **trained_model(described)}
+    trained, _ = weights.load(result["run_id"])
     studies = {}
     for name, model in (("trained", trained), ("init", init)):
         member0 = member0_attention_inputs(model, x)
@@ -132,10 +165,40 @@ def trained_model(described: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- output error
 
 
+def output_error_arms(config: BenchConfig, eval_of: dict[str, dict[str, Any]]) -> list[str]:
+    """The arms whose trained models the output-error study reads: exact and every
+    evaluated arm with a rank."""
+    return [config.baseline_arm] + [
+        arm.name
+        for arm in config.arms
+        if arm.method != "exact" and arm.name in eval_of and "rank" in options_of(arm.method)
+    ]
+
+
+def output_error_current(
+    config: BenchConfig, eval_of: dict[str, dict[str, Any]], previous: dict[str, Any] | None
+) -> bool:
+    """Whether the earlier report ``previous`` holds this bench's output-error study: the
+    same definition, ranks and draws, on the same runs (each arm's first evaluation run)."""
+    done = (previous or {}).get("output_error")
+    if not done or (done["definition"], done["ranks"], done["seeds"]) != (
+        OUTPUT_ERROR_DEFINITION,
+        list(config.output_error_ranks),
+        OUTPUT_ERROR_SEEDS,
+    ):
+        return False
+    assert previous is not None
+    arms = previous["arms"]
+    return all(
+        name in arms and arms[name]["run_ids"][:1] == eval_of[name]["run_ids"][:1]
+        for name in output_error_arms(config, eval_of)
+    )
+
+
 def study_output_errors(
     config: BenchConfig,
     eval_of: dict[str, dict[str, Any]],
-    runs_dir: Path,
+    weights: Weights,
     track: Any,
     n_windows: int = 4,
 ) -> dict[str, Any]:
@@ -146,7 +209,7 @@ def study_output_errors(
     method), member 0 (the first evaluation seed), ``n_windows`` test windows.
     """
     x = config.task.inputs_targets(track, "test")[0][:n_windows]
-    exact_inputs = _trained_inputs(runs_dir, eval_of[config.baseline_arm], x)
+    exact_inputs = _trained_inputs(weights, eval_of[config.baseline_arm], x)
     rows = []
     for arm in config.arms:
         if arm.method == "exact" or arm.name not in eval_of:
@@ -155,7 +218,7 @@ def study_output_errors(
             continue  # a control without a rank (``mean``): nothing to approximate
         own = dict(arm.options).get("rank")
         ranks = sorted(set(config.output_error_ranks) | ({own} if own else set()))
-        own_inputs = _trained_inputs(runs_dir, eval_of[arm.name], x)
+        own_inputs = _trained_inputs(weights, eval_of[arm.name], x)
         for label, qkv in (("own", own_inputs), ("exact", exact_inputs)):
             for row in method_output_errors(
                 qkv, arm.method, dict(arm.options), ranks, OUTPUT_ERROR_SEEDS
@@ -173,8 +236,8 @@ def study_output_errors(
 
 
 def _trained_inputs(
-    runs_dir: Path, result: dict[str, Any], x: Tensor
+    weights: Weights, result: dict[str, Any], x: Tensor
 ) -> list[tuple[Tensor, Tensor, Tensor]]:
     """Member 0's attention inputs on ``x`` of the model an evaluation ``result`` trained."""
-    model, _ = load_trained(runs_dir / f"{result['run_ids'][0]}.json")
+    model, _ = weights.load(result["run_ids"][0])
     return member0_attention_inputs(model, x)
