@@ -421,7 +421,7 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         }
         for s, seed in enumerate(run.seeds)
     ]
-    if run_config.get("state_path"):  # evaluation runs keep their weights for the mechanism
+    if run_config.get("state_path"):  # a run a later stage reads (rpka.bench.keeps_weights)
         atomic_torch_save(run_config["state_path"], model.state_dict())
     clean = hashed_config(run_config)
     return {

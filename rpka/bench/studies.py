@@ -26,7 +26,9 @@ from rpka.attention import options_of
 from rpka.bench.jobs import ensure_weights
 from rpka.config import BenchConfig
 from rpka.io import read_json_or_heal, read_run_file, write_json
+from rpka.paths import resolve
 from rpka.quality import mechanism_study, method_output_errors
+from rpka.tracks.cache import DEFAULT_DATA_DIR
 from rpka.train import build_model, load_trained, track_config_of
 
 OUTPUT_ERROR_SEEDS = 5  # pivot / feature draws per method and rank in the output-error study
@@ -83,7 +85,7 @@ def run_studies(
     """The post-run studies ``config`` asks for (``mechanism``, ``output_error_ranks``),
     on the evaluation runs ``eval_of`` (by arm) whose run files are in ``runs_dir``
     (missing weights are retrained with the track cache ``data_dir``)."""
-    weights = Weights(runs_dir, data_dir or str(runs_dir), progress)
+    weights = Weights(runs_dir, data_dir or str(resolve(DEFAULT_DATA_DIR)), progress)
     results = StudyResults(retrained=weights.retrained)
     start = time.perf_counter()
     if config.mechanism is not None and config.primary_arm in eval_of:
