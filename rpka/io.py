@@ -185,10 +185,31 @@ def read_checked(path: str | os.PathLike, load: Callable[[Path], Any]) -> Any:
         raise CorruptFileError(f"{path}: unreadable ({type(err).__name__}: {err})") from err
 
 
+CHECKSUM_KEY = "sha256"  # a run file's checksum of its own payload (not part of run_id)
+
+
+def payload_sha256(payload: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces) of ``payload`` without its
+    :data:`CHECKSUM_KEY`: the same for a result and for that result read back from disk."""
+    body = {key: value for key, value in payload.items() if key != CHECKSUM_KEY}
+    blob = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def write_run_file(path: str | os.PathLike, result: dict[str, Any]) -> Path:
+    """Atomically write a run's ``result`` to ``path`` with the checksum of its payload
+    (:func:`payload_sha256`, key :data:`CHECKSUM_KEY`), which :func:`read_run_file` verifies."""
+    payload = json.loads(json.dumps(_finite(result)))  # exactly what will be read back
+    payload.pop(CHECKSUM_KEY, None)
+    return write_json(path, {**payload, CHECKSUM_KEY: payload_sha256(payload)})
+
+
 def read_run_file(path: str | os.PathLike) -> dict[str, Any]:
-    """A run's result (``<runs>/<run id>.json``), checked: it parses, has the result keys, and
-    its stored configuration hashes to its file name (a run file copied over another run's
-    name would otherwise be accepted as that run)."""
+    """A run's result (``<runs>/<run id>.json``), checked: it parses, has the result keys, its
+    stored configuration hashes to its file name (a run file copied over another run's name
+    would otherwise be accepted as that run), and its payload matches its checksum (a score
+    edited by hand would otherwise be accepted). Files written before run files carried a
+    checksum have none and are accepted as they are. The checksum is not returned."""
     path = Path(path)
     result = read_json_checked(path, RUN_KEYS)
     stored = config_hash(result["config"])
@@ -196,6 +217,12 @@ def read_run_file(path: str | os.PathLike) -> dict[str, Any]:
         raise CorruptFileError(
             f"{path}: its configuration hashes to {stored} (run_id {result['run_id']!r}), "
             f"not to its name: a run file copied over another run's?"
+        )
+    checksum = result.pop(CHECKSUM_KEY, None)
+    if checksum is not None and checksum != payload_sha256(result):
+        raise CorruptFileError(
+            f"{path}: its content does not match its {CHECKSUM_KEY} checksum "
+            f"({str(checksum)[:16]}...): edited after it was written?"
         )
     return result
 

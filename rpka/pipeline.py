@@ -156,14 +156,27 @@ def run_notebook(step: Step, progress: bool = True) -> Step:
             config=kernel_config(),
             kernel_manager_class=TrackedKernelManager,
         )
-    except PapermillExecutionError as err:
-        raise PipelineError(
-            f"{step.notebook.name} failed in cell {err.cell_index} (execution count "
-            f"{err.exec_count}): {err.ename}: {err.evalue}\n"
-            f"executed copy with the traceback: {step.output}"
-        ) from None
+    except PapermillExecutionError as err:  # one message; the traceback is in the copy
+        raise PipelineError(failure_message(step, err)) from None
     step.seconds = time.perf_counter() - start
     return step
+
+
+def failure_message(step: Step, err: PapermillExecutionError, width: int = 60) -> str:
+    """What the terminal shows of a failed notebook: its name, the failing cell (``In [n]``
+    as Jupyter labels it, and its first line), the exception, and the executed copy to open
+    for the full traceback (papermill marks the failing cell there)."""
+    lines = [line.strip() for line in (err.source or "").splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    if len(first) > width:
+        first = first[: width - 3] + "..."
+    cell = f"In [{err.exec_count}]" if err.exec_count is not None else f"#{err.cell_index}"
+    starts = f", which starts {first!r}" if first else ""
+    error = f"{err.ename}: {err.evalue}" if err.evalue else err.ename
+    return (
+        f"{step.notebook.name} failed in cell {cell}{starts}: {error}\n"
+        f"executed copy with the traceback: {step.output}"
+    )
 
 
 SCRIPT = re.compile(r"<script\b[^>]*>.*?</script>\s*", re.S | re.I)

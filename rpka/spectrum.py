@@ -34,7 +34,7 @@ from torch import Tensor
 
 from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky
 from rpka.frontier import causal_block_of
-from rpka.io import read_json, write_json
+from rpka.io import read_json, read_run_file, write_json
 from rpka.mechanism import pivot_points
 from rpka.tracks import get_task
 from rpka.train import build_model, load_state, track_config_of
@@ -127,7 +127,7 @@ def bench_spectrum(
     bench_dir = Path(bench_dir)
     report = read_json(bench_dir / "bench_report.json")
     run_file = bench_dir / "runs" / f"{report['arms'][report['baseline_arm']]['run_ids'][0]}.json"
-    run = read_json(run_file)
+    run = read_run_file(run_file)
     run_config = {**run["config"], "device": "cpu"}
     track_config = track_config_of(run_config)
     model = build_model(run_config, track_config, torch.device("cpu"))

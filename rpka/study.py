@@ -515,7 +515,7 @@ def train_demo(
         if Path(run_config["state_path"]).exists():  # else a committed run file without
             result = bench.finished_result(path, run_config["state_path"])  # its weights:
         if result is None:  # retrained for them, not moved aside; a bad cache heals above
-            result = read_json(bench.run_to_file(run_config, str(path)))
+            result = read_run_file(bench.run_to_file(run_config, str(path)))
         out[name] = {"result": result, "run_file": path}
     return out
 

@@ -11,18 +11,23 @@ from rpka.bench import run_bench
 from rpka.executors import InProcessExecutor
 from rpka.io import (
     CorruptFileError,
+    config_hash,
+    payload_sha256,
     quarantine,
     read_json_checked,
     read_json_or_heal,
     read_run_file,
     write_json,
+    write_run_file,
 )
+from rpka.paths import resolve
 from rpka.presets import get_preset
 from rpka.train import load_trained
 
 # the smoke study without its mechanism and output-error studies: four one-epoch runs
 CONFIG = get_preset("smoke", train={"epochs": 1}, mechanism=None, output_error_ranks=())
-VARYING_KEYS = {"wall_s", "cpu_s", "step_ms_median"}  # timings: differ between runs
+# timings differ between runs, and so does the checksum that covers them
+VARYING_KEYS = {"wall_s", "cpu_s", "step_ms_median", "sha256"}
 
 
 def _numbers(path):
@@ -112,6 +117,89 @@ def test_run_file_copied_over_another_run_is_rejected_and_rerun(study):
     rerun()
     assert any(p.startswith(victim.name) for p in _corrupted(victim.parent))
     assert _numbers(victim) == expected
+
+
+def test_run_file_with_an_edited_score_is_rejected_and_rerun(study, capsys):
+    root, rerun = study
+    run_file = _run_files(root)[0]
+    expected = _numbers(run_file)
+    data = json.loads(run_file.read_text())
+    metric = next(iter(data["scores"]))
+    data["scores"][metric] = [-123.0 for _ in data["scores"][metric]]  # valid JSON, same config
+    run_file.write_text(json.dumps(data, indent=2))
+    with pytest.raises(CorruptFileError, match=f"{run_file.name}: its content does not match"):
+        read_run_file(run_file)
+    report = rerun()
+    assert any(p.startswith(run_file.name) for p in _corrupted(run_file.parent))
+    assert run_file.name in capsys.readouterr().err
+    assert _numbers(run_file) == expected
+    assert report["timings"]["n_runs_resumed"] == report["timings"]["n_runs"] - 1
+
+
+def _result(run_id="0" * 16):
+    config = {"arm": {"name": "exact"}, "lr": 0.01}
+    return {
+        "run_id": run_id,
+        "config": config,
+        "arm": "exact",
+        "lr": 0.01,
+        "seeds": [1, 2],
+        "split": "test",
+        "scores": {"loss": [0.5, float("nan")]},
+        "members": [{"seed": 1}, {"seed": 2}],
+        "wall_s": 1.25,
+    }
+
+
+def _named_run_file(folder, result):
+    result = {**result, "run_id": config_hash(result["config"])}
+    return folder / f"{result['run_id']}.json", result
+
+
+def test_run_file_round_trip_keeps_the_payload_and_the_run_id(tmp_path):
+    path, result = _named_run_file(tmp_path, _result())
+    write_run_file(path, result)
+    stored = json.loads(path.read_text())
+    assert stored["sha256"] == payload_sha256(stored) and len(stored["sha256"]) == 64
+    assert stored["run_id"] == result["run_id"] == path.stem  # the checksum is not in run_id
+    read = read_run_file(path)
+    assert "sha256" not in read
+    assert read == {**result, "scores": {"loss": [0.5, None]}}  # NaN is written as null
+    write_run_file(path, read)  # rewriting what was read gives the same file
+    assert json.loads(path.read_text()) == stored
+
+
+@pytest.mark.parametrize("edit", ["score", "timing", "checksum", "added key"])
+def test_any_edit_of_a_checksummed_run_file_is_corrupt(tmp_path, edit):
+    path, result = _named_run_file(tmp_path, _result())
+    write_run_file(path, result)
+    data = json.loads(path.read_text())
+    if edit == "score":
+        data["scores"]["loss"][0] = 0.25
+    elif edit == "timing":
+        data["wall_s"] = 2.5
+    elif edit == "checksum":
+        data["sha256"] = "0" * 64
+    else:
+        data["note"] = "hand-edited"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CorruptFileError, match=rf"{path.name}: .*sha256 checksum"):
+        read_run_file(path)
+
+
+def test_legacy_run_file_without_a_checksum_is_accepted(tmp_path):
+    path, result = _named_run_file(tmp_path, _result())
+    write_json(path, result)  # as run files were written before the checksum
+    assert read_run_file(path)["scores"] == {"loss": [0.5, None]}
+
+
+def test_committed_run_files_are_accepted_as_they_are():
+    committed = sorted(resolve("data/results/full").glob("*/runs/*.json"))[:5]
+    assert committed
+    for path in committed:
+        before = path.read_bytes()
+        assert read_run_file(path)["run_id"] == path.stem
+        assert path.read_bytes() == before  # read, never rewritten
 
 
 def test_truncated_track_cache_is_rebuilt(study):

@@ -107,7 +107,8 @@ def test_failing_notebook_stops_the_run_naming_notebook_and_cell(
     if parallel == 2:
         steps.append(Step(slow, tmp_path / "o" / "03_slow.ipynb", {}))
     lines = []
-    with pytest.raises(PipelineError, match=r"00_bad.ipynb failed in cell \d+.*boom in the middle"):
+    failure = r"00_bad.ipynb failed in cell In \[\d+\], which starts 'import pathlib.*boom in the m"
+    with pytest.raises(PipelineError, match=failure):
         run_pipeline(
             steps, tmp_path / "r.html", progress=False, log=lines.append, parallel=parallel
         )
@@ -118,6 +119,54 @@ def test_failing_notebook_stops_the_run_naming_notebook_and_cell(
     if parallel == 2:  # the one running beside it was waited for
         assert (tmp_path / "o" / "03_slow.ipynb").exists()
         assert any(line.startswith("[4/4] 00_slow.ipynb done") for line in lines)
+
+
+# `python -m rpka report` with its notebooks replaced by one that fails in its third cell
+FAILING_REPORT = """
+import sys
+from pathlib import Path
+
+from rpka import cli, cost, pipeline, study
+
+bad, out = Path(sys.argv[1]), Path(sys.argv[2])
+pipeline.preset_steps = lambda preset, from_results=False: [pipeline.Step(bad, out, {"x": 3})]
+study.compute_steps = lambda preset, progress=True: []
+cost.stored_prediction = lambda preset: None
+sys.exit(cli.main(["report", "--preset", "smoke", "--html", sys.argv[3]]))
+"""
+
+
+def test_the_terminal_shows_one_message_for_a_failing_notebook_not_a_traceback(tmp_path):
+    bad = write_notebook(
+        tmp_path / "00_bad.ipynb",
+        [
+            params_cell("x = 1"),
+            new_code_cell("y = x + 1"),
+            new_code_cell("import math\nz = math.sqrt(-x)\nprint(z)"),
+        ],
+    )
+    out = tmp_path / "out" / "00_bad.ipynb"
+    script = tmp_path / "report.py"
+    script.write_text(FAILING_REPORT)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script), str(bad), str(out), str(tmp_path / "r.html")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    terminal = done.stdout + done.stderr
+    assert "Traceback" not in terminal and "papermill" not in terminal.lower()
+    assert done.stderr.strip().splitlines() == [
+        "report failed: 00_bad.ipynb failed in cell In [4], which starts 'import math': "
+        "ValueError: math domain error",
+        f"executed copy with the traceback: {out}",
+    ]
+    assert "math domain error" in out.read_text()  # the full traceback is kept there
+    assert not (tmp_path / "r.html").exists()
 
 
 @pytest.mark.parametrize("parallel", [1, 2])

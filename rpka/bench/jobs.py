@@ -31,9 +31,8 @@ from rpka.io import (
     CorruptFileError,
     quarantine,
     read_checked,
-    read_json,
     read_run_file,
-    write_json,
+    write_run_file,
 )
 from rpka.train import load_state, make_run_config, run_id, train_run
 
@@ -41,8 +40,9 @@ from rpka.train import load_state, make_run_config, run_id, train_run
 
 
 def run_to_file(run_config: dict[str, Any], path: str) -> str:
-    """Train one job (``rpka.train.train_run``) and write its result to ``path`` atomically."""
-    write_json(path, train_run(run_config))
+    """Train one job (``rpka.train.train_run``) and write its result to ``path`` atomically,
+    with the checksum :func:`rpka.io.read_run_file` verifies (:func:`rpka.io.write_run_file`)."""
+    write_run_file(path, train_run(run_config))
     return path
 
 
@@ -313,7 +313,7 @@ class Scheduler:
                     done, _ = cf.wait(list(self.pending), return_when=cf.FIRST_COMPLETED)
                     for future in done:
                         job = self.pending.pop(future)
-                        self._collect(job, read_json(future.result()))
+                        self._collect(job, read_run_file(future.result()))
             except BaseException:  # in a shared executor, this bench's queued jobs are dropped
                 for future in self.pending:
                     future.cancel()
