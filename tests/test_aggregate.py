@@ -1,0 +1,192 @@
+"""Aggregate statistics across tracks (rpka.aggregate, rliable's definitions) against
+references computed here: a brute-force double loop, scipy's trim_mean, scipy's own
+bootstrap on one stratum, and hand-made bench reports."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from rpka.aggregate import (
+    exact_vs_rpka,
+    gated_tracks,
+    iqm,
+    oriented,
+    paired_scores,
+    primary_gap_iqm,
+    probability_of_improvement,
+    rpka_vs_peers,
+    stratified_bootstrap,
+    study_aggregate,
+)
+from rpka.io import write_json
+
+SEEDS = [100, 101, 102, 103, 104]
+
+
+def _brute_poi(xs, ys):
+    """P(X > Y) + P(X = Y) / 2 by a double loop per task, averaged over tasks."""
+    per_task = []
+    for x, y in zip(xs, ys, strict=True):
+        total = 0.0
+        for a in x:
+            for b in y:
+                total += 1.0 if a > b else 0.5 if a == b else 0.0
+        per_task.append(total / (len(x) * len(y)))
+    return sum(per_task) / len(per_task)
+
+
+def test_probability_of_improvement_equals_a_brute_force_double_loop():
+    xs = [[3.0, 1.0, 2.0, 2.0], [0.5, 0.7, 0.7], [5.0, 5.0]]
+    ys = [[2.0, 2.0, 0.0, 4.0], [0.7, 0.1, 0.9], [5.0, 6.0]]  # ties in every task
+    strata = [np.array([x, y]) for x, y in zip(xs, ys, strict=True)]
+    assert probability_of_improvement(strata) == pytest.approx(_brute_poi(xs, ys))
+    # X against itself: one half; reversed: the complement
+    assert probability_of_improvement([np.array([x, x]) for x in xs]) == pytest.approx(0.5)
+    reverse = [s[::-1] for s in strata]
+    assert probability_of_improvement(reverse) == pytest.approx(1 - _brute_poi(xs, ys))
+
+
+def test_oriented_makes_lower_is_better_larger():
+    assert list(oriented([1.0, 2.0], "lower")) == [-1.0, -2.0]
+    assert list(oriented([1.0, 2.0], "higher")) == [1.0, 2.0]
+    with pytest.raises(ValueError, match="direction"):
+        oriented([1.0], "up")
+
+
+def test_iqm_is_scipys_trim_mean_over_every_run_of_every_task():
+    rng = np.random.default_rng(3)
+    tasks = [rng.normal(size=7), rng.normal(size=8), rng.normal(size=5)]
+    pooled = np.concatenate(tasks)
+    assert iqm([t[None, :] for t in tasks]) == pytest.approx(stats.trim_mean(pooled, 0.25))
+
+
+def test_bootstrap_contains_the_estimate_and_reproduces_with_its_seed():
+    rng = np.random.default_rng(0)
+    strata = [rng.normal(size=(1, n)) for n in (6, 7, 8)]
+    a = stratified_bootstrap(strata, iqm, seed=7)
+    assert a["ci_low"] <= a["estimate"] <= a["ci_high"] and a["ci_low"] < a["ci_high"]
+    assert a == stratified_bootstrap(strata, iqm, seed=7)
+    assert a["ci_low"] != stratified_bootstrap(strata, iqm, seed=8)["ci_low"]
+    poi = [rng.normal(size=(2, 6)) + [[0.5], [0.0]] for _ in range(3)]
+    b = stratified_bootstrap(poi, probability_of_improvement, seed=1)
+    assert b["ci_low"] <= b["estimate"] <= b["ci_high"]
+
+
+def test_one_stratum_agrees_with_scipys_percentile_bootstrap():
+    x = np.random.default_rng(5).normal(size=12)
+    ours = stratified_bootstrap([x[None, :]], iqm, n_resamples=4000, seed=0)
+    theirs = stats.bootstrap(
+        (x,), lambda s, axis: stats.trim_mean(s, 0.25, axis=axis), method="percentile",
+        n_resamples=4000, random_state=np.random.default_rng(1),
+    ).confidence_interval  # fmt: skip
+    assert ours["ci_low"] == pytest.approx(theirs.low, abs=0.1)
+    assert ours["ci_high"] == pytest.approx(theirs.high, abs=0.1)
+
+
+def _arm(method, scores, rank=None, seeds=SEEDS):
+    return {"method": method, "rank": rank, "seeds": list(seeds),
+            "full": {"per_seed": list(scores)}}  # fmt: skip
+
+
+def _report(**arms):
+    return {
+        "metric": "mse", "metric_direction": "lower", "baseline_arm": "exact",
+        "primary_arm": "rpka-r16", "attention_gate": {"control_arm": "mean-attention"},
+        "arms": {
+            "exact": _arm("exact", [0.0, 0.1, 0.0, 0.1, 0.0]),
+            "mean-attention": _arm("mean", [1.0, 1.1, 1.0, 1.1, 1.0]),
+            "rpka-r16": _arm("rpka", [0.5, 0.6, 0.5, 0.6, 0.5], 16),
+            **arms,
+        },
+    }  # fmt: skip
+
+
+def test_a_track_with_mismatched_seeds_is_an_error_naming_it():
+    report = _report(**{"nystrom-uniform-r16": _arm("nystrom-uniform", [0.4] * 5, 16,
+                                                    seeds=[100, 101, 102, 103, 999])})
+    with pytest.raises(ValueError, match="track 'motif'.*do not share their seeds"):
+        rpka_vs_peers({"motif": report})
+    short = _report()
+    short["arms"]["rpka-r16"]["seeds"] = SEEDS[:4]
+    with pytest.raises(ValueError, match="track 'lm'"):
+        exact_vs_rpka({"lm": short})
+    with pytest.raises(ValueError, match="track 'lm'"):
+        paired_scores(short, "lm", ["exact", "rpka-r16"])
+
+
+def test_rows_on_hand_made_reports():
+    peer = {"nystrom-uniform-r16": _arm("nystrom-uniform", [0.4, 0.7, 0.5, 0.7, 0.4], 16)}
+    reports = {"a": _report(**peer), "b": _report()}
+    rows = exact_vs_rpka(reports, n_resamples=500)
+    assert rows[0]["tracks"] == ["a", "b"] and rows[0]["estimate"] == 1.0  # exact always wins
+    assert [r["comparison"] for r in rows][1:] == ["exact vs rpka-r16"]
+    (vs_uniform,) = rpka_vs_peers(reports, n_resamples=500)
+    assert vs_uniform["tracks"] == ["a"] and vs_uniform["pairs"] == [("rpka-r16",
+                                                                       "nystrom-uniform-r16")]
+    x, y = reports["a"]["arms"]["rpka-r16"], peer["nystrom-uniform-r16"]
+    expected = _brute_poi([[-v for v in x["full"]["per_seed"]]],
+                          [[-v for v in y["full"]["per_seed"]]])  # fmt: skip
+    assert vs_uniform["estimate"] == pytest.approx(expected)
+    gap = primary_gap_iqm(reports, n_resamples=500)
+    g = [(1.0 - 0.5) / 1.0, (1.1 - 0.6) / 1.0] * 2 + [0.5]
+    assert gap["per_track"]["a"]["per_seed"] == pytest.approx(g)
+    assert gap["estimate"] == pytest.approx(stats.trim_mean(g * 2, 0.25))
+
+
+def test_study_aggregate_reads_the_gated_tracks_only(tmp_path):
+    write_json(tmp_path / "lm" / "bench_report.json", _report())
+    study = {
+        "tracks": {
+            "lm": {"bench_report": "lm/bench_report.json", "attention_gate": {"passed": True}},
+            "forecast": {"bench_report": "nope.json", "attention_gate": {"passed": False}},
+        },
+        "longrange": {"contexts": {"512": {"bench_report": "lm/bench_report.json",
+                                           "gate_passed": True}}},
+    }  # fmt: skip
+    assert list(gated_tracks(study, tmp_path)) == ["lm", "longrange-512"]
+    write_json(tmp_path / "study.json", study)
+    out = study_aggregate(tmp_path, n_resamples=200)
+    assert out["tracks"] == ["lm", "longrange-512"] and out["rpka_vs_peers"] == []
+    assert study_aggregate(tmp_path / "missing") is None
+
+
+def test_the_committed_full_study_and_its_report_table():
+    """The committed full study's gated tracks (data/results/full): every interval holds
+    its estimate, and the frontier section shows the aggregate table under its caption."""
+    from pathlib import Path
+
+    from rpka import report_frontier
+
+    results = Path(__file__).resolve().parents[1] / "data" / "results" / "full"
+    out = report_frontier.load_aggregate(results)
+    if out is None:
+        pytest.skip("no committed full study here")
+    rows = [*out["exact_vs_rpka"], *out["rpka_vs_peers"], out["primary_gap_iqm"]]
+    assert all(r["ci_low"] <= r["estimate"] <= r["ci_high"] for r in rows)
+    assert out["exact_vs_rpka"][0]["tracks"] == out["tracks"]
+    table = report_frontier.aggregate_table(out)
+    assert len(table) == len(rows) and not table.isna().any().any()
+    caption = report_frontier.aggregate_caption(out)
+    assert "the per-track rule above decides" in caption and "rliable" in caption
+    text = report_frontier.aggregate_caption(out) + table.to_markdown(index=False)
+    assert "<" not in text and ">" not in text  # arm names stay text
+
+
+def test_the_frontier_section_shows_the_aggregate_view_after_its_table():
+    from pathlib import Path
+
+    from rpka import report, report_frontier
+    from rpka.io import read_json
+
+    results = Path(__file__).resolve().parents[1] / "data" / "results" / "full"
+    if not (results / "frontier.json").exists():
+        pytest.skip("no committed full study here")
+    frontier = read_json(results / "frontier.json")
+    out = report_frontier.load_aggregate(results)
+    items = report_frontier.frontier_section(frontier, report.Figures(), None, aggregate=out)
+    texts = [getattr(i, "data", "") or "" for i in items]
+    (at,) = [i for i, t in enumerate(texts) if "An aggregate view across the gated" in t]
+    table = next(i for i, t in enumerate(texts) if "gap recovered [95 % CI]" in t)
+    assert table < at and "Does residual pivoting" in texts[at - 1]  # after the per-track
+    assert len(items) == len(report_frontier.frontier_section(frontier, report.Figures(),
+                                                              None)) + 1  # fmt: skip
