@@ -32,8 +32,9 @@ A task has four groups of members:
 Adding a track is one module beside this one (a ``Task`` subclass, its config class and
 data) and one line in ``rpka/tracks/__init__.py``; its presets go to ``rpka.presets``.
 A forecast-like track with another generator or input embedding subclasses
-``ForecastTask`` and overrides :meth:`load` (and :meth:`build_model`); a token task
-follows ``LMTask``.
+``ForecastTask`` and overrides :meth:`load` (and :meth:`build_model`); a track of one
+window per example subclasses ``WindowForecastTask`` (``rpka.tracks.windows``) and sets
+only ``build_arrays``, loaded by the one ``load_windows``; a token task follows ``LMTask``.
 """
 
 from __future__ import annotations
