@@ -150,7 +150,7 @@ class WindowForecastTask(ForecastTask):
 
     def learnability_text(self, report: Mapping) -> str:
         le = report["learnability"]
-        met = "met" if le["met"] else "**not met**"
+        met = self.bar_word(le)
         return (
             f"Exact attention's test MSE {le['baseline_test_mse']:.4f} is "
             f"{le['ratio_to_linear']:.3f} × the least-squares linear forecast "
