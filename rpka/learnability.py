@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rpka.model import ModelConfig
 from rpka.tracks import get_task
 from rpka.tracks.recall import LENGTH_METRICS
 from rpka.train import clip_per_member, derive_seed, evaluate, lr_factor
@@ -25,34 +24,20 @@ from rpka.train import clip_per_member, derive_seed, evaluate, lr_factor
 EVAL_BATCH = 250
 
 
-def model_config(name: str, args: argparse.Namespace) -> ModelConfig:
-    """The model of the script's options (``d_model``, ``layers``, ``heads``,
-    ``embed_kernel`` with 0 = the track's default, ``previous_token``) for track ``name``."""
-    recall = name == "recall"
-    default_kernel = 1 if recall else 17 if name == "forecast-motif" else 5
-    return ModelConfig(
-        d_model=args.d_model,
-        n_layers=args.layers,
-        n_heads=args.heads,
-        d_ff=2 * args.d_model,
-        embed_kernel=args.embed_kernel or default_kernel,
-        linear_skip=not recall,
-        previous_tokens=int(recall and args.previous_token),
-    )
-
-
 def train_arm(
     name: str,
     config: Any,
+    model_config: Any,
     splits: dict[str, tuple[Tensor, Tensor]],
     args: argparse.Namespace,
     method: str,
 ) -> dict[str, Any]:
-    """Train the stacked seeds of one arm; per-seed metrics on every evaluation split."""
+    """Train the stacked seeds of one arm (``model_config`` a ``rpka.model.ModelConfig``,
+    ``args`` the script's options); per-seed metrics on every evaluation split."""
     task = get_task(name)
     seeds = list(args.seeds)
     init = [derive_seed(s, 0) for s in seeds]
-    model = task.build_model(model_config(name, args), config, init, method, {})
+    model = task.build_model(model_config, config, init, method, {})
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
     warmup = max(1, args.steps // 20)
@@ -88,7 +73,7 @@ def train_arm(
         if split == "train":
             continue
         metrics = evaluate(model, task, x, y, EVAL_BATCH)
-        if name == "recall":  # val / test hold every length (rpka.tracks.recall)
+        if "error" in metrics:  # recall: val / test hold every length (rpka.tracks.recall)
             out[f"{split}_accuracy"] = (1 - metrics["error"]).tolist()
             for metric in LENGTH_METRICS:
                 out[f"{split}{metric.removeprefix('error')}_accuracy"] = (

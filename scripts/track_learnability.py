@@ -34,6 +34,7 @@ import torch
 
 from rpka.io import read_json, write_json
 from rpka.learnability import train_arm
+from rpka.model import ModelConfig
 from rpka.tracks import get_task
 from rpka.tracks.motif import MotifConfig
 from rpka.tracks.recall import RecallConfig
@@ -59,6 +60,20 @@ def track_config(name: str, args: argparse.Namespace) -> Any:
         )
     return {"forecast-motif": MotifConfig, "forecast-regimes": RegimesConfig}[name](
         n_train=args.n_train
+    )
+
+
+def model_config(name: str, args: argparse.Namespace) -> ModelConfig:
+    recall = name == "recall"
+    default_kernel = 1 if recall else 17 if name == "forecast-motif" else 5
+    return ModelConfig(
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        d_ff=2 * args.d_model,
+        embed_kernel=args.embed_kernel or default_kernel,
+        linear_skip=not recall,
+        previous_tokens=int(recall and args.previous_token),
     )
 
 
@@ -138,7 +153,9 @@ def main() -> None:
     entry["baselines"] = baselines(args.track, track)
     print(args.track, entry["baselines"], flush=True)
     for method in args.arms:
-        arm = train_arm(args.track, config, splits, args, method)
+        arm = train_arm(
+            args.track, config, model_config(args.track, args), splits, args, method
+        )
         arm.update(
             lr=args.lr,
             batch=args.batch,
