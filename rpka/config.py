@@ -283,7 +283,7 @@ class BenchConfig:
     of method ``local`` if there is one) is the local-window control (issue 27): outside
     the Holm family like the control; with ``gate_needs_local`` (the long-context studies)
     the gate passes only when the baseline beats both controls by that rule
-    (``rpka.decision.two_control_gate``); without it the local control is reported beside the
+    (``rpka.decision.verdict_gate``); without it the local control is reported beside the
     gate and does not change it.
     """
 

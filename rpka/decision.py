@@ -10,7 +10,6 @@ statistics themselves live in ``rpka.stats``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from rpka import stats
@@ -40,32 +39,6 @@ def attention_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict
     return control_gate(config, arms, config.control)
 
 
-def two_control_gate(
-    exact: Sequence[float],
-    control: Sequence[float],
-    local: Sequence[float],
-    metric_direction: str = "lower",
-    min_rel: float = 0.25,
-    alpha: float = stats.ALPHA,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """The long-context gate (issue 27): exact must beat BOTH the no-attention control
-    (``control``, e.g. ``mean-attention``) and the local window (``local``, e.g.
-    ``local-w128``), each by ``rpka.stats.attention_gate``'s rule (>= ``min_rel`` of exact's mean,
-    one-sided paired sign-flip p < ``alpha``). Per-seed values (n,) paired by seed.
-
-    Returns ``passed`` (both passed), ``attention_gate`` and ``local_gate`` (each
-    ``rpka.stats.attention_gate``'s dict) and ``rule``."""
-    uniform = stats.attention_gate(exact, control, metric_direction, min_rel, alpha, seed)
-    window = stats.attention_gate(exact, local, metric_direction, min_rel, alpha, seed)
-    return {
-        "passed": bool(uniform["passed"] and window["passed"]),
-        "attention_gate": uniform,
-        "local_gate": window,
-        "rule": f"passed when exact beats both the no-attention control and the local window, "
-        f"each by >= {min_rel:.0%} of exact's mean with one-sided paired sign-flip p < {alpha:g}",
-    }
-
 
 def local_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The local gate (issue 27): :func:`control_gate` of the local-window control, the same
@@ -77,8 +50,9 @@ def verdict_gate(
     config: BenchConfig, gate: dict[str, Any] | None, local: dict[str, Any] | None
 ) -> dict[str, Any] | None:
     """The gate the verdicts obey: the attention gate alone, or - with
-    ``config.gate_needs_local`` - passed only when both it and the local gate passed
-    (``rule`` says which); None without either."""
+    ``config.gate_needs_local`` (the long-context gate, issue 27) - passed only when both it
+    and the local gate (each :func:`control_gate`) passed (``rule`` says which); None
+    without either. The one two-control gate: the bench and the tests use it."""
     if not config.gate_needs_local:
         return gate
     parts = [g for g in (gate, local) if g is not None]

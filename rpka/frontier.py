@@ -224,7 +224,7 @@ def drop_in_curve(
     report: Mapping[str, Any], drop_in: Mapping[str, Any], n_points: int
 ) -> list[dict[str, Any]]:
     """The drop-in curve: exact's trained model with another method swapped in at each
-    rank, no retraining (``scripts/drop_in.py``, float32), as the gap recovered per member
+    rank, no retraining (``rpka.dropin``, float32), as the gap recovered per member
     against the bench's control on the same seed - the curve the trained arms sample.
 
     One row per (method, rank): ``rank_over_n`` (of the track's ``n_points``), the mean g

@@ -5,8 +5,8 @@ Tracks: ``forecast-motif`` and ``forecast-regimes`` (short form) with the encode
 ``TransformerTiny`` (flatten head + linear skip), ``recall`` (MQAR) with the causal
 ``TransformerLM``; model, loss and metrics are the registered tasks' (``rpka.tracks``;
 recall's loss and error are taken at the query positions only). The seeds of an arm
-train as one stacked model. The loop is a short one of its own rather than
-``rpka.train.train_run`` because it counts optimiser *steps* on fresh random batches
+train as one stacked model. The loop is ``rpka.learnability.train_arm``, not
+``rpka.train.train_run``, because it counts optimiser *steps* on fresh random batches
 (the learnability question is "does it learn in N steps"), where the bench counts epochs:
 AdamW, linear warm-up over 5 % of the steps then a half-cosine decay, gradients clipped
 per member to norm 1.
@@ -26,26 +26,23 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from rpka.io import read_json, write_json
+from rpka.learnability import train_arm
 from rpka.model import ModelConfig
 from rpka.tracks import get_task
 from rpka.tracks.motif import MotifConfig
-from rpka.tracks.recall import LENGTH_METRICS, RecallConfig
+from rpka.tracks.recall import RecallConfig
 from rpka.tracks.regimes import RegimesConfig
-from rpka.train import clip_per_member, derive_seed, evaluate, lr_factor
 
 TRACKS = ("forecast-motif", "forecast-regimes", "recall")
 ARMS = ("exact", "mean")
 DEFAULT_OUT = Path("data/results/track_learnability.json")
-EVAL_BATCH = 250
 # the issue's learnability bars
 MOTIF_LINEAR_RATIO = 0.3
 CONTROL_WORSE = 0.25
@@ -78,64 +75,6 @@ def model_config(name: str, args: argparse.Namespace) -> ModelConfig:
         linear_skip=not recall,
         previous_tokens=int(recall and args.previous_token),
     )
-
-
-def train_arm(
-    name: str,
-    config: Any,
-    splits: dict[str, tuple[Tensor, Tensor]],
-    args: argparse.Namespace,
-    method: str,
-) -> dict[str, Any]:
-    """Train the stacked seeds of one arm; per-seed metrics on every evaluation split."""
-    task = get_task(name)
-    seeds = list(args.seeds)
-    init = [derive_seed(s, 0) for s in seeds]
-    model = task.build_model(model_config(name, args), config, init, method, {})
-    params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
-    warmup = max(1, args.steps // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: min(1.0, (step + 1) / warmup) * lr_factor("cosine", step, args.steps),
-    )
-    train_x, train_y = splits["train"]
-    gens = [torch.Generator().manual_seed(derive_seed(s, 1)) for s in seeds]
-    wall, cpu = time.perf_counter(), time.process_time()
-    curve = []
-    for step in range(args.steps):
-        batch = torch.stack([torch.randint(len(train_x), (args.batch,), generator=g) for g in gens])
-        loss = task.loss(model(train_x[batch]), train_y[batch])  # (S,)
-        if not torch.isfinite(loss).all():
-            return {"diverged_at_step": step, "seeds": seeds}
-        loss.sum().backward()  # sum: each member's gradient is that of its own loss
-        clip_per_member(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        schedule.step()
-        if step % args.log_every == 0 or step == args.steps - 1:
-            curve.append([step, [round(v, 5) for v in loss.tolist()]])
-            print(f"  {name} {method} step {step} loss {loss.tolist()}", flush=True)
-    out: dict[str, Any] = {
-        "seeds": seeds,
-        "steps": args.steps,
-        "train_wall_s": time.perf_counter() - wall,
-        "train_cpu_s": time.process_time() - cpu,
-        "loss_curve": curve,
-    }
-    for split, (x, y) in splits.items():
-        if split == "train":
-            continue
-        metrics = evaluate(model, task, x, y, EVAL_BATCH)
-        if name == "recall":  # val / test hold every length (rpka.tracks.recall)
-            out[f"{split}_accuracy"] = (1 - metrics["error"]).tolist()
-            for metric in LENGTH_METRICS:
-                out[f"{split}{metric.removeprefix('error')}_accuracy"] = (
-                    1 - metrics[metric]
-                ).tolist()
-        else:
-            out[f"{split}_mse"] = metrics["mse"].tolist()
-    return out
 
 
 def baselines(name: str, track: Any) -> dict[str, Any]:
@@ -214,7 +153,9 @@ def main() -> None:
     entry["baselines"] = baselines(args.track, track)
     print(args.track, entry["baselines"], flush=True)
     for method in args.arms:
-        arm = train_arm(args.track, config, splits, args, method)
+        arm = train_arm(
+            args.track, config, model_config(args.track, args), splits, args, method
+        )
         arm.update(
             lr=args.lr,
             batch=args.batch,

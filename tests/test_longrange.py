@@ -31,8 +31,20 @@ def worse(by: float) -> list[float]:
 # --------------------------------------------------------------------------- the gate
 
 
+def two_control_gate(exact, control, local, **changes):
+    """The long-context gate as the bench applies it (``gate_needs_local``): each control's
+    :func:`rpka.decision.control_gate`, obeyed through :func:`rpka.decision.verdict_gate`."""
+    bench = SMOKE.bench_for(SMOKE.contexts[0])
+    bench = dataclasses.replace(bench, eval_seeds=tuple(range(100, 108)), **changes)
+    assert bench.gate_needs_local
+    arms = arms_of(bench, {"exact": exact, "mean-attention": control, "local-w8": local})
+    uniform, window = decision.attention_gate(bench, arms), decision.local_gate(bench, arms)
+    applied = decision.verdict_gate(bench, uniform, window)
+    return {"passed": applied["passed"], "attention_gate": uniform, "local_gate": window}
+
+
 def test_two_control_gate_passes_only_when_exact_beats_both():
-    gate = decision.two_control_gate(EXACT, worse(0.5), worse(0.4))
+    gate = two_control_gate(EXACT, worse(0.5), worse(0.4))
     assert gate["passed"] and gate["attention_gate"]["passed"] and gate["local_gate"]["passed"]
     assert gate["attention_gate"]["p_value"] == pytest.approx(1 / 256)
     assert gate["local_gate"]["control_rel"] == pytest.approx(0.4)
@@ -49,7 +61,7 @@ def test_two_control_gate_passes_only_when_exact_beats_both():
     ],
 )
 def test_two_control_gate_fails_when_either_control_does(control, local, failing):
-    gate = decision.two_control_gate(EXACT, control, local)
+    gate = two_control_gate(EXACT, control, local)
     assert not gate["passed"]
     assert not gate[failing]["passed"]
     other = "local_gate" if failing == "attention_gate" else "attention_gate"
@@ -58,9 +70,9 @@ def test_two_control_gate_fails_when_either_control_does(control, local, failing
 
 def test_two_control_gate_rejects_bad_input():
     with pytest.raises(ValueError, match="pair up"):
-        decision.two_control_gate(EXACT, worse(0.5), worse(0.5)[:-1])
+        two_control_gate(EXACT, worse(0.5), worse(0.5)[:-1])
     with pytest.raises(ValueError, match="min_rel"):
-        decision.two_control_gate(EXACT, worse(0.5), worse(0.5), min_rel=-1)
+        two_control_gate(EXACT, worse(0.5), worse(0.5), gate_min_rel=-1)
 
 
 def arms_of(config, values: dict[str, list[float]]) -> dict[str, dict]:

@@ -49,7 +49,7 @@ def run_to_file(run_config: dict[str, Any], path: str) -> str:
 def weight_readers(config: BenchConfig) -> dict[str, tuple[str, ...]]:
     """Per arm, the later stages that read its first evaluation run's weights: the
     mechanism study (the primary arm), the output-error study (exact and every arm with a
-    rank), and after the bench ``rpka.spectrum.bench_spectrum`` and ``scripts/drop_in.py``
+    rank), and after the bench ``rpka.spectrum.bench_spectrum`` and ``rpka.dropin``
     (exact). No other run's weights are read, so no other run keeps them."""
     readers: dict[str, list[str]] = {config.baseline_arm: ["spectrum", "drop_in"]}
     if config.mechanism is not None:

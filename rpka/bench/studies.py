@@ -9,7 +9,7 @@
 from its earlier output when that was made on the same runs, and reads weights only when
 it computes; a run whose weights are missing (they are not committed) is then retrained
 (``rpka.bench.jobs.ensure_weights``). (The drop-in study, each method in place of exact's
-trained attention, is ``scripts/drop_in.py``.)
+trained attention, is ``rpka.dropin``, run by ``scripts/drop_in.py``.)
 """
 
 from __future__ import annotations

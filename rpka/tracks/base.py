@@ -32,8 +32,10 @@ A task has four groups of members:
 Adding a track is one module beside this one (a ``Task`` subclass, its config class and
 data) and one line in ``rpka/tracks/__init__.py``; its presets go to ``rpka.presets``.
 A forecast-like track with another generator or input embedding subclasses
-``ForecastTask`` and overrides :meth:`load` (and :meth:`build_model`); a token task
-follows ``LMTask``.
+``ForecastTask`` and overrides :meth:`load` (and :meth:`build_model`); a track of one
+window per example subclasses ``WindowForecastTask`` (``rpka.tracks.windows``) and sets
+only ``build_arrays``, loaded by the one ``load_windows``; a causal token task subclasses
+``CausalTokenTask`` (below), as ``LMTask`` does.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
+
+from rpka.attention import build
+from rpka.checks import require
 
 
 class Task:
@@ -122,6 +127,11 @@ class Task:
         """The learnability verdict in words (Markdown), every number from the report."""
         raise NotImplementedError
 
+    @staticmethod
+    def bar_word(learnability: Mapping) -> str:
+        """"met" or "**not met**": a learnability block's verdict in the words' Markdown."""
+        return "met" if learnability["met"] else "**not met**"
+
     def arm_extras(self, entry: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
         """Track-specific keys added to an arm's report entry (none by default)."""
         return {}
@@ -151,3 +161,30 @@ class Task:
         """(target, measured, met) rows of the README summary for this track's report."""
         le = report["learnability"]
         return [(f"{self.name} learnable", "see the report", le["met"])]
+
+
+def validate_causal_token_bench(bench: Any, track_name: str) -> None:
+    """A causal decoder over tokens (tracks lm, recall): token embedding of width 1, no
+    skip, and every arm buildable with causal attention."""
+    require(
+        bench.model.embed_kernel == 1 and not bench.model.linear_skip,
+        f"model (track {track_name})",
+        "embed_kernel=1 and linear_skip=False (a token embeds itself; no horizon skip)",
+        (bench.model.embed_kernel, bench.model.linear_skip),
+    )
+    for arm in bench.arms:
+        try:
+            build(arm.method, causal=True, **arm.options)
+        except ValueError as err:
+            raise ValueError(f"arm {arm.name!r} cannot run on track {track_name}: {err}") from None
+
+
+class CausalTokenTask(Task):
+    """A causal decoder over token sequences (tracks ``lm`` and ``recall``): causal, its
+    samples sequences, and a bench it can run (:func:`validate_causal_token_bench`)."""
+
+    causal: ClassVar[bool] = True
+    sample_unit: ClassVar[str] = "sequences"
+
+    def validate_bench(self, bench: Any) -> None:
+        validate_causal_token_bench(bench, self.name)

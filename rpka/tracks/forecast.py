@@ -485,7 +485,7 @@ class ForecastTask(Task):
 
     def learnability_text(self, report: Mapping) -> str:
         le = report["learnability"]
-        met = "met" if le["met"] else "**not met**"
+        met = self.bar_word(le)
         return (
             f"Exact attention's test MSE {le['baseline_test_mse']:.4f} is "
             f"{le['ratio_to_better_naive']:.2f} × the better of the mean and last-value "

@@ -54,10 +54,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rpka.attention import build
 from rpka.checks import is_int, is_number, require
 from rpka.model import TransformerLM
-from rpka.tracks.base import Task
+from rpka.tracks.base import CausalTokenTask
 from rpka.tracks.cache import cached_arrays
 
 
@@ -404,23 +403,8 @@ LM_NAMES = {
 }
 
 
-def validate_causal_token_bench(bench: Any, track_name: str) -> None:
-    """A causal decoder over tokens (tracks lm, recall): token embedding of width 1, no
-    skip, and every arm buildable with causal attention."""
-    require(
-        bench.model.embed_kernel == 1 and not bench.model.linear_skip,
-        f"model (track {track_name})",
-        "embed_kernel=1 and linear_skip=False (a token embeds itself; no horizon skip)",
-        (bench.model.embed_kernel, bench.model.linear_skip),
-    )
-    for arm in bench.arms:
-        try:
-            build(arm.method, causal=True, **arm.options)
-        except ValueError as err:
-            raise ValueError(f"arm {arm.name!r} cannot run on track {track_name}: {err}") from None
 
-
-class LMTask(Task):
+class LMTask(CausalTokenTask):
     """The causal decoder ``TransformerLM`` reads tokens 0..L-2 and predicts 1..L-1.
 
     Loss = cross-entropy (nats); metrics the mean negative log-likelihood per predicted
@@ -434,8 +418,6 @@ class LMTask(Task):
     name = "lm"
     config_class = LMConfig
     metrics = ("perplexity", "nll")
-    causal = True
-    sample_unit = "sequences"
     loss_label = "cross-entropy (nats/token)"
     out_dir = "lm"
     title = "Language-model track"
@@ -445,9 +427,6 @@ class LMTask(Task):
 
     def build_model(self, model, track: LMConfig, seeds, method, options) -> nn.Module:
         return TransformerLM(model, track.n_tokens, track.attention_tokens, seeds, method, options)
-
-    def validate_bench(self, bench: Any) -> None:
-        validate_causal_token_bench(bench, self.name)
 
     def inputs_targets(self, track: LMTrack, split: str) -> tuple[Tensor, Tensor]:
         tokens = torch.from_numpy(track.split(split)).long()
@@ -500,7 +479,7 @@ class LMTask(Task):
 
     def learnability_text(self, report: Mapping) -> str:
         le = report["learnability"]
-        met = "met" if le["met"] else "**not met**"
+        met = self.bar_word(le)
         base = report["arms"][report["baseline_arm"]]["full"]
         mean = (
             f"; the mean of the seeds' perplexities, the metric compared above, is "

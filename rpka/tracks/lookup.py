@@ -34,19 +34,17 @@ for the tests.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rpka.checks import is_int, is_number, require
-from rpka.tracks.cache import cached_arrays
-from rpka.tracks.forecast import SPLITS, Track
+from rpka.tracks.forecast import SPLITS
 from rpka.tracks.windows import (
     WindowForecastTask,
     generated_arrays,
     require_int,
-    windows_track,
+    window_loader,
 )
 
 # learnability bar: exact attention's test MSE at most this times the linear forecast's (as
@@ -205,13 +203,7 @@ def build_arrays(config: LookupConfig) -> dict[str, np.ndarray]:
     return generated_arrays(config, generate)
 
 
-def load_lookup(
-    config: LookupConfig | None = None, data_dir: str | Path | None = None, use_cache: bool = True
-) -> Track:
-    """The ``forecast-lookup`` track: read from the cache, or generated (and cached)."""
-    config = LookupConfig() if config is None else config
-    config.validate()
-    return windows_track(config, cached_arrays(config, build_arrays, data_dir, use_cache))
+load_lookup = window_loader(LookupConfig, build_arrays)
 
 
 class LookupTask(WindowForecastTask):
@@ -221,6 +213,7 @@ class LookupTask(WindowForecastTask):
 
     name = "forecast-lookup"
     config_class = LookupConfig
+    build_arrays = staticmethod(build_arrays)
     out_dir = "forecast-lookup"
     title = "Far lookup forecast track"
     linear_ratio = LOOKUP_LINEAR_RATIO
@@ -229,6 +222,3 @@ class LookupTask(WindowForecastTask):
         "context's last steps; the context ends with one of the cues again, and the target "
         "is that cue's payload (an associative recall whose answer lies far back)."
     )
-
-    def load(self, config: LookupConfig, data_dir: str | Path | None = None) -> Track:
-        return load_lookup(config, data_dir)

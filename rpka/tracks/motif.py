@@ -24,18 +24,16 @@ the copied occurrence starts) and ``motif`` (its index in the library) for the t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from rpka.checks import is_number, require
-from rpka.tracks.cache import cached_arrays
-from rpka.tracks.forecast import SPLITS, Track
+from rpka.tracks.forecast import SPLITS
 from rpka.tracks.windows import (
     WindowForecastTask,
     generated_arrays,
     require_int,
-    windows_track,
+    window_loader,
 )
 
 # learnability bar (issue 14): exact attention's test MSE at most this times the linear
@@ -146,13 +144,7 @@ def build_arrays(config: MotifConfig) -> dict[str, np.ndarray]:
     return generated_arrays(config, generate)
 
 
-def load_motif(
-    config: MotifConfig | None = None, data_dir: str | Path | None = None, use_cache: bool = True
-) -> Track:
-    """The ``forecast-motif`` track: read from the cache, or generated (and cached)."""
-    config = MotifConfig() if config is None else config
-    config.validate()
-    return windows_track(config, cached_arrays(config, build_arrays, data_dir, use_cache))
+load_motif = window_loader(MotifConfig, build_arrays)
 
 
 class MotifTask(WindowForecastTask):
@@ -161,6 +153,7 @@ class MotifTask(WindowForecastTask):
 
     name = "forecast-motif"
     config_class = MotifConfig
+    build_arrays = staticmethod(build_arrays)
     out_dir = "forecast-motif"
     title = "Motif forecast track"
     linear_ratio = MOTIF_LINEAR_RATIO
@@ -170,6 +163,3 @@ class MotifTask(WindowForecastTask):
         "target is that motif's continuation (no fixed lag, linear map or position index can "
         "find it)."
     )
-
-    def load(self, config: MotifConfig, data_dir: str | Path | None = None) -> Track:
-        return load_motif(config, data_dir)

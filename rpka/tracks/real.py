@@ -27,20 +27,18 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from rpka.checks import is_number, require
-from rpka.tracks.cache import cached_arrays
-from rpka.tracks.forecast import SPLITS, STD_FLOOR, Track
+from rpka.tracks.forecast import SPLITS, STD_FLOOR
 from rpka.tracks.windows import (
     WindowForecastTask,
     require_int,
     standardise,
-    windows_track,
+    window_loader,
 )
 
 
@@ -161,13 +159,7 @@ def build_arrays(config: RealConfig) -> dict[str, np.ndarray]:
     return arrays
 
 
-def load_real(
-    config: RealConfig | None = None, data_dir: str | Path | None = None, use_cache: bool = True
-) -> Track:
-    """The ``forecast-real`` track: read from the cache, or built (and cached)."""
-    config = RealConfig() if config is None else config
-    config.validate()
-    return windows_track(config, cached_arrays(config, build_arrays, data_dir, use_cache))
+load_real = window_loader(RealConfig, build_arrays)
 
 
 class RealTask(WindowForecastTask):
@@ -176,6 +168,7 @@ class RealTask(WindowForecastTask):
 
     name = "forecast-real"
     config_class = RealConfig
+    build_arrays = staticmethod(build_arrays)
     out_dir = "forecast-real"
     title = "Real-series forecast track"
     linear_ratio = REAL_LINEAR_RATIO
@@ -183,9 +176,6 @@ class RealTask(WindowForecastTask):
         "A real series bundled with statsmodels (loaded offline), split chronologically, "
         "scaled by a scaler fitted on the training segment only."
     )
-
-    def load(self, config: RealConfig, data_dir: str | Path | None = None) -> Track:
-        return load_real(config, data_dir)
 
     def at_context(self, config: RealConfig, context: int, train_windows: int, eval_windows: int):
         raise ValueError(

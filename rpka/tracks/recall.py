@@ -54,10 +54,9 @@ from torch import Tensor, nn
 from rpka.checks import require
 from rpka.io import atomic_save_npz
 from rpka.model import TransformerLM
-from rpka.tracks.base import Task
+from rpka.tracks.base import CausalTokenTask
 from rpka.tracks.cache import cache_path, cached_arrays
 from rpka.tracks.forecast import SPLITS
-from rpka.tracks.lm import validate_causal_token_bench
 from rpka.tracks.windows import require_int
 
 FILLER = 0
@@ -248,7 +247,7 @@ def query_nll(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return flat.view(targets.shape) * mask, mask
 
 
-class RecallTask(Task):
+class RecallTask(CausalTokenTask):
     """The causal decoder ``TransformerLM`` reads a sequence and, at each query key, predicts
     its value. Loss = cross-entropy at the query positions only; metrics ``error`` (1 -
     query accuracy, so that lower is better like every metric) and ``nll`` (nats per
@@ -259,8 +258,6 @@ class RecallTask(Task):
     name = "recall"
     config_class = RecallConfig
     metrics = ("error", "nll", *LENGTH_METRICS)
-    causal = True
-    sample_unit = "sequences"
     loss_label = "cross-entropy at queries (nats)"
     out_dir = "recall"
     title = "Associative-recall track (MQAR)"
@@ -270,9 +267,6 @@ class RecallTask(Task):
 
     def build_model(self, model, track: RecallConfig, seeds, method, options) -> nn.Module:
         return TransformerLM(model, track.vocab_size, track.max_len, seeds, method, options)
-
-    def validate_bench(self, bench: Any) -> None:
-        validate_causal_token_bench(bench, self.name)
 
     def inputs_targets(self, track: RecallTrack, split: str) -> tuple[Tensor, Tensor]:
         """Tokens (N, n) and targets (N, n + 1), see :meth:`RecallTrack.scored`."""
@@ -347,7 +341,7 @@ class RecallTask(Task):
 
     def learnability_text(self, report: Mapping) -> str:
         le = report["learnability"]
-        met = "met" if le["met"] else "**not met**"
+        met = self.bar_word(le)
         return (
             f"Exact attention's test query accuracy is {le['baseline_test_accuracy']:.1%} "
             f"(required ≥ {le['accuracy_required']:.0%}; guessing a value of the sequence "

@@ -27,18 +27,16 @@ occurrence's visible steps, [start, end)), ``resume`` (where the last segment st
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from rpka.checks import is_number, require
-from rpka.tracks.cache import cached_arrays
-from rpka.tracks.forecast import SPLITS, Track
+from rpka.tracks.forecast import SPLITS
 from rpka.tracks.windows import (
     WindowForecastTask,
     generated_arrays,
     require_int,
-    windows_track,
+    window_loader,
 )
 
 # circular smoothing of a cycle's N(0, 1) values: (1/4, 1/2, 1/4)
@@ -216,13 +214,7 @@ def build_arrays(config: RegimesConfig) -> dict[str, np.ndarray]:
     return generated_arrays(config, generate)
 
 
-def load_regimes(
-    config: RegimesConfig | None = None, data_dir: str | Path | None = None, use_cache: bool = True
-) -> Track:
-    """The ``forecast-regimes`` track: read from the cache, or generated (and cached)."""
-    config = RegimesConfig() if config is None else config
-    config.validate()
-    return windows_track(config, cached_arrays(config, build_arrays, data_dir, use_cache))
+load_regimes = window_loader(RegimesConfig, build_arrays)
 
 
 class RegimesTask(WindowForecastTask):
@@ -232,6 +224,7 @@ class RegimesTask(WindowForecastTask):
 
     name = "forecast-regimes"
     config_class = RegimesConfig
+    build_arrays = staticmethod(build_arrays)
     out_dir = "forecast-regimes"
     title = "Regime-return forecast track"
     linear_ratio = REGIMES_LINEAR_RATIO
@@ -240,6 +233,3 @@ class RegimesTask(WindowForecastTask):
         "in segments of random length; the last segment returns to a regime seen earlier, "
         "whose continuation the target is."
     )
-
-    def load(self, config: RegimesConfig, data_dir: str | Path | None = None) -> Track:
-        return load_regimes(config, data_dir)

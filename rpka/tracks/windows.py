@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from rpka.checks import is_int, require
+from rpka.tracks.cache import cached_arrays
 from rpka.tracks.forecast import (
     SPLITS,
     ForecastTask,
@@ -80,6 +82,34 @@ def windows_track(config: Any, arrays: dict[str, np.ndarray]) -> Track:
     )
 
 
+Build = Callable[[Any], dict[str, np.ndarray]]
+
+
+def load_windows(
+    config: Any, build: Build, data_dir: str | Path | None = None, use_cache: bool = True
+) -> Track:
+    """The window track of ``config`` (validated): ``build(config)``'s arrays read from the
+    cache (``rpka.tracks.cache``), or built and cached, as a :func:`windows_track`."""
+    config.validate()
+    return windows_track(config, cached_arrays(config, build, data_dir, use_cache))
+
+
+def window_loader(config_class: type, build: Build) -> Callable[..., Track]:
+    """``load(config=None, data_dir=None, use_cache=True)``: :func:`load_windows` with
+    ``config_class()`` when no config is given (a track module's ``load_<track>``)."""
+
+    def load(
+        config: Any = None, data_dir: str | Path | None = None, use_cache: bool = True
+    ) -> Track:
+        config = config_class() if config is None else config
+        return load_windows(config, build, data_dir, use_cache)
+
+    load.__doc__ = (
+        f"The ``{config_class.name}`` track: read from the cache, or generated (and cached)."
+    )
+    return load
+
+
 # ----------------------------------------------------------------------------- the task
 
 
@@ -89,7 +119,13 @@ class WindowForecastTask(ForecastTask):
     ``linear_ratio`` x the least-squares linear forecast's - and its own setup words.
 
     A subclass sets ``name``, ``config_class``, ``out_dir``, ``title``, ``linear_ratio``,
-    ``description`` (one sentence on the data) and :meth:`load`."""
+    ``description`` (one sentence on the data) and ``build_arrays`` (its generator's
+    arrays for a config, as a ``staticmethod``); :meth:`load` is :func:`load_windows`."""
+
+    build_arrays: ClassVar[Build]
+
+    def load(self, config: Any, data_dir: str | Path | None = None) -> Track:
+        return load_windows(config, self.build_arrays, data_dir)
 
     def at_context(self, config: Any, context: int, train_windows: int, eval_windows: int) -> Any:
         """A generated track (``context``, ``n_train``, ``n_val``, ``n_test`` fields) with
@@ -114,7 +150,7 @@ class WindowForecastTask(ForecastTask):
 
     def learnability_text(self, report: Mapping) -> str:
         le = report["learnability"]
-        met = "met" if le["met"] else "**not met**"
+        met = self.bar_word(le)
         return (
             f"Exact attention's test MSE {le['baseline_test_mse']:.4f} is "
             f"{le['ratio_to_linear']:.3f} × the least-squares linear forecast "
