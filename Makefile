@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-PRESET ?= full
+PRESET ?= standard
 # The CPU wheel that lies on this project's machines. Never install an unpinned torch here:
 # it would pull a multi-GB CUDA build. On a GPU machine: make setup TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
@@ -20,7 +20,7 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 .PHONY: setup test report lab lint clean-results help
 
 help:
-	@echo "make report [PRESET=smoke|quick|full]   run the study and render reports/<preset>/rpka_report.html"
+	@echo "make report [PRESET=smoke|quick|standard|full]   run the study (default standard: ~30 min) and render reports/<preset>/rpka_report.html"
 	@echo "make test                               the whole test suite (pytest + nbval + ruff)"
 	@echo "make lab                                open the notebooks in JupyterLab (kernel: Python (rpka))"
 	@echo "make setup TORCH_SPEC='torch==2.13.0'   (re)install with another torch (e.g. a CUDA build)"

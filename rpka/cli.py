@@ -294,7 +294,13 @@ def longctx_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def report_main(argv: Sequence[str] | None = None) -> None:
     parser = make_parser("report", pipeline.__doc__)
-    parser.add_argument("--preset", choices=pipeline.PRESETS, default="full")
+    parser.add_argument(
+        "--preset",
+        choices=pipeline.PRESETS,
+        default="standard",
+        help="the study (default: %(default)s, about half an hour on 2 cores; full: the "
+        "extended study, hours)",
+    )
     parser.add_argument(
         "--html",
         type=path_arg,
@@ -528,7 +534,10 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
 
 def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = make_parser("cost", cost.__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(pipeline.PRESETS), default="full")
+    parser.add_argument(
+        "--preset", choices=sorted(pipeline.PRESETS), default="standard",
+        help="the study to price (default: %(default)s)",
+    )  # fmt: skip
     parser.add_argument(
         "--benches", nargs="+", help="only these benches (default: every bench of the study)"
     )

@@ -25,6 +25,8 @@ the sum / W when the jobs pack well. On a busy machine both inflate; measure qui
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import statistics
 import time
@@ -104,6 +106,22 @@ def probe(
     )
 
 
+def shape_signature(config: BenchConfig) -> str:
+    """A hash of what a probe's times depend on: the track, the model, the batch sizes and
+    each arm's method and options - not the seeds, epochs or learning rates, which
+    :func:`price` counts. Stored probes price a configuration only with the same
+    signature: a resized track or model is re-probed, never priced with stale times."""
+    shape = {
+        "track": dataclasses.asdict(config.track),
+        "model": dataclasses.asdict(config.model),
+        "batch_size": config.train.batch_size,
+        "eval_batch_size": config.train.eval_batch_size,
+        "arms": sorted([a.name, a.method, a.options] for a in config.arms),
+    }
+    text = json.dumps(shape, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def price(config: BenchConfig, probes: dict[tuple[str, int], Probe]) -> dict[str, Any]:
     """Eq. (1) summed over the jobs of ``config`` with measured ``probes`` ((arm, members)
     -> :class:`Probe`, one for every job group): per arm the predicted CPU seconds of its
@@ -155,6 +173,7 @@ def predict_bench(
     for (arm, _), measured in probes.items():
         result["arms"][arm].setdefault("probes", []).append(dataclasses.asdict(measured))
     result["probe_cpu_s"] = time.process_time() - start
+    result["shape_signature"] = shape_signature(config)
     return result
 
 
@@ -245,15 +264,21 @@ def run_cost_model(
 def stored_prediction(preset: str, cores: int | None = None) -> dict[str, Any] | None:
     """The study's CPU seconds priced from the probes stored in ``cost_model.json`` (no
     timing): eq. (1) over each bench's jobs as configured now (:func:`price`). Jobs whose
-    (arm, seed count) has no stored probe are listed in ``unpriced`` and left out of the
-    total. None when the preset has no stored cost model. ``wall_s`` is the total over
-    ``cores`` workers (default: this machine's), assuming the jobs pack well."""
+    (arm, seed count) has no stored probe, and benches whose shapes changed since they were
+    probed (:func:`shape_signature`; files written before the signature existed are not
+    checked), are listed in ``unpriced`` and left out of the total. None when the preset
+    has no stored cost model. ``wall_s`` is the total over ``cores`` workers (default: this
+    machine's), assuming the jobs pack well."""
     path = cost_model_json(preset)
     if not path.exists():
         return None
     stored = read_json(path).get("benches", {})
     total, unpriced, benches = 0.0, [], {}
     for label, config, _ in study_benches(preset):
+        signature = stored.get(label, {}).get("shape_signature", shape_signature(config))
+        if signature != shape_signature(config):
+            unpriced.append(f"{label} (resized since it was probed)")
+            continue
         probes = probes_of(stored[label]) if label in stored else {}
         missing = sorted({f"{label}:{g.arm}" for g in job_groups(config)
                           if (g.arm, g.members) not in probes})  # fmt: skip

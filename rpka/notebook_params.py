@@ -20,9 +20,9 @@ import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rpka.presets import STUDY_PRESETS as PRESETS
 from rpka.study import NOTEBOOKS, notebook_parameters
 
-PRESETS = ("smoke", "quick", "full")
 # every notebook's switches: (default, what it does)
 FLAGS: dict[str, tuple[bool, str]] = {
     "compute_missing": (True, "False: read the results, compute nothing (report --from-results)"),

@@ -45,11 +45,12 @@ from traitlets.config import Config
 from rpka import notebook_params, paths, report
 from rpka.io import atomic_write_text
 from rpka.paths import REPO_ROOT, resolve
+from rpka.presets import STUDY_PRESETS
 from rpka.study import NOTEBOOKS, notebook_parameters
 
 NOTEBOOK_DIR = resolve(paths.NOTEBOOKS)
 REPORT_DIR = resolve(paths.REPORTS)
-PRESETS = ("smoke", "quick", "full")
+PRESETS = STUDY_PRESETS
 
 
 class PipelineError(RuntimeError):

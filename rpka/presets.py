@@ -574,6 +574,98 @@ RECALL_PRESETS: dict[str, BenchConfig] = {
     ),
 }
 
+# --------------------------------------------------------------------------- standard
+# The default study (``make report``, issue 28): every track's attention gate, its primary
+# verdict and its positive control at the seed count the decision rule needs, in about half
+# an hour on 2 cores. Each track keeps the full study's model and task where that is cheap
+# and trains at the one learning rate the full study's sweep chose for every arm of the
+# track (so it sweeps nothing: a single rate, scored on one validation seed); the
+# extended arms (ranks, ablations, peers) stay in ``full``. How each size was chosen and
+# what it measured: docs/standard.md. Priced from stored probes by ``rpka.cost`` (a test
+# fails when the prediction leaves the budget).
+#
+# 6 evaluation seeds: the primary comparison's two-sided sign-flip floor 2/64 < 0.05 and
+# the gate's one-sided 1/64; the positive control and the controls sit outside the Holm
+# family, so no secondary arm needs more. Three seeds per job: stacking more saves little
+# (motif: 0.055 CPU-s per member-step at 3 members, 0.056 at 4) and two jobs per arm pack
+# onto the two cores.
+STANDARD_EVAL_SEEDS = tuple(range(100, 106))
+# The standard study's budget (issue 28): <= 30 min wall from a fresh clone on 2 cores,
+# set-up included, so its training runs get ~2,700 CPU-s at realistic packing (22.5 min of
+# both cores); the rest is set-up (~2 min), the scaling sweep, the mechanism check and
+# the notebooks. tests/test_cost.py prices the preset from the stored probes.
+STANDARD_WALL_BUDGET_MIN = 30
+STANDARD_TRAINING_BUDGET_CPU_S = 2_700
+STANDARD = {
+    "preset": "standard",
+    "sweep_seeds": (0,),
+    "eval_seeds": STANDARD_EVAL_SEEDS,
+    "seeds_per_job": 3,
+    "ablation_reference": None,
+    "ablation_arms": (),
+}
+
+
+def _standard(
+    full: BenchConfig, arms: tuple[ArmConfig, ...], lr: float, **changes: Any
+) -> BenchConfig:
+    """``full``'s track and model with ``arms`` at the one learning rate ``lr``."""
+    return dataclasses.replace(full, arms=arms, learning_rates=(lr,), **(STANDARD | changes))
+
+
+# the standard study of each track; its size and what it measured: docs/standard.md
+STANDARD_PRESETS: dict[str, BenchConfig] = {
+    # the smooth track: the negative control (its gate fails in the full study). The
+    # primary arm is the ablation reference rpka-r16: the full study's rpka-r64 costs
+    # ~9x exact's step here, and a track whose gate fails reads "uninformative" whichever
+    # RPKA arm it compares
+    "forecast": _standard(
+        _full(),
+        (EXACT, rpka_arm(16), MEAN_CONTROL),
+        3e-3,
+        primary_arm="rpka-r16",
+        mechanism=None,  # the study's mechanism check is MECHANISM_TRACK's
+        output_error_ranks=(16, 64),
+    ),
+    # the motif task at 64 tokens (3 motifs of 16 steps, cue 8) and one attention layer:
+    # exact learns it in ~750 steps (validation MSE 1.0 -> 0.09; 0.03 after 2,500), where
+    # the 96-token, 2-layer form of the full study needs ~3,100 at 3x the step's cost. No
+    # positive control (rank 128, all 2 x 64 joint points, ~150 CPU-s): the non-causal one
+    # is the long-range track's
+    "forecast-motif": _standard(
+        _MOTIF_FULL,
+        (EXACT, MEAN_CONTROL, rpka_arm(ABLATION_RANK)),
+        3e-3,
+        track=MotifConfig(
+            context=64, cue_length=8, n_motifs=3, gap_max=4, n_train=16_000, n_val=1_000,
+            n_test=1_000,
+        ),  # fmt: skip
+        model=dataclasses.replace(_MOTIF_FULL.model, n_layers=1),
+        train=TrainConfig(epochs=6, batch_size=64),  # 1,500 steps
+    ),
+    "lm": _standard(_lm_full(), (EXACT, lm_rpka_arm(32), lm_rpka_arm(96), MEAN_CONTROL), 1e-2),
+    # No positive control here: the causal one is lm's (the same causal block and length);
+    # recall's rpka-r96 would cost 937 CPU-s, 60 % of the track, almost all of it in the
+    # scoring at 2x and 4x the length, where rank 96 no longer holds every point of the
+    # past (`python -m rpka cost --preset standard`); the full study runs it
+    # and 128 validation sequences instead of 250 (validation is scored after each epoch
+    # at 1x, 2x and 4x the length: half of a job's cost); the test split keeps 250
+    "recall": _standard(
+        RECALL_PRESETS["full"],
+        (EXACT, MEAN_CONTROL, lm_rpka_arm(8)),
+        3e-3,
+        track=dataclasses.replace(RECALL_TRACK, n_val=128),
+        positive_control_arm=None,
+    ),
+    # 8 of the full study's 50 epochs (~150 steps): a second negative control (its gate
+    # fails in the full study, where exact also misses its learnability bar)
+    "forecast-real": _standard(
+        _REAL_FULL,
+        (EXACT, MEAN_CONTROL, rpka_arm(16)),
+        1e-3,
+        train=TrainConfig(epochs=8, batch_size=64),
+    ),
+}
 # every study preset, by track: ``get_preset(name, track_name)`` looks it up here
 PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {
     "forecast": PRESETS,
@@ -583,12 +675,17 @@ PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {
     "forecast-real": REAL_PRESETS,
     "recall": RECALL_PRESETS,
 }
+for _track, _config in STANDARD_PRESETS.items():
+    PRESETS_BY_TRACK[_track]["standard"] = _config
 # the tracks a study runs (each with the study's preset name); the report puts those that
 # pass their attention gate first. forecast-regimes runs as the long-context study
 # (LONGCTX_PRESETS); its 96-step form is available as `bench --track forecast-regimes`.
 STUDY_TRACKS: tuple[str, ...] = ("forecast", "lm", "forecast-motif", "recall", "forecast-real")
 # the study presets that preview it (short training, 2 evaluation seeds): no conclusions
 PREVIEW_PRESETS: tuple[str, ...] = ("smoke", "quick")
+# every preset of the whole study (``python -m rpka report --preset``), cheapest first:
+# the previews, the standard study (the default: ``make report``) and the extended one
+STUDY_PRESETS: tuple[str, ...] = (*PREVIEW_PRESETS, "standard", "full")
 
 
 def get_preset(name: str, track_name: str = "forecast", **overrides: Any) -> BenchConfig:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from rpka import paths
 from rpka.frontier import MARGIN_GAP, gap_recovered, per_seed_gap
 from rpka.io import read_json_checked
 from rpka.report_text import esc, num
@@ -343,3 +344,84 @@ def split_targets(targets: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     track's learnability or the trace identity (``SCIENCE_MARKERS``)."""
     science = targets["target"].str.contains("|".join(SCIENCE_MARKERS), regex=True)
     return targets[science].reset_index(drop=True), targets[~science].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- standard beside full
+
+# each committed study's companion: the other one (the previews have none)
+COMPANION_STUDY = {"standard": "full", "full": "standard"}
+
+
+def study_decisions(index: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Per track of a study index (``study.json``; long-range lengths as
+    ``longrange-<n>``): its gate (the attention gate, and the local one where the track
+    has it), its primary arm and the primary verdict."""
+    decisions = {}
+    for name, entry in index.get("tracks", {}).items():
+        gates = [entry.get("attention_gate"), entry.get("local_gate")]
+        passed = all(g.get("passed") for g in gates if g is not None) and gates[0] is not None
+        decisions[name] = {"gate": "passed" if passed else "failed", **_primary(entry)}
+    contexts = (index.get(paths.LONGRANGE) or {}).get("contexts") or {}
+    for context, entry in contexts.items():
+        decisions[LONGRANGE_TRACK.format(context=int(context))] = {
+            "gate": "passed" if entry.get("gate_passed") else "failed",
+            **_primary(entry),
+        }
+    return decisions
+
+
+def _primary(entry: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        "primary": str(entry.get("primary_arm", NA)),
+        "verdict": str((entry.get("primary") or {}).get("verdict", NA)),
+    }
+
+
+def companion_table(
+    this: Mapping[str, Any], other: Mapping[str, Any], names: tuple[str, str]
+) -> pd.DataFrame:
+    """This study's gates and primary verdicts beside the other study's (``names``: the
+    two presets), one row per track either ran; *agree*: same gate and same verdict (the
+    primary arm may differ where a track's gate fails: its verdict is uninformative
+    whichever arm is compared)."""
+    mine, theirs = study_decisions(this), study_decisions(other)
+    rows = []
+    for track in [*mine, *(t for t in theirs if t not in mine)]:
+        row: dict[str, str] = {"track": track}
+        for name, decisions in zip(names, (mine, theirs), strict=True):
+            d = decisions.get(track)
+            row[f"gate ({name})"] = d["gate"] if d else "not run"
+            row[f"primary ({name})"] = (
+                f"`{d['primary']}`: {verdict_word(d['verdict'])}" if d else "not run"
+            )
+        both = [d.get(track) for d in (mine, theirs)]
+        same = both[0] is not None and both[1] is not None and all(
+            both[0][k] == both[1][k] for k in ("gate", "verdict")
+        )  # fmt: skip
+        row["agree"] = "-" if None in both else ("yes" if same else "**no**")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def companion_section(preset: str, results_root: str | os.PathLike | None = None) -> str:
+    """Markdown: the other committed study's gates and primary verdicts beside this one's
+    (standard beside full, or full beside standard), with how many tracks agree; "" for a
+    preset without a companion or where either study index is missing."""
+    other = COMPANION_STUDY.get(preset)
+    if other is None:
+        return ""
+    files = [paths.resolve(paths.study_json(p)) for p in (preset, other)]
+    if results_root is not None:  # tests: another results folder
+        files = [Path(results_root) / p / Path(paths.study_json(p)).name for p in (preset, other)]
+    if not all(f.exists() for f in files):
+        return ""
+    this, that = (read_json_checked(f) for f in files)
+    table = companion_table(this, that, (preset, other))
+    shared = table[table["agree"] != "-"]
+    agree = int((shared["agree"] == "yes").sum())
+    have = "has" if agree == 1 else "have"
+    return (
+        f"**The {preset} study beside the {other} one.** Of the {len(shared)} tracks both "
+        f"ran, {agree} {have} the same gate and the same primary verdict "
+        f"(`{paths.study_json(other)}`).\n\n" + table.to_markdown(index=False)
+    )

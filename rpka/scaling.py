@@ -171,6 +171,18 @@ PRESETS = {
         max_seconds=360.0,
     ),
     # seconds, for tests and smoke runs
+    # the standard study's sweep (issue 28): the cpu preset's batch and head size up to the
+    # lengths where RPKA's forward pays (docs/speed.md), fewer repeats - seconds, not minutes
+    "standard": ScalingConfig(
+        lengths=(512, 1024, 2048, 4096),
+        control_ranks=(16, 64),
+        batch_heads=8,
+        head_dim=64,
+        warmup=1,
+        repeats=3,
+        long_length=4096,
+        long_repeats=2,
+    ),
     "tiny": ScalingConfig(
         lengths=(64, 128),
         ranks=(4, 8),

@@ -66,7 +66,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "scaling_cpu_json": paths.scaling_cpu_json(preset),
             "scaling_gpu_json": paths.GPU_SCALING_JSON,
             "decode_json": paths.decode_json("cpu"),
-            "longctx_json": paths.longctx_json(preset),
+            "longctx_json": long_context_json(preset),
             "figures_dir": figures,
         },
         "06_report.ipynb": {
@@ -90,8 +90,23 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
 
 # --------------------------------------------------------------------------- compute
 
+
+def long_context_dir(preset: str) -> str:
+    """Where the study's long-context step writes: the long-range study's folder
+    (``paths.longrange_dir``) when the preset's long-context study is a long-range one (its
+    gate needs the local control: the standard study), else the study's results folder
+    (the forecast-regimes study of ``full`` and the previews)."""
+    if get_longctx_preset(preset).bench.gate_needs_local:
+        return paths.longrange_dir(preset)
+    return paths.results_dir(preset)
+
+
+def long_context_json(preset: str) -> str:
+    """The ``longctx.json`` the study's long-context step writes (:func:`long_context_dir`)."""
+    return f"{long_context_dir(preset)}/{LONGCTX_FILE}"
+
 # the CPU latency sweep each preset re-measures (rpka.scaling presets)
-SCALING_PRESET = {"smoke": "tiny", "quick": "tiny", "full": "cpu"}
+SCALING_PRESET = {"smoke": "tiny", "quick": "tiny", "standard": "standard", "full": "cpu"}
 
 
 DEMO_STEP = "demo training (01_train)"
@@ -191,7 +206,7 @@ def _study_steps(
         config = get_longctx_preset(preset)
         try:
             executor = shared(config.bench.n_workers)
-            return run_longctx(config, paths.results_dir(preset), executor, progress=progress)
+            return run_longctx(config, long_context_dir(preset), executor, progress=progress)
         finally:  # the study's last step with workers
             if pool is not None:
                 pool.close()
@@ -222,7 +237,7 @@ def _study_steps(
             ),
             (paths.scaling_cpu_json(preset),),
         ),
-        ("long-context training", run_long_context, (paths.longctx_json(preset),)),
+        ("long-context training", run_long_context, (long_context_json(preset),)),
         (
             INDEX_STEP,
             lambda: write_study_index(preset),
@@ -386,7 +401,7 @@ def missing_results(preset: str) -> list[str]:
     needed += [
         paths.mechanism_json(preset, get_task(MECHANISM_TRACK).out_dir),
         paths.scaling_cpu_json(preset),
-        paths.longctx_json(preset),
+        long_context_json(preset),
     ]
     needed += [os.path.relpath(f, paths.REPO_ROOT) for f in demo_run_files(preset)]
     return [path for path in needed if not resolve(path).exists()]

@@ -6,7 +6,7 @@ import pytest
 from rpka import cli, cost, summary
 from rpka.bench import InProcessExecutor, run_bench
 from rpka.io import read_json
-from rpka.presets import STUDY_TRACKS, get_preset
+from rpka.presets import STANDARD_TRAINING_BUDGET_CPU_S, STUDY_TRACKS, get_preset
 
 SMOKE_STUDY = get_preset("smoke-study", train={"epochs": 1})  # the conftest fixture's bench
 
@@ -131,3 +131,14 @@ def test_the_stored_prediction_prices_the_study_from_committed_probes_without_ti
     assert prediction["wall_s"] == pytest.approx(prediction["predicted_cpu_s"] / 2)
     assert "predicted training cost" in prediction_line(prediction)
     assert stored_prediction("smoke") is None  # no stored cost model for the smoke preset
+
+
+def test_the_standard_study_is_priced_within_its_budget():
+    """The default study (``make report``) must fit its half hour: its training runs,
+    priced by eq. (1) from the probes stored in data/results/standard/cost_model.json (no
+    timing here), stay within the training budget; a preset change that adds seeds, arms,
+    epochs or data is priced by the same probes and fails here."""
+    prediction = cost.stored_prediction("standard", cores=2)
+    assert prediction is not None, "run `python -m rpka cost --preset standard`"
+    assert prediction["unpriced"] == [], "jobs without a stored probe: re-run the cost model"
+    assert prediction["predicted_cpu_s"] <= STANDARD_TRAINING_BUDGET_CPU_S, prediction["benches"]

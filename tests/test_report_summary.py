@@ -10,6 +10,7 @@ import pytest
 
 from rpka import narrative, paths, plots_report, report, report_summary
 from rpka.frontier import MARGIN_GAP
+from rpka.io import write_json
 from rpka.tracks import get_task
 
 RESULTS = paths.resolve(paths.results_dir("full"))
@@ -157,3 +158,52 @@ def test_targets_split_into_science_bars_and_engineering_targets(full_study):
     science, engineering = report_summary.split_targets(targets)
     assert list(science["target"].str[:5]) == ["lm le", "trace"]
     assert list(engineering["target"].str[:5]) == ["forec", "study"]
+
+
+def _index(gate: bool, verdict: str, primary: str = "rpka-r16") -> dict:
+    return {
+        "tracks": {
+            "motif": {
+                "attention_gate": {"passed": gate},
+                "local_gate": None,
+                "primary_arm": primary,
+                "primary": {"verdict": verdict},
+            }
+        },
+        "longrange": {
+            "contexts": {
+                "512": {"gate_passed": True, "primary_arm": "rpka-r64",
+                        "primary": {"verdict": "inconclusive"}}
+            }
+        },
+    }  # fmt: skip
+
+
+def test_the_companion_table_says_where_two_studies_agree_and_where_not():
+    standard = _index(True, "significant loss")
+    full = _index(True, "significant loss")
+    table = report_summary.companion_table(standard, full, ("standard", "full"))
+    assert list(table["track"]) == ["motif", "longrange-512"]
+    assert list(table["agree"]) == ["yes", "yes"]
+    flipped = report_summary.companion_table(standard, _index(True, "equivalent"), ("s", "f"))
+    assert list(flipped["agree"]) == ["**no**", "yes"]
+    gate = report_summary.companion_table(standard, _index(False, "significant loss"), ("s", "f"))
+    assert gate["agree"][0] == "**no**" and gate["gate (f)"][0] == "failed"
+    # a failing local gate fails the track's gate
+    local = _index(True, "significant loss")
+    local["tracks"]["motif"]["local_gate"] = {"passed": False}
+    assert report_summary.study_decisions(local)["motif"]["gate"] == "failed"
+    # a track only one study ran is not counted as agreeing
+    only = _index(True, "significant loss")
+    only["tracks"]["lm"] = dict(only["tracks"]["motif"])
+    assert report_summary.companion_table(only, full, ("s", "f"))["agree"].tolist()[1] == "-"
+
+
+def test_the_companion_section_reads_both_committed_indexes(tmp_path):
+    for preset, verdict in (("standard", "significant loss"), ("full", "equivalent")):
+        (tmp_path / preset).mkdir()
+        write_json(tmp_path / preset / "study.json", _index(True, verdict))
+    text = report_summary.companion_section("standard", tmp_path)
+    assert "Of the 2 tracks both ran, 1 has the same gate" in text
+    assert report_summary.companion_section("quick", tmp_path) == ""
+    assert report_summary.companion_section("full", tmp_path / "nowhere") == ""
