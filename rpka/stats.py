@@ -315,7 +315,10 @@ def tost(diffs: np.ndarray, margin: float | None, sd_floor: float = 0.0) -> dict
 
     ``scipy.stats.ttest_1samp(diffs, -margin, alternative="greater")`` and
     ``(diffs, +margin, alternative="less")``; ``tost_p`` is the larger p. NaN without a
-    margin, with fewer than 2 pairs or with zero-variance diffs (sd <= ``sd_floor``).
+    margin or with fewer than 2 pairs. Zero-variance diffs (sd <= ``sd_floor``: every pair
+    differs by the same amount - a positive control that reproduces exact on every seed)
+    take the t-tests' limit as the spread goes to 0: p = 0 when that amount lies strictly
+    inside the margin, 1 when it does not (scipy returns NaN there).
     """
     out = {
         "margin": margin,
@@ -324,7 +327,16 @@ def tost(diffs: np.ndarray, margin: float | None, sd_floor: float = 0.0) -> dict
         "tost_p_upper": float("nan"),
         "tost_method": "paired TOST: two one-sided scipy.stats.ttest_1samp at +-margin",
     }
-    if margin is None or len(diffs) < 2 or not np.std(diffs, ddof=1) > sd_floor:
+    if margin is None or len(diffs) < 2:
+        return out
+    if not np.std(diffs, ddof=1) > sd_floor:
+        inside = abs(float(np.mean(diffs))) < margin
+        bound = 0.0 if inside else 1.0
+        out.update(
+            tost_p_lower=bound, tost_p_upper=bound, tost_p=bound,
+            tost_method=out["tost_method"] + "; zero-variance differences: the t-tests' "
+            "limit (p = 0 inside the margin, 1 outside)",
+        )  # fmt: skip
         return out
     lower = stats.ttest_1samp(diffs, -margin, alternative="greater").pvalue
     upper = stats.ttest_1samp(diffs, margin, alternative="less").pvalue

@@ -442,3 +442,17 @@ def test_overflowing_pairs_count_as_diverged_and_bad_values_are_named():
     assert np.isfinite(c["delta_mean"]) and c["p_value"] >= 2 / 2**4
     with pytest.raises(ValueError, match="baseline must be a 1-d sequence of numbers"):
         paired_comparison(["a", "b"], [1.0, 2.0])
+
+
+def test_identical_scores_are_equivalent_within_a_margin():
+    """A positive control that reproduces exact on every seed (differences all 0.0) is
+    equivalent: TOST takes the t-tests' limit as the spread goes to 0 (scipy gives NaN)."""
+    base = np.linspace(1.0, 2.0, 6)
+    same = paired_comparison(base, base.copy(), "lower", margin=0.02)
+    assert same["tost_p"] == 0.0 and same["verdict"] == "equivalent"
+    assert "zero-variance" in same["tost_method"]
+    outside = paired_comparison(base, base + 0.05, "lower", margin=0.02)  # every pair +0.05
+    assert outside["tost_p"] == 1.0 and outside["verdict"] == "significant loss"
+    # the limit follows the margin: a constant difference at the margin is not inside it
+    at_margin = paired_comparison(base, base + 0.02, "lower", margin=0.02)
+    assert at_margin["tost_p"] == 1.0
