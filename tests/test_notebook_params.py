@@ -43,7 +43,7 @@ def test_quick_writes_the_quick_study_not_the_smoke_defaults():
     ("notebook", "given", "message"),
     [
         (T, {"presett": "quick"}, r"unknown parameter 'presett' \(did you mean preset"),
-        (T, {"preset": "quik"}, r"one of smoke, quick, standard, full, got 'quik' \(did you mean quick"),
+        (T, {"preset": "quik"}, r"standard, full, got 'quik' \(did you mean quick"),
         (T, {"preset": 3}, r"preset must be one of smoke, quick, standard, full, got 3"),
         ("03_deltas.ipynb", {"bench_report": 42}, r"bench_report must be a path .* got 42"),
         (T, {"figures_dir": [1, 2]}, r"figures_dir must be a path .* got \[1"),
