@@ -148,24 +148,8 @@ def _quick() -> BenchConfig:
     )
 
 
-# Time budget of the full preset on the project's 2-core CPU machine: <= 15 minutes. With
-# 13 arms, each sweeping 3 learning rates x 2 seeds, it was estimated at ~16 min (by a
-# script since replaced by `python -m rpka cost`, rpka/cost.py), so two cuts, judged least
-# harmful:
-# 1. The ablations (and nystrom-uniform, the ablation of the pivot rule) do not sweep: they
-#    take the learning rate chosen for their reference rpka-r16 (ArmConfig.lr_from) - the
-#    usual ablation protocol, one choice changed at the reference's tuned setting - and
-#    train it with both sweep seeds, so the default choice still compares every candidate
-#    on the same seeds and learning rate. Every arm keeps all 9 evaluation seeds (the paired
-#    comparisons keep their power); the rank sweep, the primary arm and the other peers
-#    keep the full tuning budget. (Sweeping with one seed instead was tried and rejected:
-#    on the quick-study preset seed 0 alone preferred lr 1e-3 where two seeds chose 3e-3,
-#    and every one-seed arm trained at the worse rate: about +0.018 test MSE.)
-# 2. rpka-r64 selects its pivots with the plain one-pivot-per-step loop: the same pivot
-# law as the accelerated (block + rejection) path, but at 64 of 192 points rejection wastes
-# most candidates - one epoch of an evaluation job measured 48 vs 60 CPU-s (-20 %; at r = 16
-# and 32 the accelerated path is as fast or faster). Long-sequence timings
-# (rpka.scaling.bench_arms_config) reset it to the default fast path.
+# The ablations take their reference's rate (lr_from) and rpka-r64 the plain pivot loop:
+# the full study's budget cuts (docs/presets.md, "forecast").
 R64_PIVOT_METHOD = "plain"
 
 
@@ -466,25 +450,7 @@ REAL_PRESETS: dict[str, BenchConfig] = {
 # predecessor (``previous_tokens=1``, Zoology's short convolution) a value token carries
 # its key and one attention layer can match a query against it.
 #
-# Sizes: scripts/recall_sizes.py (one arm through rpka.train.train_run, the bench's own
-# loop; runs and commands in data/results/recall_sizes.json). 8 pairs, 64 tokens, 2 layers,
-# 2 heads, previous_tokens 1, Adam, cosine, 10,000 training sequences x 2 epochs; test
-# query accuracy per seed at 1x / 2x / 4x the training length; CPU seconds of the run (one
-# torch thread, on 2 cores shared with 8-15 other processes: contended, likely high).
-#   d_model 32, batch 64 (312 steps), lr 3e-3: exact seeds 0-3 100 / 99.95 / 16.7 / 100 %
-#       (seed 2 never leaves the plateau; batch 32, 624 steps: the same seed stuck at 19 %),
-#       seeds 100-101 100 % (2x, 4x >= 99.5 %), 73 s for 4 seeds; lr 1e-3 and 6e-3: seed
-#       0 stuck (15.7 %, 17.5 %). rpka-r4 16.9 / 14.4 %, 94 s; rpka-r8 39.5 / 15.5 % (lr
-#       6e-3: 42.0 / 16.0 %), 114 s; rpka-r16 88.8 / 83.3 % (2x 82 / 77, 4x 70 / 69 %),
-#       163 s (2 seeds each). Batch 32, 624 steps: rpka-r8 75.7 / 55.7 %, mean-attention
-#       16.0 / 15.3 %.
-#   d_model 64, batch 64 (312 steps), lr 3e-3 (the presets below): exact 100 % on all 8
-#       seeds 0-7 (2x, 4x >= 99.9 %), validation error <= 0.1 % after the first epoch;
-#       145 s per 4 seeds; mean-attention 18.0 / 18.2 % (2x 17 / 19, 4x 16 / 14 %), 56 s
-#       per 2 seeds; rpka-r8 51.0 / 61.3 % (2x 46 / 57, 4x 37 / 48 %), 185 s per 2 seeds.
-# Twice the steps did not rescue d_model 32's stuck seed; d_model 64 learned on every seed
-# tried, so the presets use it. RPKA is still learning at this budget (its accuracy rose with
-# steps at d_model 32): the full study reads "at this training budget".
+# How the sizes were chosen (runs, seeds, CPU seconds): docs/presets.md, "recall".
 RECALL_MODEL = ModelConfig(
     d_model=64,
     n_layers=2,
@@ -553,17 +519,7 @@ RECALL_PRESETS: dict[str, BenchConfig] = {
     # the attention gate alone: exact, the control and RPKA at rank = pairs, 4 seeds
     # (estimated as below: ~900 CPU s, ~8 minutes on 2 cores)
     "gate": _recall("gate", (EXACT, MEAN_CONTROL, lm_rpka_arm(8)), tuple(range(100, 104))),
-    # Estimated cost (CPU seconds per seed at d_model 64, from the runs above; rpka-r4 and
-    # -r16 scaled from d_model 32 by rpka-r8's d64 / d32 ratio 1.62; jobs cost linearly in
-    # stacked seeds, as measured): exact 36, mean-attention 28, rpka-r4 ~76, -r8 93,
-    # -r16 ~132. Sweep (2 rates x 1 seed; the control runs once at exact's rate) ~700 s,
-    # evaluation (6 seeds x 5 arms) ~2,190 s: ~2,900 CPU s, ~24 minutes on 2 cores - ABOVE
-    # the 15-minute target. d_model 32 would be ~14 minutes but left 1 seed in 4 of exact
-    # on the plateau (mean accuracy below the 95 % bar). Run (data/results/full/recall,
-    # 2026-12-01) with 6 seeds: the primary could reject (two-sided sign-flip floor 2/64),
-    # the two secondary arms could not (Holm x 2: 0.0625), so both read "inconclusive"
-    # whatever their deltas. 7 seeds: floor 2/128, Holm 0.031 < 0.05; the evaluation groups
-    # of 4 seeds are (100-103) and (104-106), so the first group's runs are kept.
+    # 7 seeds: Holm over the secondary arms can reject (docs/presets.md, "recall")
     "full": dataclasses.replace(
         _recall(
             "full",
@@ -686,6 +642,21 @@ PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {
 }
 for _track, _config in STANDARD_PRESETS.items():
     PRESETS_BY_TRACK[_track]["standard"] = _config
+# The motif track's rank frontier (issue 26), an extension of the full study at the
+# standard study's motif form (64 tokens, 1 layer; a run costs a tenth of the 96-token
+# form's): RPKA at 16, 32, 64 and 96 of the 128 joint points and the positive control at
+# 128, 8 seeds (Holm over the three secondary ranks can reject: 3 x 2/256 < 0.05). Its
+# exact, control and rank-16 runs of seeds 100-105 are the standard study's (same run
+# ids). `python -m rpka bench --track forecast-motif --preset frontier --out
+# data/results/full/forecast-motif-64`; the study index reads it as ``forecast-motif-64``.
+MOTIF_PRESETS["frontier"] = dataclasses.replace(
+    STANDARD_PRESETS["forecast-motif"],
+    preset="frontier",
+    arms=(EXACT, MEAN_CONTROL, *(rpka_arm(r) for r in (16, 32, 64, 96, 128))),
+    eval_seeds=tuple(range(100, 108)),
+    positive_control_arm="rpka-r128",
+    mechanism=None,
+)
 # the tracks a study runs (each with the study's preset name); the report puts those that
 # pass their attention gate first. forecast-regimes runs as the long-context study
 # (LONGCTX_PRESETS); its 96-step form is available as `bench --track forecast-regimes`.
