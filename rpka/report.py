@@ -187,7 +187,9 @@ BENCH_REPORT_KEYS = ("track", "arms", "baseline_arm", "primary_arm")
 def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dict[str, Any]:
     """The study index with every track's bench report loaded.
 
-    Returns {"preset", "source", "tracks": {name: entry}, "longctx", "longrange"}; each entry has
+    Returns {"preset", "source", "tracks": {name: entry}, "longctx", "longrange",
+    "extensions"} (the frontier extensions' index entries, ``study.extension_entries``); each
+    track entry has
     ``report`` (the bench report), ``gate`` ("passed", "failed", or "none" for a track
     without a control or an older report), ``attention_gate``, ``decision``,
     ``comparison`` (the primary arm's), ``run_time_s`` and ``superseded`` (what a rerun
@@ -205,7 +207,7 @@ def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dic
             report = read_json_checked(bench, BENCH_REPORT_KEYS)
             tracks[name] = _entry(name, report, indexed, bench)
         source, longctx = str(study_json), index.get("longctx")
-        longrange = index.get("longrange")
+        longrange, extensions = index.get("longrange"), index.get("extensions") or {}
     else:  # an index-less study: the study tracks' bench reports where they exist
         for name in STUDY_TRACKS:
             bench = paths.resolve(paths.bench_report(preset, get_task(name).out_dir))
@@ -213,7 +215,7 @@ def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dic
                 report = read_json_checked(bench, BENCH_REPORT_KEYS)
                 tracks[name] = _entry(name, report, {}, bench)
         source, longctx = f"{paths.results_dir(preset)} (no study.json)", None
-        longrange = None
+        longrange, extensions = None, {}
     if not tracks and preset not in study.SCALING_PRESET:  # not a study preset
         raise FileNotFoundError(
             f"no study index {path} and no bench report of preset {preset!r}: run "
@@ -232,6 +234,7 @@ def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dic
         "tracks": {t["name"]: t for t in ordered},
         "longctx": longctx,
         "longrange": longrange,
+        "extensions": extensions,
     }
 
 

@@ -20,7 +20,7 @@ from rpka import paths
 from rpka.frontier import MARGIN_GAP, gap_recovered, per_seed_gap
 from rpka.io import read_json_checked
 from rpka.report_text import esc, num
-from rpka.study import LONGRANGE_TRACK
+from rpka.study import FRONTIER_EXTENSIONS, LONGRANGE_TRACK
 from rpka.tables import verdict_word
 from rpka.tracks import get_task
 
@@ -31,6 +31,8 @@ LONGRANGE_PREFIX = LONGRANGE_TRACK.format(context="")  # frontier tracks of the 
 
 
 def _title(name: str) -> str:
+    if name in FRONTIER_EXTENSIONS:
+        return FRONTIER_EXTENSIONS[name][1]
     if name.startswith(LONGRANGE_PREFIX) and name[len(LONGRANGE_PREFIX) :].isdigit():
         return f"long range at {int(name[len(LONGRANGE_PREFIX) :]):,} tokens"
     try:
@@ -193,6 +195,16 @@ def all_tracks_table(study: Mapping[str, Any], frontier: Mapping[str, Any] | Non
             "gap recovered at r* [95 % CI]": NA,
             "train step at r* (× exact)": NA,
             "positive control": "no frontier",
+        })  # fmt: skip
+    for name, entry in (study.get("extensions") or {}).items():  # frontier extensions
+        tokens = entry.get("attention_tokens")
+        rows.append({
+            "track": entry.get("title", name),
+            "length": NA if tokens is None else f"{int(tokens):,}",
+            "gate": _gate(entry.get("attention_gate")),
+            "primary arm": f"`{entry.get('primary_arm', NA)}`",
+            "primary verdict": verdict_word((entry.get("primary") or {}).get("verdict", NA)),
+            **_frontier_cells(fronts.get(name)),
         })  # fmt: skip
     rows += longrange_rows(study.get("longrange"), frontier)
     return pd.DataFrame(rows)

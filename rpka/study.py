@@ -273,6 +273,28 @@ def track_entry(report: dict[str, Any], report_path: Path, index_dir: Path) -> d
     }
 
 
+# Benches that extend a study's rank frontier beyond its tracks' own arms (issue 26), read
+# where they are: frontier name -> (folder in the study's results, title). They are not
+# study tracks: `make report` does not run them (each one's preset says how it is run).
+FRONTIER_EXTENSIONS: dict[str, tuple[str, str]] = {
+    "forecast-motif-64": ("forecast-motif-64", "Motif forecast track at 64 tokens (rank sweep)"),
+}
+
+
+def extension_entries(out: Path) -> dict[str, dict[str, Any]]:
+    """The :data:`FRONTIER_EXTENSIONS` benches found in the results folder ``out``: a
+    :func:`track_entry` each, with ``title`` and ``attention_tokens`` (the primary arm's)."""
+    entries = {}
+    for name, (folder, title) in FRONTIER_EXTENSIONS.items():
+        path = out / folder / "bench_report.json"
+        report = read_if_there(path, INDEX_KEYS)
+        if report is not None:
+            tokens = report["arms"][report["primary_arm"]].get("attention_tokens")
+            entries[name] = {**track_entry(report, path, out), "title": title,
+                             "attention_tokens": tokens}  # fmt: skip
+    return entries
+
+
 def write_study_index(
     preset: str, tracks: tuple[str, ...] = STUDY_TRACKS, out_dir: str | Path | None = None
 ) -> dict[str, Any]:
@@ -285,7 +307,8 @@ def write_study_index(
     context: a ``track_entry`` of its bench, or null without a long-context result) and
     ``longrange`` (:func:`longrange_entry`, from ``<out>/longrange/``, or null). The frontier
     (``frontier.json``) takes the tracks whose attention gate passed and the long-range
-    lengths whose two-control gate passed (``longrange-<n>``).
+    lengths whose two-control gate passed (``longrange-<n>``), and the frontier extensions
+    found there (``extensions``, :func:`extension_entries`) whose gate passed.
     """
     out = resolve(out_dir or paths.results_dir(preset))
     required = INDEX_KEYS
@@ -308,15 +331,16 @@ def write_study_index(
                     report, out / entry["bench_report"], out
                 )
     longrange = longrange_entry(out / paths.LONGRANGE, out)
+    extensions = extension_entries(out)
     index = {
         "preset": preset, "tracks": entries, "missing": missing, "longctx": longctx_entry,
-        paths.LONGRANGE: longrange,
+        paths.LONGRANGE: longrange, "extensions": extensions,
     }  # fmt: skip
     write_json(out / Path(paths.study_json(preset)).name, index)
     # the rank frontier of the tracks that need attention (a gap to recover needs a gate)
     gated = {
         name: out / entry["bench_report"]
-        for name, entry in entries.items()
+        for name, entry in (entries | extensions).items()
         if (entry.get("attention_gate") or {}).get("passed")
     }
     for report_path in gated.values():  # why: the kernel's spectrum on exact's trained heads
