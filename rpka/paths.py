@@ -106,6 +106,19 @@ def longrange_dir(preset: str) -> str:
 LONGRANGE = "longrange"  # the long-range study's folder in a study's results, and its key
 
 
+def long_context_dir(preset: str, long_range: bool) -> str:
+    """Where a study's long-context step writes: the long-range study's folder when that
+    study is a long-range one (``long_range``: its gate needs the local control - the
+    standard study), else the study's results folder (``full``'s forecast-regimes study
+    and the previews)."""
+    return longrange_dir(preset) if long_range else results_dir(preset)
+
+
+def long_context_json(preset: str, long_range: bool) -> str:
+    """The ``longctx.json`` of a study's long-context step (:func:`long_context_dir`)."""
+    return f"{long_context_dir(preset, long_range)}/longctx.json"
+
+
 def longctx_context_dir(context: int) -> str:
     """One long-context bench's folder, relative to the study's results folder."""
     return f"longctx/context-{context}"

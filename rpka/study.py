@@ -66,7 +66,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "scaling_cpu_json": paths.scaling_cpu_json(preset),
             "scaling_gpu_json": paths.GPU_SCALING_JSON,
             "decode_json": paths.decode_json("cpu"),
-            "longctx_json": long_context_json(preset),
+            "longctx_json": paths.long_context_json(preset, long_range(preset)),
             "figures_dir": figures,
         },
         "06_report.ipynb": {
@@ -91,19 +91,11 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------- compute
 
 
-def long_context_dir(preset: str) -> str:
-    """Where the study's long-context step writes: the long-range study's folder
-    (``paths.longrange_dir``) when the preset's long-context study is a long-range one (its
-    gate needs the local control: the standard study), else the study's results folder
-    (the forecast-regimes study of ``full`` and the previews)."""
-    if get_longctx_preset(preset).bench.gate_needs_local:
-        return paths.longrange_dir(preset)
-    return paths.results_dir(preset)
+def long_range(preset: str) -> bool:
+    """Whether ``preset``'s long-context study is a long-range one (its gate needs the local
+    control: the standard study), which ``paths.long_context_dir`` places in its own folder."""
+    return get_longctx_preset(preset).bench.gate_needs_local
 
-
-def long_context_json(preset: str) -> str:
-    """The ``longctx.json`` the study's long-context step writes (:func:`long_context_dir`)."""
-    return f"{long_context_dir(preset)}/{LONGCTX_FILE}"
 
 # the CPU latency sweep each preset re-measures (rpka.scaling presets)
 SCALING_PRESET = {"smoke": "tiny", "quick": "tiny", "standard": "standard", "full": "cpu"}
@@ -206,7 +198,8 @@ def _study_steps(
         config = get_longctx_preset(preset)
         try:
             executor = shared(config.bench.n_workers)
-            return run_longctx(config, long_context_dir(preset), executor, progress=progress)
+            out = paths.long_context_dir(preset, long_range(preset))
+            return run_longctx(config, out, executor, progress=progress)
         finally:  # the study's last step with workers
             if pool is not None:
                 pool.close()
@@ -237,7 +230,11 @@ def _study_steps(
             ),
             (paths.scaling_cpu_json(preset),),
         ),
-        ("long-context training", run_long_context, (long_context_json(preset),)),
+        (
+            "long-context training",
+            run_long_context,
+            (paths.long_context_json(preset, long_range(preset)),),
+        ),
         (
             INDEX_STEP,
             lambda: write_study_index(preset),
@@ -425,7 +422,7 @@ def missing_results(preset: str) -> list[str]:
     needed += [
         paths.mechanism_json(preset, get_task(MECHANISM_TRACK).out_dir),
         paths.scaling_cpu_json(preset),
-        long_context_json(preset),
+        paths.long_context_json(preset, long_range(preset)),
     ]
     needed += [os.path.relpath(f, paths.REPO_ROOT) for f in demo_run_files(preset)]
     return [path for path in needed if not resolve(path).exists()]
