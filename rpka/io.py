@@ -225,9 +225,16 @@ def write_result_json(path: str | os.PathLike, result: dict[str, Any]) -> Path:
     """Atomically write the result ``result`` (a JSON object) to ``path`` with the checksum
     of its payload (:func:`payload_sha256`, key :data:`CHECKSUM_KEY`), which every read
     (:func:`read_json`, :func:`read_json_checked`) verifies. NaN/inf are written as null,
-    as :func:`write_json` does; ``result`` itself is not changed."""
+    as :func:`write_json` does; ``result`` itself is not changed. A file at ``path`` that
+    already holds this payload is left as it is: writing the study index again over
+    committed results written before checksums existed changes no committed byte."""
     payload = json.loads(json.dumps(_finite(result)))  # exactly what will be read back
     payload.pop(CHECKSUM_KEY, None)
+    try:
+        if Path(path).exists() and read_json(path) == payload:
+            return Path(path)
+    except (OSError, ValueError):  # unreadable or corrupt (CorruptFileError): written anew
+        pass
     return write_json(path, {**payload, CHECKSUM_KEY: payload_sha256(payload)})
 
 

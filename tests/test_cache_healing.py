@@ -357,6 +357,11 @@ def test_result_json_round_trip(tmp_path):
     assert json.loads(path.read_text()) == stored
     write_json(path, expected)  # a legacy result: no checksum, read as it is
     assert read_json_checked(path) == expected
+    legacy = path.read_bytes()
+    write_result_json(path, expected)  # the same payload again (the study index rewritten
+    assert path.read_bytes() == legacy  # over committed results): the file is left as it is
+    write_result_json(path, {**expected, "n": [3]})  # a new result: written, with a checksum
+    assert read_json(path)["n"] == [3] and "sha256" in json.loads(path.read_text())
 
 
 @pytest.mark.parametrize("name", ["mechanism.json", "study.json", "frontier.json"])
