@@ -28,13 +28,13 @@ from torch import Tensor
 from rpka.attention import options_of
 from rpka.bench.jobs import ensure_weights
 from rpka.frontier import causal_block_of
-from rpka.io import read_json, write_json
+from rpka.io import read_json, read_run_file, write_json
 from rpka.paths import resolve
 from rpka.quality import method_output_errors
 from rpka.spectrum import qk_norm_ratio
 from rpka.tracks import get_task
 from rpka.tracks.cache import DEFAULT_DATA_DIR
-from rpka.train import build_model, evaluate, load_state, track_config_of
+from rpka.train import build_model, evaluate, load_run_state, track_config_of
 
 DEFAULT_METHODS = ("rpka", "nystrom-uniform", "keys-coreset")
 DEFAULT_RANKS = ("16", "32", "64", "full")
@@ -112,11 +112,11 @@ def drop_in(
     bench_dir = Path(bench_dir)
     report = read_json(bench_dir / "bench_report.json")
     run_file = bench_dir / "runs" / f"{report['arms']['exact']['run_ids'][0]}.json"
-    run = read_json(run_file)
+    run = read_run_file(run_file)
     run_config = {**run["config"], "device": "cpu"}
     data_dir = data_dir or run_config.get("data_dir")
     ensure_weights(run_file, data_dir or str(resolve(DEFAULT_DATA_DIR)))
-    state = load_state(run_file.with_suffix(".pt"))
+    state = load_run_state(run_file, run)  # the weights the run saved, checked
     task = get_task(report["track"])
     track = task.load(track_config_of(run_config), data_dir)
     x, y = task.inputs_targets(track, "test")

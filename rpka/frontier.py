@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from rpka.io import read_json, write_json
+from rpka.io import read_json, write_result_json
 from rpka.stats import ALPHA, paired_comparison, summarize
 
 MARGIN_GAP = 0.95  # non-inferior: mean gap recovered above 0.95 (one-sided, alpha 0.05)
@@ -267,5 +267,5 @@ def write_frontier(reports: Mapping[str, Path], out: Path) -> dict[str, Any]:
                 report, read_json(drop_in), tracks[track]["n_points"]
             )
     result = {"what": __doc__.split("\n\n")[0], "tracks": tracks}
-    write_json(out, result)
+    write_result_json(out, result)
     return result

@@ -57,8 +57,16 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
 
 
 def read_json(path: str | os.PathLike) -> Any:
+    """``path``'s JSON. A result written with a checksum of its payload
+    (:func:`write_result_json`: a JSON object with :data:`CHECKSUM_KEY`) is verified and
+    returned without it; a mismatch raises :class:`CorruptFileError` naming ``path``. A file
+    without the key (legacy, or not a result) is returned as it is."""
     with open(path) as fh:
-        return json.load(fh)
+        data = json.load(fh)
+    if isinstance(data, dict) and CHECKSUM_KEY in data:
+        verify_payload(path, data)
+        data.pop(CHECKSUM_KEY)
+    return data
 
 
 def config_hash(config: dict[str, Any], length: int = 16) -> str:
@@ -185,7 +193,7 @@ def read_checked(path: str | os.PathLike, load: Callable[[Path], Any]) -> Any:
         raise CorruptFileError(f"{path}: unreadable ({type(err).__name__}: {err})") from err
 
 
-CHECKSUM_KEY = "sha256"  # a run file's checksum of its own payload (not part of run_id)
+CHECKSUM_KEY = "sha256"  # a result file's checksum of its own payload (not part of run_id)
 
 
 def payload_sha256(payload: dict[str, Any]) -> str:
@@ -196,20 +204,53 @@ def payload_sha256(payload: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def write_run_file(path: str | os.PathLike, result: dict[str, Any]) -> Path:
-    """Atomically write a run's ``result`` to ``path`` with the checksum of its payload
-    (:func:`payload_sha256`, key :data:`CHECKSUM_KEY`), which :func:`read_run_file` verifies."""
+def verify_payload(path: str | os.PathLike, data: dict[str, Any]) -> None:
+    """Raise :class:`CorruptFileError` naming ``path`` unless ``data`` (read from it) matches
+    its :data:`CHECKSUM_KEY`; a payload without the key (legacy) passes."""
+    checksum = data.get(CHECKSUM_KEY)
+    if checksum is None:
+        return
+    try:
+        actual = payload_sha256(data)
+    except ValueError:  # a NaN or inf written in by hand: never what write_result_json wrote
+        actual = None
+    if checksum != actual:
+        raise CorruptFileError(
+            f"{path}: its content does not match its {CHECKSUM_KEY} checksum "
+            f"({str(checksum)[:16]}...): edited after it was written?"
+        )
+
+
+def write_result_json(path: str | os.PathLike, result: dict[str, Any]) -> Path:
+    """Atomically write the result ``result`` (a JSON object) to ``path`` with the checksum
+    of its payload (:func:`payload_sha256`, key :data:`CHECKSUM_KEY`), which every read
+    (:func:`read_json`, :func:`read_json_checked`) verifies. NaN/inf are written as null,
+    as :func:`write_json` does; ``result`` itself is not changed. A file at ``path`` that
+    already holds this payload is left as it is: writing the study index again over
+    committed results written before checksums existed changes no committed byte."""
     payload = json.loads(json.dumps(_finite(result)))  # exactly what will be read back
     payload.pop(CHECKSUM_KEY, None)
+    try:
+        if Path(path).exists() and read_json(path) == payload:
+            return Path(path)
+    except (OSError, ValueError):  # unreadable or corrupt (CorruptFileError): written anew
+        pass
     return write_json(path, {**payload, CHECKSUM_KEY: payload_sha256(payload)})
+
+
+def write_run_file(path: str | os.PathLike, result: dict[str, Any]) -> Path:
+    """Atomically write a run's ``result`` to ``path`` with the checksum of its payload
+    (:func:`write_result_json`), which :func:`read_run_file` verifies."""
+    return write_result_json(path, result)
 
 
 def read_run_file(path: str | os.PathLike) -> dict[str, Any]:
     """A run's result (``<runs>/<run id>.json``), checked: it parses, has the result keys, its
-    stored configuration hashes to its file name (a run file copied over another run's name
-    would otherwise be accepted as that run), and its payload matches its checksum (a score
-    edited by hand would otherwise be accepted). Files written before run files carried a
-    checksum have none and are accepted as they are. The checksum is not returned."""
+    payload matches its checksum (a score edited by hand would otherwise be accepted;
+    :func:`read_json`), and its stored configuration hashes to its file name (a run file
+    copied over another run's name would otherwise be accepted as that run). Files written
+    before run files carried a checksum have none and are accepted as they are. The
+    checksum is not returned."""
     path = Path(path)
     result = read_json_checked(path, RUN_KEYS)
     stored = config_hash(result["config"])
@@ -218,13 +259,47 @@ def read_run_file(path: str | os.PathLike) -> dict[str, Any]:
             f"{path}: its configuration hashes to {stored} (run_id {result['run_id']!r}), "
             f"not to its name: a run file copied over another run's?"
         )
-    checksum = result.pop(CHECKSUM_KEY, None)
-    if checksum is not None and checksum != payload_sha256(result):
-        raise CorruptFileError(
-            f"{path}: its content does not match its {CHECKSUM_KEY} checksum "
-            f"({str(checksum)[:16]}...): edited after it was written?"
-        )
     return result
+
+
+STATE_CHECKSUM_KEY = "state_sha256"  # in a run's result: the sha256 of the weights it saved
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of the bytes of the file ``path``."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_state_file(
+    state_path: str | os.PathLike, result: dict[str, Any], run_file: str | os.PathLike
+) -> None:
+    """Raise :class:`CorruptFileError` naming both files unless the weights file
+    ``state_path`` is the one the run ``result`` (read from ``run_file``) saved: its sha256 is
+    the result's :data:`STATE_CHECKSUM_KEY`. A result recording none (null) saved no
+    weights, so a weights file beside it is not its own. A run file written before results
+    recorded it (no key) accepts any weights file, as before."""
+    if STATE_CHECKSUM_KEY not in result:
+        return
+    recorded = result[STATE_CHECKSUM_KEY]
+    if recorded is None:
+        raise CorruptFileError(
+            f"{state_path}: not the weights of the run {run_file}, which saved none "
+            f"(its {STATE_CHECKSUM_KEY} is null): a weights file copied or left there?"
+        )
+    try:
+        actual = file_sha256(state_path)
+    except OSError as err:
+        raise CorruptFileError(f"{state_path}: unreadable ({type(err).__name__}: {err})") from err
+    if actual != recorded:
+        raise CorruptFileError(
+            f"{state_path}: its sha256 ({actual[:16]}...) is not the {STATE_CHECKSUM_KEY} "
+            f"({str(recorded)[:16]}...) that {run_file} recorded for the weights it saved: "
+            f"a weights file swapped or edited?"
+        )
 
 
 def quarantine(path: str | os.PathLike, reason: str) -> Path:

@@ -37,7 +37,7 @@ from rpka.frontier import causal_block_of
 from rpka.io import read_json, read_run_file, write_json
 from rpka.mechanism import pivot_points
 from rpka.tracks import get_task
-from rpka.train import build_model, load_state, track_config_of
+from rpka.train import build_model, load_run_state, track_config_of
 
 SPECTRUM_RANKS = (4, 8, 16, 32, 64, 96, 128)
 # what a head's row holds, averaged over the inputs
@@ -131,7 +131,7 @@ def bench_spectrum(
     run_config = {**run["config"], "device": "cpu"}
     track_config = track_config_of(run_config)
     model = build_model(run_config, track_config, torch.device("cpu"))
-    model.load_state_dict(load_state(run_file.with_suffix(".pt")))
+    model.load_state_dict(load_run_state(run_file, run))  # the weights the run saved, checked
     model = model.double().eval()
     task = get_task(report["track"])
     x, _ = task.inputs_targets(task.load(track_config, run_config.get("data_dir")), "test")

@@ -23,7 +23,14 @@ import torch
 from rpka import bench, executors, paths, scaling
 from rpka.config import BenchConfig
 from rpka.frontier import write_frontier
-from rpka.io import read_json, read_json_checked, read_json_or_heal, read_run_file, write_json
+from rpka.io import (
+    read_json,
+    read_json_checked,
+    read_json_or_heal,
+    read_run_file,
+    write_json,
+    write_result_json,
+)
 from rpka.longctx import FILE_NAME as LONGCTX_FILE
 from rpka.longctx import run_longctx
 from rpka.paths import resolve
@@ -333,7 +340,7 @@ def write_study_index(
         "preset": preset, "tracks": entries, "missing": missing, "longctx": longctx_entry,
         paths.LONGRANGE: longrange, "extensions": extensions,
     }  # fmt: skip
-    write_json(out / Path(paths.study_json(preset)).name, index)
+    write_result_json(out / Path(paths.study_json(preset)).name, index)
     # the rank frontier of the tracks that need attention (a gap to recover needs a gate)
     gated = {
         name: out / entry["bench_report"]

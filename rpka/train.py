@@ -35,7 +35,15 @@ from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 from rpka.attention import options_of
 from rpka.config import ArmConfig, BenchConfig, TrainConfig
-from rpka.io import atomic_torch_save, config_hash, read_checked, read_run_file
+from rpka.io import (
+    STATE_CHECKSUM_KEY,
+    atomic_torch_save,
+    config_hash,
+    file_sha256,
+    read_checked,
+    read_run_file,
+    verify_state_file,
+)
 from rpka.model import ModelConfig
 from rpka.tracks import Task, get_task
 
@@ -421,8 +429,10 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         }
         for s, seed in enumerate(run.seeds)
     ]
+    state_sha256 = None  # the weights' checksum, in the result (covered by its own checksum)
     if run_config.get("state_path"):  # a run a later stage reads (rpka.bench.keeps_weights)
         atomic_torch_save(run_config["state_path"], model.state_dict())
+        state_sha256 = file_sha256(run_config["state_path"])
     clean = hashed_config(run_config)
     return {
         "run_id": run_id(run_config),
@@ -446,6 +456,9 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         "cpu_s": time.process_time() - cpu_start,
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
+        # sha256 of the weights file saved at state_path (null: none saved); whoever loads
+        # them checks it (load_run_state), so a swapped or edited weights file is refused
+        STATE_CHECKSUM_KEY: state_sha256,
     }
 
 
@@ -453,19 +466,33 @@ def load_trained(run_file: str | Path, device: str = "cpu") -> tuple[nn.Module, 
     """The trained stacked model of a finished run and its result.
 
     ``run_file`` is the run's JSON; the weights are the ``.pt`` file beside it (written when
-    the run had a ``state_path``, as the bench's evaluation runs do).
+    the run had a ``state_path``, as the bench's evaluation runs do), checked against the
+    ``state_sha256`` the run recorded (:func:`load_run_state`).
     """
     run_file = Path(run_file)
     result = read_run_file(run_file)
+    state = load_run_state(run_file, result, device)  # checked before a model is built
+    run_config = {**result["config"], "device": device}
+    model = build_model(run_config, track_config_of(run_config), torch.device(device))
+    model.load_state_dict(state)
+    return model.eval(), result
+
+
+def load_run_state(
+    run_file: str | Path, result: dict[str, Any] | None = None, device: str = "cpu"
+) -> dict[str, Tensor]:
+    """The saved weights of the finished run ``run_file`` (the ``.pt`` beside it), checked:
+    they are the weights the run saved (their sha256 is the result's ``state_sha256``,
+    :func:`rpka.io.verify_state_file`) and they load; else ``CorruptFileError`` naming the
+    files. ``result``: the run's result if already read (:func:`rpka.io.read_run_file`)."""
+    run_file = Path(run_file)
     state_file = run_file.with_suffix(".pt")
     if not state_file.exists():
         raise FileNotFoundError(
             f"{state_file} is missing: the run kept no weights (rerun it with a state_path)"
         )
-    run_config = {**result["config"], "device": device}
-    model = build_model(run_config, track_config_of(run_config), torch.device(device))
-    model.load_state_dict(read_checked(state_file, lambda path: load_state(path, device)))
-    return model.eval(), result
+    verify_state_file(state_file, read_run_file(run_file) if result is None else result, run_file)
+    return read_checked(state_file, lambda path: load_state(path, device))
 
 
 def load_state(path: str | Path, device: str = "cpu") -> dict[str, Tensor]:

@@ -5,9 +5,10 @@
 Every ``*.json`` under BEFORE_DIR is paired with the file at the same relative path under
 AFTER_DIR; every numeric leaf (and every string or bool leaf) is compared, except under
 keys that hold measurements of time, machine or place (``IGNORED_KEYS``: timings, wall
-and CPU seconds, versions, paths, dates). Prints the largest absolute difference of the
-numbers, every mismatch (up to ``--show``), files missing on either side, and exits 1 if
-a difference exceeds ``--tolerance`` (0: bit for bit) or a file or key is missing.
+and CPU seconds, versions, paths, dates, checksums). Prints the largest absolute
+difference of the numbers, every mismatch (up to ``--show``), files missing on either
+side, and exits 1 if a difference exceeds ``--tolerance`` (0: bit for bit) or a file or
+key is missing.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# keys whose values are measurements of time, the machine or the place (never compared)
+# keys whose values are measurements of time, the machine or the place, or checksums
+# (sha256, state_sha256: they cover timings and file bytes): never compared
 IGNORED_KEYS = re.compile(
     r"(^|_)(timings?|step_ratio|speedup|ratio_vs_baseline|wall(_s)?|cpu(_s)?|seconds|elapsed|ms|step_ms_median|step_ms|"
     r"versions?|device|platform|hostname|path|paths|dir|file|run_file|state_path|date|"
-    r"time|created|load_average|load|data_dir|out|out_dir|peak_mib|memory|mib)($|_)"
+    r"time|created|load_average|load|data_dir|out|out_dir|peak_mib|memory|mib|sha256)($|_)"
 )
 
 

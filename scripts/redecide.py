@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rpka.config import BenchConfig
 from rpka.decision import redecide
-from rpka.io import read_json, write_json
+from rpka.io import read_json, write_result_json
 from rpka.presets import get_preset
 
 
@@ -35,7 +35,7 @@ def main() -> None:
     )
     report["config"] = config.to_dict()
     report = redecide(report, config)
-    write_json(args.report, report)
+    write_result_json(args.report, report)  # a new checksum for the new verdicts
     gate = report["attention_gate"]
     print(f"{args.report}: gate {'passed' if gate and gate['passed'] else 'failed'}; verdicts:")
     for name, arm in report["arms"].items():

@@ -9,13 +9,15 @@ import pytest
 
 from rpka.bench import keeps_weights, make_jobs, run_bench, weight_readers
 from rpka.executors import InProcessExecutor
+from rpka.io import CorruptFileError, read_json
 from rpka.presets import get_preset
-from rpka.train import run_id
+from rpka.train import load_trained, run_id
 
 # the smoke study (mechanism and output-error studies on), one seed per job: two evaluation
 # groups per arm, of which only the first may keep weights
 CONFIG = get_preset("smoke", train={"epochs": 1}, seeds_per_job=1)
-# timings differ between runs, and so does the run file's checksum, which covers them
+# timings differ between runs, and so does the checksum that covers them (the weights'
+# checksum, state_sha256, does not: same seeds, same weights, same bytes)
 VARYING_KEYS = {"wall_s", "cpu_s", "step_ms_median", "sha256"}
 
 
@@ -104,13 +106,13 @@ def test_a_stage_without_its_output_retrains_only_its_runs_bit_for_bit(clone):
     out, before, rerun = clone
     primary = _first_eval_run(before, "rpka-r4")
     expected = _numbers(out / "runs" / f"{primary}.json")
-    mechanism = _without_timings(json.loads((out / "mechanism.json").read_text()))
+    mechanism = _without_timings(read_json(out / "mechanism.json"))  # checksum verified, dropped
     (out / "mechanism.json").unlink()
     report = rerun()
     assert report["timings"]["n_runs_resumed"] == report["timings"]["n_runs"] - 1
     assert {p.stem for p in (out / "runs").glob("*.pt")} == {primary}
     assert _numbers(out / "runs" / f"{primary}.json") == expected  # same seeds, same numbers
-    assert _without_timings(json.loads((out / "mechanism.json").read_text())) == mechanism
+    assert _without_timings(read_json(out / "mechanism.json")) == mechanism
 
 
 def test_the_output_error_study_retrains_the_runs_it_reads(clone):
@@ -132,3 +134,42 @@ def test_corrupt_weights_are_still_moved_aside_and_rerun(clone, first_run):
     assert any(p.name.startswith(f"{state.name}.corrupt-") for p in state.parent.iterdir())
     assert report["timings"]["n_runs_resumed"] == report["timings"]["n_runs"] - 1
     assert state.exists()
+
+
+def test_another_runs_weights_swapped_in_are_refused_and_rerun(clone, first_run):
+    """exact's weights copied over the primary arm's: they load and fit the model (before
+    the weights' checksum they were accepted), but are not the weights that run saved."""
+    out, before, rerun = clone
+    primary, exact = (_first_eval_run(before, arm) for arm in ("rpka-r4", "exact"))
+    runs = out / "runs"
+    expected = _numbers(runs / f"{primary}.json")
+    state = runs / f"{primary}.pt"
+    shutil.copyfile(first_run[0] / "out" / "runs" / f"{exact}.pt", state)
+    with pytest.raises(CorruptFileError, match=f"{state.name}: its sha256") as err:
+        load_trained(runs / f"{primary}.json")
+    assert f"{primary}.json" in str(err.value)  # both files named
+    report = rerun()
+    assert any(p.name.startswith(f"{state.name}.corrupt-") for p in runs.iterdir())
+    assert report["timings"]["n_runs_resumed"] == report["timings"]["n_runs"] - 1
+    assert _numbers(runs / f"{primary}.json") == expected  # the same weights, same state_sha256
+    assert report["mechanism_signature"] == before["mechanism_signature"]
+
+
+def test_an_edited_mechanism_value_is_moved_aside_and_recomputed(clone):
+    """A value of mechanism.json changed by hand no longer flows into the bench report: the
+    bench moves the file aside and studies the model again (retraining its run)."""
+    out, before, rerun = clone
+    path = out / "mechanism.json"
+    expected = _without_timings(read_json(path))
+    data = json.loads(path.read_text())
+    signature = data["trained"]["mechanism_signature"]
+    key = next(k for k, v in signature.items() if isinstance(v, float))
+    signature[key] = -123.0  # valid JSON, same keys
+    path.write_text(json.dumps(data, indent=2))
+    with pytest.raises(CorruptFileError, match="mechanism.json: its content does not match"):
+        read_json(path)
+    report = rerun()
+    assert any(p.name.startswith("mechanism.json.corrupt-") for p in out.iterdir())
+    assert report["mechanism_signature"] == before["mechanism_signature"]
+    assert report["mechanism_signature"][key] != -123.0
+    assert _without_timings(read_json(path)) == expected

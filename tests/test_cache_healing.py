@@ -7,22 +7,27 @@ import numpy as np
 import pytest
 import torch
 
-from rpka.bench import run_bench
+from rpka import report
+from rpka.bench import ensure_weights, run_bench
 from rpka.executors import InProcessExecutor
 from rpka.io import (
     CorruptFileError,
     config_hash,
+    file_sha256,
     payload_sha256,
     quarantine,
+    read_json,
     read_json_checked,
     read_json_or_heal,
     read_run_file,
+    verify_state_file,
     write_json,
+    write_result_json,
     write_run_file,
 )
 from rpka.paths import resolve
 from rpka.presets import get_preset
-from rpka.train import load_trained
+from rpka.train import load_run_state, load_trained
 
 # the smoke study without its mechanism and output-error studies: four one-epoch runs
 CONFIG = get_preset("smoke", train={"epochs": 1}, mechanism=None, output_error_ranks=())
@@ -245,3 +250,167 @@ def test_read_json_or_heal_moves_a_garbage_report_aside(tmp_path, capsys):
     assert "mechanism.json: not valid JSON" in capsys.readouterr().err
     write_json(path, {"model": "m"})
     assert read_json_or_heal(path, ("model",)) == {"model": "m"}
+
+
+# --------------------------------------------------------------------------- weights checksums
+
+
+def _edited_weights(state_file):
+    """Weights that load and fit the model, but are not the ones the run saved."""
+    state = torch.load(state_file, weights_only=True)
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    state[name] = state[name] + 1e-3
+    torch.save(state, state_file)
+
+
+def test_a_run_records_the_checksum_of_the_weights_it_saved(first_run):
+    runs = _run_files(first_run)
+    kept = [p for p in runs if p.with_suffix(".pt").exists()]
+    assert kept and len(kept) < len(runs)
+    for path in runs:
+        stored = json.loads(path.read_text())
+        state = path.with_suffix(".pt")
+        expected = file_sha256(state) if state.exists() else None  # null: saved none
+        assert stored["state_sha256"] == expected
+        assert stored["sha256"] == payload_sha256(stored)  # covered by the run's own checksum
+        assert "state_sha256" not in stored["config"]  # a result key: run ids unchanged
+        assert stored["run_id"] == config_hash(stored["config"]) == path.stem
+
+
+def test_swapped_weights_are_refused_naming_both_files_and_rerun(study, capsys):
+    root, rerun = study
+    run_file = _eval_run(root)
+    state_file = run_file.with_suffix(".pt")
+    expected_state = torch.load(state_file, weights_only=True)
+    expected = _numbers(run_file)
+    _edited_weights(state_file)  # loads fine: before the checksum, accepted silently
+    with pytest.raises(CorruptFileError, match="not the state_sha256") as err:
+        load_trained(run_file)
+    assert state_file.name in str(err.value) and run_file.name in str(err.value)
+    with pytest.raises(CorruptFileError, match=state_file.name):
+        load_run_state(run_file)
+    report = rerun()
+    assert any(p.startswith(state_file.name) for p in _corrupted(run_file.parent))
+    assert state_file.name in capsys.readouterr().err
+    assert report["timings"]["n_runs_resumed"] == report["timings"]["n_runs"] - 1
+    assert _numbers(run_file) == expected  # same seeds: same weights, same state_sha256
+    state = torch.load(state_file, weights_only=True)
+    assert all(torch.equal(state[k], expected_state[k]) for k in expected_state)
+    load_trained(run_file)  # healed
+
+
+def test_ensure_weights_remakes_swapped_weights(study):
+    root, _ = study
+    run_file = _eval_run(root)
+    state_file = run_file.with_suffix(".pt")
+    expected_state = torch.load(state_file, weights_only=True)
+    assert not ensure_weights(run_file, str(root / "cache"))  # its own weights: kept
+    _edited_weights(state_file)
+    assert ensure_weights(run_file, str(root / "cache"))  # moved aside and retrained
+    assert any(p.startswith(state_file.name) for p in _corrupted(run_file.parent))
+    state = torch.load(state_file, weights_only=True)
+    assert all(torch.equal(state[k], expected_state[k]) for k in expected_state)
+
+
+def test_weights_beside_a_run_that_saved_none_are_refused(study):
+    root, _ = study
+    source = _eval_run(root)
+    other = next(p for p in _run_files(root) if not p.with_suffix(".pt").exists())
+    shutil.copyfile(source.with_suffix(".pt"), other.with_suffix(".pt"))
+    with pytest.raises(CorruptFileError, match="which saved none"):
+        load_trained(other)
+
+
+def test_verify_state_file_accepts_legacy_runs_and_its_own_weights(tmp_path):
+    state, run_file = tmp_path / "r.pt", tmp_path / "r.json"
+    torch.save({"w": torch.ones(3)}, state)
+    verify_state_file(state, {}, run_file)  # a run file written before: any weights accepted
+    verify_state_file(state, {"state_sha256": file_sha256(state)}, run_file)
+    with pytest.raises(CorruptFileError, match=r"/r\.pt: its sha256 .*/r\.json recorded"):
+        verify_state_file(state, {"state_sha256": "0" * 64}, run_file)
+    with pytest.raises(CorruptFileError, match="saved none"):
+        verify_state_file(state, {"state_sha256": None}, run_file)
+
+
+def test_a_legacy_run_file_loads_its_weights_as_before(study):
+    root, _ = study
+    run_file = _eval_run(root)
+    data = json.loads(run_file.read_text())
+    legacy = {k: v for k, v in data.items() if k not in ("sha256", "state_sha256")}
+    write_json(run_file, legacy)  # as run files were written before both checksums
+    model, result = load_trained(run_file)
+    assert result["run_id"] == run_file.stem and "state_sha256" not in result
+
+
+# --------------------------------------------------------------------------- result checksums
+
+
+def test_result_json_round_trip(tmp_path):
+    path = tmp_path / "bench_report.json"
+    result = {"arms": {"exact": {"full": {"mean": 0.5, "std": float("nan")}}}, "n": (1, 2)}
+    write_result_json(path, result)
+    stored = json.loads(path.read_text())
+    assert stored["sha256"] == payload_sha256(stored) and "sha256" not in result  # not changed
+    expected = {"arms": {"exact": {"full": {"mean": 0.5, "std": None}}}, "n": [1, 2]}
+    assert read_json(path) == read_json_checked(path, ("arms",)) == expected  # checksum dropped
+    write_result_json(path, read_json(path))  # rewriting what was read gives the same file
+    assert json.loads(path.read_text()) == stored
+    write_json(path, expected)  # a legacy result: no checksum, read as it is
+    assert read_json_checked(path) == expected
+    legacy = path.read_bytes()
+    write_result_json(path, expected)  # the same payload again (the study index rewritten
+    assert path.read_bytes() == legacy  # over committed results): the file is left as it is
+    write_result_json(path, {**expected, "n": [3]})  # a new result: written, with a checksum
+    assert read_json(path)["n"] == [3] and "sha256" in json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("name", ["mechanism.json", "study.json", "frontier.json"])
+def test_an_edited_result_value_is_refused_naming_the_file(tmp_path, name, capsys):
+    path = tmp_path / name
+    write_result_json(path, {"model": "m", "trained": {"mechanism_signature": {"chi2": 1.5}}})
+    data = json.loads(path.read_text())
+    data["trained"]["mechanism_signature"]["chi2"] = 0.5  # valid JSON, same keys
+    path.write_text(json.dumps(data, indent=2))
+    for read in (read_json, read_json_checked):  # every reader (summary, report, study)
+        with pytest.raises(CorruptFileError, match=rf"{name}: its content does not match"):
+            read(path)
+    assert path.exists()  # a reader never moves it
+    assert read_json_or_heal(path, ("model",)) is None  # its producer moves it aside, redoes it
+    assert _corrupted(tmp_path) and name in capsys.readouterr().err
+
+
+def _bench_study(root, tmp_path):
+    """A study index over a copy of the first run's bench report (written with its checksum)."""
+    shutil.copyfile(root / "out" / "bench_report.json", tmp_path / "bench_report.json")
+    index = tmp_path / "study.json"
+    write_result_json(index, {"tracks": {"forecast": {"bench_report": "bench_report.json"}}})
+    return index
+
+
+def test_an_edited_arm_mean_in_a_bench_report_is_refused_by_the_report(first_run, tmp_path):
+    index = _bench_study(first_run, tmp_path)
+    bench = tmp_path / "bench_report.json"
+    assert "sha256" in json.loads(bench.read_text())
+    loaded = report.load_study(index, "smoke", compute=False)  # the round trip reads
+    (track,) = loaded["tracks"].values()
+    primary = track["report"]["primary_arm"]
+    assert "sha256" not in track["report"]
+    data = json.loads(bench.read_text())
+    data["arms"][primary]["full"]["mean"] = -123.0  # the campaign's edit
+    bench.write_text(json.dumps(data, indent=2))
+    with pytest.raises(CorruptFileError, match="bench_report.json: its content does not match"):
+        report.load_study(index, "smoke", compute=False)
+    assert json.loads(bench.read_text()) == data  # never moved or rewritten by the reader
+
+
+def test_committed_result_files_are_read_as_they_are():
+    root = resolve("data/results/full")
+    files = [root / "study.json", root / "frontier.json", root / "bench_report.json"]
+    files += sorted(root.glob("*/mechanism.json")) + sorted(root.glob("*/bench_report.json"))
+    before = {path: path.read_bytes() for path in files}
+    for path in files:
+        assert "sha256" not in json.loads(before[path])  # legacy: written before the checksum
+        assert read_json_checked(path) == json.loads(before[path])
+    loaded = report.load_study(root / "study.json", "full", compute=False)
+    assert loaded["tracks"]
+    assert {path: path.read_bytes() for path in files} == before  # read, never rewritten

@@ -83,7 +83,7 @@ from rpka.bench.studies import (
 from rpka.config import BenchConfig
 from rpka.executors import InProcessExecutor, owned
 from rpka.executors import local_executor as default_executor
-from rpka.io import write_json
+from rpka.io import write_result_json
 from rpka.paths import resolve
 from rpka.tracks.cache import DEFAULT_DATA_DIR
 
@@ -193,5 +193,5 @@ def run_bench(
         "total_s": t_end - t_start,
     }
     report["timings"] = timings(config, runs, phases, (load_start, load_average()))
-    write_json(out / "bench_report.json", report)
+    write_result_json(out / "bench_report.json", report)  # with its checksum, verified on read
     return report

@@ -32,6 +32,7 @@ from rpka.io import (
     quarantine,
     read_checked,
     read_run_file,
+    verify_state_file,
     write_run_file,
 )
 from rpka.train import load_state, make_run_config, run_id, train_run
@@ -72,7 +73,8 @@ def keeps_weights(config: BenchConfig, arm: str, phase: str, group: int) -> bool
 def finished_result(path: Path, state_path: str | None = None) -> dict[str, Any] | None:
     """The result of a run that finished earlier (its file ``path``), or None: not run yet,
     or its files are corrupt or belong to another run - then they are moved aside, to be
-    rerun. Weights at ``state_path`` are checked if there; missing ones do not unfinish
+    rerun. Weights at ``state_path`` are checked if there (they load, and they are the
+    weights the run saved: :func:`rpka.io.verify_state_file`); missing ones do not unfinish
     the run (they are not committed): a stage that needs them retrains the run then
     (:func:`ensure_weights`)."""
     if not path.exists():
@@ -80,6 +82,7 @@ def finished_result(path: Path, state_path: str | None = None) -> dict[str, Any]
     try:
         result = read_run_file(path)
         if state_path and Path(state_path).exists():
+            verify_state_file(state_path, result, path)
             read_checked(state_path, load_state)
         return result
     except CorruptFileError as err:
@@ -93,10 +96,17 @@ def ensure_weights(run_file: Path, data_dir: str, progress: bool = False) -> boo
     """Make sure the weights of the finished run ``run_file`` are beside it (``.pt``):
     if they are missing (a clone of the committed study), retrain the run from its
     recorded configuration, which gives the same weights and numbers (training is seeded).
-    Returns whether it retrained."""
-    if run_file.with_suffix(".pt").exists():
-        return False
+    Weights there that are not the ones the run saved (their sha256 is not the run's
+    ``state_sha256``: swapped or edited) are moved aside and remade the same way. Returns
+    whether it retrained."""
+    state_file = run_file.with_suffix(".pt")
     result = read_run_file(run_file)
+    if state_file.exists():
+        try:
+            verify_state_file(state_file, result, run_file)
+            return False
+        except CorruptFileError as err:
+            quarantine(state_file, str(err))
     run_config = {
         **result["config"],
         "data_dir": data_dir,

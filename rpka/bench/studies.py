@@ -25,7 +25,7 @@ from torch import Tensor
 from rpka.attention import options_of
 from rpka.bench.jobs import ensure_weights
 from rpka.config import BenchConfig
-from rpka.io import read_json_or_heal, read_run_file, write_json
+from rpka.io import read_json_or_heal, read_run_file, write_result_json
 from rpka.paths import resolve
 from rpka.quality import mechanism_study, method_output_errors
 from rpka.tracks.cache import DEFAULT_DATA_DIR
@@ -147,7 +147,7 @@ def study_mechanism(
         member0 = member0_attention_inputs(model, x)
         studies[name] = mechanism_study(member0, progress=progress, **study_options)
     signature = {**studies["trained"]["mechanism_signature"], **trained_model(described)}
-    write_json(path, {"model": described, "options": study_options, **studies})
+    write_result_json(path, {"model": described, "options": study_options, **studies})
     return signature
 
 
