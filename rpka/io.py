@@ -238,6 +238,17 @@ def write_result_json(path: str | os.PathLike, result: dict[str, Any]) -> Path:
     return write_json(path, {**payload, CHECKSUM_KEY: payload_sha256(payload)})
 
 
+def seal_result_json(path: str | os.PathLike) -> bool:
+    """Give a result file written before checksums existed its checksum (its payload
+    unchanged, then verified by every read); True if it was rewritten, False if it already
+    had one. A file whose checksum does not match is refused (``CorruptFileError``)."""
+    data = read_json(path)  # verifies a checksum that is there
+    if not isinstance(data, dict) or CHECKSUM_KEY in json.loads(Path(path).read_text()):
+        return False
+    write_json(path, {**data, CHECKSUM_KEY: payload_sha256(data)})
+    return True
+
+
 def write_run_file(path: str | os.PathLike, result: dict[str, Any]) -> Path:
     """Atomically write a run's ``result`` to ``path`` with the checksum of its payload
     (:func:`write_result_json`), which :func:`read_run_file` verifies."""

@@ -414,3 +414,19 @@ def test_committed_result_files_are_read_as_they_are():
     loaded = report.load_study(root / "study.json", "full", compute=False)
     assert loaded["tracks"]
     assert {path: path.read_bytes() for path in files} == before  # read, never rewritten
+
+
+def test_sealing_a_legacy_result_adds_its_checksum_and_nothing_else(tmp_path):
+    from rpka.io import CHECKSUM_KEY, read_json, seal_result_json, write_json
+
+    path = tmp_path / "bench_report.json"
+    write_json(path, {"arms": {"exact": {"mean": 0.5}}})  # written before checksums
+    assert seal_result_json(path) is True
+    assert CHECKSUM_KEY in json.loads(path.read_text())
+    assert read_json(path) == {"arms": {"exact": {"mean": 0.5}}}
+    assert seal_result_json(path) is False  # sealed once
+    sealed = json.loads(path.read_text())
+    sealed["arms"]["exact"]["mean"] = -123.0  # an edit after sealing is refused
+    path.write_text(json.dumps(sealed))
+    with pytest.raises(CorruptFileError, match="bench_report.json"):
+        read_json(path)
