@@ -1,6 +1,6 @@
 """The report page (``notebooks/06_report``): the header (title, commit, date, preview
 banner), the study index, numbered figures with captions and alt text, and each track's
-section; the words and tables come from ``rpka.report_text``.
+section; the words and tables come from ``rpka.report.text``.
 
 Every number is read from a result file. The study index ``data/results/<preset>/
 study.json`` (``rpka.paths.study_json``) names each track's bench report, attention gate,
@@ -26,14 +26,28 @@ import pandas as pd
 from IPython.display import HTML, Markdown
 from matplotlib.figure import Figure
 
-from rpka import narrative, paths, plots_recall, report_text, stats, study, summary, tables
+from rpka import paths, stats, study
 from rpka.io import figure_png, read_json_checked, save_figure, saved_path
-from rpka.narrative import mde_text
-from rpka.plots import metric_label, plot_output_error_by_arm
-from rpka.plots_cost import plot_error_vs_time
-from rpka.plots_report import plot_forest, primary_comparison
 from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS
-from rpka.report_text import (
+
+# frontier, longrange, sections, summary: imported so each section is report.<section>
+from rpka.report import (  # noqa: F401
+    figures_recall,
+    frontier,
+    longrange,
+    narrative,
+    readme,
+    sections,
+    summary,
+    tables,
+    text,
+)
+from rpka.report.figures import metric_label, plot_output_error_by_arm
+from rpka.report.figures_cost import plot_error_vs_time
+from rpka.report.figures_headline import plot_forest, primary_comparison
+from rpka.report.narrative import mde_text
+from rpka.report.tables import arm_group, verdict_word
+from rpka.report.text import (
     ci_text,
     cost_caption,
     disclosures,
@@ -42,7 +56,6 @@ from rpka.report_text import (
     gate_text,
     num,
 )
-from rpka.tables import arm_group, verdict_word
 from rpka.tracks import get_task
 
 # --------------------------------------------------------------------------- page
@@ -294,8 +307,8 @@ def track_section(
         figs.show(plot_forest(report, figures_dir, f"{name}_forest"), *forest_caption(track)),
         Markdown(narrative.learnability(report)),
     ]
-    if plots_recall.applies(report):  # accuracy against rank / pairs: the low-rank test
-        fig = plots_recall.plot_recall_accuracy_vs_rank(report, figures_dir, f"{name}_vs_rank")
+    if figures_recall.applies(report):  # accuracy against rank / pairs: the low-rank test
+        fig = figures_recall.plot_recall_accuracy_vs_rank(report, figures_dir, f"{name}_vs_rank")
         out.append(
             figs.show(
                 fig,
@@ -341,13 +354,13 @@ def targets(
     decode: Mapping[str, Any] | None,
     gpu: Mapping[str, Any] | None,
 ) -> pd.DataFrame:
-    """The study's targets table (``rpka.summary.targets_table``) for these results."""
+    """The study's targets table (``rpka.report.readme.targets_table``) for these results."""
     results: dict[str, Any] = dict.fromkeys(STUDY_TRACKS)
     results |= {name: t["report"] for name, t in study["tracks"].items()}
     results |= {"mechanism": mechanism, "scaling_cpu": scaling, "decode": decode}
     results["longctx"] = optional_json(paths.longctx_json(study["preset"]))
-    cost = summary.cost_table(study["preset"], results)
-    return summary.targets_table({**results, "scaling_gpu": gpu}, cost)
+    cost = readme.cost_table(study["preset"], results)
+    return readme.targets_table({**results, "scaling_gpu": gpu}, cost)
 
 
 def verdicts_table(study: Mapping[str, Any]) -> pd.DataFrame:
@@ -382,11 +395,11 @@ def appendix_section(track: Mapping[str, Any]) -> list[Any]:
     report = track["report"]
     out: list[Any] = [
         Markdown(f"#### {track['title']}"),
-        Markdown(report_text.selection_rules(track)),
-        tables.styled(report_text.arms_table(report)),
-        tables.styled(report_text.statistics_table(report)),
+        Markdown(text.selection_rules(track)),
+        tables.styled(text.arms_table(report)),
+        tables.styled(text.statistics_table(report)),
     ]
-    shares = report_text.guard_shares(report)
+    shares = text.guard_shares(report)
     if len(shares):
         out += [Markdown("Numerical guards in training (docs/numerics.md):"), tables.styled(shares)]
     out += [
