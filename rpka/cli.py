@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from rpka import bench, cost, decoding, longctx, paths, pipeline, scaling, study, summary
+from rpka import bench, cost, decoding, longctx, paths, pipeline, scaling, study
 from rpka.cli_args import (
     COST_STEPS_RANGE,
     EPOCHS_RANGE,
@@ -51,6 +51,7 @@ from rpka.io import CorruptFileError, atomic_write_text, write_json
 from rpka.paths import resolve
 from rpka.presets import PRESETS_BY_TRACK, PREVIEW_PRESETS, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
+from rpka.report import readme
 from rpka.tracks import get_task
 
 # --------------------------------------------------------------------------- bench
@@ -518,12 +519,12 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
         )
     index = study.write_study_index(args.preset)  # study.json: where every reader starts
     print(f"study index: {paths.study_json(args.preset)} ({len(index['tracks'])} track(s))")
-    block = summary.render(args.preset)
+    block = readme.render(args.preset)
     if args.readme is None or text is None:
         print(block)
         return
     try:
-        atomic_write_text(args.readme, summary.replace_block(text, block))
+        atomic_write_text(args.readme, readme.replace_block(text, block))
     except OSError as err:
         parser.error(f"argument --readme: cannot write {args.readme} ({err.strerror or err})")
     print(f"updated the summary block of {args.readme}")
@@ -564,7 +565,7 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     result = cost.run_cost_model(
         args.preset, args.benches, args.steps, args.out, progress=not args.no_progress
     )
-    print(summary.cost_model_table(result).to_markdown(index=False))
+    print(readme.cost_model_table(result).to_markdown(index=False))
     print(f"written to {args.out or cost.cost_model_json(args.preset)}")
     return result
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from rpka import summary
+from rpka.report import readme
 
 # evaluation seeds a paired comparison can use: at least 2 pairs; at most what any study
 # here would run (more is a typo, and 10**20 overflows the seed arithmetic)
@@ -87,20 +87,20 @@ def fail(command: str, message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def readable_readme(parser: argparse.ArgumentParser, readme: Path) -> str:
+def readable_readme(parser: argparse.ArgumentParser, path: Path) -> str:
     """The README's text, refused before any work where it is not a file, cannot be read or
     written, or has no summary block."""
     try:
-        if not readme.is_file():
-            parser.error(f"argument --readme: {readme} is not a file")
-        text = readme.read_text()
+        if not path.is_file():
+            parser.error(f"argument --readme: {path} is not a file")
+        text = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
-        parser.error(f"argument --readme: cannot read {readme} ({err})")
-    if summary.BEGIN not in text or summary.END not in text:
+        parser.error(f"argument --readme: cannot read {path} ({err})")
+    if readme.BEGIN not in text or readme.END not in text:
         parser.error(
-            f"argument --readme: {readme} has no summary block (the lines {summary.BEGIN!r} "
-            f"and {summary.END!r})"
+            f"argument --readme: {path} has no summary block (the lines {readme.BEGIN!r} "
+            f"and {readme.END!r})"
         )
-    if not os.access(readme, os.W_OK) or not os.access(readme.parent or Path("."), os.W_OK):
-        parser.error(f"argument --readme: {readme} cannot be written (permissions)")
+    if not os.access(path, os.W_OK) or not os.access(path.parent or Path("."), os.W_OK):
+        parser.error(f"argument --readme: {path} cannot be written (permissions)")
     return text

@@ -449,7 +449,7 @@ def record_superseded(
     """Keep what a rerun replaced, beside the new bench report: ``superseded.json``.
 
     A bench rerun after a bug fix overwrites ``bench_report.json``; the report then shows
-    each arm before and after (:func:`rpka.narrative.superseded`). Stored per arm: the
+    each arm before and after (:func:`rpka.report.narrative.superseded`). Stored per arm: the
     evaluation seeds' test scores and the comparison's delta, CI and verdict. ``reason``
     says what was wrong, ``fix`` where it was fixed (a commit, an issue).
     """

@@ -155,38 +155,38 @@ def test_the_committed_full_study_and_its_report_table():
     its estimate, and the frontier section shows the aggregate table under its caption."""
     from pathlib import Path
 
-    from rpka import report_frontier
+    from rpka import report
 
     results = Path(__file__).resolve().parents[1] / "data" / "results" / "full"
-    out = report_frontier.load_aggregate(results)
+    out = report.frontier.load_aggregate(results)
     if out is None:
         pytest.skip("no committed full study here")
     rows = [*out["exact_vs_rpka"], *out["rpka_vs_peers"], out["primary_gap_iqm"]]
     assert all(r["ci_low"] <= r["estimate"] <= r["ci_high"] for r in rows)
     assert out["exact_vs_rpka"][0]["tracks"] == out["tracks"]
-    table = report_frontier.aggregate_table(out)
+    table = report.frontier.aggregate_table(out)
     assert len(table) == len(rows) and not table.isna().any().any()
-    caption = report_frontier.aggregate_caption(out)
+    caption = report.frontier.aggregate_caption(out)
     assert "the per-track rule above decides" in caption and "rliable" in caption
-    text = report_frontier.aggregate_caption(out) + table.to_markdown(index=False)
+    text = report.frontier.aggregate_caption(out) + table.to_markdown(index=False)
     assert "<" not in text and ">" not in text  # arm names stay text
 
 
 def test_the_frontier_section_shows_the_aggregate_view_after_its_table():
     from pathlib import Path
 
-    from rpka import report, report_frontier
+    from rpka import report
     from rpka.io import read_json
 
     results = Path(__file__).resolve().parents[1] / "data" / "results" / "full"
     if not (results / "frontier.json").exists():
         pytest.skip("no committed full study here")
     frontier = read_json(results / "frontier.json")
-    out = report_frontier.load_aggregate(results)
-    items = report_frontier.frontier_section(frontier, report.Figures(), None, aggregate=out)
+    out = report.frontier.load_aggregate(results)
+    items = report.frontier.frontier_section(frontier, report.Figures(), None, aggregate=out)
     texts = [getattr(i, "data", "") or "" for i in items]
     (at,) = [i for i, t in enumerate(texts) if "An aggregate view across the gated" in t]
     table = next(i for i, t in enumerate(texts) if "gap recovered [95 % CI]" in t)
     assert table < at and "Does residual pivoting" in texts[at - 1]  # after the per-track
-    assert len(items) == len(report_frontier.frontier_section(frontier, report.Figures(),
+    assert len(items) == len(report.frontier.frontier_section(frontier, report.Figures(),
                                                               None)) + 1  # fmt: skip

@@ -192,3 +192,17 @@ def test_no_closure_shares_state_by_nonlocal():
         if isinstance(node, ast.Nonlocal)
     ]
     assert not found, f"nonlocal: {found}"
+
+
+def test_design_lists_every_report_module_in_the_package_contract():
+    """Each module of ``rpka/report/`` (one per section, and what they share) has a line in
+    docs/design.md section 8 and a layer in the ``rpka.report`` contract."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text[text.index("## 8. Layout") : text.index("## 9.")]
+    listed = re.findall(r"^      report/(\w+)", section, flags=re.M)
+    package = {p.stem for p in (PACKAGE / "report").glob("*.py")}
+    assert sorted(listed) == sorted(package)
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in contracts["contracts"] if c.get("containers") == ["rpka.report"]]
+    named = [n.strip() for layer in contract["layers"] for n in layer.split("|")]
+    assert sorted(named) == sorted(package - {"__init__"})

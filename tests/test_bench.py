@@ -9,11 +9,12 @@ import pytest
 from doc_keys import key_paths
 
 import rpka.bench as bench
-from rpka import cli, tables
+from rpka import cli
 from rpka.bench import InProcessExecutor, best_learning_rate, run_bench
 from rpka.config import BenchConfig
 from rpka.io import read_json
 from rpka.presets import get_preset
+from rpka.report import tables
 from rpka.stats import VERDICTS
 from rpka.tracks.lm import LM_NAMES, MarkovCopySource
 
@@ -176,20 +177,20 @@ def test_lm_report_has_the_floor_and_the_gaps(lm_smoke_report, capsys):
     assert "floor" in capsys.readouterr().out
 
 
-def test_bench_plots_draw_the_lm_report(lm_smoke_report):
+def test_bench_figures_draw_the_lm_report(lm_smoke_report):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rpka import plots
+    from rpka.report import figures
 
     report, _ = lm_smoke_report
-    sweep = plots.plot_sweep(report)
+    sweep = figures.plot_sweep(report)
     floor = report["naive_baselines"]["floor"]["perplexity"]
     lines = {line.get_label(): line for line in sweep.axes[0].get_lines()}
     assert lines["exact floor"].get_ydata()[0] == pytest.approx(floor)
-    for draw in (plots.plot_learning_curves, plots.plot_paired_seeds, plots.plot_deltas):
+    for draw in (figures.plot_learning_curves, figures.plot_paired_seeds, figures.plot_deltas):
         fig = draw(report)
         assert "perplexity" in " ".join(ax.get_ylabel() + ax.get_xlabel() for ax in fig.axes)
     plt.close("all")

@@ -9,9 +9,10 @@ import time
 import pytest
 import torch
 
-from rpka import cli, executors, study, summary
+from rpka import cli, executors, study
 from rpka.attention import build
 from rpka.io import CorruptFileError, write_json
+from rpka.report import readme
 
 
 def _never(*args, **kwargs):
@@ -136,29 +137,29 @@ def test_summary_without_results_is_one_line(tmp_path, monkeypatch, capsys):
 
 def test_summary_refuses_a_readme_without_markers_before_any_work(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cli.study, "write_study_index", _never)
-    readme = tmp_path / "README.md"
-    readme.write_text("# no block here\n")
-    line = _refused(cli.summary_main, ["--readme", str(readme)], capsys)
-    assert f"argument --readme: {readme} has no summary block" in line
-    assert readme.read_text() == "# no block here\n"
+    readme_md = tmp_path / "README.md"
+    readme_md.write_text("# no block here\n")
+    line = _refused(cli.summary_main, ["--readme", str(readme_md)], capsys)
+    assert f"argument --readme: {readme_md} has no summary block" in line
+    assert readme_md.read_text() == "# no block here\n"
 
 
 def test_summary_names_a_readme_it_cannot_write(tmp_path, monkeypatch, capsys):
     """An immutable file (chattr +i: even root cannot rename over it) - the write fails
     after the summary is rendered; one line, the file as it was."""
-    readme = tmp_path / "README.md"
-    readme.write_text(f"{summary.BEGIN}\n{summary.END}\n")
+    readme_md = tmp_path / "README.md"
+    readme_md.write_text(f"{readme.BEGIN}\n{readme.END}\n")
     monkeypatch.setattr(cli.study, "write_study_index", lambda preset: {"tracks": {}})
-    monkeypatch.setattr(cli.summary, "render", lambda preset: "block")
+    monkeypatch.setattr(cli.readme, "render", lambda preset: "block")
 
     def immutable(path, text):
         raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
 
     monkeypatch.setattr(cli, "atomic_write_text", immutable)
     monkeypatch.setattr(cli, "resolve", lambda path: tmp_path)  # the results "exist"
-    line = _refused(cli.summary_main, ["--preset", "smoke", "--readme", str(readme)], capsys)
-    assert f"argument --readme: cannot write {readme} (Operation not permitted)" in line
-    assert readme.read_text() == f"{summary.BEGIN}\n{summary.END}\n"
+    line = _refused(cli.summary_main, ["--preset", "smoke", "--readme", str(readme_md)], capsys)
+    assert f"argument --readme: cannot write {readme_md} (Operation not permitted)" in line
+    assert readme_md.read_text() == f"{readme.BEGIN}\n{readme.END}\n"
 
 
 def _bench_report(**drop: bool) -> dict:
@@ -181,7 +182,7 @@ def test_a_bench_report_without_timings_is_named_not_a_key_error(tmp_path):
     with pytest.raises(CorruptFileError, match=r"bench_report\.json: lacks the keys \['timings'\]"):
         study.write_study_index("smoke", tracks=("forecast",), out_dir=tmp_path)
     with pytest.raises(CorruptFileError, match=r"lacks the keys \['timings'\]"):
-        summary._load(path, summary.BENCH_KEYS)
+        readme._load(path, readme.BENCH_KEYS)
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"arms": {}})])

@@ -123,7 +123,7 @@ def test_longctx_refuses_an_output_folder_that_is_a_file(tmp_path, capsys):
 
 
 def test_summary_refuses_a_missing_readme(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli.summary, "render", _never)
+    monkeypatch.setattr(cli.readme, "render", _never)
     with pytest.raises(SystemExit) as exit_info:
         cli.summary_main(["--readme", str(tmp_path / "README.md")])
     assert exit_info.value.code == 2
@@ -142,13 +142,14 @@ def test_longctx_refuses_seeds_out_of_range_like_bench(seeds, capsys):
 def test_a_garbage_result_file_is_named_by_every_reader(tmp_path, content):
     """summary, the report page and its study index read result files the user may have
     edited or truncated: the error names the file (issue 17 item 2)."""
-    from rpka import report, summary
+    from rpka import report
     from rpka.io import CorruptFileError
+    from rpka.report import readme
 
     bad = tmp_path / "bench_report.json"
     bad.write_text(content)
     # valid JSON of the wrong shape: only the study index checks what a bench report holds
-    readers = [summary._load, report.optional_json] if content != "[1, 2]" else []
+    readers = [readme._load, report.optional_json] if content != "[1, 2]" else []
     (tmp_path / "study.json").write_text('{"tracks": {"x": {"bench_report": "bench_report.json"}}}')
     for read in [*readers, lambda _: report.load_study(tmp_path / "study.json", "full")]:
         with pytest.raises(CorruptFileError, match=str(bad)):

@@ -3,10 +3,11 @@ bench's recorded CPU time, and the command's errors."""
 
 import pytest
 
-from rpka import cli, cost, summary
+from rpka import cli, cost
 from rpka.bench import InProcessExecutor, run_bench
 from rpka.io import read_json
 from rpka.presets import STANDARD_TRAINING_BUDGET_CPU_S, STUDY_TRACKS, get_preset
+from rpka.report import readme
 
 SMOKE_STUDY = get_preset("smoke-study", train={"epochs": 1})  # the conftest fixture's bench
 
@@ -94,7 +95,7 @@ def test_the_table_sets_each_prediction_beside_its_measurement():
             "c": {"n_jobs": 3, "predicted_cpu_s": 30.0, "measured_cpu_s": 60.0},
         }
     }
-    table = summary.cost_model_table(result)
+    table = readme.cost_model_table(result)
     assert list(table["predicted / measured"]) == ["1.20", "-", "0.50", "0.94"]
     assert table.iloc[-1]["measured CPU s"] == "160"
     assert table.iloc[1]["measured CPU s"] == "-"

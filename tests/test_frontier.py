@@ -179,7 +179,7 @@ def test_a_positive_control_that_loses_is_reported_as_such():
 
 
 def test_the_report_section_states_r_star_its_cost_and_a_failing_positive_control():
-    from rpka import report, report_frontier
+    from rpka import report
 
     good = track_frontier(bench_report({
         "exact": ("exact", None, EXACT),
@@ -193,23 +193,23 @@ def test_the_report_section_states_r_star_its_cost_and_a_failing_positive_contro
         "rpka-r96": ("rpka", 96, arm_at([0.6] * 7)),
     }))  # fmt: skip
     frontier = {"tracks": {"recall": good, "lm": bad}}
-    text = report_frontier.track_sentence("recall", good)
+    text = report.frontier.track_sentence("recall", good)
     assert "r\\* = 32 of 128 points (0.25)" in text and "2.00x exact's" in text
-    assert "The positive control does not tie" in report_frontier.track_sentence("lm", bad)
-    items = report_frontier.frontier_section(frontier, report.Figures(), None)
+    assert "The positive control does not tie" in report.frontier.track_sentence("lm", bad)
+    items = report.frontier.frontier_section(frontier, report.Figures(), None)
     assert len(items) == 4  # sentences, figure, table, "no spectrum"
-    table = report_frontier.frontier_table(frontier)
+    table = report.frontier.frontier_table(frontier)
     assert list(table["verdict"]) == ["non-inferior", "non-inferior", "not shown"]
-    assert "no rank frontier" in report_frontier.frontier_section(None, None, None)[0].data
+    assert "no rank frontier" in report.frontier.frontier_section(None, None, None)[0].data
 
 
 def test_the_spectrum_text_states_the_heads_sharpness_and_q_k_ratio():
-    from rpka import report_frontier
+    from rpka import report
 
     head = {"ranks": [16, 64], "n_points": 128, "logit_std": 2.5, "qk_norm_ratio": 1.7,
             "residual_rpc": [0.9, 0.5], "residual_optimal": [0.8, 0.4],
             "no_structure": [0.875, 0.5], "attention_error": [0.3, 0.01]}  # fmt: skip
-    text = report_frontier.spectrum_text({"lm": {"heads": [head, {**head, "qk_norm_ratio": 0.8}]}})
+    text = report.frontier.spectrum_text({"lm": {"heads": [head, {**head, "qk_norm_ratio": 0.8}]}})
     assert "r = 64 of 128 points" in text and "q/k norm ratio 0.80-1.70" in text
     assert "logit std 2.5-2.5" in text
 

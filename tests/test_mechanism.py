@@ -1,4 +1,5 @@
-"""rpka.mechanism and rpka.plots against independent references (numpy, SVD, brute force)."""
+"""rpka.mechanism and rpka.report.figures against independent references (numpy, SVD, brute
+force)."""
 
 import itertools
 import json
@@ -299,29 +300,29 @@ def test_bad_inputs():
 # --------------------------------------------------------------------------- plots
 
 
-def test_plots_write_pngs(tmp_path):
+def test_mechanism_figures_write_pngs(tmp_path):
     from matplotlib.figure import Figure
 
-    from rpka import plots
+    from rpka.report import figures
 
-    plots.set_style()
+    figures.set_style()
     study = dict(rank=4, draws=50, quality_ranks=(2, 4, 8), quality_seeds=2, progress=False)
     trained = mechanism_study(model_qkv(seed=1), **study)
     init = json.loads(json.dumps(mechanism_study(model_qkv(seed=2), **study)))  # via JSON
     table = compare_models({"trained": trained, "init": init})
     assert list(table["model"].unique()) == ["trained", "init"] and len(table) == 6
-    figures = {
-        "mechanism_trace_identity": plots.plot_trace_identity(trained, save_dir=tmp_path),
-        "mechanism_residual_trace": plots.plot_residual_trace(trained, save_dir=tmp_path),
-        "mechanism_output_error": plots.plot_output_error(init, save_dir=tmp_path),
-        "mechanism_spectra": plots.plot_spectra({"trained": trained, "init": init}, tmp_path),
-        "mechanism_trained_vs_init": plots.plot_trained_vs_init(
+    written = {
+        "mechanism_trace_identity": figures.plot_trace_identity(trained, save_dir=tmp_path),
+        "mechanism_residual_trace": figures.plot_residual_trace(trained, save_dir=tmp_path),
+        "mechanism_output_error": figures.plot_output_error(init, save_dir=tmp_path),
+        "mechanism_spectra": figures.plot_spectra({"trained": trained, "init": init}, tmp_path),
+        "mechanism_trained_vs_init": figures.plot_trained_vs_init(
             {"trained": trained, "init": init}, save_dir=tmp_path
         ),
     }
-    for name, fig in figures.items():
+    for name, fig in written.items():
         assert isinstance(fig, Figure)
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
         matplotlib.pyplot.close(fig)
     with pytest.raises(ValueError, match="layer"):
-        plots.plot_trace_identity(trained, layer=9, head=0)
+        figures.plot_trace_identity(trained, layer=9, head=0)

@@ -1,6 +1,6 @@
-"""The error-against-cost figure (rpka.plots_cost) and the arm palette (rpka.palette) on
-the committed full study's bench reports: one colour per arm in every figure, the primary
-arm in the legend, labelled log axes, at most ~6 arms a panel."""
+"""The error-against-cost figure (rpka.report.figures_cost) and the arm palette
+(rpka.report.palette) on the committed full study's bench reports: one colour per arm in
+every figure, the primary arm in the legend, labelled log axes, at most ~6 arms a panel."""
 
 import json
 
@@ -8,7 +8,8 @@ import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import pytest
 
-from rpka import palette, paths, plots, plots_cost
+from rpka import paths
+from rpka.report import figures, figures_cost, palette
 
 RESULTS = paths.resolve(paths.results_dir("full"))
 BENCHES = sorted(RESULTS.glob("**/bench_report.json"))
@@ -20,8 +21,8 @@ def _report(path):
 
 def test_an_arm_has_one_colour_whatever_the_other_arms_and_their_order():
     names = ["exact", "rpka-r16", "rpka-r64", "mean-attention", "nystrom-uniform-r16"]
-    once = plots._arm_colors(names)
-    again = plots._arm_colors(list(reversed(names)) + ["performer-r16", "rpka-r16-greedy"])
+    once = figures._arm_colors(names)
+    again = figures._arm_colors(list(reversed(names)) + ["performer-r16", "rpka-r16-greedy"])
     assert all(once[n] == again[n] for n in names)
     assert palette.arm_colour("exact") == palette.EXACT
     assert palette.arm_colour("mean-attention") == palette.CONTROL
@@ -34,7 +35,7 @@ def test_an_arm_has_one_colour_whatever_the_other_arms_and_their_order():
 @pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.parent.name)
 def test_every_arm_is_in_the_legend_the_primary_marked_and_the_axes_say_log(path):
     report = _report(path)
-    fig = plots_cost.plot_error_vs_time(report)
+    fig = figures_cost.plot_error_vs_time(report)
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()]
     labels = {t.get_text() for legend in legends for t in legend.get_texts()}
     timed = [a for a in report["arms"] if a in report["timings"]["step_ms_median"]]
@@ -46,7 +47,7 @@ def test_every_arm_is_in_the_legend_the_primary_marked_and_the_axes_say_log(path
     for ax in fig.axes:
         assert ax.get_xscale() == "log" and "(log scale)" in ax.get_xlabel()
         drawn = {line.get_label() for line in ax.containers}  # one errorbar per arm
-        assert len(drawn) <= plots_cost.MAX_SERIES + 1  # the group's arms and exact
+        assert len(drawn) <= figures_cost.MAX_SERIES + 1  # the group's arms and exact
         colours = [c.lines[0].get_color() for c in ax.containers]
         assert len(set(colours)) == len(colours)  # no two arms of a panel share a colour
         for container in ax.containers:
@@ -58,7 +59,7 @@ def test_every_arm_is_in_the_legend_the_primary_marked_and_the_axes_say_log(path
 def test_a_latency_panel_says_it_is_another_length():
     report = _report(RESULTS / "bench_report.json")
     latency = {a: 1.0 + i for i, a in enumerate(report["arms"])}
-    fig = plots_cost.plot_error_vs_time(report, latency, 4096)
+    fig = figures_cost.plot_error_vs_time(report, latency, 4096)
     titles = [ax.get_title() for ax in fig.axes]
     assert any("not this track's" in t and "4096" in t for t in titles)
     plt.close(fig)

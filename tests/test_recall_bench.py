@@ -14,8 +14,8 @@ import torch
 from rpka.bench import InProcessExecutor, run_bench
 from rpka.io import atomic_save_npz
 from rpka.model import ModelConfig, TransformerLM
-from rpka.plots_recall import accuracy_points, plot_recall_accuracy_vs_rank, reference_arms
 from rpka.presets import RECALL_PRESETS, get_preset
+from rpka.report.figures_recall import accuracy_points, plot_recall_accuracy_vs_rank, reference_arms
 from rpka.tracks import get_task
 from rpka.tracks.cache import cache_path
 from rpka.tracks.recall import (

@@ -1,4 +1,4 @@
-"""The report page (rpka.report, rpka.report_text, rpka.plots_report) on a study index
+"""The report page (rpka.report, rpka.report.text, rpka.report.figures_headline) on a study index
 built from a real smoke bench, decided by rpka.stats' rule (primary unadjusted, Holm over
 the rest, TOST at a margin, the attention gate), as the bench writes it."""
 
@@ -15,11 +15,12 @@ import pytest
 from IPython.core.formatters import DisplayFormatter
 from IPython.display import Markdown
 
-from rpka import narrative, plots, plots_cost, plots_report, report, report_text, stats, study
+from rpka import report, stats, study
 from rpka.io import FIGURE_DPI, figure_png, save_figure
 from rpka.paths import REPO_ROOT as ROOT
 from rpka.pipeline import offline
-from rpka.tables import arm_group
+from rpka.report import figures, figures_cost, figures_headline, narrative, text
+from rpka.report.tables import arm_group
 
 
 def decided(bench: dict, margin: float, min_rel: float, passed: bool | None = None) -> dict:
@@ -108,12 +109,12 @@ def test_without_an_index_or_bench_reports_the_error_names_the_command(tmp_path)
 def test_summary_has_five_bullets_answers_with_ci_and_a_failed_gate_reads_uninformative(
     fake_study,
 ):
-    text = report_text.summary_bullets(fake_study)
-    top = re.split(r"^(?=- )", text, flags=re.M)[1:]  # each top bullet with its sub-bullets
+    words = text.summary_bullets(fake_study)
+    top = re.split(r"^(?=- )", words, flags=re.M)[1:]  # each top bullet with its sub-bullets
     assert len(top) == 5
     passing, failing = fake_study["tracks"].values()
     c = passing["comparison"]
-    assert report_text.ci_text(c) in top[0] and c["verdict"] in top[0]
+    assert text.ci_text(c) in top[0] and c["verdict"] in top[0]
     assert c["verdict"] != "uninformative" and "uninformative" not in top[0]
     assert "uninformative: this track does not need attention" in top[1]
     flipping = len(c["flipping_seeds"])  # how many, not "one": 5 of 8 seeds flipped lm's
@@ -123,13 +124,13 @@ def test_summary_has_five_bullets_answers_with_ci_and_a_failed_gate_reads_uninfo
 
 def test_disclosures_name_borrowed_rates_single_seed_verdicts_and_guards(fake_study):
     passing = next(iter(fake_study["tracks"].values()))
-    text = report_text.disclosures(passing["report"])
+    words = text.disclosures(passing["report"])
     primary = passing["primary_arm"]
-    assert "Borrowed learning rates" in text and f"from `{primary}`" in text
+    assert "Borrowed learning rates" in words and f"from `{primary}`" in words
     seed = passing["report"]["arms"][primary]["seeds"][1]
-    assert "Single-seed-driven" in text and f"dropping seed {seed}" in text
-    assert f"`{primary}` 5.0 %" in text  # 5 of 100 rows floored
-    assert "predates" not in text  # the report has the rule's keys
+    assert "Single-seed-driven" in words and f"dropping seed {seed}" in words
+    assert f"`{primary}` 5.0 %" in words  # 5 of 100 rows floored
+    assert "predates" not in words  # the report has the rule's keys
 
 
 def test_figures_are_numbered_with_alt_text_and_escaped_captions():
@@ -168,7 +169,7 @@ def test_a_saved_figure_is_embedded_from_the_bytes_written_without_drawing_it_ag
 def test_in_a_notebook_a_saved_figure_shows_its_saved_png_at_screen_size(tmp_path, monkeypatch):
     shell = SimpleNamespace(display_formatter=DisplayFormatter())  # a kernel's formatters
     monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
-    plots.set_style()
+    figures.set_style()
     fig, ax = plt.subplots(figsize=(4, 3))
     ax.plot([1, 2, 3])
     written = save_figure(fig, tmp_path, "line").read_bytes()
@@ -181,7 +182,7 @@ def test_in_a_notebook_a_saved_figure_shows_its_saved_png_at_screen_size(tmp_pat
 
 def test_forest_plot_puts_controls_in_their_own_panel_and_the_primary_first(fake_study):
     bench = next(iter(fake_study["tracks"].values()))["report"]
-    fig = plots_report.plot_forest(bench)
+    fig = figures_headline.plot_forest(bench)
     main, controls = fig.axes
     ticks = {t.get_text().split("\n")[0]: t for t in main.get_yticklabels()}
     primary = ticks.pop(f"{bench['primary_arm']} (primary)")
@@ -197,13 +198,13 @@ def test_no_pareto_front_through_cis_that_cross_zero(fake_study):
     for entry in bench["arms"].values():
         if entry.get("comparison"):
             entry["comparison"].update(ci_low=-1.0, ci_high=1.0)
-    fig = plots_cost.plot_error_vs_time(bench)
+    fig = figures_cost.plot_error_vs_time(bench)
     assert not [line for ax in fig.axes for line in ax.lines if line.get_linestyle() == "--"]
     plt.close(fig)
     arm = next(a for a, e in bench["arms"].items() if e.get("comparison"))
     bench["arms"][arm]["comparison"].update(delta_mean=-0.5, ci_low=-0.6, ci_high=-0.4)
     bench["timings"]["step_ms_median"][arm] = 2 * bench["timings"]["step_ms_median"]["exact"]
-    fig = plots_cost.plot_error_vs_time(bench)
+    fig = figures_cost.plot_error_vs_time(bench)
     (front,) = [line for ax in fig.axes for line in ax.lines if line.get_linestyle() == "--"]
     assert len(front.get_xdata()) == 2  # exact and the one arm told apart from it
     plt.close(fig)
@@ -224,12 +225,12 @@ def test_decode_cost_includes_the_redraw_and_the_prefill():
         for n, r in [(1, 0.0), (4, 0.5)]
     ]
     decode = {"device": "cpu", "config": {"contexts": [1, 4]}, "rows": rows}
-    d = report_text.decode_numbers(decode)
+    d = text.decode_numbers(decode)
     assert d["growth"] == 1.0 and d["growth_with_redraw"] == pytest.approx(1.5)
     assert d["prefill_ratio"] == pytest.approx(7.0)
-    text = report_text.decode_cost(decode)
+    words = text.decode_cost(decode)
     assert d["prefill_worst_ratio"] == pytest.approx(14.0) and d["prefill_worst_context"] == 1
-    assert "1.50×" in text and "7.0× exact's" in text and "up to 14.0× (at 1 tokens)" in text
+    assert "1.50×" in words and "7.0× exact's" in words and "up to 14.0× (at 1 tokens)" in words
 
 
 def test_the_mechanism_names_its_model_from_the_description_key():
@@ -268,9 +269,9 @@ def test_offline_html_has_no_script_no_remote_link_and_the_title():
 
 def test_appendix_tables_use_words_not_python_reprs(fake_study):
     bench = next(iter(fake_study["tracks"].values()))["report"]
-    arms = report_text.arms_table(bench)
+    arms = text.arms_table(bench)
     assert not arms["options"].str.contains(r"[{}']", regex=True).any()
-    stats_table = report_text.statistics_table(bench)
+    stats_table = text.statistics_table(bench)
     assert {"TOST p", "margin", "MDE of the rule", "one seed flips it"} <= set(stats_table)
     assert set(stats_table["verdict"]) <= set(stats.VERDICTS)
     assert np.isfinite(stats_table["delta mean"]).all()
@@ -278,21 +279,21 @@ def test_appendix_tables_use_words_not_python_reprs(fake_study):
 
 def test_a_flip_that_only_the_seed_count_forces_is_not_called_one_seed(fake_study):
     c = {"n_pairs": 6, "mde_alpha": 0.05, "verdict_flipped_by_one_seed": True}
-    assert not report_text.loso_can_reject(c)  # 5 pairs: the floor 2/32 > 0.05
-    assert report_text.loso_can_reject({**c, "n_pairs": 8})
+    assert not text.loso_can_reject(c)  # 5 pairs: the floor 2/32 > 0.05
+    assert text.loso_can_reject({**c, "n_pairs": 8})
 
 
 @pytest.mark.parametrize(("ci_pct", "shown"), [((2000.0, 3000.0), True), ((5e4, 2e5), False)])
 def test_the_answer_and_the_relative_text_share_one_near_zero_cut_off(fake_study, ci_pct, shown):
     """Between 1,000 % and the cut-off a relative figure is still written (motif's control:
     +1,300 %); beyond it every text says exact's mean is near 0 instead (recall: 10^5 %)."""
-    from rpka import narrative
+    from rpka.report import narrative
 
     track = copy.deepcopy(next(t for t in fake_study["tracks"].values() if t["gate"] != "failed"))
     c = track["comparison"]
     c.update(baseline_mean=1.0, delta_mean=sum(ci_pct) / 200, ci_low=ci_pct[0] / 100)
     c["ci_high"] = ci_pct[1] / 100
-    answer = report_text.track_answer(track)
+    answer = text.track_answer(track)
     assert ("near 0" not in answer) is shown
     assert (f"{ci_pct[0]:+.1f}" in answer) is shown
     assert ("near 0" not in narrative.relative_text(ci_pct[1] / 100)) is shown
@@ -317,14 +318,14 @@ def test_a_rerun_after_a_fix_shows_each_moved_arm_before_and_now(smoke_study_rep
     index = {"tracks": {bench["track"]: {"bench_report": "track/bench_report.json"}}}
     (tmp_path / "study.json").write_text(json.dumps(index))
     track = report.load_study(tmp_path / "study.json", "smoke")["tracks"][bench["track"]]
-    text = narrative.superseded(track["report"], track["superseded"])
-    assert text.startswith("**Rerun after a fix.** A bug in the solve (fixed in abc123).")
+    words = narrative.superseded(track["report"], track["superseded"])
+    assert words.startswith("**Rerun after a fix.** A bug in the solve (fixed in abc123).")
     before, now = previous["arms"][primary]["full"]["mean"], bench["arms"][primary]["full"]["mean"]
-    assert f"`{primary}` {before:.4g} → {now:.4g} (delta " in text
+    assert f"`{primary}` {before:.4g} → {now:.4g} (delta " in words
     others = [f"`{a}`" for a in bench["arms"] if a != primary]
-    assert text.endswith(f"Reproduced bit for bit: {', '.join(others)}.")
+    assert words.endswith(f"Reproduced bit for bit: {', '.join(others)}.")
     shown = report.track_section(track, report.Figures())
-    assert any(isinstance(item, Markdown) and item.data == text for item in shown)
+    assert any(isinstance(item, Markdown) and item.data == words for item in shown)
 
 
 def test_the_ablation_rule_keeps_its_key_paths_in_markdown():
@@ -339,15 +340,15 @@ def test_the_ablation_rule_keeps_its_key_paths_in_markdown():
             "rule": RULE.format(metric="mse", seeds="0, 1", alpha=0.05, n_others=6),
         }
     }
-    text = narrative.ablation_choice(report)
-    assert "arms.&lt;arm&gt;.sweep[]" in text and "<arm>" not in text
+    words = narrative.ablation_choice(report)
+    assert "arms.&lt;arm&gt;.sweep[]" in words and "<arm>" not in words
 
 
 def test_the_trace_identity_caption_states_the_pooled_decision():
     """The figure shows one Monte Carlo seed; the caption must give the decision the study
     used (pooled over every seed), not that seed's p as the verdict."""
     mechanism = json.loads((ROOT / "data/results/full/forecast-motif/mechanism.json").read_text())
-    caption, _ = report_text.trace_identity_caption(mechanism)
+    caption, _ = text.trace_identity_caption(mechanism)
     pooled = mechanism["trained"]["mechanism_signature"]["pooled"]
     assert f"{pooled['n_seeds']} Monte Carlo seeds" in caption
     assert f"χ² p = {pooled['chi2_p']:.3g}" in caption and "fails" not in caption
@@ -359,8 +360,8 @@ def test_an_equivalent_verdict_without_power_says_it_is_not_a_finding(fake_study
     track = copy.deepcopy(next(iter(fake_study["tracks"].values())))
     c = track["comparison"]
     c.update(verdict="equivalent", mde=None, n_pairs=2, mde_note="zero power: with 2 pairs")
-    text = report.track_headline(track)
-    assert "**Verdict: equivalent** by TOST's interval alone" in text
-    assert "no power with 2 pairs, so this is not a finding" in text
+    words = report.track_headline(track)
+    assert "**Verdict: equivalent** by TOST's interval alone" in words
+    assert "no power with 2 pairs, so this is not a finding" in words
     c.update(mde=0.01)
     assert report.track_headline(track).endswith("**Verdict: equivalent.**")

@@ -1,5 +1,5 @@
 """The long-range study (issue 27) in the study index, the frontier, the answer figure and
-the report (rpka.study.longrange_entry, rpka.report_longrange, rpka.plots_frontier), on the
+the report (rpka.study.longrange_entry, rpka.report.longrange, rpka.report.figures_frontier), on the
 ``longrange-smoke`` preset's output: as run (both gates fail at smoke size) and with its
 gates made to pass (the control losing on every seed), and with files missing."""
 
@@ -9,11 +9,12 @@ import shutil
 import pytest
 from matplotlib.figure import Figure
 
-from rpka import longctx, report_longrange, report_summary, study
+from rpka import longctx, study
 from rpka.executors import InProcessExecutor
 from rpka.io import read_json, write_result_json
-from rpka.plots_frontier import plot_longrange_answer
 from rpka.presets_longctx import get_longctx_preset
+from rpka.report import longrange, summary
+from rpka.report.figures_frontier import plot_longrange_answer
 
 SMOKE = get_longctx_preset("longrange-smoke")
 CONTROL_LOSS = 1.0  # added to exact's per-seed MSE: a control that loses on every seed
@@ -96,13 +97,13 @@ def test_gated_lengths_are_frontier_tracks(gated_study):
         assert all(r["gap_recovered"]["mean"] is not None for r in track["rows"])
 
 
-def test_the_answer_figure_plots_every_point_and_writes_the_png(gated_study, tmp_path):
+def test_the_answer_figure_draws_every_point_and_writes_the_png(gated_study, tmp_path):
     _index(gated_study)
     frontier = _read(gated_study, "frontier.json")
-    longctx_file, _ = report_longrange.load_files(gated_study / "longrange")
-    points = report_longrange.answer_points(frontier, longctx_file)
+    longctx_file, _ = longrange.load_files(gated_study / "longrange")
+    points = longrange.answer_points(frontier, longctx_file)
     assert len(points) == 3 * len(SMOKE.contexts)
-    rows = report_longrange.cost_rows(longctx_file)
+    rows = longrange.cost_rows(longctx_file)
     for p in points:
         row = rows[(p["context"], p["arm"])]
         assert p["step_ratio"] == row["step_ratio_vs_exact"]
@@ -112,7 +113,7 @@ def test_the_answer_figure_plots_every_point_and_writes_the_png(gated_study, tmp
     assert len(fig.axes) == 2  # the memory panel beside the speed one
     no_memory = [{**p, "peak_ratio": None} for p in points]
     assert len(plot_longrange_answer(no_memory).axes) == 1
-    caption, alt = report_longrange.answer_caption(points)
+    caption, alt = longrange.answer_caption(points)
     assert all(f"{p['context']:,} tokens {p['arm']}" in caption for p in points)
     assert isinstance(plot_longrange_answer([]), Figure)
 
@@ -125,7 +126,7 @@ class _Figs:
 def _sections(out):
     index = _index(out)
     frontier = _read(out, "frontier.json")
-    longctx_file, locality = report_longrange.load_files(out / "longrange")
+    longctx_file, locality = longrange.load_files(out / "longrange")
     runs = {"longrange": index["longrange"], "longctx": None, "tracks": {}}
     return runs, frontier, longctx_file, locality
 
@@ -135,50 +136,50 @@ def test_failing_gates_read_failed_and_no_answer(smoke_study, tmp_path):
     shutil.copytree(smoke_study, out)
     runs, frontier, longctx_file, _ = _sections(out)
     index = runs["longrange"]
-    gates = report_longrange.gates_table(index)
+    gates = longrange.gates_table(index)
     assert len(gates) == len(SMOKE.contexts)
     assert set(gates["two-control gate"]) == {"failed"}
     assert gates["local gate"].str.startswith("failed: `local-w8`").all()
-    assert "Not answered" in report_longrange.answer_text(index, [])
-    verdicts = report_longrange.verdicts_table(index, frontier, longctx_file)
+    assert "Not answered" in longrange.answer_text(index, [])
+    verdicts = longrange.verdicts_table(index, frontier, longctx_file)
     assert verdicts["verdict vs exact"].str.endswith("(gate failed)").all()
     assert set(verdicts["gap recovered [95 % CI]"]) == {"n/a"}
-    table = report_summary.all_tracks_table(runs, frontier)
+    table = summary.all_tracks_table(runs, frontier)
     lr = table[table["track"] == "long range (two controls)"]
     assert list(lr["gate"]) == ["failed"] * len(SMOKE.contexts)
     assert set(lr["r* (rank / points)"]) == {"no frontier"}
-    line = report_longrange.summary_line(index, frontier, longctx_file)
+    line = longrange.summary_line(index, frontier, longctx_file)
     assert "failed" in line and "Not answered" in line
 
 
 def test_passing_gates_give_gaps_learnability_and_a_section(gated_study, tmp_path):
     runs, frontier, longctx_file, _ = _sections(gated_study)
     index = runs["longrange"]
-    gates = report_longrange.gates_table(index)
+    gates = longrange.gates_table(index)
     assert set(gates["two-control gate"]) == {"passed"}
     for (_, row), (_, entry) in zip(gates.iterrows(), sorted(index["contexts"].items(),
                                                              key=lambda kv: int(kv[0])),
                                     strict=True):  # fmt: skip
         ratio = entry["learnability"]["ratio_to_linear"]
         assert row["learnability: exact ÷ linear"].startswith(f"{ratio:.3f}")
-    verdicts = report_longrange.verdicts_table(index, frontier, longctx_file)
+    verdicts = longrange.verdicts_table(index, frontier, longctx_file)
     assert (verdicts["gap recovered [95 % CI]"] != "n/a").any()
-    table = report_summary.all_tracks_table(runs, frontier)
+    table = summary.all_tracks_table(runs, frontier)
     lr = table[table["track"] == "long range (two controls)"]
     assert set(lr["gate"]) == {"passed"} and set(lr["positive control"]) == {"not trained"}
-    reports = report_summary.longctx_reports(runs, gated_study, key="longrange")
+    reports = summary.longctx_reports(runs, gated_study, key="longrange")
     assert sorted(reports) == list(SMOKE.contexts)
-    headline = report_summary.headline_rows(runs, None, reports)
+    headline = summary.headline_rows(runs, None, reports)
     assert [r["gate"] for r in headline] == ["passed"] * len(SMOKE.contexts)
     assert all(r["gap"] is not None and r["label"].startswith("long range") for r in headline)
     locality = {"contexts": {"64": {"median": 31.0, "p10": 25.0, "p90": 40.0,
                                     "share_within_window": 0.0, "window": 8}}}  # fmt: skip
-    setup = report_longrange.setup_text(index, longctx_file, locality)
+    setup = longrange.setup_text(index, longctx_file, locality)
     assert "forecast-lookup" in setup and "median 31 steps back" in setup
-    assert "not measured" in report_longrange.setup_text(index, longctx_file, None)
+    assert "not measured" in longrange.setup_text(index, longctx_file, None)
     other = {"contexts": {"512": locality["contexts"]["64"]}}
-    assert "at these lengths" in report_longrange.setup_text(index, longctx_file, other)
-    items = report_longrange.longrange_section(
+    assert "at these lengths" in longrange.setup_text(index, longctx_file, other)
+    items = longrange.longrange_section(
         runs, frontier, longctx_file, locality, _Figs(), tmp_path
     )
     assert any(isinstance(i, str) and "Does RPKA pay" in i for i in items)
@@ -191,22 +192,22 @@ def test_a_cheaper_non_inferior_point_is_the_answer():
              "gap_mean": 0.98, "gap_ci_low": 0.96, "gap_ci_high": 1.0,
              "verdict": "non-inferior", "step_ratio": 0.48, "peak_ratio": 0.7,
              "margin_gap": 0.95}  # fmt: skip
-    text = report_longrange.answer_text(index, [point])
+    text = longrange.answer_text(index, [point])
     assert "Yes" in text and "0.48×" in text and "0.980 [0.960, 1.000]" in text
     slower = {**point, "step_ratio": 1.3}
-    text = report_longrange.answer_text(index, [slower])
+    text = longrange.answer_text(index, [slower])
     assert "Not shown" in text and "1.30×" in text
 
 
 def test_missing_files_read_not_run(tmp_path):
-    assert report_longrange.load_files(tmp_path) == (None, None)
-    items = report_longrange.longrange_section({}, None, None, None, _Figs(), None)
+    assert longrange.load_files(tmp_path) == (None, None)
+    items = longrange.longrange_section({}, None, None, None, _Figs(), None)
     assert len(items) == 1 and "not run" in items[0].data
-    assert report_longrange.gates_table(None).empty
-    assert report_longrange.verdicts_table(None, None, None).empty
-    assert report_longrange.answer_points(None, None) == []
-    assert "Not run" in report_longrange.summary_line(None, None, None)
-    assert report_summary.longrange_rows(None, None) == []
+    assert longrange.gates_table(None).empty
+    assert longrange.verdicts_table(None, None, None).empty
+    assert longrange.answer_points(None, None) == []
+    assert "Not run" in longrange.summary_line(None, None, None)
+    assert summary.longrange_rows(None, None) == []
     entry = {"contexts": {"512": {"attention_gate": None}}}
-    row = report_longrange.gates_table(entry).iloc[0]
+    row = longrange.gates_table(entry).iloc[0]
     assert row["no-attention gate"] == "not run" and row["learnability: exact ÷ linear"] == "n/a"

@@ -1,4 +1,4 @@
-"""The report's top (rpka.report_summary): the answer sentence, the all-tracks table and
+"""The report's top (rpka.report.summary): the answer sentence, the all-tracks table and
 the headline figure on the gap-recovered scale, read from the committed full study."""
 
 import copy
@@ -8,9 +8,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from rpka import narrative, paths, plots_report, report, report_summary
+from rpka import paths, report
 from rpka.frontier import MARGIN_GAP
 from rpka.io import write_json
+from rpka.report import figures_headline, narrative, summary
 from rpka.tracks import get_task
 
 RESULTS = paths.resolve(paths.results_dir("full"))
@@ -29,12 +30,12 @@ def frontier():
 def test_the_answer_sentence_reads_r_star_gap_step_ratio_and_the_control_from_the_file(
     frontier,
 ):
-    text = report_summary.answer_sentence(frontier)
+    text = summary.answer_sentence(frontier)
     assert text.startswith("**When does RPKA stop losing, at what cost?**")
     for entry in frontier["tracks"].values():
-        row = report_summary.r_star_row(entry)
+        row = summary.r_star_row(entry)
         if row is None:
-            best = report_summary.best_rpka_row(entry)
+            best = summary.best_rpka_row(entry)
             assert f"rank {best['rank']} of {best['n_points']}" in text
             continue
         g = row["gap_recovered"]
@@ -48,12 +49,12 @@ def test_a_positive_control_that_does_not_tie_is_said_and_no_frontier_is_said(fr
     broken = copy.deepcopy(frontier)
     entry = next(e for e in broken["tracks"].values() if e["positive_control"])
     entry["positive_control"]["verdict"] = "not shown"
-    assert "**does not tie**" in report_summary.answer_sentence(broken)
-    assert "Not answered" in report_summary.answer_sentence(None)
+    assert "**does not tie**" in summary.answer_sentence(broken)
+    assert "Not answered" in summary.answer_sentence(None)
 
 
 def test_the_all_tracks_table_has_every_track_and_long_context_length(full_study, frontier):
-    table = report_summary.all_tracks_table(full_study, frontier)
+    table = summary.all_tracks_table(full_study, frontier)
     contexts = full_study["longctx"]["contexts"]
     longrange = (full_study.get("longrange") or {}).get("contexts", {})
     assert len(table) == len(full_study["tracks"]) + len(contexts) + len(longrange)
@@ -66,7 +67,7 @@ def test_the_all_tracks_table_has_every_track_and_long_context_length(full_study
         if name not in full_study["tracks"]:  # a long-range length: its own rows
             continue
         row = table[table["track"] == full_study["tracks"][name]["title"]].iloc[0]
-        star = report_summary.r_star_row(entry)
+        star = summary.r_star_row(entry)
         if star:
             assert row["r* (rank / points)"].startswith(f"{entry['r_star']} / ")
             assert row["train step at r* (× exact)"] == f"{star['step_ratio']:.2f}×"
@@ -82,17 +83,17 @@ def test_a_long_context_entry_missing_keys_still_renders(full_study, frontier):
     study = copy.deepcopy(full_study)
     study["longctx"] = {"contexts": {"4096": {"local_gate": {"passed": True}}}}
     study["longrange"] = None  # the long-context rows are the table's last
-    table = report_summary.all_tracks_table(study, frontier)
+    table = summary.all_tracks_table(study, frontier)
     row = table.iloc[-1]
     assert row["length"] == "4,096" and row["primary verdict"] == "n/a"
-    assert report_summary.longctx_reports(study, RESULTS) == {}
+    assert summary.longctx_reports(study, RESULTS) == {}
 
 
 def test_the_headline_is_on_the_gap_scale_and_every_track_is_readable(full_study):
-    longctx = report_summary.longctx_reports(full_study, RESULTS)
-    rows = report_summary.headline_rows(full_study, longctx)
+    longctx = summary.longctx_reports(full_study, RESULTS)
+    rows = summary.headline_rows(full_study, longctx)
     assert len(rows) == len(full_study["tracks"]) + len(longctx)
-    fig = plots_report.plot_headline(rows)
+    fig = figures_headline.plot_headline(rows)
     ax = fig.axes[0]
     low, high = ax.get_xlim()
     assert low <= 0 and high >= 1 and high - low < 3  # 0 = no attention, 1 = exact
@@ -101,7 +102,7 @@ def test_the_headline_is_on_the_gap_scale_and_every_track_is_readable(full_study
     hollow = [line for line in ax.lines if line.get_marker() == "o" and
               line.get_markerfacecolor() == "white"]  # fmt: skip
     assert len(hollow) == sum(t["gate"] == "failed" for t in full_study["tracks"].values())
-    caption, alt = report_summary.headline_caption(rows)
+    caption, alt = summary.headline_caption(rows)
     assert "1 is exact attention" in caption and "%" not in caption.split("Hollow")[1]
     for r in rows:
         if r["gap"]:
@@ -117,7 +118,7 @@ def test_the_primary_gap_is_the_frontiers_rule_on_the_primary_arm(full_study, fr
         row = next((r for r in entry["rows"] if r["arm"] == report_["primary_arm"]), None)
         if row is None:
             continue
-        gap = report_summary.primary_gap(report_)
+        gap = summary.primary_gap(report_)
         assert gap["mean"] == pytest.approx(row["gap_recovered"]["mean"])
         assert gap["ci_low"] == pytest.approx(row["gap_recovered"]["ci_low"])
     assert np.isclose(MARGIN_GAP, next(iter(frontier["tracks"].values()))["margin_gap"])
@@ -155,7 +156,7 @@ def test_targets_split_into_science_bars_and_engineering_targets(full_study):
         ],
         columns=["target", "measured", "status"],
     )
-    science, engineering = report_summary.split_targets(targets)
+    science, engineering = summary.split_targets(targets)
     assert list(science["target"].str[:5]) == ["lm le", "trace"]
     assert list(engineering["target"].str[:5]) == ["forec", "study"]
 
@@ -182,28 +183,28 @@ def _index(gate: bool, verdict: str, primary: str = "rpka-r16") -> dict:
 def test_the_companion_table_says_where_two_studies_agree_and_where_not():
     standard = _index(True, "significant loss")
     full = _index(True, "significant loss")
-    table = report_summary.companion_table(standard, full, ("standard", "full"))
+    table = summary.companion_table(standard, full, ("standard", "full"))
     assert list(table["track"]) == ["motif", "longrange-512"]
     assert list(table["agree"]) == ["yes", "yes"]
-    flipped = report_summary.companion_table(standard, _index(True, "equivalent"), ("s", "f"))
+    flipped = summary.companion_table(standard, _index(True, "equivalent"), ("s", "f"))
     assert list(flipped["agree"]) == ["**no**", "yes"]
-    gate = report_summary.companion_table(standard, _index(False, "significant loss"), ("s", "f"))
+    gate = summary.companion_table(standard, _index(False, "significant loss"), ("s", "f"))
     assert gate["agree"][0] == "**no**" and gate["gate (f)"][0] == "failed"
     # a failing local gate fails the track's gate
     local = _index(True, "significant loss")
     local["tracks"]["motif"]["local_gate"] = {"passed": False}
-    assert report_summary.study_decisions(local)["motif"]["gate"] == "failed"
+    assert summary.study_decisions(local)["motif"]["gate"] == "failed"
     # a track only one study ran is not counted as agreeing
     only = _index(True, "significant loss")
     only["tracks"]["lm"] = dict(only["tracks"]["motif"])
-    assert report_summary.companion_table(only, full, ("s", "f"))["agree"].tolist()[1] == "-"
+    assert summary.companion_table(only, full, ("s", "f"))["agree"].tolist()[1] == "-"
 
 
 def test_the_companion_section_reads_both_committed_indexes(tmp_path):
     for preset, verdict in (("standard", "significant loss"), ("full", "equivalent")):
         (tmp_path / preset).mkdir()
         write_json(tmp_path / preset / "study.json", _index(True, verdict))
-    text = report_summary.companion_section("standard", tmp_path)
+    text = summary.companion_section("standard", tmp_path)
     assert "Of the 2 tracks both ran, 1 has the same gate" in text
-    assert report_summary.companion_section("quick", tmp_path) == ""
-    assert report_summary.companion_section("full", tmp_path / "nowhere") == ""
+    assert summary.companion_section("quick", tmp_path) == ""
+    assert summary.companion_section("full", tmp_path / "nowhere") == ""

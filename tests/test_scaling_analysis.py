@@ -1,4 +1,4 @@
-"""Scaling analysis (rpka.tables, scaling section) on synthetic data with known answers,
+"""Scaling analysis (rpka.report.tables, scaling section) on synthetic data with known answers,
 and the scaling / decoding / long-context figures on committed or schema-shaped results."""
 
 import copy
@@ -11,9 +11,10 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from rpka import plots, scaling_analysis, tables
-from rpka import plots_scaling as sp
+from rpka import scaling_analysis
 from rpka.io import read_json
+from rpka.report import figures, tables
+from rpka.report import figures_scaling as sp
 
 RESULTS = Path(__file__).resolve().parent.parent / "data" / "results" / "scaling"
 CPU_JSON = RESULTS / "cpu.json"
@@ -181,8 +182,8 @@ def check_png(fig, path):
     matplotlib.pyplot.close(fig)
 
 
-def test_scaling_plots_write_pngs_on_the_committed_cpu_results(tmp_path):
-    plots.set_style()
+def test_scaling_figures_write_pngs_on_the_committed_cpu_results(tmp_path):
+    figures.set_style()
     result = read_json(CPU_JSON)
     figure = sp.plot_scaling_latency(result, save_dir=tmp_path)
     check_png(figure, tmp_path / "scaling_latency_cpu.png")
@@ -198,9 +199,9 @@ def test_scaling_plots_write_pngs_on_the_committed_cpu_results(tmp_path):
         sp.plot_scaling_latency(result, methods=("performer",))
 
 
-def test_scaling_plots_take_the_gpu_schema(tmp_path):
+def test_scaling_figures_take_the_gpu_schema(tmp_path):
     """Same schema from a GPU run (device named, device_type cuda; some lengths OOM)."""
-    plots.set_style()
+    figures.set_style()
     result = copy.deepcopy(read_json(CPU_JSON))
     result |= {"device": "NVIDIA H200", "device_type": "cuda", "dtype": "bfloat16"}
     for row in result["rows"]:
@@ -255,7 +256,7 @@ def decode_result() -> dict:
 
 
 def test_decode_plot(tmp_path):
-    plots.set_style()
+    figures.set_style()
     frame = scaling_analysis.decode_frame(decode_result())
     rpka = frame[frame["method"] == "rpka"]
     assert np.allclose(rpka["per_token_with_redraw_ms"], 0.2001)
@@ -268,13 +269,13 @@ def test_decode_plot(tmp_path):
 
 @pytest.mark.skipif(not (RESULTS / "decode_cpu.json").exists(), reason="decoding not merged yet")
 def test_decode_plot_on_the_committed_results(tmp_path):
-    plots.set_style()
+    figures.set_style()
     fig = sp.plot_decode_latency(read_json(RESULTS / "decode_cpu.json"), save_dir=tmp_path)
     check_png(fig, tmp_path / "decode_latency_cpu.png")
 
 
 def test_longctx_plot(tmp_path):
-    plots.set_style()
+    figures.set_style()
     rng = np.random.default_rng(0)
     rows = []
     for context in (512, 2048):

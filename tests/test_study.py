@@ -13,7 +13,7 @@ import torch
 
 matplotlib.use("Agg")
 
-from rpka import cli, paths, plots, plots_cost, scaling, study, tables  # noqa: E402
+from rpka import cli, paths, scaling, study  # noqa: E402
 from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
 from rpka.attention import REGISTRY, options_of  # noqa: E402
 from rpka.config import BenchConfig  # noqa: E402
@@ -26,6 +26,7 @@ from rpka.presets import (  # noqa: E402
     get_preset,
 )
 from rpka.quality import method_output_errors  # noqa: E402
+from rpka.report import figures, figures_cost, tables  # noqa: E402
 from rpka.train import make_run_config, train_run  # noqa: E402
 
 FULL = get_preset("full")
@@ -339,7 +340,7 @@ def test_pareto_front():
     x = [1.0, 2.0, 3.0, 4.0, 2.5, math.nan]
     y = [5.0, 3.0, 3.5, 1.0, 2.0, 0.0]
     # (3, 3.5) is dominated by (2, 3); (2.5, 2) joins the front; NaN never does
-    assert plots_cost.pareto_front(x, y) == [0, 1, 4, 3]
+    assert figures_cost.pareto_front(x, y) == [0, 1, 4, 3]
 
 
 def test_tables(smoke_study_report, tmp_path):
@@ -372,19 +373,19 @@ def test_tables(smoke_study_report, tmp_path):
 
 def test_figures_write_pngs(smoke_study_report, tmp_path):
     report, _ = smoke_study_report
-    plots.set_style()
+    figures.set_style()
     latency = tiny_arm_latency(report)
-    figures = [
-        plots.plot_deltas(report, tmp_path),  # the forest plot: every arm against exact
-        plots.plot_output_error_by_arm(report, tmp_path),
-        plots_cost.plot_error_vs_time(report, latency, 64, tmp_path),
+    drawn = [
+        figures.plot_deltas(report, tmp_path),  # the forest plot: every arm against exact
+        figures.plot_output_error_by_arm(report, tmp_path),
+        figures_cost.plot_error_vs_time(report, latency, 64, tmp_path),
     ]
     for name in ("bench_deltas", "bench_output_error", "bench_error_vs_time"):
         assert (tmp_path / f"{name}.png").stat().st_size > 0
-    forest = figures[0].axes[0]
+    forest = drawn[0].axes[0]
     labels = [t.get_text() for t in forest.get_yticklabels()]
     assert len(labels) == len(report["arms"]) - 1 and all("wins" in t for t in labels)
-    for fig in figures:
+    for fig in drawn:
         matplotlib.pyplot.close(fig)
 
 

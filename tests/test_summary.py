@@ -7,13 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rpka import cli, summary
+from rpka import cli
 from rpka.paths import resolve
+from rpka.report import readme
 
 
 def test_arm_table_has_one_row_per_arm_with_the_reports_numbers(smoke_study_report):
     report, _ = smoke_study_report
-    table = summary.arm_table(report)
+    table = readme.arm_table(report)
     assert [name.strip("`").split("`")[0] for name in table["arm"]] == list(report["arms"])
     primary = table[table["arm"].str.contains("(primary)", regex=False)]
     assert len(primary) == 1
@@ -29,9 +30,9 @@ def test_arm_table_has_one_row_per_arm_with_the_reports_numbers(smoke_study_repo
 
 def test_targets_say_not_measured_when_a_file_is_missing(smoke_study_report):
     report, _ = smoke_study_report
-    results = dict.fromkeys(summary.load_results("smoke"), None)
+    results = dict.fromkeys(readme.load_results("smoke"), None)
     results["forecast"] = report
-    table = summary.targets_table(results)
+    table = readme.targets_table(results)
     gpu = table[table["target"].str.startswith("GPU")]
     assert len(gpu) == 3 and set(gpu["status"]) == {"n/a"}
     assert not table["target"].str.contains("long context|budget").any()  # no such files
@@ -58,9 +59,9 @@ def test_speed_targets_of_issue_16_are_read_from_the_study(smoke_study_report):
             },
         ],
     }
-    results = {**dict.fromkeys(summary.load_results("smoke")), "forecast": report}
-    cost = summary.cost_table("no-such-preset", results)
-    table = summary.targets_table({**results, "longctx": longctx}, cost)
+    results = {**dict.fromkeys(readme.load_results("smoke")), "forecast": report}
+    cost = readme.cost_table("no-such-preset", results)
+    table = readme.targets_table({**results, "longctx": longctx}, cost)
     status = dict(zip(table["target"], table["status"], strict=True))
     # the step targets name the track they are measured on (not another forecast track's)
     assert status["forecast track: rpka-r16 training step at 32 tokens ≤ 1.5 × exact"] == "met"
@@ -69,33 +70,33 @@ def test_speed_targets_of_issue_16_are_read_from_the_study(smoke_study_report):
     assert status["long context, 2,048 tokens: rpka-r64 peak memory ≤ 1.5 × exact"] == "met"
     cpu_s = sum(t["sweep"] + t["eval"] for t in report["timings"]["run_cpu_s"].values())
     budget = table[table["target"].str.startswith("study budget")].iloc[0]
-    assert budget["status"] == ("met" if cpu_s / 120 <= summary.BUDGET_MIN else "not met")
+    assert budget["status"] == ("met" if cpu_s / 120 <= readme.BUDGET_MIN else "not met")
     assert f"{round(cpu_s):,} CPU-s" in budget["measured"]
 
 
 def test_replace_block_rewrites_only_between_the_markers():
-    text = f"intro\n{summary.BEGIN}\nold\n{summary.END}\noutro\n"
-    new = summary.replace_block(text, "new | table")
-    assert new == f"intro\n{summary.BEGIN}\nnew | table\n{summary.END}\noutro\n"
-    assert summary.replace_block(new, "new | table") == new  # idempotent
+    text = f"intro\n{readme.BEGIN}\nold\n{readme.END}\noutro\n"
+    new = readme.replace_block(text, "new | table")
+    assert new == f"intro\n{readme.BEGIN}\nnew | table\n{readme.END}\noutro\n"
+    assert readme.replace_block(new, "new | table") == new  # idempotent
     with pytest.raises(ValueError, match="no summary block"):
-        summary.replace_block("no markers here", "x")
+        readme.replace_block("no markers here", "x")
 
 
 def test_cli_rewrites_a_readme_block(tmp_path, monkeypatch, smoke_study_report):
     report, _ = smoke_study_report
-    monkeypatch.setattr(summary, "render", lambda preset: f"rendered {preset}")
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n{summary.BEGIN}\n{summary.END}\n")
-    cli.summary_main(["--preset", "smoke", "--readme", str(readme)])
-    assert readme.read_text() == f"# x\n{summary.BEGIN}\nrendered smoke\n{summary.END}\n"
+    monkeypatch.setattr(readme, "render", lambda preset: f"rendered {preset}")
+    readme_md = tmp_path / "README.md"
+    readme_md.write_text(f"# x\n{readme.BEGIN}\n{readme.END}\n")
+    cli.summary_main(["--preset", "smoke", "--readme", str(readme_md)])
+    assert readme_md.read_text() == f"# x\n{readme.BEGIN}\nrendered smoke\n{readme.END}\n"
     assert [p.name for p in tmp_path.iterdir()] == ["README.md"]  # no temporary left behind
 
 
 def test_render_without_results_names_the_command(monkeypatch):
-    monkeypatch.setattr(summary, "_load", lambda path, required=(): None)
+    monkeypatch.setattr(readme, "_load", lambda path, required=(): None)
     with pytest.raises(FileNotFoundError, match="python -m rpka report --preset full"):
-        summary.render("full")
+        readme.render("full")
 
 
 def _full_results_as_committed() -> bool:
@@ -121,9 +122,9 @@ def _full_results_as_committed() -> bool:
     reason="the full study's result files differ from the committed ones (or no git)",
 )
 def test_readme_block_matches_the_committed_full_study():
-    readme = resolve("README.md").read_text()
-    expected = summary.replace_block(readme, summary.render("full"))
-    assert readme == expected, (
+    readme_md = resolve("README.md").read_text()
+    expected = readme.replace_block(readme_md, readme.render("full"))
+    assert readme_md == expected, (
         "README's results block is stale: run "
         "`python -m rpka summary --preset full --readme README.md`"
     )
@@ -131,8 +132,8 @@ def test_readme_block_matches_the_committed_full_study():
 
 def test_readme_python_example_runs():
     """The README's usage example is code a reader will paste: it must run as written."""
-    readme = resolve("README.md").read_text()
-    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    readme_md = resolve("README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme_md.split("```python\n")[1:]]
     assert blocks, "README has no python example"
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})
@@ -142,7 +143,7 @@ def test_readme_python_example_runs():
 
 
 def test_verdicts_group_every_compared_arm_once(smoke_study_report):
-    from rpka import narrative
+    from rpka.report import narrative
 
     report, _ = smoke_study_report
     text = narrative.verdicts(report, None)
@@ -156,7 +157,7 @@ def test_verdicts_group_every_compared_arm_once(smoke_study_report):
 
 
 def test_limitations_flag_learning_rates_at_the_grid_edge(smoke_study_report):
-    from rpka import narrative
+    from rpka.report import narrative
 
     report, _ = smoke_study_report
     grid = sorted(report["config"]["learning_rates"])
@@ -172,7 +173,7 @@ def test_limitations_flag_learning_rates_at_the_grid_edge(smoke_study_report):
 
 
 def test_z_variance_and_the_overdispersion_caveat():
-    from rpka import narrative
+    from rpka.report import narrative
 
     rng = np.random.default_rng(0)
     z = rng.normal(scale=1.5, size=(2, 64))
@@ -197,7 +198,7 @@ def test_z_variance_and_the_overdispersion_caveat():
 
 
 def test_the_pooled_mechanism_decision_drives_its_caveat():
-    from rpka import narrative
+    from rpka.report import narrative
     from rpka.stats import pooled_z
 
     rng = np.random.default_rng(1)
@@ -211,7 +212,7 @@ def test_the_pooled_mechanism_decision_drives_its_caveat():
 
 
 def test_the_mechanism_followup_says_whether_z_grows_with_the_draws():
-    from rpka import narrative
+    from rpka.report import narrative
 
     def row(draws, mean_z2):
         z = {"mean_z2": mean_z2, "chi2_p": 0.5}
@@ -235,7 +236,7 @@ def test_the_mechanism_followup_says_whether_z_grows_with_the_draws():
 
 
 def test_tables_show_counts_as_integers_and_short_verdicts(smoke_study_report):
-    from rpka import tables
+    from rpka.report import tables
 
     report, _ = smoke_study_report
     frame = tables.results_table(report)
@@ -249,7 +250,7 @@ def test_tables_show_counts_as_integers_and_short_verdicts(smoke_study_report):
 def test_targets_without_the_long_lengths_say_so():
     scaling = {"rows": [{"method": "rpka", "rank": 64, "n": 256, "speedup_vs_exact": 0.5}]}
     results = dict.fromkeys(["forecast", "lm", "mechanism", "decode", "scaling_gpu"])
-    table = summary.targets_table({**results, "scaling_cpu": scaling})
+    table = readme.targets_table({**results, "scaling_cpu": scaling})
     cpu = table[table["target"].str.startswith("CPU")]
     assert list(cpu["measured"]) == ["not in this sweep"] * 2
     assert set(cpu["status"]) == {"n/a"}
@@ -258,7 +259,7 @@ def test_targets_without_the_long_lengths_say_so():
 def test_control_reading_says_whether_the_track_needs_attention(smoke_study_report):
     import copy
 
-    from rpka import narrative
+    from rpka.report import narrative
 
     report, _ = smoke_study_report
     assert narrative.control_arms(report) == ["mean-attention"]
@@ -275,7 +276,7 @@ def test_control_reading_says_whether_the_track_needs_attention(smoke_study_repo
 
 
 def test_relative_figures_give_up_when_exacts_mean_is_near_zero():
-    from rpka import narrative
+    from rpka.report import narrative
 
     assert narrative.relative_text(0.125) == "12.5 % of exact's mean"
     assert "near 0" in narrative.relative_text(9845.0)  # recall: exact's error is 1e-4
@@ -283,7 +284,7 @@ def test_relative_figures_give_up_when_exacts_mean_is_near_zero():
 
 
 def test_learnability_of_a_baseline_that_diverged_everywhere_says_so(smoke_study_report):
-    from rpka import narrative
+    from rpka.report import narrative
 
     report, _ = smoke_study_report
     baseline = report["baseline_arm"]
@@ -299,7 +300,7 @@ def test_learnability_of_a_baseline_that_diverged_everywhere_says_so(smoke_study
 def test_the_cost_table_sums_each_benchs_run_cpu_seconds(smoke_study_report):
     report, _ = smoke_study_report
     expected = sum(t["sweep"] + t["eval"] for t in report["timings"]["run_cpu_s"].values())
-    table = summary.cost_table("no-such-preset", {"forecast": report})
+    table = readme.cost_table("no-such-preset", {"forecast": report})
     assert list(table["bench"]) == ["`forecast`", "total"]
     assert table["CPU s"].iloc[0] == table["CPU s"].iloc[-1] == round(expected) > 0
     assert table["runs"].iloc[0] == report["timings"]["n_runs"]

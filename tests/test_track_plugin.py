@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from rpka import narrative, plots, tables
 from rpka.bench import InProcessExecutor, run_bench
 from rpka.config import ArmConfig, BenchConfig, TrainConfig, rpka_arm
 from rpka.model import ModelConfig
+from rpka.report import figures, narrative, tables
 from rpka.tracks import TRACKS, get_task
 from rpka.tracks.forecast import ForecastTask, Split, Track
 
@@ -115,6 +115,6 @@ def test_a_registered_toy_track_runs_through_the_bench_and_the_report(toy_regist
     assert "naive: linear (least squares)" in set(table["arm"])
     assert "Track `toy`" in narrative.setup(report)
     assert "learnability bar" in narrative.learnability(report)
-    plots.plot_sweep(report)
+    figures.plot_sweep(report)
     # a run file reloads its track config through the registry
     assert BenchConfig.from_dict(report["config"]) == config

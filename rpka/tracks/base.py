@@ -1,7 +1,7 @@
 """The ``Task`` interface: everything the study knows about one track, in one class.
 
-The training loop (``rpka.train``), the bench (``rpka.bench``) and the report layer
-(``rpka.tables``, ``rpka.plots``, ``rpka.narrative``, ``rpka.summary``) are the same for
+The training loop (``rpka.train``), the bench (``rpka.bench``) and the report package
+(``rpka.report``: its tables, figures, narrative and README block) are the same for
 every track; whatever differs is asked of the track's :class:`Task`, looked up by name in
 ``rpka.tracks.TRACKS`` (the report carries the name under ``"track"``). No code outside
 ``rpka/tracks/`` branches on a track's name.

@@ -1,7 +1,7 @@
 """Two small sections of the report: memory beside speed (RPKA's forward peak against
 exact attention's per length, from the CPU scaling file) and the older long-context study
 (forecast-regimes, a local task; its set-up, gate and verdict per length, from the study
-index's ``longctx``). The long-range study (issue 27) is :mod:`rpka.report_longrange`.
+index's ``longctx``). The long-range study (issue 27) is :mod:`rpka.report.longrange`.
 
 Both read their files defensively: the long-context study's structure is changing (a
 local gate beside the attention gate), so a key a file lacks reads "n/a" and a key it adds
@@ -15,12 +15,12 @@ from typing import Any
 
 import pandas as pd
 
-from rpka.report_text import esc, num
-from rpka.tables import verdict_word
+from rpka.report.tables import verdict_word
+from rpka.report.text import esc, num
 
 NA = "n/a"
 OLDER_STUDY = "regimes, local task"  # the older long-context study's label (issue 27)
-MEMORY_RANK = 64  # the rank the speed targets are stated at (rpka.report_text.SPEED_RANK)
+MEMORY_RANK = 64  # the rank the speed targets are stated at (rpka.report.text.SPEED_RANK)
 
 
 # --------------------------------------------------------------------------- memory

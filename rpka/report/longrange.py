@@ -21,10 +21,10 @@ from IPython.display import Markdown
 from rpka import paths
 from rpka.io import read_json_checked
 from rpka.longctx import FILE_NAME as LONGCTX_FILE
-from rpka.plots_frontier import NON_INFERIOR_GAP, plot_longrange_answer
-from rpka.report_text import esc, num
+from rpka.report.figures_frontier import NON_INFERIOR_GAP, plot_longrange_answer
+from rpka.report.tables import verdict_word
+from rpka.report.text import esc, num
 from rpka.study import LONGRANGE_TRACK
-from rpka.tables import verdict_word
 
 NA = "n/a"
 NOT_RUN = "not run"
@@ -341,7 +341,7 @@ def longrange_section(
     """The long-range part of the long-context section, for ``display``: set-up, gates and
     learnability per length, the answer and its figure (through ``figs.show``), verdicts
     with speed and memory per rank (the older, local study follows it:
-    ``rpka.report_sections.longctx_text``)."""
+    ``rpka.report.sections.longctx_text``)."""
     index = study.get("longrange")
     items: list[Any] = [Markdown(setup_text(index, longctx_file, locality))]
     if not _contexts(index):

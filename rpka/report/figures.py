@@ -21,9 +21,9 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from rpka import palette
 from rpka.io import FIGURE_DPI, inline_png, save_figure
-from rpka.tables import arm_group
+from rpka.report import palette
+from rpka.report.tables import arm_group
 from rpka.tracks import get_task
 
 RULE_ORDER = ("rpc", "greedy", "uniform")
@@ -289,7 +289,7 @@ def plot_trained_vs_init(
 
 
 def _arm_colors(names: list[str]) -> dict[str, object]:
-    """One colour per arm, the same in every figure of every track (:mod:`rpka.palette`:
+    """One colour per arm, the same in every figure of every track (:mod:`rpka.report.palette`:
     the colour follows from the arm's name, not from its place in a list)."""
     return palette.arm_colours(names)
 

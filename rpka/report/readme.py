@@ -18,11 +18,12 @@ from typing import Any
 
 import pandas as pd
 
-from rpka import narrative, paths, study, tables
+from rpka import paths, study
 from rpka.cost import cost_model_json, measured_cpu_s
 from rpka.io import read_json_checked
 from rpka.paths import resolve
 from rpka.presets import MECHANISM_TRACK, STUDY_TRACKS
+from rpka.report import narrative, tables
 from rpka.tracks import get_task
 
 BEGIN = "<!-- BEGIN rpka summary (python -m rpka summary --preset full --readme README.md) -->"

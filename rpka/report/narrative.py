@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from rpka import stats
-from rpka.plots import metric_label
-from rpka.tables import NEAR_ZERO_FRACTION, relative_is_meaningful, verdict_word
+from rpka.report.figures import metric_label
+from rpka.report.tables import NEAR_ZERO_FRACTION, relative_is_meaningful, verdict_word
 from rpka.tracks import get_task
 
 

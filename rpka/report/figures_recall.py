@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rpka.io import save_figure
-from rpka.plots import _arm_colors
+from rpka.report.figures import _arm_colors
 from rpka.tracks.recall import RecallTask
 
 

@@ -16,9 +16,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, NullFormatter
 
-from rpka import palette
 from rpka.io import save_figure
-from rpka.plots import legend_entries
+from rpka.report import palette
+from rpka.report.figures import legend_entries
 
 # one colour per method, the same in every panel
 METHOD_COLOURS = {m: palette.method_colour(m) for m in ("rpka", "nystrom-uniform", "keys-coreset")}
@@ -190,7 +190,7 @@ def plot_longrange_answer(
     (marker by method); the non-inferiority line and x = 1 drawn. With a peak-memory ratio
     on any point, a second panel against it. ``points``: dicts with ``context``,
     ``method``, ``rank``, ``gap_mean``, ``gap_ci_low``, ``gap_ci_high``, ``step_ratio``,
-    ``peak_ratio`` (``rpka.report_longrange.answer_points``)."""
+    ``peak_ratio`` (``rpka.report.longrange.answer_points``)."""
     memory = any(p.get("peak_ratio") is not None for p in points)
     fig, axes = plt.subplots(1, 2 if memory else 1, figsize=(5.2 * (2 if memory else 1), 4.2),
                              squeeze=False, constrained_layout=True)  # fmt: skip

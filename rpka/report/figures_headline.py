@@ -17,10 +17,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from rpka import palette
 from rpka.io import save_figure
-from rpka.plots import metric_label
-from rpka.tables import arm_group, verdict_word
+from rpka.report import palette
+from rpka.report.figures import metric_label
+from rpka.report.tables import arm_group, verdict_word
 from rpka.tracks import get_task
 
 PRIMARY_COLOUR = "C1"  # the pre-registered primary arm, in every report figure

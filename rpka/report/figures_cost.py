@@ -1,7 +1,7 @@
 """Error against cost, per track: each arm's paired test-error difference from exact
 attention against its training step time, measured on that track at its own length.
 
-Every arm has its colour from :mod:`rpka.palette` (the same in every figure) and its entry
+Every arm has its colour from :mod:`rpka.report.palette` (the same in every figure) and its entry
 in the legend, the primary arm marked "(primary)" and framed; the cost axes are log
 scales and say so. A track with more than :data:`MAX_SERIES` arms is drawn as small
 multiples, one panel per arm group (RPKA ranks with the control, RPKA ablations, peer
@@ -18,10 +18,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from rpka import palette
 from rpka.io import save_figure
-from rpka.plots import GROUP_MARKERS, legend_entries, metric_label
-from rpka.tables import arm_group
+from rpka.report import palette
+from rpka.report.figures import GROUP_MARKERS, legend_entries, metric_label
+from rpka.report.tables import arm_group
 
 MAX_SERIES = 6  # arms in one panel before the figure splits into one panel per group
 PANEL_GROUPS = (  # (title, groups): the small multiples, in order

@@ -19,9 +19,9 @@ import pandas as pd
 from rpka import paths
 from rpka.frontier import MARGIN_GAP, gap_recovered, per_seed_gap
 from rpka.io import read_json_checked
-from rpka.report_text import esc, num
+from rpka.report.tables import verdict_word
+from rpka.report.text import esc, num
 from rpka.study import FRONTIER_EXTENSIONS, LONGRANGE_TRACK
-from rpka.tables import verdict_word
 from rpka.tracks import get_task
 
 NA = "n/a"
@@ -286,10 +286,10 @@ def headline_rows(
     longctx: Mapping[int, Mapping[str, Any]] | None = None,
     longrange: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The headline figure's rows (``rpka.plots_report.plot_headline``): every track, then
-    each long-context length (``longctx``: :func:`longctx_reports`), then each long-range
-    length (``longrange``: :func:`longctx_reports` with ``key="longrange"``; its gate the
-    two-control gate, from the study index)."""
+    """The headline figure's rows (``rpka.report.figures_headline.plot_headline``): every
+    track, then each long-context length (``longctx``: :func:`longctx_reports`), then each
+    long-range length (``longrange``: :func:`longctx_reports` with ``key="longrange"``; its
+    gate the two-control gate, from the study index)."""
     rows = []
     for t in study["tracks"].values():
         report = t["report"]
@@ -352,7 +352,7 @@ SCIENCE_MARKERS = ("learnable", "trace identity")
 
 def split_targets(targets: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(science bars, engineering targets) of the targets table
-    (:func:`rpka.summary.targets_table`): a row is science when its target names a
+    (:func:`rpka.report.readme.targets_table`): a row is science when its target names a
     track's learnability or the trace identity (``SCIENCE_MARKERS``)."""
     science = targets["target"].str.contains("|".join(SCIENCE_MARKERS), regex=True)
     return targets[science].reset_index(drop=True), targets[~science].reset_index(drop=True)

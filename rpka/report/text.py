@@ -14,15 +14,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rpka.narrative import control_arms, mde_text, readable_options, relative_text
-from rpka.plots import metric_label
-from rpka.plots_report import relative_interval
+from rpka.report.figures import metric_label
+from rpka.report.figures_headline import relative_interval
+from rpka.report.narrative import control_arms, mde_text, readable_options, relative_text
+from rpka.report.tables import arm_group, relative_is_meaningful, verdict_word
 from rpka.scaling_analysis import crossover_table
 from rpka.stats import ALPHA, rule_can_reject
-from rpka.tables import arm_group, relative_is_meaningful, verdict_word
 
 GUARD_SHARE_NOTE = 0.01  # docs/numerics.md: a guard firing on > 1 % of rows is reported
-SPEED_RANK = 64  # the rank the speed targets are stated at (rpka.summary)
+SPEED_RANK = 64  # the rank the speed targets are stated at (rpka.report.readme)
 
 
 def esc(text: object) -> str:

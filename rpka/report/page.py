@@ -1,6 +1,5 @@
 """The report page (``notebooks/06_report``): the header (title, commit, date, preview
-banner), the study index, numbered figures with captions and alt text, and each track's
-section; the words and tables come from ``rpka.report_text``.
+banner), the study index, numbered figures with captions and alt text, the targets table.
 
 Every number is read from a result file. The study index ``data/results/<preset>/
 study.json`` (``rpka.paths.study_json``) names each track's bench report, attention gate,
@@ -23,26 +22,14 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from IPython.display import HTML, Markdown
+from IPython.display import HTML
 from matplotlib.figure import Figure
 
-from rpka import narrative, paths, plots_recall, report_text, stats, study, summary, tables
+from rpka import paths, stats, study
 from rpka.io import figure_png, read_json_checked, save_figure, saved_path
-from rpka.narrative import mde_text
-from rpka.plots import metric_label, plot_output_error_by_arm
-from rpka.plots_cost import plot_error_vs_time
-from rpka.plots_report import plot_forest, primary_comparison
 from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS
-from rpka.report_text import (
-    ci_text,
-    cost_caption,
-    disclosures,
-    esc,
-    forest_caption,
-    gate_text,
-    num,
-)
-from rpka.tables import arm_group, verdict_word
+from rpka.report import readme
+from rpka.report.figures_headline import primary_comparison
 from rpka.tracks import get_task
 
 # --------------------------------------------------------------------------- page
@@ -238,100 +225,10 @@ def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dic
     }
 
 
-# --------------------------------------------------------------------------- a track's section
-
-
-def track_headline(track: Mapping[str, Any]) -> str:
-    """The primary comparison with its statistics (Markdown)."""
-    report, c = track["report"], track["comparison"]
-    base, idea = report["arms"][report["baseline_arm"]], report["arms"][track["primary_arm"]]
-    tost = c.get("tost_p")
-    tost_text = (
-        f"; TOST at ±{num(c.get('margin'), '.3g')}: p = {num(tost, '.3g')}"
-        if c.get("margin")
-        else "; no equivalence margin"
-    )
-    robust = (
-        f" Median delta {num(c['delta_median'])}; largest single-seed delta "
-        f"{num(c.get('largest_seed_delta'))}."
-        if "delta_median" in c
-        else ""
-    )
-    verdict = f"**Verdict: {verdict_word(c['verdict'])}.**"
-    if verdict_word(c["verdict"]) == "equivalent" and c.get("mde") is None:
-        verdict = (  # e.g. 2 pairs: TOST's t interval fits the margin, the rule cannot reject
-            "**Verdict: equivalent** by TOST's interval alone; the sign-flip rule has no "
-            f"power with {c['n_pairs']} pairs, so this is not a finding."
-        )
-    return (
-        f"**`{track['primary_arm']}` against `{report['baseline_arm']}`:** test "
-        f"{metric_label(report)} {num(idea['full']['mean'], '.4g')} ± "
-        f"{num(idea['full']['std'], '.2g')} against {num(base['full']['mean'], '.4g')} ± "
-        f"{num(base['full']['std'], '.2g')} (mean ± sd over {c['n_pairs']} seeds). Paired "
-        f"delta {ci_text(c)} (95 % CI); the primary arm wins {c.get('idea_wins', '?')}/"
-        f"{c['n_pairs']} seeds; sign-flip p = {num(c['p_value'], '.3g')}, adjustment "
-        f"{esc(c.get('adjustment', 'Holm'))}{tost_text}; MDE of the rule {mde_text(c)}."
-        f"{robust} {verdict}"
-    )
-
-
-def track_section(
-    track: Mapping[str, Any],
-    figs: Figures,
-    figures_dir: str | None = None,
-    latency_ms: Mapping[str, float] | None = None,
-    latency_length: int | None = None,
-) -> list[Any]:
-    """Everything the report shows for one track, in order (Markdown, tables, figures):
-    set-up, gate, primary comparison, forest plot, learnability and the track's notes,
-    disclosures, ablations and error against cost where the bench ran them."""
-    report, name = track["report"], track["name"]
-    out: list[Any] = [
-        Markdown(f"### {track['title']}"),
-        Markdown(narrative.setup(report)),
-        Markdown(f"**Attention gate.** {gate_text(track)}"),
-        Markdown(track_headline(track)),
-        figs.show(plot_forest(report, figures_dir, f"{name}_forest"), *forest_caption(track)),
-        Markdown(narrative.learnability(report)),
-    ]
-    if plots_recall.applies(report):  # accuracy against rank / pairs: the low-rank test
-        fig = plots_recall.plot_recall_accuracy_vs_rank(report, figures_dir, f"{name}_vs_rank")
-        out.append(
-            figs.show(
-                fig,
-                f"**{track['title']}: query accuracy against rank / pairs**, at the training "
-                "length and at 2x and 4x it; exact attention and the control as horizontal "
-                "references (mean over evaluation seeds, 95 % CI).",
-                f"Line plot of query accuracy against RPKA rank divided by the number of "
-                f"key-value pairs, one panel per sequence length, {track['title']}.",
-            )
-        )
-    notes = narrative.track_notes(report)
-    if notes:
-        out.append(Markdown(notes))
-    out.append(tables.styled(tables.results_table(report)))
-    if track.get("superseded"):
-        out.append(Markdown(narrative.superseded(report, track["superseded"])))
-    told = disclosures(report)
-    if told:
-        out.append(Markdown("**What to know about these numbers.**\n\n" + told))
-    if report.get("ablation_choice"):
-        out.append(Markdown(narrative.ablation_choice(report)))
-    if report.get("output_error"):
-        fig = plot_output_error_by_arm(report, save_dir=figures_dir, name=f"{name}_output_error")
-        out.append(
-            figs.show(
-                fig,
-                f"**{track['title']}: how far each arm's attention output is from exact's**, "
-                "relative error on trained queries and keys against rank (lower is closer).",
-                f"Line plot of relative output error against rank per arm, {track['title']}.",
-            )
-        )
-    fig = plot_error_vs_time(
-        report, latency_ms, latency_length, save_dir=figures_dir, name=f"{name}_error_vs_time"
-    )
-    out.append(figs.show(fig, *cost_caption(track)))
-    return out
+def optional_json(path: str | Path) -> Any | None:
+    """A result file's content, or None where the study has not written it."""
+    resolved = paths.resolve(path)
+    return read_json_checked(resolved) if resolved.exists() else None
 
 
 def targets(
@@ -341,56 +238,10 @@ def targets(
     decode: Mapping[str, Any] | None,
     gpu: Mapping[str, Any] | None,
 ) -> pd.DataFrame:
-    """The study's targets table (``rpka.summary.targets_table``) for these results."""
+    """The study's targets table (``rpka.report.readme.targets_table``) for these results."""
     results: dict[str, Any] = dict.fromkeys(STUDY_TRACKS)
     results |= {name: t["report"] for name, t in study["tracks"].items()}
     results |= {"mechanism": mechanism, "scaling_cpu": scaling, "decode": decode}
     results["longctx"] = optional_json(paths.longctx_json(study["preset"]))
-    cost = summary.cost_table(study["preset"], results)
-    return summary.targets_table({**results, "scaling_gpu": gpu}, cost)
-
-
-def verdicts_table(study: Mapping[str, Any]) -> pd.DataFrame:
-    """Every compared arm of every track: group, verdict, delta and CI."""
-    rows = []
-    for t in study["tracks"].values():
-        report = t["report"]
-        for arm, e in report["arms"].items():
-            c = e.get("comparison")
-            if c:
-                rows.append(
-                    {
-                        "track": t["title"],
-                        "arm": arm + (" (primary)" if arm == t["primary_arm"] else ""),
-                        "group": arm_group(report, arm),
-                        "delta [95 % CI]": ci_text(c),
-                        "verdict": verdict_word(c["verdict"]),
-                    }
-                )
-    return pd.DataFrame(rows)
-
-
-def optional_json(path: str | Path) -> Any | None:
-    """A result file's content, or None where the study has not written it."""
-    resolved = paths.resolve(path)
-    return read_json_checked(resolved) if resolved.exists() else None
-
-
-def appendix_section(track: Mapping[str, Any]) -> list[Any]:
-    """One track's appendix: selection rules, arms and options, full statistics, guard
-    shares, the learning-rate sweep."""
-    report = track["report"]
-    out: list[Any] = [
-        Markdown(f"#### {track['title']}"),
-        Markdown(report_text.selection_rules(track)),
-        tables.styled(report_text.arms_table(report)),
-        tables.styled(report_text.statistics_table(report)),
-    ]
-    shares = report_text.guard_shares(report)
-    if len(shares):
-        out += [Markdown("Numerical guards in training (docs/numerics.md):"), tables.styled(shares)]
-    out += [
-        Markdown("Validation score per learning rate:"),
-        tables.styled(tables.sweep_table(report)),
-    ]
-    return out
+    cost = readme.cost_table(study["preset"], results)
+    return readme.targets_table({**results, "scaling_gpu": gpu}, cost)

@@ -17,8 +17,8 @@ from IPython.display import Markdown
 
 from rpka.aggregate import study_aggregate
 from rpka.io import read_json
-from rpka.plots_frontier import plot_frontier, plot_spectrum
-from rpka.report_text import esc
+from rpka.report.figures_frontier import plot_frontier, plot_spectrum
+from rpka.report.text import esc
 from rpka.tracks import get_task
 
 RULE = (

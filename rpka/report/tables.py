@@ -2,7 +2,7 @@
 
 Every function takes a plain dict read from a result JSON (``bench_report.json``, ...) and
 returns a DataFrame ready to display; numbers are rounded only by the caller's display.
-:mod:`rpka.plots` draws from the same functions, so a table and its figure never disagree.
+:mod:`rpka.report.figures` draws from the same functions, so a table and its figure never disagree.
 
 Sections: bench; scaling (captions and latency tables); display; scaling analysis
 (``rpka.scaling`` JSON of a CPU or a GPU - same schema, the device named in it - and

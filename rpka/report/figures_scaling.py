@@ -1,6 +1,6 @@
 """Figures of the speed and long-context studies: latency, memory and speed-up against
 length (``rpka.scaling``), decoding latency (``rpka.decoding``) and long-context training
-(``rpka.longctx``), each from its result file; the shared styling is ``rpka.plots``'."""
+(``rpka.longctx``), each from its result file; the shared styling is ``rpka.report.figures``'."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from rpka import palette
 from rpka.io import save_figure
-from rpka.plots import figure
+from rpka.report import palette
+from rpka.report.figures import figure
+from rpka.report.tables import longctx_table
 from rpka.scaling_analysis import (
     SCALING_MEASURES,
     crossover_table,
@@ -24,18 +25,17 @@ from rpka.scaling_analysis import (
     scaling_frame,
     speedup_frame,
 )
-from rpka.tables import longctx_table
 
 # --------------------------------------------------------------------------- scaling
 # Attention latency and memory against sequence length (``rpka.scaling`` JSON, CPU or
-# GPU), decoding latency (``rpka.decoding`` JSON). The numbers come from ``rpka.tables``.
+# GPU), decoding latency (``rpka.decoding`` JSON). The numbers come from ``rpka.report.tables``.
 
 EXACT_COLOUR = palette.EXACT
 
 
 def _arm_styles(frame: pd.DataFrame) -> dict[str, dict]:
     """Line style per arm: exact black; RPKA at a rank in its colour of every figure
-    (:func:`rpka.palette.rank_colour`), solid with filled markers; another method at that
+    (:func:`rpka.report.palette.rank_colour`), solid with filled markers; another method at that
     rank in the same colour, dotted with open markers."""
     styles = {}
     for arm, method, rank in (
@@ -256,7 +256,7 @@ def plot_longctx(
     """Training at long context (``rpka.longctx`` JSON), per context and arm: the median
     training step time, the peak memory of a step, the test MSE (mean +/- sd over the
     evaluation seeds) and its paired difference from exact (mean, 95 % t interval).
-    Data from ``rpka.tables.longctx_table``."""
+    Data from ``rpka.report.tables.longctx_table``."""
     table = longctx_table(longctx)
     arms = list(dict.fromkeys(table["arm"]))
     contexts = sorted(table["context"].unique())
