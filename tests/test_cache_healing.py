@@ -403,14 +403,15 @@ def test_an_edited_arm_mean_in_a_bench_report_is_refused_by_the_report(first_run
     assert json.loads(bench.read_text()) == data  # never moved or rewritten by the reader
 
 
-def test_committed_result_files_are_read_as_they_are():
+def test_committed_result_files_are_sealed_and_read_as_they_are():
     root = resolve("data/results/full")
     files = [root / "study.json", root / "frontier.json", root / "bench_report.json"]
     files += sorted(root.glob("*/mechanism.json")) + sorted(root.glob("*/bench_report.json"))
     before = {path: path.read_bytes() for path in files}
-    for path in files:
-        assert "sha256" not in json.loads(before[path])  # legacy: written before the checksum
-        assert read_json_checked(path) == json.loads(before[path])
+    for path in files:  # sealed (io.seal_result_json, docs/executors.md): checked on read
+        stored = json.loads(before[path])
+        assert "sha256" in stored, path
+        assert read_json_checked(path) == {k: v for k, v in stored.items() if k != "sha256"}
     loaded = report.load_study(root / "study.json", "full", compute=False)
     assert loaded["tracks"]
     assert {path: path.read_bytes() for path in files} == before  # read, never rewritten

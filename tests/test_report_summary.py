@@ -57,7 +57,12 @@ def test_the_all_tracks_table_has_every_track_and_long_context_length(full_study
     table = summary.all_tracks_table(full_study, frontier)
     contexts = full_study["longctx"]["contexts"]
     longrange = (full_study.get("longrange") or {}).get("contexts", {})
-    assert len(table) == len(full_study["tracks"]) + len(contexts) + len(longrange)
+    extensions = full_study.get("extensions") or {}
+    assert len(table) == len(full_study["tracks"]) + len(extensions) + len(contexts) + len(
+        longrange
+    )
+    for entry in extensions.values():  # a frontier extension: its own row, by its title
+        assert (table["track"] == entry["title"]).sum() == 1
     assert (table["track"] == "long range (two controls)").sum() == len(longrange)
     assert list(table["track"][: len(full_study["tracks"])]) == [
         t["title"] for t in full_study["tracks"].values()

@@ -182,6 +182,16 @@ def all_tracks_table(study: Mapping[str, Any], frontier: Mapping[str, Any] | Non
             "primary verdict": verdict_word((track.get("comparison") or {}).get("verdict", NA)),
             **_frontier_cells(fronts.get(name)),
         })  # fmt: skip
+    for name, entry in (study.get("extensions") or {}).items():  # frontier extensions: short tracks
+        tokens = entry.get("attention_tokens")
+        rows.append({
+            "track": entry.get("title", name),
+            "length": NA if tokens is None else f"{int(tokens):,}",
+            "gate": _gate(entry.get("attention_gate")),
+            "primary arm": f"`{entry.get('primary_arm', NA)}`",
+            "primary verdict": verdict_word((entry.get("primary") or {}).get("verdict", NA)),
+            **_frontier_cells(fronts.get(name)),
+        })  # fmt: skip
     for context, entry in sorted(
         ((study.get("longctx") or {}).get("contexts") or {}).items(), key=lambda kv: int(kv[0])
     ):
@@ -195,16 +205,6 @@ def all_tracks_table(study: Mapping[str, Any], frontier: Mapping[str, Any] | Non
             "gap recovered at r* [95 % CI]": NA,
             "train step at r* (× exact)": NA,
             "positive control": "no frontier",
-        })  # fmt: skip
-    for name, entry in (study.get("extensions") or {}).items():  # frontier extensions
-        tokens = entry.get("attention_tokens")
-        rows.append({
-            "track": entry.get("title", name),
-            "length": NA if tokens is None else f"{int(tokens):,}",
-            "gate": _gate(entry.get("attention_gate")),
-            "primary arm": f"`{entry.get('primary_arm', NA)}`",
-            "primary verdict": verdict_word((entry.get("primary") or {}).get("verdict", NA)),
-            **_frontier_cells(fronts.get(name)),
         })  # fmt: skip
     rows += longrange_rows(study.get("longrange"), frontier)
     return pd.DataFrame(rows)
