@@ -275,8 +275,8 @@ def stored_prediction(preset: str, cores: int | None = None) -> dict[str, Any] |
     stored = read_json(path).get("benches", {})
     total, unpriced, benches = 0.0, [], {}
     for label, config, _ in study_benches(preset):
-        signature = stored.get(label, {}).get("shape_signature", shape_signature(config))
-        if signature != shape_signature(config):
+        signature = shape_signature(config)
+        if stored.get(label, {}).get("shape_signature", signature) != signature:
             unpriced.append(f"{label} (resized since it was probed)")
             continue
         probes = probes_of(stored[label]) if label in stored else {}

@@ -242,8 +242,12 @@ def seal_result_json(path: str | os.PathLike) -> bool:
     """Give a result file written before checksums existed its checksum (its payload
     unchanged, then verified by every read); True if it was rewritten, False if it already
     had one. A file whose checksum does not match is refused (``CorruptFileError``)."""
-    data = read_json(path)  # verifies a checksum that is there
-    if not isinstance(data, dict) or CHECKSUM_KEY in json.loads(Path(path).read_text()):
+    with open(path) as fh:
+        data = json.load(fh)
+    if not isinstance(data, dict):
+        return False
+    if CHECKSUM_KEY in data:
+        verify_payload(path, data)
         return False
     write_json(path, {**data, CHECKSUM_KEY: payload_sha256(data)})
     return True

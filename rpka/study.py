@@ -278,10 +278,10 @@ def track_entry(report: dict[str, Any], report_path: Path, index_dir: Path) -> d
 
 
 # Benches that extend a study's rank frontier beyond its tracks' own arms (issue 26), read
-# where they are: frontier name -> (folder in the study's results, title). They are not
-# study tracks: `make report` does not run them (each one's preset says how it is run).
-FRONTIER_EXTENSIONS: dict[str, tuple[str, str]] = {
-    "forecast-motif-64": ("forecast-motif-64", "Motif forecast track at 64 tokens (rank sweep)"),
+# where they are: frontier name (also its folder in the study's results) -> title. They
+# are not study tracks: `make report` does not run them (each one's preset says how).
+FRONTIER_EXTENSIONS: dict[str, str] = {
+    "forecast-motif-64": "Motif forecast track at 64 tokens (rank sweep)",
 }
 
 
@@ -289,8 +289,8 @@ def extension_entries(out: Path) -> dict[str, dict[str, Any]]:
     """The :data:`FRONTIER_EXTENSIONS` benches found in the results folder ``out``: a
     :func:`track_entry` each, with ``title`` and ``attention_tokens`` (the primary arm's)."""
     entries = {}
-    for name, (folder, title) in FRONTIER_EXTENSIONS.items():
-        path = out / folder / "bench_report.json"
+    for name, title in FRONTIER_EXTENSIONS.items():
+        path = out / name / "bench_report.json"
         report = read_if_there(path, INDEX_KEYS)
         if report is not None:
             tokens = report["arms"][report["primary_arm"]].get("attention_tokens")

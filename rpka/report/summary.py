@@ -32,7 +32,7 @@ LONGRANGE_PREFIX = LONGRANGE_TRACK.format(context="")  # frontier tracks of the 
 
 def _title(name: str) -> str:
     if name in FRONTIER_EXTENSIONS:
-        return FRONTIER_EXTENSIONS[name][1]
+        return FRONTIER_EXTENSIONS[name]
     if name.startswith(LONGRANGE_PREFIX) and name[len(LONGRANGE_PREFIX) :].isdigit():
         return f"long range at {int(name[len(LONGRANGE_PREFIX) :]):,} tokens"
     try:
@@ -406,11 +406,12 @@ def companion_table(
             row[f"primary ({name})"] = (
                 f"`{d['primary']}`: {verdict_word(d['verdict'])}" if d else "not run"
             )
-        both = [d.get(track) for d in (mine, theirs)]
-        same = both[0] is not None and both[1] is not None and all(
-            both[0][k] == both[1][k] for k in ("gate", "verdict")
-        )  # fmt: skip
-        row["agree"] = "-" if None in both else ("yes" if same else "**no**")
+        a, b = mine.get(track), theirs.get(track)
+        if a is None or b is None:
+            row["agree"] = "-"
+        else:
+            same = (a["gate"], a["verdict"]) == (b["gate"], b["verdict"])
+            row["agree"] = "yes" if same else "**no**"
         rows.append(row)
     return pd.DataFrame(rows)
 
