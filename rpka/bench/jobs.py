@@ -111,7 +111,7 @@ def ensure_weights(run_file: Path, data_dir: str, progress: bool = False) -> boo
         **result["config"],
         "data_dir": data_dir,
         "progress": {"enable": progress, "leave": False},
-        "state_path": str(run_file.with_suffix(".pt")),
+        "state_path": str(state_file),
     }
     run_to_file(run_config, str(run_file))
     return True
