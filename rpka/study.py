@@ -349,8 +349,10 @@ def write_study_index(
     }
     for report_path in gated.values():  # why: the kernel's spectrum on exact's trained heads
         spectrum_of(report_path.parent)
+    scaling_file = out / Path(paths.scaling_cpu_json(preset)).name  # the cost at r*
     write_frontier(gated | longrange_gated(longrange, out),
-                   out / Path(paths.frontier_json(preset)).name)  # fmt: skip
+                   out / Path(paths.frontier_json(preset)).name,
+                   read_json(scaling_file) if scaling_file.exists() else None)  # fmt: skip
     return index
 
 

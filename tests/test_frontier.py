@@ -6,6 +6,7 @@ import pytest
 from scipy import stats
 
 from rpka.frontier import (
+    cost_at_lengths,
     drop_in_curve,
     exact_by_construction,
     gap_recovered,
@@ -130,6 +131,28 @@ def test_track_frontier_finds_r_star_and_reads_the_positive_control(tmp_path):
     written = write_frontier({"recall": path}, tmp_path / "frontier.json")
     assert read_json(tmp_path / "frontier.json") == written
     assert written["tracks"]["recall"]["r_star"] == 32
+    assert "r_star_cost" not in written["tracks"]["recall"]  # no latency sweep given
+    sweep = {"device": "cpu", "shapes": "q, k, v", "rows": [
+        {"method": "rpka", "rank": 32, "n": 2048, "speedup_vs_exact": 3.0,
+         "fwd_bwd_speedup_vs_exact": 4.0, "memory_vs_exact": 5.0},
+        {"method": "rpka", "rank": 8, "n": 8192, "speedup_vs_exact": 9.0},
+    ]}  # fmt: skip
+    written = write_frontier({"recall": path}, tmp_path / "frontier.json", sweep)
+    cost = written["tracks"]["recall"]["r_star_cost"]
+    assert cost["rank"] == 32 and cost["device"] == "cpu"
+    assert cost["lengths"]["2048"] == {
+        "forward_speedup": 3.0, "fwd_bwd_speedup": 4.0, "memory_ratio": 5.0
+    }  # fmt: skip
+    assert cost["lengths"]["8192"] is None  # rank 32 not measured there: never extrapolated
+
+
+def test_cost_at_lengths_reads_the_sweep_row_of_that_rank_only():
+    sweep = {"rows": [{"method": "nystrom-uniform", "rank": 16, "n": 2048,
+                       "speedup_vs_exact": 2.0},
+                      {"method": "rpka", "rank": 16, "n": 2048, "speedup_vs_exact": 1.5}]}
+    cost = cost_at_lengths(sweep, 16, lengths=(2048,))
+    assert cost["lengths"]["2048"]["forward_speedup"] == 1.5
+    assert cost["lengths"]["2048"]["memory_ratio"] is None
 
 
 def test_the_drop_in_curve_is_the_gap_recovered_per_member_on_the_controls_seeds(tmp_path):
