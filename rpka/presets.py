@@ -642,14 +642,7 @@ PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {
 }
 for _track, _config in STANDARD_PRESETS.items():
     PRESETS_BY_TRACK[_track]["standard"] = _config
-# The motif track's rank frontier (issue 26), an extension of the full study at the
-# standard study's motif form (64 tokens, 1 layer; a run costs a tenth of the 96-token
-# form's): RPKA at 16, 32 and 64 of the 128 joint points and the positive control at 128,
-# 8 seeds (Holm over the two secondary ranks can reject: 2 x 2/256 < 0.05). Rank 96 was
-# left out for its cost (a sweep run of one seed: r32 86, r64 225, r96 > 350 CPU-s). Its
-# exact, control and rank-16 runs of seeds 100-105 are the standard study's (same run
-# ids). `python -m rpka bench --track forecast-motif --preset frontier --out
-# data/results/full/forecast-motif-64`; the study index reads it as ``forecast-motif-64``.
+# The motif track's rank frontier at 64 tokens (issue 26; why these arms: docs/frontier.md)
 MOTIF_PRESETS["frontier"] = dataclasses.replace(
     STANDARD_PRESETS["forecast-motif"],
     preset="frontier",
@@ -658,6 +651,17 @@ MOTIF_PRESETS["frontier"] = dataclasses.replace(
     positive_control_arm="rpka-r128",
     mechanism=None,
 )
+# MQAR as Zoology reports it (issue 26, docs/frontier.md): 4, 16, 24 pairs at 64 tokens;
+# epochs so that exact learns each (16 pairs: 0.87 error after 2 epochs, 0.001 after 6)
+RECALL_PAIRS_EPOCHS: dict[int, int] = {4: 2, 16: 6, 24: 6}
+for _pairs, _epochs in RECALL_PAIRS_EPOCHS.items():
+    RECALL_PRESETS[f"pairs-{_pairs}"] = dataclasses.replace(
+        RECALL_PRESETS["full"], preset=f"pairs-{_pairs}", primary_arm="rpka-r16",
+        track=dataclasses.replace(RECALL_TRACK, n_pairs=_pairs),
+        train=dataclasses.replace(RECALL_TRAIN, epochs=_epochs),
+        arms=(EXACT, MEAN_CONTROL, *(lm_rpka_arm(r) for r in (8, 16, 32))),
+        learning_rates=(3e-3,), eval_seeds=tuple(range(100, 105)), positive_control_arm=None,
+    )  # fmt: skip
 # the tracks a study runs (each with the study's preset name); the report puts those that
 # pass their attention gate first. forecast-regimes runs as the long-context study
 # (LONGCTX_PRESETS); its 96-step form is available as `bench --track forecast-regimes`.
