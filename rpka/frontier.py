@@ -29,6 +29,7 @@ writes ``frontier.json`` for a study's gated tracks (shape in docs/bench_report.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -275,13 +276,46 @@ def cost_at_lengths(
             "lengths": by_length}  # fmt: skip
 
 
+def mqar_curve(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """MQAR as Zoology reports it (Arora et al. 2023, Fig. 2): recall accuracy against
+    rank ÷ pairs, from recall bench reports that differ in ``n_pairs``.
+
+    One row per (bench, arm, length factor): ``pairs``, ``epochs``, ``arm``, ``method``,
+    ``rank`` (None for exact and the control), ``rank_over_pairs``, ``length_factor``
+    (1, 2, 4: the metrics ``error``, ``error_x2``, ``error_x4``), ``accuracy`` (1 - the
+    mean error over the evaluation seeds) with its 95 % t interval (``ci_low``,
+    ``ci_high``: the bench's interval of the error, flipped) and ``n_seeds``.
+    """
+    rows = []
+    for report in reports:
+        pairs, epochs = report["config"]["track"]["n_pairs"], report["config"]["train"]["epochs"]
+        for name, arm in report["arms"].items():
+            rank = arm.get("rank")
+            for factor, metric in ((1, "error"), (2, "error_x2"), (4, "error_x4")):
+                error = arm["full_by_metric"][metric]
+                rows.append({
+                    "pairs": pairs, "epochs": epochs, "arm": name, "method": arm["method"],
+                    "rank": rank, "rank_over_pairs": None if rank is None else rank / pairs,
+                    "length_factor": factor, "accuracy": 1.0 - error["mean"],
+                    "ci_low": 1.0 - error["ci_high"], "ci_high": 1.0 - error["ci_low"],
+                    "n_seeds": error["n"],
+                })  # fmt: skip
+    return sorted(rows, key=lambda r: (r["length_factor"], r["method"], r["rank"] or 0,
+                                       r["pairs"]))  # fmt: skip
+
+
 def write_frontier(
-    reports: Mapping[str, Path], out: Path, scaling: Mapping[str, Any] | None = None
+    reports: Mapping[str, Path],
+    out: Path,
+    scaling: Mapping[str, Any] | None = None,
+    mqar: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """``frontier.json`` at ``out`` from the bench reports of the gated tracks
     (track -> path); with a ``drop_in.json`` beside a report, its drop-in curve
     (:func:`drop_in_curve`); with a latency sweep ``scaling``, each track's
-    ``r_star_cost`` (:func:`cost_at_lengths` at r*, null where r* is not reached)."""
+    ``r_star_cost`` (:func:`cost_at_lengths` at r*, null where r* is not reached); with
+    recall bench reports of several pair counts ``mqar``, the key ``mqar``
+    (:func:`mqar_curve`)."""
     tracks = {}
     for track, path in reports.items():
         report = read_json(path)
@@ -297,5 +331,8 @@ def write_frontier(
                 report, read_json(drop_in), tracks[track]["n_points"]
             )
     result = {"what": __doc__.split("\n\n")[0], "tracks": tracks}
+    if mqar:
+        result["mqar"] = {"benches": [os.path.relpath(p, Path(out).parent) for p in mqar],
+                          "rows": mqar_curve([read_json(p) for p in mqar])}  # fmt: skip
     write_result_json(out, result)
     return result

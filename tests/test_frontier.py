@@ -10,6 +10,7 @@ from rpka.frontier import (
     drop_in_curve,
     exact_by_construction,
     gap_recovered,
+    mqar_curve,
     per_seed_gap,
     probability_of_improvement,
     track_frontier,
@@ -249,3 +250,36 @@ def test_the_positive_control_is_outside_the_holm_family_and_checked():
         dataclasses.replace(config, positive_control_arm="rpka-r8").validate()  # the primary
     with pytest.raises(ValueError, match="positive_control_arm"):
         dataclasses.replace(config, positive_control_arm="no-such-arm").validate()
+
+
+def _recall_report(pairs: int, errors: dict[str, list[float]]) -> dict:
+    """A recall bench report with the same error at every length factor."""
+    def scored(per_seed):
+        m = float(np.mean(per_seed))
+        return {"mean": m, "ci_low": m - 0.01, "ci_high": m + 0.01, "n": len(per_seed)}
+    arms = {name: {"method": name.split("-r")[0] if "-r" in name else name,
+                   "rank": int(name.split("-r")[1]) if "-r" in name else None,
+                   "full_by_metric": {k: scored(v) for k in ("error", "error_x2", "error_x4")}}
+            for name, v in errors.items()}  # fmt: skip
+    return {"config": {"track": {"n_pairs": pairs}, "train": {"epochs": 2}}, "arms": arms}
+
+
+def test_the_mqar_curve_is_accuracy_against_rank_over_pairs_per_length(tmp_path):
+    reports = [_recall_report(4, {"exact": [0.0, 0.0], "rpka-r8": [0.1, 0.3]}),
+               _recall_report(16, {"exact": [0.0, 0.02], "rpka-r8": [0.5, 0.7]})]
+    rows = mqar_curve(reports)
+    assert len(rows) == 2 * 2 * 3  # benches x arms x length factors
+    r8 = [r for r in rows if r["arm"] == "rpka-r8" and r["length_factor"] == 1]
+    assert [(r["pairs"], r["rank_over_pairs"]) for r in r8] == [(4, 2.0), (16, 0.5)]
+    assert r8[0]["accuracy"] == pytest.approx(0.8) and r8[1]["accuracy"] == pytest.approx(0.4)
+    assert r8[0]["ci_low"] == pytest.approx(0.79) and r8[0]["ci_high"] == pytest.approx(0.81)
+    exact = [r for r in rows if r["method"] == "exact"]
+    assert all(r["rank"] is None and r["rank_over_pairs"] is None for r in exact)
+    paths = []
+    for i, report in enumerate(reports):
+        paths.append(tmp_path / f"b{i}" / "bench_report.json")
+        paths[-1].parent.mkdir()
+        write_json(paths[-1], report)
+    written = write_frontier({}, tmp_path / "frontier.json", mqar=paths)
+    assert written["mqar"]["benches"] == ["b0/bench_report.json", "b1/bench_report.json"]
+    assert written["mqar"]["rows"] == rows
