@@ -283,3 +283,32 @@ def test_the_mqar_curve_is_accuracy_against_rank_over_pairs_per_length(tmp_path)
     written = write_frontier({}, tmp_path / "frontier.json", mqar=paths)
     assert written["mqar"]["benches"] == ["b0/bench_report.json", "b1/bench_report.json"]
     assert written["mqar"]["rows"] == rows
+
+
+def test_the_report_section_draws_and_tables_the_mqar_curve(tmp_path):
+    from rpka import report
+
+    rows = mqar_curve([
+        _recall_report(4, {"exact": [0.0, 0.0], "mean-attention": [0.8, 0.8],
+                           "rpka-r8": [0.1, 0.3], "rpka-r16": [0.0, 0.1]}),
+        _recall_report(16, {"exact": [0.0, 0.02], "mean-attention": [0.9, 0.9],
+                            "rpka-r8": [0.5, 0.7], "rpka-r16": [0.2, 0.4]}),
+    ])  # fmt: skip
+    for row in rows:
+        row["epochs"] = 2 if row["pairs"] == 4 else 6
+    good = track_frontier(bench_report({
+        "exact": ("exact", None, EXACT),
+        "mean-attention": ("mean", None, CONTROL),
+        "rpka-r96": ("rpka", 96, arm_at([1.0] * 7)),
+    }))  # fmt: skip
+    frontier = {"tracks": {"recall": good}, "mqar": {"rows": rows}}
+    items = report.frontier.frontier_section(frontier, report.Figures(), tmp_path)
+    assert len(items) == 6  # sentences, frontier figure, table, mqar figure + table, no spectrum
+    assert (tmp_path / "mqar_rank_over_pairs.png").exists()
+    table = report.frontier.mqar_table(frontier["mqar"])
+    assert list(table.columns) == ["arm", "4 pairs", "16 pairs"]
+    cells = table.set_index("arm").loc["`rpka-r8`"]
+    assert cells["4 pairs"] == "0.800 [0.790, 0.810] (r/p 2)"
+    assert cells["16 pairs"] == "0.400 [0.390, 0.410] (r/p 0.5)"
+    caption, _ = report.frontier.mqar_caption(frontier["mqar"])
+    assert "4 pairs 2, 16 pairs 6" in caption
