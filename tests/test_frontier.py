@@ -312,3 +312,22 @@ def test_the_report_section_draws_and_tables_the_mqar_curve(tmp_path):
     assert cells["16 pairs"] == "0.400 [0.390, 0.410] (r/p 0.5)"
     caption, _ = report.frontier.mqar_caption(frontier["mqar"])
     assert "4 pairs 2, 16 pairs 6" in caption
+
+
+def test_the_track_sentence_states_the_cost_at_r_star_at_longer_lengths():
+    from rpka import report
+
+    entry = track_frontier(bench_report({
+        "exact": ("exact", None, EXACT),
+        "mean-attention": ("mean", None, CONTROL),
+        "rpka-r32": ("rpka", 32, arm_at([0.97, 0.99, 0.98, 0.99, 0.97, 0.98, 0.99])),
+    }))  # fmt: skip
+    entry["r_star_cost"] = {"rank": 32, "lengths": {
+        "2048": {"forward_speedup": 3.84, "fwd_bwd_speedup": 4.8, "memory_ratio": 5.19},
+        "8192": None}}  # fmt: skip
+    text = report.frontier.track_sentence("recall", entry)
+    assert "at 2,048 tokens one non-causal attention call at r\\* is 3.8x faster forward" in text
+    assert "4.8x forward+backward, at 5.2x exact's peak memory" in text
+    assert "(not measured at 8,192 tokens)" in text
+    entry["r_star_cost"] = None
+    assert "faster" not in report.frontier.track_sentence("recall", entry)

@@ -123,6 +123,27 @@ def aggregate_caption(aggregate: Mapping[str, Any]) -> str:
     )
 
 
+def cost_clause(cost: Mapping[str, Any] | None) -> str:
+    """RPKA at r* against exact at longer lengths (``r_star_cost``) as a clause: one
+    non-causal attention call's forward and forward+backward speed-up and peak memory."""
+    measured = {n: c for n, c in (cost or {}).get("lengths", {}).items()
+                if c and None not in c.values()}  # fmt: skip
+    if not measured:
+        return ""
+    lengths = " / ".join(f"{int(n):,}" for n in measured)
+
+    def each(key: str) -> str:
+        return " / ".join(f"{c[key]:.1f}x" for c in measured.values())
+
+    missing = [f"{int(n):,}" for n, c in cost["lengths"].items() if n not in measured]
+    return (
+        f"; at {lengths} tokens one non-causal attention call at r\\* is {each('forward_speedup')}"
+        f" faster forward, {each('fwd_bwd_speedup')} forward+backward, at "
+        f"{each('memory_ratio')} exact's peak memory"
+        + (f" (not measured at {', '.join(missing)} tokens)" if missing else "")
+    )
+
+
 def track_sentence(track: str, entry: Mapping[str, Any]) -> str:
     """r*, its cost, and the positive control's reading, in one sentence."""
     rows = {r["arm"]: r for r in entry["rows"]}
@@ -136,6 +157,7 @@ def track_sentence(track: str, entry: Mapping[str, Any]) -> str:
             f"**{esc(track)}**: r\\* = {r_star} of {row['n_points']} points "
             f"({row['rank_over_n']:.2f}), gap recovered {_gap(row)}"
             + (f", training step {ratio:.2f}x exact's" if ratio else "")
+            + cost_clause(entry.get("r_star_cost"))
         )
     positive = entry.get("positive_control")
     if positive is None:
