@@ -17,9 +17,7 @@ def imported_tracks_modules(path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rpka.tracks."):
             names.add(node.module.removeprefix("rpka.tracks.").split(".")[0])
         elif isinstance(node, ast.Import):
-            names |= {
-                a.name.split(".")[2] for a in node.names if a.name.startswith("rpka.tracks.")
-            }
+            names |= {a.name.split(".")[2] for a in node.names if a.name.startswith("rpka.tracks.")}
     return names
 
 
