@@ -14,8 +14,9 @@ from scipy import stats
 from softmax_reference import softmax_attention
 
 from rpka.attention import build
-from rpka.attention.accelerated import PointSet, accelerated_pivots
+from rpka.attention.accelerated import accelerated_pivots
 from rpka.attention.nystrom import gather_points, nystrom_softmax, nystrom_softmax_chunked
+from rpka.attention.pivot_state import PointSet
 from rpka.attention.reference import (
     draw_uniforms,
     exact_reference,

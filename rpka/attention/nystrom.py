@@ -17,8 +17,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from rpka.attention.accelerated import PivotState, chunk_bounds
 from rpka.attention.guards import guarded_ratio, hull_tolerance
+from rpka.attention.pivot_state import PivotState, chunk_bounds
 from rpka.attention.rpcholesky import gaussian_kernel, half_sq_norms
 
 # the key side (moments and the r x (d_v + 1) solve) runs in float64 whatever the input
