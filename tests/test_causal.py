@@ -10,7 +10,7 @@ import torch
 
 from rpka.attention import build
 from rpka.attention.cache import GrowingBuffer
-from rpka.attention.causal import LandmarkSet, Moments, draw_blocks, prefix_merge
+from rpka.attention.causal_landmarks import LandmarkSet, Moments, draw_blocks, prefix_merge
 
 
 def qkv(b=2, h=3, n=40, d=8, dtype=torch.float64, seed=0, scale=1.0):

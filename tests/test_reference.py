@@ -1,6 +1,8 @@
 """Every fast path of RPKA against the one-screen reference (rpka/attention/reference.py).
 
-(a) full rank: each path equals exact softmax and the reference, float64, to 1e-10;
+(a) full rank: each path equals exact softmax and the reference, float64, to 1e-10; each
+    pivot selector (the plain loop in torch and compiled, the accelerated selection) takes
+    every point, and the plain loop's factorisation is the reference's;
 (b) low rank on the same landmarks (or the same random draws): each readout equals the
     reference's to 1e-9 relative, on inputs where no guard fires;
 (c) the pivot law: the first two pivots of the plain loop, the accelerated selection and
@@ -13,9 +15,10 @@ import torch
 from scipy import stats
 from softmax_reference import softmax_attention
 
-from rpka.attention import build
-from rpka.attention.accelerated import PointSet, accelerated_pivots
+from rpka.attention import build, pivot_kernel
+from rpka.attention.accelerated import accelerated_pivots
 from rpka.attention.nystrom import gather_points, nystrom_softmax, nystrom_softmax_chunked
+from rpka.attention.pivot_state import PointSet
 from rpka.attention.reference import (
     draw_uniforms,
     exact_reference,
@@ -33,6 +36,15 @@ EXACT_TOL = 1e-10  # full rank: max error over the value range
 SAME_TOL = 1e-9  # the same landmarks: max error over the largest output
 # (q scale, k scale, key offset): moderate logits, and queries 3x longer than keys
 SCALES = {"moderate": (1.0, 1.0, 0.3), "mismatched": (3.0, 0.7, 0.5)}
+
+
+# the plain loop's two implementations (rpcholesky's pivot_backend): the same pivots
+BACKENDS = [
+    "torch",
+    pytest.param(
+        "numba", marks=pytest.mark.skipif(not pivot_kernel.AVAILABLE, reason="needs numba")
+    ),
+]
 
 
 def qkv(n=12, m=None, d=8, d_v=4, heads=2, seed=0, scale="moderate", grad=False):
@@ -110,6 +122,61 @@ def test_causal_at_full_rank_is_exact(pivot_set):
     assert error(ref, exact, v) <= EXACT_TOL
 
 
+SELECTORS = {
+    # name: RPKAttention options choosing the selector that RPKAttention.draw_pivots runs
+    "plain-torch": {"pivot_method": "plain", "pivot_backend": "torch"},
+    "plain-compiled": {"pivot_method": "plain", "pivot_backend": "numba"},
+    "accelerated": {"pivot_method": "accelerated"},
+}
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("pivot_set", ["joint", "keys"])
+@pytest.mark.parametrize("selector", SELECTORS)
+def test_selectors_at_full_rank_take_every_point(selector, pivot_set, scale):
+    """At rank N each selector pivots every point, and the readout on those landmarks -
+    through the solve, not attend()'s Nystrom-identity shortcut - is the reference's exact
+    attention (eq. N with every point a landmark)."""
+    if selector == "plain-compiled" and not pivot_kernel.AVAILABLE:
+        pytest.skip("needs numba")
+    q, k, v = qkv(scale=scale)
+    _, q_s, k_s, points = package_points(q, k, pivot_set)
+    n_points = points.shape[-2]
+    generator = torch.Generator().manual_seed(4)
+    attn = RPKAttention(n_points, pivot_set=pivot_set, generator=generator, **SELECTORS[selector])
+    pivots = attn.draw_pivots(points)
+    assert torch.equal(pivots.sort(-1).values, torch.arange(n_points).expand_as(pivots))
+    out, guards = nystrom_softmax(q_s, k_s, v, gather_points(points, pivots), pivots >= 0)
+    assert int(guards["denominator"]) == 0 and int(guards["clamped"]) == 0
+    assert error(out, per_head(exact_reference, q_s, k_s, v), v) <= EXACT_TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pivot_set", ["joint", "keys"])
+def test_plain_loop_at_full_rank_is_the_reference_factorisation(pivot_set, backend):
+    """The same uniforms: the reference's pivots step by step to the last, and both
+    factors reproduce ``G = g(Z, Z)`` of eq. (G)."""
+    q, k, _ = qkv(scale="mismatched")
+    _, _, _, points = package_points(q, k, pivot_set)
+    n_points = points.shape[-2]
+    res = rpcholesky(
+        points,
+        n_points,
+        "rpc",
+        torch.Generator().manual_seed(5),
+        weighting="gauss",
+        pivot_backend=backend,
+    )
+    u = draw_uniforms(torch.Generator().manual_seed(5), n_points, (1, 2), n_points)
+    for h in range(2):
+        z = points[0, h]
+        pivots, factor = rpcholesky_reference(z, n_points, u[:, 0, h])
+        assert torch.equal(res.pivots[0, h], pivots)
+        g = gaussian(z, z)
+        for f in (factor, res.factor[0, h]):
+            assert float((f @ f.T - g).abs().max()) <= EXACT_TOL
+
+
 @pytest.mark.parametrize("grad_path", ["streamed", "autograd"])
 def test_full_rank_gradients_equal_softmax_gradients(grad_path):
     q, k, v = qkv(grad=True, scale="mismatched")
@@ -178,16 +245,17 @@ def test_chunked_readout_on_the_selection_equals_reference(pivot_set, scale):
     assert error(out, ref, ref) <= SAME_TOL
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("pivot_set", ["joint", "keys"])
-def test_plain_loop_draws_the_reference_pivots_and_output(pivot_set, scale):
-    """The same generator state: the same pivots, step by step, and the same output."""
+def test_plain_loop_draws_the_reference_pivots_and_output(pivot_set, scale, backend):
+    """The same generator state: the same pivots, step by step, and the same output, from
+    the torch loop and the compiled one."""
     q, k, v = qkv(n=24, scale=scale)
     _, _, _, points = package_points(q, k, pivot_set)
     for seed in range(4):
-        plain = rpcholesky(
-            points, 10, "rpc", torch.Generator().manual_seed(seed), weighting="gauss"
-        )
+        generator = torch.Generator().manual_seed(seed)
+        plain = rpcholesky(points, 10, "rpc", generator, weighting="gauss", pivot_backend=backend)
         u = draw_uniforms(torch.Generator().manual_seed(seed), 10, (1, 2), points.shape[-2])
         mine = [rpcholesky_reference(points[0, h], 10, u[:, 0, h])[0] for h in range(2)]
         assert torch.equal(plain.pivots[0], torch.stack(mine))
@@ -196,6 +264,7 @@ def test_plain_loop_draws_the_reference_pivots_and_output(pivot_set, scale):
             pivot_set=pivot_set,
             pivot_method="plain",
             generator=torch.Generator().manual_seed(seed),
+            pivot_backend=backend,
         )
         out = attn(q, k, v)
         no_guard_fired(attn)
@@ -203,15 +272,18 @@ def test_plain_loop_draws_the_reference_pivots_and_output(pivot_set, scale):
         assert error(out, ref, ref) <= SAME_TOL
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("rank", "block"), [(6, 4), (9, 5), (16, 3)])
 @pytest.mark.parametrize("pivot_set", ["joint", "keys"])
-def test_causal_low_rank_equals_reference(pivot_set, rank, block):
-    """The blockwise forward and the decoder (prefill + steps), same draws as the reference."""
+def test_causal_low_rank_equals_reference(pivot_set, rank, block, backend):
+    """The blockwise forward and the decoder (prefill + steps), same draws as the reference,
+    with the plain loop in torch and compiled."""
     q, k, v = qkv(n=40)
     ref = rpka_reference(
         q, k, v, rank, torch.Generator().manual_seed(3), pivot_set, causal=True, causal_block=block
     )
     options = {"rank": rank, "pivot_set": pivot_set, "causal": True, "causal_block": block}
+    options["pivot_backend"] = backend
     attn = RPKAttention(generator=torch.Generator().manual_seed(3), **options)
     out = attn(q, k, v)
     no_guard_fired(attn)

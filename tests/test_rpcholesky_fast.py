@@ -7,12 +7,12 @@ from scipy import stats
 
 from rpka.attention import build
 from rpka.attention.accelerated import (
-    PointSet,
     _sweep_torch,
     accelerated_pivots,
     check_fast_options,
     rpcholesky_accelerated,
 )
+from rpka.attention.pivot_state import PointSet
 from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky, weighting_power
 
 

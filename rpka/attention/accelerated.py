@@ -4,20 +4,21 @@ Epperly, Tropp, Webber 2024, "Embrace rejection: kernel matrix approximation by
 accelerated randomly pivoted Cholesky", arXiv:2410.03969. :func:`accelerated_pivots`
 draws the pivot sequence of :func:`rpka.attention.rpcholesky.rpcholesky` (rules ``rpc``
 and ``uniform``) a block of candidates at a time, reading the points only at candidate
-indices (:class:`PointSet`), so the joint set of a long sequence is never materialised.
-:func:`rpcholesky_accelerated` returns the same :class:`CholeskyResult` as the loop.
+indices (:class:`rpka.attention.pivot_state.PointSet`), so the joint set of a long
+sequence is never materialised. :func:`rpcholesky_accelerated` returns the same
+:class:`CholeskyResult` as the loop.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from rpka.attention import triton_sweep
+from rpka.attention.pivot_state import FAST, PivotState, PointSet
 from rpka.attention.rpcholesky import (
     CholeskyResult,
     check_arguments,
@@ -34,36 +35,6 @@ REFRESH_RULES = ("auto", "round")
 RESIDUAL_SOLVES = ("triangular", "inverse")
 # rules the accelerated method implements: greedy (argmax) is sequential by definition
 ACCELERATED_RULES = ("rpc", "uniform")
-
-
-@dataclass(frozen=True)
-class FastPathDefaults:
-    """Tuning constants of the accelerated pivot selection and the chunked Nystrom pass."""
-
-    # candidates per round at most; the fused CUDA sweep keeps a block x block tile in registers
-    max_block: int = 128
-    min_block: int = 8
-    # adaptive block: candidates = margin * (pivots still missing) / (last acceptance rate)
-    block_margin: float = 1.25
-    # refresh="auto": refresh the proposal after a round that accepted less than this fraction
-    refresh_below: float = 0.5
-    # working-set budget of one chunk of points in the passes over all N points (bytes)
-    chunk_bytes: int = 32 * 2**20
-    # the same for the proposal refresh (residual_diagonal): its (B, r, rows) buffers are
-    # live beside a training step's activations, and its matrix products run faster in cache
-    refresh_chunk_bytes: int = 2**21
-
-
-FAST = FastPathDefaults()
-
-
-def chunk_bounds(n: int, row_bytes: int, budget: int | None = None) -> list[tuple[int, int]]:
-    """Split n rows into equal chunks of at most ``budget // row_bytes`` rows
-    (``budget``: ``FAST.chunk_bytes`` by default)."""
-    most = max(1, (budget or FAST.chunk_bytes) // max(row_bytes, 1))
-    count = -(-n // most)
-    size = -(-n // count)
-    return [(start, min(start + size, n)) for start in range(0, n, size)]
 
 
 def check_fast_options(method: str, rule: str, block_size: int | None, refresh: str) -> None:
@@ -86,158 +57,6 @@ def check_fast_options(method: str, rule: str, block_size: int | None, refresh: 
         )
     if refresh not in REFRESH_RULES:
         raise ValueError(f"refresh must be one of {REFRESH_RULES}, got {refresh!r}")
-
-
-# ----------------------------------------------------------------------------------------
-# Accelerated RPCholesky: block + rejection sampling (Epperly, Tropp, Webber 2024)
-# ----------------------------------------------------------------------------------------
-
-
-class PointSet:
-    """The points ``Z = [x_1 * scale - shift_1; x_2 * scale - shift_2; ...]``, never copied.
-
-    Each part ``x_i`` is (..., n_i, d) in any floating dtype; ``shift_i`` is None or
-    broadcastable to (..., 1, d). The accelerated pivot selection reads the points only at
-    candidate indices (:meth:`take`) and, when it refreshes its proposal or needs norms, in
-    chunks (:meth:`chunks`), so the joint set ``[Q~; K~ - mean]`` of a long sequence is
-    never materialised (nor converted to float32 as a whole).
-
-    Internally the leading dims are flattened into one batch dim B.
-    """
-
-    def __init__(
-        self,
-        parts: Sequence[Tensor],
-        scale: float | Tensor | Sequence[float | Tensor] = 1.0,
-        shifts: Sequence[Tensor | None] | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        if not parts:
-            raise ValueError("parts must hold at least one tensor")
-        shifts = [None] * len(parts) if shifts is None else list(shifts)
-        # one scale for every part, or one per part; a tensor scale is per batch element,
-        # broadcastable to (..., 1, 1) (the q/k balance of RPKA scales queries and keys apart)
-        scales = list(scale) if isinstance(scale, list | tuple) else [scale] * len(parts)
-        self.batch_shape = parts[0].shape[:-2]
-        self.dim = parts[0].shape[-1]
-        self.dtype = dtype
-        self.scales = [
-            s.detach().to(dtype).reshape(-1, 1, 1) if isinstance(s, Tensor) else s for s in scales
-        ]
-        self.parts = [p.detach().reshape(-1, p.shape[-2], self.dim) for p in parts]
-        self.shifts = [
-            None if s is None else s.detach().to(dtype).reshape(-1, 1, self.dim) for s in shifts
-        ]
-        self.sizes = [p.shape[-2] for p in self.parts]
-        self.n_points = sum(self.sizes)
-        self.batch = self.parts[0].shape[0]
-        self.device = self.parts[0].device
-
-    def _convert(self, x: Tensor, scale: float | Tensor, shift: Tensor | None) -> Tensor:
-        x = x.to(self.dtype) * scale
-        return x if shift is None else x - shift
-
-    def take(self, index: Tensor) -> Tensor:
-        """Points at ``index`` (B, b) (values in [0, N)) -> (B, b, d) in ``dtype``."""
-        out = None
-        offset = 0
-        for part, scale, shift, size in zip(
-            self.parts, self.scales, self.shifts, self.sizes, strict=True
-        ):
-            local = index - offset if offset else index
-            rows = torch.gather(
-                part, -2, local.clamp(0, size - 1).unsqueeze(-1).expand(*index.shape, self.dim)
-            )
-            rows = self._convert(rows, scale, shift)
-            if out is None:
-                out = rows
-            else:  # later parts own the indices at and after their offset
-                out = torch.where((local >= 0).unsqueeze(-1), rows, out)
-            offset += size
-        return out
-
-    def row_bytes(self, width: int) -> int:
-        """Bytes of one row of a (B, rows, width) buffer in ``dtype``."""
-        return self.batch * max(width, self.dim) * torch.finfo(self.dtype).bits // 8
-
-    def chunks(self, width: int, budget: int | None = None) -> Iterator[tuple[int, Tensor]]:
-        """Yield ``(start, Z[:, start:stop])`` over all N points, part by part, in chunks
-        whose (B, rows, width) buffers fit ``budget`` bytes (``FAST.chunk_bytes``)."""
-        offset = 0
-        for part, scale, shift, size in zip(
-            self.parts, self.scales, self.shifts, self.sizes, strict=True
-        ):
-            for start, stop in chunk_bounds(size, self.row_bytes(width), budget):
-                yield offset + start, self._convert(part[:, start:stop], scale, shift)
-            offset += size
-
-    def sq_norms(self) -> Tensor:
-        """``|z_i|^2`` for all points, (B, N)."""
-        out = torch.empty(self.batch, self.n_points, dtype=self.dtype, device=self.device)
-        for start, z in self.chunks(self.dim):
-            out[:, start : start + z.shape[-2]] = z.pow(2).sum(-1)
-        return out
-
-
-@dataclass
-class PivotState:
-    """Output of :func:`accelerated_pivots` (batch flattened to B).
-
-    The buffers carry one extra slot (index r) that absorbs the writes of rejected
-    candidates, so a round updates them in place with fixed-shape scatters; the
-    properties below are the r real slots.
-
-    Attributes:
-        pivots_ext: (B, r + 1) long; ``pivots`` (B, r): indices in the order drawn, ``-1``
-            in unused slots (at the end).
-        landmarks_ext: (B, r + 1, d); ``landmarks`` (B, r, d): the pivot points (zeros in
-            unused slots).
-        chol_ext: (B, r + 1, r + 1); ``chol`` (B, r, r): lower Cholesky factor of
-            ``G(Z_S, Z_S)`` on the used slots, identity on unused ones, so
-            ``L^{-1} g(Z_S, x)`` is zero there.
-        count: (B,) long, pivots drawn.
-        rounds: rounds run (each holds one block of candidates).
-        refreshes: how many times the proposal was refreshed.
-        candidates: candidates drawn in all (the sequential sweep length).
-    """
-
-    pivots_ext: Tensor
-    landmarks_ext: Tensor
-    chol_ext: Tensor
-    count: Tensor
-    rounds: int = 0
-    refreshes: int = 0
-    candidates: int = 0
-
-    @classmethod
-    def empty(cls, batch: int, rank: int, dim: int, like: Tensor) -> PivotState:
-        return cls(
-            pivots_ext=torch.full((batch, rank + 1), -1, dtype=torch.long, device=like.device),
-            landmarks_ext=like.new_zeros(batch, rank + 1, dim),
-            chol_ext=torch.eye(rank + 1, dtype=like.dtype, device=like.device).repeat(batch, 1, 1),
-            count=torch.zeros(batch, dtype=torch.long, device=like.device),
-        )
-
-    @property
-    def rank(self) -> int:
-        return self.pivots_ext.shape[-1] - 1
-
-    @property
-    def pivots(self) -> Tensor:
-        return self.pivots_ext[:, :-1]
-
-    @property
-    def landmarks(self) -> Tensor:
-        return self.landmarks_ext[:, :-1]
-
-    @property
-    def chol(self) -> Tensor:
-        return self.chol_ext[:, :-1, :-1]
-
-    @property
-    def valid(self) -> Tensor:
-        """(B, r) bool: slots that hold a pivot."""
-        return self.pivots >= 0
 
 
 def _sweep_torch(gram: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor]:
@@ -412,28 +231,11 @@ def accelerated_pivots(
     from ``p``, and proposals are i.i.d., so a whole block of b candidates can be drawn at
     once and then accepted or rejected *in order*, each against its residual given the
     pivots accepted so far (earlier rounds and earlier candidates of this block). The
-    accepted sequence has exactly the law of the sequential rule.
-
-    Envelope: residuals only decrease, so the residual at any earlier time bounds the
-    current one. ``e = 1`` at the start (the Gaussian diagonal); a *refresh* recomputes
-    ``e`` as the current residual diagonal (one pass over the points). ``refresh="round"``
-    refreshes before every round - the paper's algorithm, where candidate j is accepted
-    with probability (its residual given the accepted ones) / (its residual at the round
-    start). ``refresh="auto"`` (default) refreshes only after a round that accepted fewer
-    than ``FAST.refresh_below`` of its candidates: the proposal stays valid between
-    refreshes, so when most candidates are accepted (typical for the Gaussian weighting)
-    the selection costs O(candidates x (r + b) x d), independent of N. Both are exact.
-
-    ``rule="uniform"`` draws the first r points of a random permutation in one block
-    (threshold: the pivot floor only), which is the uniform rule without replacement.
+    accepted sequence has exactly the law of the sequential rule. The envelope and its
+    refresh: :func:`_rejection_rounds`; rule ``uniform``: :func:`_uniform_pivots`.
 
     Candidates whose residual is below the pivot floor are rejected (the plain loop would
     spend a step on them and record -1; this happens only once the residual is exhausted).
-
-    Host synchronisation: one small device-to-host copy per round (is any element short
-    of r pivots, the acceptance rate, the block size) - none per pivot. A round's work is
-    a fixed number of tensor ops plus a b-step sweep over a b x b tile
-    (:func:`rejection_sweep`, one fused kernel on CUDA).
 
     Args:
         points: the point set (B, N, d) (see :class:`PointSet`).
@@ -441,73 +243,164 @@ def accelerated_pivots(
         log_weight: (B, N) log of the weighting, or None (uniform, i.e. ``gauss``).
         block_size: candidates per round, or None for adaptive (the missing count over the
             last acceptance rate, times a margin; the rate counts as 1 after a refresh).
-        refresh: ``"auto"`` or ``"round"`` (see above).
+        refresh: ``"auto"`` or ``"round"`` (:func:`_rejection_rounds`).
         first_pivots: (B, t0) forced first pivots, absorbed as one block.
         residual_solve: how a refresh computes the residuals (:func:`residual_diagonal`).
     """
     check_fast_options("accelerated", rule, block_size, refresh)
     if residual_solve not in RESIDUAL_SOLVES:
         raise ValueError(f"residual_solve must be one of {RESIDUAL_SOLVES}, got {residual_solve!r}")
-    n_points, batch, device = points.n_points, points.batch, points.device
-    rank = min(rank, n_points)
+    rank = min(rank, points.n_points)
     round_off = pivot_floor(points.dtype)
-    like = torch.empty(0, dtype=points.dtype, device=device)
-    state = PivotState.empty(batch, rank, points.dim, like)
+    like = torch.empty(0, dtype=points.dtype, device=points.device)
+    state = PivotState.empty(points.batch, rank, points.dim, like)
+    forced = None
     if first_pivots is not None:
-        forced = torch.broadcast_to(first_pivots.to(device).long(), (batch, first_pivots.shape[-1]))
-        _absorb_block(points, state, forced, torch.full(forced.shape, round_off, device=device))
-    if rule == "uniform":  # one block: a random permutation's prefix, accepted unless degenerate
-        keys = torch.rand(batch, n_points, generator=generator, device=device)
-        if first_pivots is not None:
-            keys.scatter_(-1, forced, -1.0)
-        missing = rank - (0 if first_pivots is None else forced.shape[-1])
-        if missing > 0:
-            cand = keys.topk(missing, dim=-1).indices
-            _absorb_block(points, state, cand, torch.full(cand.shape, round_off, device=device))
-        return state
+        forced = torch.broadcast_to(
+            first_pivots.to(points.device).long(), (points.batch, first_pivots.shape[-1])
+        )
+        _absorb_block(
+            points, state, forced, torch.full(forced.shape, round_off, device=like.device)
+        )
+    if rule == "uniform":
+        _uniform_pivots(points, state, generator, forced, round_off)
+    else:
+        rounds = RoundOptions(log_weight, block_size, refresh, residual_solve, round_off)
+        _rejection_rounds(points, state, generator, forced, rounds)
+    return state
 
+
+def _uniform_pivots(
+    points: PointSet,
+    state: PivotState,
+    generator: torch.Generator | None,
+    forced: Tensor | None,
+    round_off: float,
+) -> None:
+    """Rule ``uniform``: the first r points of a random permutation, in one block.
+
+    The threshold is the pivot floor only, so a candidate is accepted unless degenerate:
+    the uniform rule without replacement. ``forced`` (B, t0) pivots come first.
+    """
+    keys = torch.rand(points.batch, points.n_points, generator=generator, device=points.device)
+    if forced is not None:
+        keys.scatter_(-1, forced, -1.0)
+    missing = state.rank - (0 if forced is None else forced.shape[-1])
+    if missing > 0:
+        cand = keys.topk(missing, dim=-1).indices
+        _absorb_block(points, state, cand, torch.full(cand.shape, round_off, device=points.device))
+
+
+@dataclass(frozen=True)
+class RoundOptions:
+    """What the rejection rounds of :func:`accelerated_pivots` are run with."""
+
+    log_weight: Tensor | None  # (B, N) log of the weighting, None for uniform
+    block_size: int | None  # None: adaptive (:func:`_block_size`)
+    refresh: str  # "auto" or "round" (:func:`_rejection_rounds`)
+    residual_solve: str  # :func:`residual_diagonal`
+    round_off: float  # the pivot floor
+
+
+def _rejection_rounds(
+    points: PointSet,
+    state: PivotState,
+    generator: torch.Generator | None,
+    forced: Tensor | None,
+    options: RoundOptions,
+) -> None:
+    """Rule ``rpc``: rounds of candidates until every element has r pivots (or none left).
+
+    Envelope: residuals only decrease, so the residual at any earlier time bounds the
+    current one. ``e = 1`` at the start (the Gaussian diagonal); a *refresh* recomputes
+    ``e`` as the current residual diagonal (:func:`_refreshed_proposal`, one pass over the
+    points). ``refresh="round"`` refreshes before every round - the paper's algorithm,
+    where candidate j is accepted with probability (its residual given the accepted ones)
+    / (its residual at the round start). ``refresh="auto"`` (default) refreshes only after
+    a round that accepted fewer than ``FAST.refresh_below`` of its candidates: the proposal
+    stays valid between refreshes, so when most candidates are accepted (typical for the
+    Gaussian weighting) the selection costs O(candidates x (r + b) x d), independent of N.
+    Both are exact.
+    """
+    rank, log_weight = state.rank, options.log_weight
     weight = None if log_weight is None else torch.exp(log_weight - log_weight.amax(-1, True))
     cdf = None if weight is None else weight.to(torch.float64).cumsum(-1)
     envelope = None
-    missing, acceptance = rank - (0 if first_pivots is None else forced.shape[-1]), 1.0
-    alive = torch.ones(batch, dtype=torch.bool, device=device)  # residual not exhausted
-    refresh_now = refresh == "round" and first_pivots is not None
+    missing, acceptance = rank - (0 if forced is None else forced.shape[-1]), 1.0
+    alive = torch.ones(points.batch, dtype=torch.bool, device=points.device)  # not exhausted
+    refresh_now = options.refresh == "round" and forced is not None
     # each round draws >= 1 pivot right after a refresh unless the residual is exhausted,
     # so this bound is never reached; it only guards against an endless loop
     for _ in range(4 * rank + 8):
         if missing <= 0:
             break
         if refresh_now:
-            envelope = residual_diagonal(points, state, residual_solve)
-            envelope = torch.where(envelope > round_off, envelope, 0.0)
-            if log_weight is None:
-                mass = envelope
-            else:  # in the log domain, renormalised: the weights alone may underflow
-                log_mass = log_weight + torch.log(envelope)
-                mass = torch.exp(log_mass - log_mass.amax(-1, keepdim=True).clamp(min=-1e30))
-            cdf = mass.to(torch.float64).cumsum(-1)
+            envelope, cdf = _refreshed_proposal(points, state, options)
             alive = cdf[:, -1] > 0
-            state.refreshes += 1
-        if block_size is not None:
-            b = block_size
-        else:
-            b = math.ceil(FAST.block_margin * missing / max(acceptance, 1 / FAST.max_block))
-            b = min(max(b, FAST.min_block), FAST.max_block)
-        cand, env = _draw_candidates(state, n_points, b, cdf, envelope, generator)
-        u = torch.rand(batch, b, generator=generator, device=device, dtype=points.dtype)
-        threshold = (u if env is None else u * env).clamp(min=round_off)
-        short = (state.count < rank) & alive
-        accept, _ = _absorb_block(points, state, cand, threshold)
-        still = (state.count < rank) & alive
-        # the one host synchronisation of the round
-        missing_t, accepted_t, short_t = torch.stack(
-            [((rank - state.count) * still).amax(), (accept.sum(-1) * short).sum(), short.sum()]
-        ).tolist()
-        missing, acceptance = int(missing_t), accepted_t / max(short_t * b, 1)
-        refresh_now = refresh == "round" or acceptance < FAST.refresh_below
+        b = _block_size(options.block_size, missing, acceptance)
+        missing, acceptance = _rejection_round(
+            points, state, b, (cdf, envelope, alive), generator, options.round_off
+        )
+        refresh_now = options.refresh == "round" or acceptance < FAST.refresh_below
         if refresh_now:  # a fresh proposal is the target itself for its first candidate
             acceptance = 1.0
-    return state
+
+
+def _refreshed_proposal(
+    points: PointSet, state: PivotState, options: RoundOptions
+) -> tuple[Tensor, Tensor]:
+    """The envelope ``e = r`` (the current residual diagonal, 0 below the pivot floor) and
+    the proposal's cdf of ``w_i e_i``, (B, N) each."""
+    envelope = residual_diagonal(points, state, options.residual_solve)
+    envelope = torch.where(envelope > options.round_off, envelope, 0.0)
+    if options.log_weight is None:
+        mass = envelope
+    else:  # in the log domain, renormalised: the weights alone may underflow
+        log_mass = options.log_weight + torch.log(envelope)
+        mass = torch.exp(log_mass - log_mass.amax(-1, keepdim=True).clamp(min=-1e30))
+    state.refreshes += 1
+    return envelope, mass.to(torch.float64).cumsum(-1)
+
+
+def _block_size(block_size: int | None, missing: int, acceptance: float) -> int:
+    """Candidates of the next round: ``block_size``, or adaptive - the missing pivots over
+    the last acceptance rate, times a margin, within ``[FAST.min_block, FAST.max_block]``."""
+    if block_size is not None:
+        return block_size
+    b = math.ceil(FAST.block_margin * missing / max(acceptance, 1 / FAST.max_block))
+    return min(max(b, FAST.min_block), FAST.max_block)
+
+
+def _rejection_round(
+    points: PointSet,
+    state: PivotState,
+    b: int,
+    proposal: tuple[Tensor | None, Tensor | None, Tensor],
+    generator: torch.Generator | None,
+    round_off: float,
+) -> tuple[int, float]:
+    """One round of b candidates from ``proposal`` = (cdf, envelope, alive): draw, accept
+    ``u e_i < r_i`` in order, absorb. Returns the pivots still missing (most over the
+    elements) and the acceptance rate of the elements that were short.
+
+    Host synchronisation: one small device-to-host copy per round (is any element short
+    of r pivots, the acceptance rate, the block size) - none per pivot. A round's work is
+    a fixed number of tensor ops plus a b-step sweep over a b x b tile
+    (:func:`rejection_sweep`, one fused kernel on CUDA).
+    """
+    cdf, envelope, alive = proposal
+    rank = state.rank
+    cand, env = _draw_candidates(state, points.n_points, b, cdf, envelope, generator)
+    u = torch.rand(points.batch, b, generator=generator, device=points.device, dtype=points.dtype)
+    threshold = (u if env is None else u * env).clamp(min=round_off)
+    short = (state.count < rank) & alive
+    accept, _ = _absorb_block(points, state, cand, threshold)
+    still = (state.count < rank) & alive
+    # the one host synchronisation of the round
+    missing_t, accepted_t, short_t = torch.stack(
+        [((rank - state.count) * still).amax(), (accept.sum(-1) * short).sum(), short.sum()]
+    ).tolist()
+    return int(missing_t), accepted_t / max(short_t * b, 1)
 
 
 def factor_from_pivots(points: PointSet, state: PivotState) -> Tensor:

@@ -17,8 +17,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from rpka.attention.accelerated import PivotState, chunk_bounds
 from rpka.attention.guards import guarded_ratio, hull_tolerance
+from rpka.attention.pivot_state import PivotState, chunk_bounds
 from rpka.attention.rpcholesky import gaussian_kernel, half_sq_norms
 
 # the key side (moments and the r x (d_v + 1) solve) runs in float64 whatever the input
@@ -322,49 +322,84 @@ def nystrom_softmax_chunked(
         out (B, H, n, d_v) in q's dtype and the guard counts (as :func:`nystrom_softmax`).
     """
     compute = state.landmarks.dtype
-    batch_shape, n, m, d_v = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
+    batch_shape, n, d_v = q.shape[:-2], q.shape[-2], v.shape[-1]
     q, k, v = (x.reshape(-1, x.shape[-2], x.shape[-1]) for x in (q, k, v))
     shift = key_shift.to(compute).reshape(-1, 1, k.shape[-1])
-    landmarks, rank = state.landmarks, state.rank
-    lm_half_sq = half_sq_norms(landmarks, state.valid)  # (B, 1, r), +inf masks unused slots
-    row_bytes = q.shape[0] * max(rank, d_v + 1, q.shape[-1]) * torch.finfo(compute).bits // 8
+    row_bytes = q.shape[0] * max(state.rank, d_v + 1, q.shape[-1]) * torch.finfo(compute).bits // 8
+    q_scale, k_scale = _per_batch(q_scale, compute), _per_batch(k_scale, compute)
+    rho, moments = _streamed_key_moments(k, v, k_scale, shift, state, row_bytes)
+    # the selection's float32 factor is off by ~1e-5 where rows of the core differ by many
+    # orders of magnitude: the small r x r factor is redone in float64 (landmark_cholesky)
+    core = solve_graded(rho.squeeze(-2), moments, state.landmarks, state.valid, compute)
+    out, counts = _streamed_readout(q, q_scale, v, state, core, den_floor, row_bytes)
+    return out.reshape(*batch_shape, n, d_v), counts
 
-    def per_batch(scale: float | Tensor) -> float | Tensor:
-        return scale.to(compute).reshape(-1, 1, 1) if isinstance(scale, Tensor) else scale
 
-    q_scale, k_scale = per_batch(q_scale), per_batch(k_scale)
+def _per_batch(scale: float | Tensor, compute: torch.dtype) -> float | Tensor:
+    """A scale as a number or a (B, 1, 1) tensor in the compute dtype."""
+    return scale.to(compute).reshape(-1, 1, 1) if isinstance(scale, Tensor) else scale
 
-    def scaled(x: Tensor, scale: float | Tensor) -> Tensor:  # a fresh copy, never the input
-        return x.to(compute, copy=True).mul_(scale)
 
-    # keys: moments = g(Z_S, K~) [w v, w] = exp(s.k - |s|^2/2) [v, 1] against a running
-    # maximum per landmark (rescaled as in online softmax; see key_moments)
+def _scaled_copy(x: Tensor, scale: float | Tensor, compute: torch.dtype) -> Tensor:
+    """``x * scale`` in the compute dtype: a fresh copy, never the input."""
+    return x.to(compute, copy=True).mul_(scale)
+
+
+def _streamed_key_moments(
+    k: Tensor,
+    v: Tensor,
+    k_scale: float | Tensor,
+    shift: Tensor,
+    state: PivotState,
+    row_bytes: int,
+) -> tuple[Tensor, Tensor]:
+    """:func:`key_moments` of the keys k (B, m, d), v (B, m, d_v) streamed in chunks.
+
+    ``moments = g(Z_S, K~) [w v, w] = exp(s.k - |s|^2/2) [v, 1]`` against a running maximum
+    ``rho`` per landmark, rescaled as in online softmax. Returns rho (B, 1, r) and moments
+    (B, r, d_v + 1), in float64 (``CORE_DTYPE``).
+    """
+    compute, rank, d_v = state.landmarks.dtype, state.rank, v.shape[-1]
     core_dtype = CORE_DTYPE
-    moments = q.new_zeros(q.shape[0], rank, d_v + 1, dtype=core_dtype)
-    rho = q.new_full((q.shape[0], 1, rank), float("-inf"), dtype=core_dtype)
-    lm64 = landmarks.to(core_dtype)
+    moments = k.new_zeros(k.shape[0], rank, d_v + 1, dtype=core_dtype)
+    rho = k.new_full((k.shape[0], 1, rank), float("-inf"), dtype=core_dtype)
+    lm64 = state.landmarks.to(core_dtype)
     lm64_half_sq = half_sq_norms(lm64, state.valid)  # not the rounded float32 norms
     key_row_bytes = row_bytes * torch.finfo(core_dtype).bits // torch.finfo(compute).bits
-    for start, stop in chunk_bounds(m, key_row_bytes):
+    for start, stop in chunk_bounds(k.shape[-2], key_row_bytes):
         # the same compute-dtype points the landmarks were taken from, then widened
-        k_c = scaled(k[:, start:stop], k_scale).sub_(shift).to(core_dtype)
+        k_c = _scaled_copy(k[:, start:stop], k_scale, compute).sub_(shift).to(core_dtype)
         logits = torch.baddbmm(-lm64_half_sq, k_c, lm64.transpose(-1, -2))  # (B, c, r)
         new_rho = finite_or_zero(torch.maximum(rho, logits.amax(-2, keepdim=True)))
         terms = logits.sub_(new_rho).exp_()
-        v1 = torch.empty(*terms.shape[:-1], d_v + 1, dtype=core_dtype, device=q.device)
+        v1 = torch.empty(*terms.shape[:-1], d_v + 1, dtype=core_dtype, device=k.device)
         v1[..., :-1] = v[:, start:stop]  # [v, 1]: (B, c, d_v + 1)
         v1[..., -1:] = 1
         rescale = torch.exp(rho - new_rho).transpose(-1, -2)  # (B, r, 1)
         moments = torch.baddbmm(moments * rescale, terms.transpose(-1, -2), v1)
         rho = new_rho
         del k_c, logits, terms, v1  # free this chunk before the next one is allocated
-    # the selection's float32 factor is off by ~1e-5 where rows of the core differ by many
-    # orders of magnitude: the small r x r factor is redone in float64 (landmark_cholesky)
-    core = solve_graded(rho.squeeze(-2), moments, landmarks, state.valid, compute)
+    return rho, moments
 
-    # queries: out = a core[:, :d_v] / a core[:, d_v] with a = g(Q~, Z_S) e^{lambda} up to
-    # each row's common factor, in one log-sum-exp as in nystrom_readout; guard 2 relative
-    # to the terms
+
+def _streamed_readout(
+    q: Tensor,
+    q_scale: float | Tensor,
+    v: Tensor,
+    state: PivotState,
+    core: Core,
+    den_floor: float,
+    row_bytes: int,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`nystrom_readout` of the queries q (B, n, d) streamed in chunks, guarded.
+
+    ``out = a core[:, :d_v] / a core[:, d_v]`` with ``a = g(Q~, Z_S) e^{lambda}`` up to each
+    row's common factor, in one log-sum-exp; guard 2 relative to the terms, guard 3 the
+    hull of v (B, m, d_v). Returns out (B, n, d_v) in q's dtype and the guard counts.
+    """
+    compute, landmarks = state.landmarks.dtype, state.landmarks
+    n, d_v = q.shape[-2], v.shape[-1]
+    lm_half_sq = half_sq_norms(landmarks, state.valid)  # (B, 1, r), +inf masks unused slots
     v_min = v.amin(-2, keepdim=True).to(compute)
     v_max = v.amax(-2, keepdim=True).to(compute)
     hull_tol = hull_tolerance(v_min, v_max)
@@ -373,7 +408,8 @@ def nystrom_softmax_chunked(
     out = torch.empty(q.shape[0], n, d_v, dtype=q.dtype, device=q.device)
     low_count, clamped_count = [], []
     for start, stop in chunk_bounds(n, row_bytes):
-        logits = torch.baddbmm(bias, scaled(q[:, start:stop], q_scale), landmarks.transpose(-1, -2))
+        q_c = _scaled_copy(q[:, start:stop], q_scale, compute)
+        logits = torch.baddbmm(bias, q_c, landmarks.transpose(-1, -2))
         a = logits.sub_(finite_or_zero(logits.amax(-1, keepdim=True))).exp_()  # row max 1
         full = a @ core.scaled
         floor = a.sum(-1, keepdim=True).mul_(den_floor).clamp_(min=tiny)
@@ -383,12 +419,11 @@ def nystrom_softmax_chunked(
         low_count.append(low.sum())
         clamped_count.append(((o < v_min - hull_tol) | (o > v_max + hull_tol)).sum())
         out[:, start:stop] = o.clamp_(v_min, v_max)
-        del logits, a, full, floor, num, den, o, low
-    low_total, clamped_total = torch.stack(low_count).sum(), torch.stack(clamped_count).sum()
+        del q_c, logits, a, full, floor, num, den, o, low
     counts = {
-        "denominator": low_total,
+        "denominator": torch.stack(low_count).sum(),
         "rows": torch.tensor(q.shape[0] * n),
-        "clamped": clamped_total,
+        "clamped": torch.stack(clamped_count).sum(),
         "entries": torch.tensor(q.shape[0] * n * d_v),
     }
-    return out.reshape(*batch_shape, n, d_v), counts
+    return out, counts

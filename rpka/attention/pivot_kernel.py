@@ -213,48 +213,83 @@ def _pivot_steps(
                     scores,
                     upper,
                 )
-            # --- the kernel column g(z, z_s) = exp(min(z.z_s - |z|^2/2 - |z_s|^2/2, 0))
-            for k in range(n_dim):
-                zs[k] = zt[b, k, s]
-            for i in range(n_points):
-                col[i] = zero
-            for k in range(n_dim):
-                zk = zs[k]
-                row = zt[b, k]
-                for i in range(n_points):
-                    col[i] += row[i] * zk
-            hs = half_sq[b, s]
-            for i in range(n_points):
-                col[i] = math.exp(min(col[i] - half_sq[b, i] - hs, zero))
-            # --- minus the factor's part F f_s, earlier steps in order (later columns are 0)
-            for u in range(t):
-                f_us = factor_t[b, u, s]
-                frow = factor_t[b, u]
-                for i in range(n_points):
-                    col[i] -= frow[i] * f_us
-            pivot_residual = col[s]
+            # --- the column G[:, s] - F F^T[:, s], then the factor column and the residual
+            _kernel_column(zt[b], half_sq[b], s, zero, zs, col)
+            _subtract_factor(factor_t[b], t, s, col)
             running = trace[b, t] > stop_trace[b]  # not stopped by tol
-            active = running and pivot_residual > round_off  # pivot_floor: no near-duplicate
             out = factor_t[b, t]
-            if active:
-                root = math.sqrt(max(pivot_residual, round_off))
-                for i in range(n_points):
-                    out[i] = col[i] / root
-                pivots[b, t] = s
-            else:
-                for i in range(n_points):
-                    out[i] = zero
-                pivots[b, t] = -1
-            if running:
-                picked[b, s] = True
-            for i in range(n_points):
-                residual[b, i] = max(residual[b, i] - out[i] * out[i], zero)
-            if running:
-                residual[b, s] = zero
+            active = _update(col, s, running, round_off, zero, out, residual[b], picked[b])
+            pivots[b, t] = s if active else -1
+            # --- the residual trace of A_tau (scaled), summed in index order
             total = zero
             for i in range(n_points):
                 total += weight[b, i] * residual[b, i]
             trace[b, t + 1] = total
+
+
+def _kernel_column(
+    zt: np.ndarray, half_sq: np.ndarray, s: int, zero: np.floating, zs: np.ndarray, col: np.ndarray
+) -> None:
+    """``col = g(z, z_s) = exp(min(z.z_s - |z|^2/2 - |z_s|^2/2, 0))`` for one problem, eq. (G).
+
+    zt (d, N), half_sq (N,); zs (d,) and col (N,) are written. Each dot product is summed
+    over d in index order.
+    """
+    n_dim, n_points = zt.shape
+    for k in range(n_dim):
+        zs[k] = zt[k, s]
+    for i in range(n_points):
+        col[i] = zero
+    for k in range(n_dim):
+        zk = zs[k]
+        row = zt[k]
+        for i in range(n_points):
+            col[i] += row[i] * zk
+    hs = half_sq[s]
+    for i in range(n_points):
+        col[i] = math.exp(min(col[i] - half_sq[i] - hs, zero))
+
+
+def _subtract_factor(factor_t: np.ndarray, t: int, s: int, col: np.ndarray) -> None:
+    """``col -= F f_s``: the factor's part of the column, earlier steps in order (the
+    columns from step t on are 0). factor_t (r, N), col (N,)."""
+    for u in range(t):
+        f_us = factor_t[u, s]
+        frow = factor_t[u]
+        for i in range(col.shape[0]):
+            col[i] -= frow[i] * f_us
+
+
+def _update(
+    col: np.ndarray,
+    s: int,
+    running: bool,
+    round_off: np.floating,
+    zero: np.floating,
+    out: np.ndarray,
+    residual: np.ndarray,
+    picked: np.ndarray,
+) -> bool:
+    """The factor column ``out = col / sqrt(col_s)`` and ``r -= out^2`` (0 on the pivot)
+    for one problem; col, out, residual, picked (N,). Whether the step is active: not
+    stopped by tol (``running``) and a pivot residual above the pivot floor (else out = 0).
+    """
+    pivot_residual = col[s]
+    active = running and pivot_residual > round_off  # pivot_floor: no near-duplicate
+    if active:
+        root = math.sqrt(max(pivot_residual, round_off))
+        for i in range(col.shape[0]):
+            out[i] = col[i] / root
+    else:
+        for i in range(col.shape[0]):
+            out[i] = zero
+    if running:
+        picked[s] = True
+    for i in range(col.shape[0]):
+        residual[i] = max(residual[i] - out[i] * out[i], zero)
+    if running:
+        residual[s] = zero
+    return active
 
 
 _compiled: dict[str, Callable] = {}
@@ -272,10 +307,13 @@ def pivot_steps(*args: object) -> None:
     if steps is None:
         if not AVAILABLE:
             raise ValueError("the compiled pivot loop needs numba (pivot_backend='torch')")
-        global _argmax_first, _select
+        global _argmax_first, _select, _kernel_column, _subtract_factor, _update
         jit = numba.njit(parallel=False, cache=True, nogil=True)
         _argmax_first = jit(_argmax_first)
         _select = jit(_select)
+        _kernel_column = jit(_kernel_column)
+        _subtract_factor = jit(_subtract_factor)
+        _update = jit(_update)
         steps = _compiled["steps"] = jit(_pivot_steps)
     steps(*args)
 

@@ -276,75 +276,108 @@ def rpcholesky(
     many independent next steps from one residual); the rule picks the rest.
 
     ``pivot_backend`` (:data:`PIVOT_BACKENDS`, :func:`resolve_backend`) chooses the torch
-    loop below or the same loop compiled (:func:`_compiled_loop`); both consume the same
-    Gumbel noise from ``generator``, so the pivots and the generator's state afterwards are
-    the same (the factor and traces agree to round-off: the sums run in another order).
+    loop (:func:`_torch_loop`) or the same loop compiled (:func:`_compiled_loop`); both
+    consume the same Gumbel noise from ``generator``, so the pivots and the generator's
+    state afterwards are the same (the factor and traces agree to round-off: the sums run
+    in another order).
 
     Computation is in float64 for float64 points and in float32 otherwise.
     """
     check_arguments(points, rank, rule, tol)
     backend = resolve_backend(pivot_backend, points.device)
-    dtype = torch.float64 if points.dtype == torch.float64 else torch.float32
-    z = points.detach().to(dtype)
+    start = LoopStart.of(points, rank, weighting, tempering, tol, first_pivots)
+    loop = _compiled_loop if backend == "numba" and start.weight.numel() > 0 else _torch_loop
+    pivots, factor, trace, residual = loop(start, rule, generator, first_pivots)
+    return CholeskyResult(pivots, factor, trace, start.log_scale, start.log_weight, residual)
+
+
+@dataclass
+class LoopStart:
+    """What both pivot loops of :func:`rpcholesky` start from, for points (..., N, d).
+
+    ``z`` (..., N, d) the points in the compute dtype, ``z_half_sq`` (..., N, 1) their
+    ``|z|^2/2`` (as :func:`gaussian_kernel` computes it); ``log_weight`` (..., N)
+    ``= tau |z|^2``, ``log_scale`` (...) its maximum and ``weight`` (..., N)
+    ``= e^{log_weight - log_scale}`` in (0, 1]; ``trace`` (..., r + 1) with its first column
+    (the scaled trace of ``A_tau``: the diagonal of G is 1) set and ``stop_trace`` (...)
+    ``= tol`` times it; ``forced`` the number of forced first pivots.
+    """
+
+    z: Tensor
+    z_half_sq: Tensor
+    rank: int
+    log_weight: Tensor
+    log_scale: Tensor
+    weight: Tensor
+    add_weight: bool  # False for "gauss" (tau = 0): log_weight is exactly 0
+    trace: Tensor
+    stop_trace: Tensor
+    forced: int
+    round_off: float  # pivot_floor: a pivot with a tiny residual adds only ill-conditioning
+
+    @classmethod
+    def of(
+        cls,
+        points: Tensor,
+        rank: int,
+        weighting: str,
+        tempering: float,
+        tol: float,
+        first_pivots: Tensor | None,
+    ) -> LoopStart:
+        dtype = torch.float64 if points.dtype == torch.float64 else torch.float32
+        z = points.detach().to(dtype)
+        *batch, n_points, _ = z.shape
+        rank = min(rank, n_points)
+        sq_norm = z.pow(2).sum(-1)  # (..., N)
+        log_weight = weighting_power(weighting, tempering) * sq_norm
+        log_scale = log_weight.amax(-1)
+        weight = torch.exp(log_weight - log_scale.unsqueeze(-1))  # in (0, 1]
+        trace = z.new_zeros(*batch, rank + 1)
+        trace[..., 0] = (weight * torch.ones_like(sq_norm)).sum(-1)  # diagonal of G is 1
+        return cls(
+            z=z,
+            z_half_sq=z.pow(2).sum(-1, keepdim=True) / 2,
+            rank=rank,
+            log_weight=log_weight,
+            log_scale=log_scale,
+            weight=weight,
+            add_weight=bool((log_weight != 0).any()),  # adding a weight of 0 changes nothing
+            trace=trace,
+            stop_trace=tol * trace[..., 0],
+            forced=0 if first_pivots is None else min(first_pivots.shape[-1], rank),
+            round_off=pivot_floor(dtype),
+        )
+
+
+def _torch_loop(
+    start: LoopStart, rule: str, generator: torch.Generator | None, first_pivots: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The steps of :func:`rpcholesky` in torch, batched: Alg. 1 of Chen, Epperly, Tropp &
+    Webber (2023) - sample, column, correction, update. Returns pivots (..., r), factor
+    (..., N, r), trace (..., r + 1) (``start.trace``, filled in) and residual (..., N)."""
+    z, rank, trace, round_off = start.z, start.rank, start.trace, start.round_off
     *batch, n_points, _ = z.shape
-    rank = min(rank, n_points)
-    tau = weighting_power(weighting, tempering)
-
-    sq_norm = z.pow(2).sum(-1)  # (..., N)
-    log_weight = tau * sq_norm
-    log_scale = log_weight.amax(-1)
-    weight = torch.exp(log_weight - log_scale.unsqueeze(-1))  # in (0, 1]
-
-    residual = torch.ones_like(sq_norm)  # diagonal of G is 1
+    residual = torch.ones_like(start.weight)  # diagonal of G is 1
     factor = z.new_zeros(*batch, n_points, rank)
     pivots = torch.full((*batch, rank), -1, dtype=torch.long, device=z.device)
     picked = torch.zeros_like(residual, dtype=torch.bool)
-    trace = z.new_zeros(*batch, rank + 1)
-    trace[..., 0] = (weight * residual).sum(-1)
-    stop_trace = tol * trace[..., 0]
-    # a pivot whose residual is tiny adds nothing but ill-conditioning (pivot_floor)
-    round_off = pivot_floor(dtype)
-    forced = 0 if first_pivots is None else min(first_pivots.shape[-1], rank)
     # the random rules' noise for every drawn step, in blocks (same numbers, fewer calls)
-    noise = None if rule == "greedy" else GumbelStream(residual.shape, z, generator, rank - forced)
-    z_half_sq = z.pow(2).sum(-1, keepdim=True) / 2  # as gaussian_kernel computes it
-    # weighting "gauss" (tau = 0): log_weight is exactly 0, and adding it changes nothing
-    add_weight = bool((log_weight != 0).any())
-    if backend == "numba" and residual.numel() > 0:
-        pivots, factor, trace, residual = _compiled_loop(
-            z,
-            rank,
-            rule,
-            generator,
-            first_pivots,
-            forced,
-            log_weight,
-            add_weight,
-            weight,
-            z_half_sq,
-            trace,
-            stop_trace,
-        )
-        return CholeskyResult(pivots, factor, trace, log_scale, log_weight, residual)
-
+    steps = rank - start.forced
+    noise = None if rule == "greedy" else GumbelStream(residual.shape, z, generator, steps)
     for t in range(rank):
         log_res = torch.log(residual)
-        if add_weight:
-            log_res = log_res + log_weight
-        if t < forced:
+        if start.add_weight:
+            log_res = log_res + start.log_weight
+        if t < start.forced:
             s = torch.broadcast_to(first_pivots[..., t], batch).to(z.device)
         else:
             gumbel = None if noise is None else noise.next()
             s = select_pivot(log_res, picked, rule, generator, gumbel)  # (...,)
         idx = s.unsqueeze(-1)
-        z_s = torch.gather(z, -2, idx.unsqueeze(-1).expand(*batch, 1, z.shape[-1]))
-        # gaussian_kernel(z, z_s) with |z|^2/2 computed once (the same values)
-        sq_s = z_s.pow(2).sum(-1).unsqueeze(-2) / 2
-        col = torch.exp((z @ z_s.transpose(-1, -2) - z_half_sq - sq_s).clamp(max=0.0)).squeeze(-1)
-        f_s = torch.gather(factor, -2, idx.unsqueeze(-1).expand(*batch, 1, rank))
-        col = col - (factor @ f_s.transpose(-1, -2)).squeeze(-1)
+        col = _residual_column(start, factor, idx)
         pivot_residual = torch.gather(col, -1, idx)  # (..., 1)
-        running = trace[..., t : t + 1] > stop_trace.unsqueeze(-1)  # not stopped by tol
+        running = trace[..., t : t + 1] > start.stop_trace.unsqueeze(-1)  # not stopped by tol
         active = running & (pivot_residual > round_off)
         f_t = torch.where(active, col / pivot_residual.clamp(min=round_off).sqrt(), 0.0)
         factor[..., t] = f_t
@@ -352,65 +385,55 @@ def rpcholesky(
         picked.scatter_(-1, idx, picked.gather(-1, idx) | running)
         residual = (residual - f_t.pow(2)).clamp(min=0.0)
         residual.scatter_(-1, idx, torch.where(running, 0.0, residual.gather(-1, idx)))
-        trace[..., t + 1] = (weight * residual).sum(-1)
+        trace[..., t + 1] = (start.weight * residual).sum(-1)
+    return pivots, factor, trace, residual
 
-    return CholeskyResult(pivots, factor, trace, log_scale, log_weight, residual)
+
+def _residual_column(start: LoopStart, factor: Tensor, idx: Tensor) -> Tensor:
+    """``G[:, s] - F F^T[:, s]`` (..., N) for the pivots ``idx`` (..., 1): the kernel column
+    ``g(z, z_s)`` (as :func:`gaussian_kernel`, ``|z|^2/2`` computed once) less the factor's
+    part."""
+    z = start.z
+    *batch, _, dim = z.shape
+    z_s = torch.gather(z, -2, idx.unsqueeze(-1).expand(*batch, 1, dim))
+    sq_s = z_s.pow(2).sum(-1).unsqueeze(-2) / 2
+    col = torch.exp((z @ z_s.transpose(-1, -2) - start.z_half_sq - sq_s).clamp(max=0.0))
+    f_s = torch.gather(factor, -2, idx.unsqueeze(-1).expand(*batch, 1, factor.shape[-1]))
+    return col.squeeze(-1) - (factor @ f_s.transpose(-1, -2)).squeeze(-1)
 
 
 def _compiled_loop(
-    z: Tensor,
-    rank: int,
-    rule: str,
-    generator: torch.Generator | None,
-    first_pivots: Tensor | None,
-    forced: int,
-    log_weight: Tensor,
-    add_weight: bool,
-    weight: Tensor,
-    z_half_sq: Tensor,
-    trace: Tensor,
-    stop_trace: Tensor,
+    start: LoopStart, rule: str, generator: torch.Generator | None, first_pivots: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The loop of :func:`rpcholesky` in :func:`pivot_kernel.pivot_steps` (CPU, no autograd).
 
-    z (..., N, d) in the compute dtype; log_weight, weight, z_half_sq[..., 0] (..., N);
-    trace (..., r + 1) with its first column set; stop_trace (...). Returns pivots
-    (..., r), factor (..., N, r), trace (..., r + 1), residual (..., N).
+    Returns pivots (..., r), factor (..., N, r), trace (..., r + 1), residual (..., N), as
+    :func:`_torch_loop`.
 
     The Gumbel noise is drawn exactly as :class:`GumbelStream` draws it - blocks of the same
     sizes, step-major, from ``generator`` - and each block is handed to the compiled steps
     it belongs to, so the same uniforms feed the same steps and the generator ends in the
     same state as after the torch loop.
     """
+    z, rank, forced = start.z, start.rank, start.forced
     *batch, n_points, dim = z.shape
     n_batch = int(np.prod(batch)) if batch else 1
-    dtype = z.dtype
-    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    np_dtype = np.float64 if z.dtype == torch.float64 else np.float32
+
     zt = z.reshape(n_batch, n_points, dim).transpose(1, 2).contiguous().numpy()
-    half_sq = z_half_sq.reshape(n_batch, n_points).contiguous().numpy()
-    log_w = log_weight.reshape(n_batch, n_points).contiguous().numpy()
-    weights = weight.reshape(n_batch, n_points).contiguous().numpy()
-    stop = stop_trace.reshape(n_batch).contiguous().numpy()
-    forced_pivots = np.zeros((n_batch, 0), dtype=np.int64)
-    if forced:
-        given = torch.broadcast_to(first_pivots[..., :forced], (*batch, forced))
-        given = given.reshape(n_batch, forced).to(torch.long).cpu()
-        if bool(((given < 0) | (given >= n_points)).any()):  # the compiled loop reads no bounds
-            raise ValueError(
-                f"first_pivots must index the {n_points} points (0 .. {n_points - 1}), got "
-                f"values in [{int(given.min())}, {int(given.max())}]"
-            )
-        forced_pivots = given.contiguous().numpy()
+    stop = start.stop_trace.reshape(n_batch).contiguous().numpy()
     factor_t = np.zeros((n_batch, rank, n_points), dtype=np_dtype)
     residual = np.ones((n_batch, n_points), dtype=np_dtype)  # diagonal of G is 1
     picked = np.zeros((n_batch, n_points), dtype=np.bool_)
     pivots = np.full((n_batch, rank), -1, dtype=np.int64)
-    traces = trace.reshape(n_batch, rank + 1).contiguous().numpy().copy()
+    traces = start.trace.reshape(n_batch, rank + 1).contiguous().numpy().copy()
     code = pivot_kernel.RULE_CODES[rule]
-    scalars = (np_dtype(pivot_floor(dtype)), np_dtype(0.0))  # scalars of the compute dtype
+    scalars = (np_dtype(start.round_off), np_dtype(0.0))  # scalars of the compute dtype
     view, layout = pivot_kernel.float_format(np_dtype)
     state = (factor_t, residual, residual.view(view), picked, pivots, traces)
-    fixed = (zt, half_sq, log_w, add_weight, weights, stop, forced_pivots)
+    forced_pivots = _forced_pivots(first_pivots, forced, batch, n_points)
+    per_point = [_rows(x, n_batch) for x in (start.z_half_sq, start.log_weight, start.weight)]
+    fixed = (zt, *per_point[:2], start.add_weight, per_point[2], stop, forced_pivots)
     no_noise = np.zeros((0, n_batch, n_points), dtype=np_dtype)
     if forced:
         pivot_kernel.pivot_steps(*fixed, no_noise, 0, forced, 0, code, layout, *scalars, *state)
@@ -425,7 +448,7 @@ def _compiled_loop(
         while t < rank:
             count = min(stream.block, rank - t)
             u = torch.rand(
-                (count, *batch, n_points), dtype=dtype, device=z.device, generator=generator
+                (count, *batch, n_points), dtype=z.dtype, device=z.device, generator=generator
             )
             noise = _gumbel_from_uniform(u).reshape(count, n_batch, n_points).numpy()
             pivot_kernel.pivot_steps(*fixed, noise, t, t + count, t, code, layout, *scalars, *state)
@@ -437,3 +460,26 @@ def _compiled_loop(
         torch.from_numpy(traces).reshape(*batch, rank + 1),
         torch.from_numpy(residual).reshape(*batch, n_points),
     )
+
+
+def _forced_pivots(
+    first_pivots: Tensor | None, forced: int, batch: list[int], n_points: int
+) -> np.ndarray:
+    """The first ``forced`` pivots (..., t0) as a (B, forced) int64 array, bounds checked
+    (the compiled loop reads no bounds); (B, 0) when none are forced."""
+    n_batch = int(np.prod(batch)) if batch else 1
+    if not forced:
+        return np.zeros((n_batch, 0), dtype=np.int64)
+    given = torch.broadcast_to(first_pivots[..., :forced], (*batch, forced))
+    given = given.reshape(n_batch, forced).to(torch.long).cpu()
+    if bool(((given < 0) | (given >= n_points)).any()):
+        raise ValueError(
+            f"first_pivots must index the {n_points} points (0 .. {n_points - 1}), got "
+            f"values in [{int(given.min())}, {int(given.max())}]"
+        )
+    return given.contiguous().numpy()
+
+
+def _rows(x: Tensor, n_batch: int) -> np.ndarray:
+    """A per-point tensor (..., N) or (..., N, 1) as a (B, N) numpy array."""
+    return x.reshape(n_batch, -1).contiguous().numpy()

@@ -59,13 +59,7 @@ import torch
 from torch import Tensor, nn
 
 from rpka.attention import causal
-from rpka.attention.accelerated import (
-    RESIDUAL_SOLVES,
-    PivotState,
-    PointSet,
-    accelerated_pivots,
-    check_fast_options,
-)
+from rpka.attention.accelerated import RESIDUAL_SOLVES, accelerated_pivots, check_fast_options
 from rpka.attention.base import AttentionMethod
 from rpka.attention.keys_coreset import WILDCAT_RHO
 from rpka.attention.nystrom import (
@@ -77,6 +71,7 @@ from rpka.attention.nystrom import (
     nystrom_softmax_chunked,
 )
 from rpka.attention.options import check_generator, check_open_unit
+from rpka.attention.pivot_state import PivotState, PointSet
 from rpka.attention.rpcholesky import (
     PIVOT_BACKENDS,
     PIVOT_RULES,
