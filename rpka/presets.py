@@ -83,7 +83,7 @@ def peer_arms(rank: int = ABLATION_RANK) -> tuple[ArmConfig, ...]:
 
 
 def _smoke() -> BenchConfig:
-    return BenchConfig(
+    return BenchConfig.of(
         preset="smoke",
         track=TrackConfig(n_series=8, series_length=400, context=32, horizon=8),
         model=ModelConfig(d_model=16, n_layers=1, n_heads=2, d_ff=32, embed_kernel=3),
@@ -103,8 +103,7 @@ def _smoke() -> BenchConfig:
 def _smoke_study() -> BenchConfig:
     """The full study's structure in seconds: one ablation, the uniform rule, one peer, the
     control."""
-    return dataclasses.replace(
-        _smoke(),
+    return _smoke().replace(
         preset="smoke-study",
         arms=(
             EXACT,
@@ -133,7 +132,7 @@ QUICK_MECHANISM = {"rank": 16, "draws": 200, "quality_ranks": [4, 16], "quality_
 # --preset quick`).
 QUICK_EVAL_SEEDS = (100, 101)
 def _quick() -> BenchConfig:
-    return BenchConfig(
+    return BenchConfig.of(
         preset="quick",
         track=TrackConfig(n_series=16),
         model=ModelConfig(),
@@ -161,7 +160,7 @@ def _full() -> BenchConfig:
     peers = tuple(
         dataclasses.replace(a, lr_from=reference) if a.name == uniform else a for a in peers
     )
-    return BenchConfig(
+    return BenchConfig.of(
         preset="full",
         track=TrackConfig(),
         model=ModelConfig(),
@@ -190,8 +189,7 @@ def _full() -> BenchConfig:
 
 def _quick_study() -> BenchConfig:
     """The full study's arms at the quick preset's size (minutes): a preview of the report."""
-    return dataclasses.replace(
-        _full(),
+    return _full().replace(
         preset="quick-study",
         track=TrackConfig(n_series=16),
         learning_rates=(1e-3, 3e-3),
@@ -252,7 +250,7 @@ def lm_rpka_arm(rank: int) -> ArmConfig:
 
 
 def _lm_smoke() -> BenchConfig:
-    return BenchConfig(
+    return BenchConfig.of(
         preset="smoke",
         track=LMConfig(vocab_size=12, lags=(8, 12), seq_len=33, n_train=64, n_val=16, n_test=16),
         model=ModelConfig(
@@ -274,8 +272,7 @@ def _lm_smoke() -> BenchConfig:
 def _lm_quick() -> BenchConfig:
     """The full lm study's arms and model with one learning rate, the preview's evaluation
     seeds and 3 of its 12 epochs on a quarter of its sequences (a preview)."""
-    return dataclasses.replace(
-        _lm_full(),
+    return _lm_full().replace(
         preset="quick",
         arms=(EXACT, lm_rpka_arm(16), lm_rpka_arm(32), MEAN_CONTROL),  # not the frontier
         positive_control_arm=None,
@@ -288,7 +285,7 @@ def _lm_quick() -> BenchConfig:
 
 
 def _lm_full() -> BenchConfig:
-    return BenchConfig(
+    return BenchConfig.of(
         preset="full",
         track=LM_TRACK,
         model=LM_MODEL,
@@ -326,8 +323,7 @@ GATE_TRAIN = TrainConfig(epochs=10, batch_size=64)  # 20,000 windows: ~3,100 ste
 
 
 def _window_smoke(track: Any, embed_kernel: int) -> BenchConfig:
-    return dataclasses.replace(
-        _smoke(),
+    return _smoke().replace(
         track=track,
         model=dataclasses.replace(_smoke().model, embed_kernel=embed_kernel),
         arms=(EXACT, MEAN_CONTROL, rpka_arm(4)),
@@ -337,7 +333,7 @@ def _window_smoke(track: Any, embed_kernel: int) -> BenchConfig:
 
 
 def _window_gate(track: Any, embed_kernel: int) -> BenchConfig:
-    return BenchConfig(
+    return BenchConfig.of(
         preset="gate",
         track=track,
         model=dataclasses.replace(GATE_MODEL, embed_kernel=embed_kernel),
@@ -372,15 +368,14 @@ def _window_full(track: Any, embed_kernel: int, **changes: Any) -> BenchConfig:
         "learning_rates": (1e-3,),
         "eval_seeds": tuple(range(100, 106)),
     }
-    return dataclasses.replace(_window_gate(track, embed_kernel), **(full | changes))
+    return _window_gate(track, embed_kernel).replace(**(full | changes))
 
 
 def _window_quick(full: BenchConfig, **track: Any) -> BenchConfig:
     """A preview of ``full`` in a minute: its arms on a few hundred windows for 2 epochs,
     the preview's 2 evaluation seeds (the gate cannot pass; the report says it is a
     preview)."""
-    return dataclasses.replace(
-        full,
+    return full.replace(
         preset="quick",
         track=dataclasses.replace(full.track, **track),
         train=dataclasses.replace(full.train, epochs=2),
@@ -416,12 +411,10 @@ _REGIMES_FULL = _window_full(RegimesConfig(), embed_kernel=5)
 # 1,259 training windows of CO2: 50 epochs of batch 64 is ~1,000 steps
 _REAL_FULL = _window_full(RealConfig(), embed_kernel=5, train=TrainConfig(epochs=50, batch_size=64))
 MOTIF_PRESETS: dict[str, BenchConfig] = {
-    "smoke": dataclasses.replace(
-        _window_smoke(MotifConfig(**SMALL_WINDOWS), embed_kernel=17), mechanism=_smoke().mechanism
+    "smoke": _window_smoke(MotifConfig(**SMALL_WINDOWS), embed_kernel=17).replace(
+        mechanism=_smoke().mechanism
     ),
-    "quick": dataclasses.replace(
-        _window_quick(_MOTIF_FULL, **QUICK_WINDOWS), mechanism=QUICK_MECHANISM
-    ),
+    "quick": _window_quick(_MOTIF_FULL, **QUICK_WINDOWS).replace(mechanism=QUICK_MECHANISM),
     "gate": _window_gate(MotifConfig(), embed_kernel=17),
     "full": _MOTIF_FULL,
 }
@@ -433,14 +426,13 @@ REGIMES_PRESETS: dict[str, BenchConfig] = {
 }
 REAL_PRESETS: dict[str, BenchConfig] = {
     "smoke": _window_smoke(RealConfig(context=52, stride=8), embed_kernel=5),
-    "quick": dataclasses.replace(
-        _REAL_FULL,
+    "quick": _REAL_FULL.replace(
         preset="quick",
         train=TrainConfig(epochs=2, batch_size=64),
         eval_seeds=QUICK_EVAL_SEEDS,
     ),
-    "gate": dataclasses.replace(
-        _window_gate(RealConfig(), embed_kernel=5), train=TrainConfig(epochs=50, batch_size=64)
+    "gate": _window_gate(RealConfig(), embed_kernel=5).replace(
+        train=TrainConfig(epochs=50, batch_size=64)
     ),
     "full": _REAL_FULL,
 }
@@ -475,7 +467,7 @@ RECALL_FRONTIER_RANKS = (32, 96)
 
 
 def _recall(preset: str, arms: tuple[ArmConfig, ...], eval_seeds: tuple[int, ...]) -> BenchConfig:
-    return BenchConfig(
+    return BenchConfig.of(
         preset=preset,
         track=RECALL_TRACK,
         model=RECALL_MODEL,
@@ -493,8 +485,7 @@ def _recall(preset: str, arms: tuple[ArmConfig, ...], eval_seeds: tuple[int, ...
 
 
 RECALL_PRESETS: dict[str, BenchConfig] = {
-    "smoke": dataclasses.replace(
-        _lm_smoke(),
+    "smoke": _lm_smoke().replace(
         model=dataclasses.replace(_lm_smoke().model, previous_tokens=1),
         track=RecallConfig(
             vocab_size=17,
@@ -511,8 +502,7 @@ RECALL_PRESETS: dict[str, BenchConfig] = {
     ),
     # a preview of the study: the gate's arms on 500 sequences, 2 epochs, 64 validation
     # and test sequences (each scored at 1x, 2x and 4x the length: the cost of a recall run)
-    "quick": dataclasses.replace(
-        _recall("quick", (EXACT, MEAN_CONTROL, lm_rpka_arm(8)), QUICK_EVAL_SEEDS),
+    "quick": _recall("quick", (EXACT, MEAN_CONTROL, lm_rpka_arm(8)), QUICK_EVAL_SEEDS).replace(
         track=dataclasses.replace(RECALL_TRACK, n_train=500, n_val=64, n_test=64),
         learning_rates=(3e-3,),
     ),
@@ -520,14 +510,11 @@ RECALL_PRESETS: dict[str, BenchConfig] = {
     # (estimated as below: ~900 CPU s, ~8 minutes on 2 cores)
     "gate": _recall("gate", (EXACT, MEAN_CONTROL, lm_rpka_arm(8)), tuple(range(100, 104))),
     # 7 seeds: Holm over the secondary arms can reject (docs/presets.md, "recall")
-    "full": dataclasses.replace(
-        _recall(
-            "full",
-            (EXACT, MEAN_CONTROL, *(lm_rpka_arm(r) for r in RECALL_RANKS + RECALL_FRONTIER_RANKS)),
-            tuple(range(100, 107)),
-        ),
-        positive_control_arm="rpka-r96",
-    ),
+    "full": _recall(
+        "full",
+        (EXACT, MEAN_CONTROL, *(lm_rpka_arm(r) for r in RECALL_RANKS + RECALL_FRONTIER_RANKS)),
+        tuple(range(100, 107)),
+    ).replace(positive_control_arm="rpka-r96"),
 }
 
 # --------------------------------------------------------------------------- standard
@@ -566,7 +553,7 @@ def _standard(
     full: BenchConfig, arms: tuple[ArmConfig, ...], lr: float, **changes: Any
 ) -> BenchConfig:
     """``full``'s track and model with ``arms`` at the one learning rate ``lr``."""
-    return dataclasses.replace(full, arms=arms, learning_rates=(lr,), **(STANDARD | changes))
+    return full.replace(arms=arms, learning_rates=(lr,), **(STANDARD | changes))
 
 
 # the standard study of each track; its size and what it measured: docs/standard.md
@@ -650,8 +637,7 @@ for _track, _config in STANDARD_PRESETS.items():
 # exact, control and rank-16 runs of seeds 100-105 are the standard study's (same run
 # ids). `python -m rpka bench --track forecast-motif --preset frontier --out
 # data/results/full/forecast-motif-64`; the study index reads it as ``forecast-motif-64``.
-MOTIF_PRESETS["frontier"] = dataclasses.replace(
-    STANDARD_PRESETS["forecast-motif"],
+MOTIF_PRESETS["frontier"] = STANDARD_PRESETS["forecast-motif"].replace(
     preset="frontier",
     arms=(EXACT, MEAN_CONTROL, *(rpka_arm(r) for r in (16, 32, 64, 128))),
     eval_seeds=tuple(range(100, 108)),

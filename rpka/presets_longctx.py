@@ -49,7 +49,7 @@ def _long_preset(
 ) -> LongContextConfig:
     """A long-context preset of ``arms`` on ``track``, resized to each context; ``bench``
     sets the template's other fields."""
-    template = BenchConfig(
+    template = BenchConfig.of(
         preset=f"longctx-{preset}",
         track=track,
         arms=arms,
@@ -57,8 +57,7 @@ def _long_preset(
         margin=FORECAST_MARGIN,
         **bench,
     )
-    template = dataclasses.replace(
-        template,
+    template = template.replace(
         track=template.task.at_context(track, contexts[0], train_windows, eval_windows),
     )
     config = LongContextConfig(preset, contexts, template, train_windows, eval_windows)
