@@ -336,6 +336,7 @@ class LongContextConfig:
 
 __all__ = [  # with the parts re-exported: the model's config and rpka.config_parts'
     "DEVICES",
+    "CONCERNS",
     "FLAT_FIELDS",
     "ArmConfig",
     "BenchConfig",

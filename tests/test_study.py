@@ -38,7 +38,7 @@ FULL = get_preset("full")
 def test_every_preset_validates_and_round_trips():
     for name in PRESETS:
         config = get_preset(name)
-        assert BenchConfig.from_dict(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+        assert BenchConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
 def test_full_preset_holds_rank_sweep_ablations_and_peers():
