@@ -138,7 +138,7 @@ def print_bench_summary(report: dict[str, Any], out: Path) -> None:
     with diverged evaluation seeds says how many (their scores are missing: n/a)."""
     metric = report["metric"]
     task = get_task(report["track"])
-    naive = task.naive_rows(report, "test")
+    naive = task.text.naive_rows(report, "test")
     width = max(12, *(len(name) for name in report["arms"]), *(len(label) for label, _ in naive))
     lines = [
         f"{'arm':<{width}} {'points':>6} {'best lr':>8} {'test ' + metric:>18} {'vs exact':>30}"
@@ -167,7 +167,7 @@ def print_bench_summary(report: dict[str, Any], out: Path) -> None:
             f"({choice['chosen_val_score']:.4f} vs reference {choice['reference']} "
             f"{choice['reference_val_score']:.4f})"
         )
-    lines.append(task.learnability_text(report).replace("**", ""))
+    lines.append(task.text.learnability_text(report).replace("**", ""))
     if all(arm["n_diverged"] == len(arm["full"]["per_seed"]) for arm in report["arms"].values()):
         lines.append("every evaluation seed of every arm diverged: try lower --lrs")
     t = report["timings"]

@@ -29,6 +29,7 @@ writes ``frontier.json`` for a study's gated tracks (shape in docs/bench_report.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from rpka.stats import ALPHA, paired_comparison, summarize
 MARGIN_GAP = 0.95  # non-inferior: mean gap recovered above 0.95 (one-sided, alpha 0.05)
 LOW_RANK_METHODS = ("rpka", "nystrom-uniform", "keys-coreset")
 PIVOTING_PEERS = ("nystrom-uniform", "keys-coreset")
+COST_LENGTHS = (2048, 8192)  # the lengths the cost at r* is read at (issue 26, item 3)
 
 
 def per_seed_gap(
@@ -253,19 +255,84 @@ def drop_in_curve(
     return sorted(rows, key=lambda r: (r["method"], r["rank"]))
 
 
-def write_frontier(reports: Mapping[str, Path], out: Path) -> dict[str, Any]:
+def cost_at_lengths(
+    scaling: Mapping[str, Any], rank: int, lengths: Sequence[int] = COST_LENGTHS
+) -> dict[str, Any]:
+    """What RPKA at ``rank`` costs against exact attention at ``lengths`` tokens, read
+    from a latency sweep (``rpka.scaling``'s JSON: one attention call, non-causal,
+    B*H heads of ``head_dim``): per length the forward and forward+backward speed-up
+    (exact's time / RPKA's: > 1 is faster) and the peak-memory ratio (RPKA's / exact's).
+    A length or rank the sweep did not measure reads ``None`` - never extrapolated."""
+    rows = {(r["method"], r["rank"], r["n"]): r for r in scaling["rows"]}
+    by_length = {}
+    for n in lengths:
+        row = rows.get(("rpka", rank, n))
+        by_length[str(n)] = None if row is None else {
+            "forward_speedup": row.get("speedup_vs_exact"),
+            "fwd_bwd_speedup": row.get("fwd_bwd_speedup_vs_exact"),
+            "memory_ratio": row.get("memory_vs_exact"),
+        }  # fmt: skip
+    return {"rank": rank, "device": scaling.get("device"), "shapes": scaling.get("shapes"),
+            "lengths": by_length}  # fmt: skip
+
+
+def mqar_curve(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """MQAR as Zoology reports it (Arora et al. 2023, Fig. 2): recall accuracy against
+    rank ÷ pairs, from recall bench reports that differ in ``n_pairs``.
+
+    One row per (bench, arm, length factor): ``pairs``, ``epochs``, ``arm``, ``method``,
+    ``rank`` (None for exact and the control), ``rank_over_pairs``, ``length_factor``
+    (1, 2, 4: the metrics ``error``, ``error_x2``, ``error_x4``), ``accuracy`` (1 - the
+    mean error over the evaluation seeds) with its 95 % t interval (``ci_low``,
+    ``ci_high``: the bench's interval of the error, flipped) and ``n_seeds``.
+    """
+    rows = []
+    for report in reports:
+        pairs, epochs = report["config"]["track"]["n_pairs"], report["config"]["train"]["epochs"]
+        for name, arm in report["arms"].items():
+            rank = arm.get("rank")
+            for factor, metric in ((1, "error"), (2, "error_x2"), (4, "error_x4")):
+                error = arm["full_by_metric"][metric]
+                rows.append({
+                    "pairs": pairs, "epochs": epochs, "arm": name, "method": arm["method"],
+                    "rank": rank, "rank_over_pairs": None if rank is None else rank / pairs,
+                    "length_factor": factor, "accuracy": 1.0 - error["mean"],
+                    "ci_low": 1.0 - error["ci_high"], "ci_high": 1.0 - error["ci_low"],
+                    "n_seeds": error["n"],
+                })  # fmt: skip
+    return sorted(rows, key=lambda r: (r["length_factor"], r["method"], r["rank"] or 0,
+                                       r["pairs"]))  # fmt: skip
+
+
+def write_frontier(
+    reports: Mapping[str, Path],
+    out: Path,
+    scaling: Mapping[str, Any] | None = None,
+    mqar: Sequence[Path] = (),
+) -> dict[str, Any]:
     """``frontier.json`` at ``out`` from the bench reports of the gated tracks
     (track -> path); with a ``drop_in.json`` beside a report, its drop-in curve
-    (:func:`drop_in_curve`)."""
+    (:func:`drop_in_curve`); with a latency sweep ``scaling``, each track's
+    ``r_star_cost`` (:func:`cost_at_lengths` at r*, null where r* is not reached); with
+    recall bench reports of several pair counts ``mqar``, the key ``mqar``
+    (:func:`mqar_curve`)."""
     tracks = {}
     for track, path in reports.items():
         report = read_json(path)
         tracks[track] = track_frontier(report)
+        r_star = tracks[track]["r_star"]
+        if scaling is not None:
+            tracks[track]["r_star_cost"] = (
+                None if r_star is None else cost_at_lengths(scaling, r_star)
+            )
         drop_in = Path(path).parent / "drop_in.json"
         if drop_in.exists() and tracks[track]["n_points"]:
             tracks[track]["drop_in"] = drop_in_curve(
                 report, read_json(drop_in), tracks[track]["n_points"]
             )
     result = {"what": __doc__.split("\n\n")[0], "tracks": tracks}
+    if mqar:
+        result["mqar"] = {"benches": [os.path.relpath(p, Path(out).parent) for p in mqar],
+                          "rows": mqar_curve([read_json(p) for p in mqar])}  # fmt: skip
     write_result_json(out, result)
     return result

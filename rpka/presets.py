@@ -37,6 +37,7 @@ from rpka.presets_tracks import (
     REAL_PRESETS,
     RECALL_PRESETS,
     RECALL_TRACK,
+    RECALL_TRAIN,
     REGIMES_PRESETS,
     _full,
     _lm_full,
@@ -132,12 +133,7 @@ PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {
 }
 for _track, _config in STANDARD_PRESETS.items():
     PRESETS_BY_TRACK[_track]["standard"] = _config
-# The motif track's rank frontier (issue 26), an extension of the full study at the
-# standard study's motif form: RPKA at 16, 32, 64 of the 128 joint points and the positive
-# control at 128, 8 seeds (Holm over two secondary ranks can reject); rank 96 left out for
-# its cost. Its exact, control and rank-16 runs of seeds 100-105 are the standard study's
-# (same run ids). Written to data/results/full/forecast-motif-64 (``--out``), read by the
-# study index as ``forecast-motif-64``.
+# The motif track's rank frontier at 64 tokens (issue 26; why these arms: docs/frontier.md)
 MOTIF_PRESETS["frontier"] = STANDARD_PRESETS["forecast-motif"].replace(
     preset="frontier",
     arms=(EXACT, MEAN_CONTROL, *(rpka_arm(r) for r in (16, 32, 64, 128))),
@@ -145,6 +141,17 @@ MOTIF_PRESETS["frontier"] = STANDARD_PRESETS["forecast-motif"].replace(
     positive_control_arm="rpka-r128",
     mechanism=None,
 )
+# MQAR as Zoology reports it (issue 26, docs/frontier.md): 4, 16, 24 pairs at 64 tokens,
+# at the epochs exact needs to learn each (docs/presets.md, "recall")
+RECALL_PAIRS_EPOCHS: dict[int, int] = {4: 2, 16: 6, 24: 6}
+for _pairs, _epochs in RECALL_PAIRS_EPOCHS.items():
+    RECALL_PRESETS[f"pairs-{_pairs}"] = RECALL_PRESETS["full"].replace(
+        preset=f"pairs-{_pairs}", primary_arm="rpka-r16",
+        track=dataclasses.replace(RECALL_TRACK, n_pairs=_pairs),
+        train=dataclasses.replace(RECALL_TRAIN, epochs=_epochs),
+        arms=(EXACT, MEAN_CONTROL, *(lm_rpka_arm(r) for r in (8, 16, 32))),
+        learning_rates=(3e-3,), eval_seeds=(100, 101, 102), positive_control_arm=None,
+    )  # fmt: skip
 # the tracks a study runs (each with the study's preset name); the report puts those that
 # pass their attention gate first. forecast-regimes runs as the long-context study
 # (LONGCTX_PRESETS); its 96-step form is available as `bench --track forecast-regimes`.

@@ -34,7 +34,7 @@ from rpka.io import (
 from rpka.longctx import FILE_NAME as LONGCTX_FILE
 from rpka.longctx import run_longctx
 from rpka.paths import resolve
-from rpka.presets import MECHANISM_TRACK, STUDY_TRACKS, get_preset
+from rpka.presets import MECHANISM_TRACK, RECALL_PAIRS_EPOCHS, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import get_longctx_preset
 from rpka.spectrum import bench_spectrum
 from rpka.tracks import get_task
@@ -285,6 +285,11 @@ FRONTIER_EXTENSIONS: dict[str, str] = {
 }
 
 
+# MQAR against rank / pairs (issue 26): the recall track's bench and its pair-count
+# variants (rpka.presets.RECALL_PAIRS_EPOCHS), read where they are in a study's results
+MQAR_BENCHES: tuple[str, ...] = ("recall", *(f"recall-pairs-{p}" for p in RECALL_PAIRS_EPOCHS))
+
+
 def extension_entries(out: Path) -> dict[str, dict[str, Any]]:
     """The :data:`FRONTIER_EXTENSIONS` benches found in the results folder ``out``: a
     :func:`track_entry` each, with ``title`` and ``attention_tokens`` (the primary arm's)."""
@@ -349,8 +354,13 @@ def write_study_index(
     }
     for report_path in gated.values():  # why: the kernel's spectrum on exact's trained heads
         spectrum_of(report_path.parent)
+    scaling_file = out / Path(paths.scaling_cpu_json(preset)).name  # the cost at r*
+    # MQAR against rank / pairs: a curve needs the benches of two pair counts or more
+    mqar = [p for name in MQAR_BENCHES if (p := out / name / "bench_report.json").exists()]
     write_frontier(gated | longrange_gated(longrange, out),
-                   out / Path(paths.frontier_json(preset)).name)  # fmt: skip
+                   out / Path(paths.frontier_json(preset)).name,
+                   read_json(scaling_file) if scaling_file.exists() else None,
+                   mqar if len(mqar) > 1 else ())  # fmt: skip
     return index
 
 

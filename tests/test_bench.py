@@ -16,7 +16,8 @@ from rpka.io import read_json
 from rpka.presets import get_preset
 from rpka.report import tables
 from rpka.stats import VERDICTS
-from rpka.tracks.lm import LM_NAMES, MarkovCopySource
+from rpka.tracks.lm_source import MarkovCopySource
+from rpka.tracks.lm_text import LM_NAMES
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bench_report.md"
 SMOKE = get_preset("smoke", train={"epochs": 1})

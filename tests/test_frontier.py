@@ -6,9 +6,11 @@ import pytest
 from scipy import stats
 
 from rpka.frontier import (
+    cost_at_lengths,
     drop_in_curve,
     exact_by_construction,
     gap_recovered,
+    mqar_curve,
     per_seed_gap,
     probability_of_improvement,
     track_frontier,
@@ -130,6 +132,28 @@ def test_track_frontier_finds_r_star_and_reads_the_positive_control(tmp_path):
     written = write_frontier({"recall": path}, tmp_path / "frontier.json")
     assert read_json(tmp_path / "frontier.json") == written
     assert written["tracks"]["recall"]["r_star"] == 32
+    assert "r_star_cost" not in written["tracks"]["recall"]  # no latency sweep given
+    sweep = {"device": "cpu", "shapes": "q, k, v", "rows": [
+        {"method": "rpka", "rank": 32, "n": 2048, "speedup_vs_exact": 3.0,
+         "fwd_bwd_speedup_vs_exact": 4.0, "memory_vs_exact": 5.0},
+        {"method": "rpka", "rank": 8, "n": 8192, "speedup_vs_exact": 9.0},
+    ]}  # fmt: skip
+    written = write_frontier({"recall": path}, tmp_path / "frontier.json", sweep)
+    cost = written["tracks"]["recall"]["r_star_cost"]
+    assert cost["rank"] == 32 and cost["device"] == "cpu"
+    assert cost["lengths"]["2048"] == {
+        "forward_speedup": 3.0, "fwd_bwd_speedup": 4.0, "memory_ratio": 5.0
+    }  # fmt: skip
+    assert cost["lengths"]["8192"] is None  # rank 32 not measured there: never extrapolated
+
+
+def test_cost_at_lengths_reads_the_sweep_row_of_that_rank_only():
+    sweep = {"rows": [{"method": "nystrom-uniform", "rank": 16, "n": 2048,
+                       "speedup_vs_exact": 2.0},
+                      {"method": "rpka", "rank": 16, "n": 2048, "speedup_vs_exact": 1.5}]}
+    cost = cost_at_lengths(sweep, 16, lengths=(2048,))
+    assert cost["lengths"]["2048"]["forward_speedup"] == 1.5
+    assert cost["lengths"]["2048"]["memory_ratio"] is None
 
 
 def test_the_drop_in_curve_is_the_gap_recovered_per_member_on_the_controls_seeds(tmp_path):
@@ -224,3 +248,84 @@ def test_the_positive_control_is_outside_the_holm_family_and_checked():
         config.replace(positive_control_arm="rpka-r8").validate()  # the primary
     with pytest.raises(ValueError, match="positive_control_arm"):
         config.replace(positive_control_arm="no-such-arm").validate()
+
+
+def _recall_report(pairs: int, errors: dict[str, list[float]]) -> dict:
+    """A recall bench report with the same error at every length factor."""
+    def scored(per_seed):
+        m = float(np.mean(per_seed))
+        return {"mean": m, "ci_low": m - 0.01, "ci_high": m + 0.01, "n": len(per_seed)}
+    arms = {name: {"method": name.split("-r")[0] if "-r" in name else name,
+                   "rank": int(name.split("-r")[1]) if "-r" in name else None,
+                   "full_by_metric": {k: scored(v) for k in ("error", "error_x2", "error_x4")}}
+            for name, v in errors.items()}  # fmt: skip
+    return {"config": {"track": {"n_pairs": pairs}, "train": {"epochs": 2}}, "arms": arms}
+
+
+def test_the_mqar_curve_is_accuracy_against_rank_over_pairs_per_length(tmp_path):
+    reports = [_recall_report(4, {"exact": [0.0, 0.0], "rpka-r8": [0.1, 0.3]}),
+               _recall_report(16, {"exact": [0.0, 0.02], "rpka-r8": [0.5, 0.7]})]
+    rows = mqar_curve(reports)
+    assert len(rows) == 2 * 2 * 3  # benches x arms x length factors
+    r8 = [r for r in rows if r["arm"] == "rpka-r8" and r["length_factor"] == 1]
+    assert [(r["pairs"], r["rank_over_pairs"]) for r in r8] == [(4, 2.0), (16, 0.5)]
+    assert r8[0]["accuracy"] == pytest.approx(0.8) and r8[1]["accuracy"] == pytest.approx(0.4)
+    assert r8[0]["ci_low"] == pytest.approx(0.79) and r8[0]["ci_high"] == pytest.approx(0.81)
+    exact = [r for r in rows if r["method"] == "exact"]
+    assert all(r["rank"] is None and r["rank_over_pairs"] is None for r in exact)
+    paths = []
+    for i, report in enumerate(reports):
+        paths.append(tmp_path / f"b{i}" / "bench_report.json")
+        paths[-1].parent.mkdir()
+        write_json(paths[-1], report)
+    written = write_frontier({}, tmp_path / "frontier.json", mqar=paths)
+    assert written["mqar"]["benches"] == ["b0/bench_report.json", "b1/bench_report.json"]
+    assert written["mqar"]["rows"] == rows
+
+
+def test_the_report_section_draws_and_tables_the_mqar_curve(tmp_path):
+    from rpka import report
+
+    rows = mqar_curve([
+        _recall_report(4, {"exact": [0.0, 0.0], "mean-attention": [0.8, 0.8],
+                           "rpka-r8": [0.1, 0.3], "rpka-r16": [0.0, 0.1]}),
+        _recall_report(16, {"exact": [0.0, 0.02], "mean-attention": [0.9, 0.9],
+                            "rpka-r8": [0.5, 0.7], "rpka-r16": [0.2, 0.4]}),
+    ])  # fmt: skip
+    for row in rows:
+        row["epochs"] = 2 if row["pairs"] == 4 else 6
+    good = track_frontier(bench_report({
+        "exact": ("exact", None, EXACT),
+        "mean-attention": ("mean", None, CONTROL),
+        "rpka-r96": ("rpka", 96, arm_at([1.0] * 7)),
+    }))  # fmt: skip
+    frontier = {"tracks": {"recall": good}, "mqar": {"rows": rows}}
+    items = report.frontier.frontier_section(frontier, report.Figures(), tmp_path)
+    assert len(items) == 6  # sentences, frontier figure, table, mqar figure + table, no spectrum
+    assert (tmp_path / "mqar_rank_over_pairs.png").exists()
+    table = report.frontier.mqar_table(frontier["mqar"])
+    assert list(table.columns) == ["arm", "4 pairs", "16 pairs"]
+    cells = table.set_index("arm").loc["`rpka-r8`"]
+    assert cells["4 pairs"] == "0.800 [0.790, 0.810] (r/p 2)"
+    assert cells["16 pairs"] == "0.400 [0.390, 0.410] (r/p 0.5)"
+    caption, _ = report.frontier.mqar_caption(frontier["mqar"])
+    assert "4 pairs 2, 16 pairs 6" in caption
+
+
+def test_the_track_sentence_states_the_cost_at_r_star_at_longer_lengths():
+    from rpka import report
+
+    entry = track_frontier(bench_report({
+        "exact": ("exact", None, EXACT),
+        "mean-attention": ("mean", None, CONTROL),
+        "rpka-r32": ("rpka", 32, arm_at([0.97, 0.99, 0.98, 0.99, 0.97, 0.98, 0.99])),
+    }))  # fmt: skip
+    entry["r_star_cost"] = {"rank": 32, "lengths": {
+        "2048": {"forward_speedup": 3.84, "fwd_bwd_speedup": 4.8, "memory_ratio": 5.19},
+        "8192": None}}  # fmt: skip
+    text = report.frontier.track_sentence("recall", entry)
+    assert "at 2,048 tokens one non-causal attention call at r\\* is 3.8x faster forward" in text
+    assert "4.8x forward+backward, at 5.2x exact's peak memory" in text
+    assert "(not measured at 8,192 tokens)" in text
+    entry["r_star_cost"] = None
+    assert "faster" not in report.frontier.track_sentence("recall", entry)

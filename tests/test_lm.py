@@ -6,15 +6,8 @@ import numpy as np
 import pytest
 
 from rpka.tracks.cache import cache_path
-from rpka.tracks.lm import (
-    MODES,
-    LMConfig,
-    MarkovCopySource,
-    build_arrays,
-    entropy,
-    load_lm,
-    ngram_baseline_nats,
-)
+from rpka.tracks.lm import build_arrays, load_lm, ngram_baseline_nats
+from rpka.tracks.lm_source import MODES, LMConfig, MarkovCopySource, entropy
 
 SMALL = LMConfig(n_train=64, n_val=16, n_test=16, seq_len=192)
 

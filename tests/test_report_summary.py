@@ -137,12 +137,12 @@ def test_one_learning_rate_is_not_called_a_sweep():
 
 def test_the_two_perplexities_are_labelled(full_study):
     lm = full_study["tracks"]["lm"]["report"]
-    text = get_task("lm").learnability_text(lm)
+    text = get_task("lm").text.learnability_text(lm)
     le, base = lm["learnability"], lm["arms"][lm["baseline_arm"]]["full"]
     assert f"exp(mean NLL over seeds) {le['baseline_test_perplexity']:.3f}" in text
     mean = f"the mean of the seeds' perplexities, the metric compared above, is {base['mean']:.3f}"
     assert mean in text
-    assert "not exp of the mean NLL" in get_task("lm").result_notes(lm)
+    assert "not exp of the mean NLL" in get_task("lm").text.result_notes(lm)
 
 
 def test_targets_split_into_science_bars_and_engineering_targets(full_study):

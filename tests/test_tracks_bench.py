@@ -29,10 +29,10 @@ def test_smoke_bench_runs_each_new_track(track, tmp_path):
         assert all(v is not None and math.isfinite(v) for v in values), name
     learnability = report["learnability"]
     assert isinstance(learnability["met"], bool)
-    text = task.learnability_text(report)
+    text = task.text.learnability_text(report)
     assert "learnability bar is" in text
-    assert task.setup_text(report, "PROTOCOL").endswith("PROTOCOL")
-    assert task.naive_rows(report, "test")
+    assert task.text.setup_text(report, "PROTOCOL").endswith("PROTOCOL")
+    assert task.text.naive_rows(report, "test")
     if track == "recall":  # query error = 1 - accuracy, in [0, 1]; chance over 8 values
         for arm in report["arms"].values():
             assert all(0.0 <= v <= 1.0 for v in arm["full"]["per_seed"])

@@ -306,13 +306,13 @@ def legend_entries(axes: Iterable[plt.Axes]) -> dict[str, object]:
 
 def metric_label(report: Mapping, metric: str | None = None) -> str:
     """e.g. "MSE (standardised units)" (forecast) or "perplexity" (lm): the track's label."""
-    return get_task(report["track"]).metric_label(metric or report["metric"])
+    return get_task(report["track"]).text.metric_label(metric or report["metric"])
 
 
 def _reference_lines(report: Mapping, split: str) -> list[tuple[str, float, str]]:
     """(label, value, line style) of the track's references in the report's metric:
     forecast: the mean and linear forecasts; lm: the exact floor and the bigram model."""
-    return get_task(report["track"]).reference_lines(report, split)
+    return get_task(report["track"]).text.reference_lines(report, split)
 
 
 def plot_sweep(
@@ -372,7 +372,7 @@ def plot_learning_curves(
             ax.fill_between(
                 epochs, np.nanmin(curves, 0), np.nanmax(curves, 0), color=colors[arm], alpha=0.15
             )
-    loss = get_task(report["track"]).loss_label
+    loss = get_task(report["track"]).text.loss_label
     axes[0].set(
         xlabel="epoch", ylabel=f"training {loss}", title="Training loss (best lr, evaluation seeds)"
     )
@@ -439,7 +439,7 @@ def plot_deltas(
         ],
         fontsize=8,
     )
-    metric_name = get_task(report["track"]).metric_short(report["metric"])
+    metric_name = get_task(report["track"]).text.metric_short(report["metric"])
     ax.set(
         xlabel=f"test {metric_name} difference, arm - {report['baseline_arm']} "
         "(negative: arm better)",

@@ -172,7 +172,7 @@ def plot_forest(
         constrained_layout=True,
         squeeze=False,
     )
-    metric = get_task(report["track"]).metric_short(report["metric"])
+    metric = get_task(report["track"]).text.metric_short(report["metric"])
     for ax, (arms, band, what) in zip(axes[:, 0], panels, strict=True):
         _forest_panel(ax, report, arms, band)
         ax.set_title(

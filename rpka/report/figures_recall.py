@@ -121,3 +121,60 @@ def plot_recall_accuracy_vs_rank(
     fig.suptitle(f"MQAR recall, {report['data']['n_pairs']} pairs: accuracy against rank")
     save_figure(fig, save_dir, name)
     return fig
+
+
+
+def _mqar_panel(ax: plt.Axes, rows: list[Mapping], ranked: list[str], colors: Mapping) -> None:
+    """One length's panel of :func:`plot_mqar`: a line per ranked arm, exact and control."""
+    for arm, marker in zip(ranked, "osD^v<>", strict=False):
+        line = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["rank_over_pairs"])
+        x = [r["rank_over_pairs"] for r in line]
+        y = np.array([r["accuracy"] for r in line])
+        err = np.array([[a - r["ci_low"], r["ci_high"] - a] for r, a in zip(line, y, strict=True)])
+        ax.errorbar(x, y, yerr=err.T.clip(0), marker=marker, capsize=3, color=colors[arm],
+                    label=arm)  # fmt: skip
+        for r, xi, yi in zip(line, x, y, strict=True):  # which pair count each point is
+            ax.annotate(f"{r['pairs']}p", (xi, yi), textcoords="offset points", xytext=(4, -9),
+                        fontsize=6, color=colors[arm])  # fmt: skip
+    for arm, pick, word in (("exact", min, "lowest"), ("mean-attention", max, "highest")):
+        values = [r["accuracy"] for r in rows if r["arm"] == arm]
+        if values:
+            ax.axhline(pick(values), color=colors[arm], ls="--", lw=1.2,
+                       label=f"{arm} ({word} over pair counts)")  # fmt: skip
+    ax.axvline(1.0, color="0.7", lw=0.8)
+    ticks = sorted({r["rank_over_pairs"] for r in rows if r["rank"] is not None} | {1.0})
+    ax.set(xscale="log", xlabel="rank / pairs (log scale)", ylim=(0, 1.02))
+    ax.set_xticks(ticks, labels=[f"{t:.2g}" for t in ticks], fontsize=7)
+    ax.minorticks_off()
+
+
+def plot_mqar(
+    mqar: Mapping, save_dir: str | os.PathLike | None = None, name: str = "mqar_rank_over_pairs"
+) -> Figure:
+    """MQAR as Zoology reports it: test query accuracy against rank / pairs, one line per
+    RPKA rank across the pair counts, one panel per evaluation length.
+
+    Reads ``frontier.json``'s ``mqar`` (:func:`rpka.frontier.mqar_curve`): each point is
+    the mean over the evaluation seeds with its 95 % t interval. Exact attention and the
+    control have no rank: drawn as the lowest (exact) and highest (control) accuracy over
+    the pair counts, dashed. Each point is labelled with its pair count ("16p"); the
+    vertical line marks rank = pairs.
+    """
+    rows = mqar["rows"]
+    factors = sorted({r["length_factor"] for r in rows})
+    rank_of = {r["arm"]: r["rank"] for r in rows if r["rank"] is not None}
+    ranked = sorted(rank_of, key=rank_of.get)
+    colors = _arm_colors([*ranked, "exact", "mean-attention"])
+    fig, axes = plt.subplots(
+        1, len(factors), figsize=(4.6 * len(factors), 4), constrained_layout=True, sharey=True
+    )
+    axes = np.atleast_1d(axes)
+    for ax, factor in zip(axes, factors, strict=True):
+        _mqar_panel(ax, [r for r in rows if r["length_factor"] == factor], ranked, colors)
+        ax.set_title("training length" if factor == 1 else f"{factor}x the training length")
+    axes[0].set_ylabel("test query accuracy")
+    axes[-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
+    pairs = ", ".join(str(p) for p in sorted({r["pairs"] for r in rows}))
+    fig.suptitle(f"MQAR recall at {pairs} pairs: accuracy against rank / pairs")
+    save_figure(fig, save_dir, name)
+    return fig

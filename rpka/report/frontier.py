@@ -18,6 +18,7 @@ from IPython.display import Markdown
 from rpka.aggregate import study_aggregate
 from rpka.io import read_json
 from rpka.report.figures_frontier import plot_frontier, plot_spectrum
+from rpka.report.figures_recall import plot_mqar
 from rpka.report.text import esc
 from rpka.tracks import get_task
 
@@ -122,6 +123,27 @@ def aggregate_caption(aggregate: Mapping[str, Any]) -> str:
     )
 
 
+def cost_clause(cost: Mapping[str, Any] | None) -> str:
+    """RPKA at r* against exact at longer lengths (``r_star_cost``) as a clause: one
+    non-causal attention call's forward and forward+backward speed-up and peak memory."""
+    measured = {n: c for n, c in (cost or {}).get("lengths", {}).items()
+                if c and None not in c.values()}  # fmt: skip
+    if not measured:
+        return ""
+    lengths = " / ".join(f"{int(n):,}" for n in measured)
+
+    def each(key: str) -> str:
+        return " / ".join(f"{c[key]:.1f}x" for c in measured.values())
+
+    missing = [f"{int(n):,}" for n, c in cost["lengths"].items() if n not in measured]
+    return (
+        f"; at {lengths} tokens one non-causal attention call at r\\* is {each('forward_speedup')}"
+        f" faster forward, {each('fwd_bwd_speedup')} forward+backward, at "
+        f"{each('memory_ratio')} exact's peak memory"
+        + (f" (not measured at {', '.join(missing)} tokens)" if missing else "")
+    )
+
+
 def track_sentence(track: str, entry: Mapping[str, Any]) -> str:
     """r*, its cost, and the positive control's reading, in one sentence."""
     rows = {r["arm"]: r for r in entry["rows"]}
@@ -135,6 +157,7 @@ def track_sentence(track: str, entry: Mapping[str, Any]) -> str:
             f"**{esc(track)}**: r\\* = {r_star} of {row['n_points']} points "
             f"({row['rank_over_n']:.2f}), gap recovered {_gap(row)}"
             + (f", training step {ratio:.2f}x exact's" if ratio else "")
+            + cost_clause(entry.get("r_star_cost"))
         )
     positive = entry.get("positive_control")
     if positive is None:
@@ -225,6 +248,34 @@ def spectrum_caption(spectra: Mapping[str, Mapping[str, Any]]) -> tuple[str, str
     return caption, alt
 
 
+def mqar_table(mqar: Mapping[str, Any]) -> pd.DataFrame:
+    """MQAR at the training length: one row per arm, one column per pair count, each cell
+    the test query accuracy [95 % t CI] and, for a ranked arm, its rank / pairs."""
+    rows = [r for r in mqar["rows"] if r["length_factor"] == 1]
+    pairs = sorted({r["pairs"] for r in rows})
+    table = {}
+    for r in sorted(rows, key=lambda r: (r["rank"] is None, r["rank"] or 0, r["arm"])):
+        ratio = "" if r["rank"] is None else f" (r/p {r['rank_over_pairs']:.2g})"
+        cell = f"{r['accuracy']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]{ratio}"
+        table.setdefault(r["arm"], {"arm": f"`{r['arm']}`"})[f"{r['pairs']} pairs"] = cell
+    return pd.DataFrame(list(table.values()), columns=["arm", *(f"{p} pairs" for p in pairs)])
+
+
+def mqar_caption(mqar: Mapping[str, Any]) -> tuple[str, str]:
+    epochs = sorted({(r["pairs"], r["epochs"]) for r in mqar["rows"]})
+    seeds = sorted({r["n_seeds"] for r in mqar["rows"]})
+    caption = (
+        "MQAR as Zoology reports it: test query accuracy against rank / pairs at 64 tokens "
+        "and at 2x and 4x that length, one line per RPKA rank across the pair counts; each "
+        "point the mean over " + "/".join(map(str, seeds)) + " evaluation seeds with its "
+        "95 % t interval. Training epochs per pair count (exact must learn each): "
+        + ", ".join(f"{p} pairs {e}" for p, e in epochs) + ". Dashed: exact attention's "
+        "lowest and the no-attention control's highest accuracy over the pair counts."
+    )
+    alt = "Recall accuracy against rank divided by pairs, one line per RPKA rank, per length."
+    return caption, alt
+
+
 def frontier_section(
     frontier: Mapping[str, Any] | None,
     figs: Any,
@@ -249,6 +300,12 @@ def frontier_section(
             "(`nystrom-uniform`) and the keys coreset at the ranks both trained, paired by "
             "seed (lower is better):\n\n" + pivoting.to_markdown(index=False)
         ))  # fmt: skip
+    if frontier.get("mqar"):
+        items.append(figs.show(plot_mqar(frontier["mqar"], figures_dir),
+                               *mqar_caption(frontier["mqar"])))  # fmt: skip
+        items.append(Markdown("MQAR at the training length, test query accuracy [95 % CI] "
+                              "per pair count:\n\n"
+                              + mqar_table(frontier["mqar"]).to_markdown(index=False)))  # fmt: skip
     if aggregate:
         table = aggregate_table(aggregate).to_markdown(index=False)
         items.append(Markdown(aggregate_caption(aggregate) + "\n\n" + table))

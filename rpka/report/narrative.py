@@ -43,7 +43,7 @@ def setup(report: Mapping) -> str:
         f"evaluation seeds {cfg['eval_seeds']} and scored on test ({metric}, "
         f"lower is better). A seed fixes data order and initialisation for both arms of a pair."
     )
-    return get_task(report["track"]).setup_text(report, protocol)
+    return get_task(report["track"]).text.setup_text(report, protocol)
 
 
 def rates_text(rates: list[float], seeds: list[int]) -> str:
@@ -164,7 +164,7 @@ def learnability(report: Mapping) -> str:
             f"`{report['baseline_arm']}` diverged on all {report['n_seeds']} evaluation seeds: "
             "the learnability bar cannot be read."
         )
-    return get_task(report["track"]).learnability_text(report)
+    return get_task(report["track"]).text.learnability_text(report)
 
 
 def step_times(report: Mapping) -> str:
@@ -206,9 +206,9 @@ def scaling_summary(scaling: Mapping, rank: int = 64) -> str:
 
 
 def track_notes(report: Mapping) -> str:
-    """What the track adds to its results in words (``Task.result_notes``; track lm: every
+    """What the track adds to its results in words (``TrackText.result_notes``; track lm: every
     arm's perplexity next to the exact floor), or ""."""
-    return get_task(report["track"]).result_notes(report)
+    return get_task(report["track"]).text.result_notes(report)
 
 
 def ablation_choice(report: Mapping) -> str:

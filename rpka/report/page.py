@@ -151,7 +151,7 @@ def _entry(
     superseded = bench.parent / study.SUPERSEDED_FILE  # what a rerun after a fix replaced
     return {
         "name": name,
-        "title": get_task(report["track"]).title,
+        "title": get_task(report["track"]).text.title,
         "report": report,
         "primary_arm": indexed.get("primary_arm", report["primary_arm"]),
         "attention_gate": gate,

@@ -115,9 +115,9 @@ def targets_table(results: Mapping[str, Any], cost: pd.DataFrame | None = None) 
     def add(target: str, measured: str, met: bool | None) -> None:
         rows.append((target, measured, _met(met)))
 
-    for name in STUDY_TRACKS:  # each track's own targets (Task.summary_targets)
+    for name in STUDY_TRACKS:  # each track's own targets (TrackText.summary_targets)
         if results.get(name):
-            for target, measured, met in get_task(name).summary_targets(results[name]):
+            for target, measured, met in get_task(name).text.summary_targets(results[name]):
                 add(target, measured, met)
     for target, measured, met in longctx_targets(results.get("longctx")):
         add(target, measured, met)
@@ -301,7 +301,7 @@ def track_block(name: str, report: Mapping[str, Any]) -> list[str]:
     """One track's part of the summary: its primary comparison, the control's reading, the
     learnability bar, its notes, its arm table and (where it has ablations) RPKA's default."""
     return [
-        f"**{get_task(name).title}.** " + narrative.headline(report),
+        f"**{get_task(name).text.title}.** " + narrative.headline(report),
         narrative.control_reading(report),
         narrative.learnability(report),
         narrative.track_notes(report),

@@ -36,7 +36,7 @@ def _title(name: str) -> str:
     if name.startswith(LONGRANGE_PREFIX) and name[len(LONGRANGE_PREFIX) :].isdigit():
         return f"long range at {int(name[len(LONGRANGE_PREFIX) :]):,} tokens"
     try:
-        return get_task(name).title
+        return get_task(name).text.title
     except (KeyError, ValueError):  # a track this checkout does not register
         return name
 

@@ -72,17 +72,17 @@ def sweep_table(report: Mapping) -> pd.DataFrame:
 def naive_rows(report: Mapping, split: str = "test") -> list[tuple[str, dict[str, float]]]:
     """The track's reference predictors as (label, {metric: value}) on ``split``.
 
-    (``Task.naive_rows``: e.g. the four naive forecasts, or track lm's floor and n-gram
+    (``TrackText.naive_rows``: e.g. the four naive forecasts, or track lm's floor and n-gram
     models).
     """
-    return get_task(report["track"]).naive_rows(report, split)
+    return get_task(report["track"]).text.naive_rows(report, split)
 
 
 def results_table(report: Mapping, split: str = "test") -> pd.DataFrame:
     """Per arm on the evaluation seeds: mean +- sd, median, IQM, 95 % CI, wins, verdict,
     with the track's reference predictors as extra rows (deterministic: no spread).
 
-    A track may add columns (``Task.extra_columns``; track lm: the mean NLL and the gaps
+    A track may add columns (``TrackText.extra_columns``; track lm: the mean NLL and the gaps
     to the exact floor), for the arms and the reference rows alike.
     """
     metric = report["metric"]
@@ -106,11 +106,11 @@ def results_table(report: Mapping, split: str = "test") -> pd.DataFrame:
             "verdict": verdict_word(comparison["verdict"]) if comparison else "baseline",
         }
         means = {m: s["mean"] for m, s in entry["full_by_metric"].items()}
-        row |= task.extra_columns(report, means)
+        row |= task.text.extra_columns(report, means)
         rows.append(row)
     for label, values in naive_rows(report, split):
         row = {"arm": label, "attention": "-", f"{metric} mean": values[metric]}
-        row |= task.extra_columns(report, values)
+        row |= task.text.extra_columns(report, values)
         rows.append(row)
     frame = pd.DataFrame(rows)
     frame["n"] = frame["n"].astype("Int64")  # a count; the reference rows have none

@@ -1,5 +1,5 @@
 """The ``forecast`` track: its config, seeded synthetic series windowed and split, and its
-:class:`ForecastTask` (docs/design.md, "Tracks").
+:class:`ForecastTask` (docs/design.md, "Tracks"); its words are ``rpka.tracks.forecast_text``.
 
 Each of ``n_series`` independent series is a sum of four parts (time t in steps, regime
 r(t) piecewise constant with geometric lengths):
@@ -30,23 +30,15 @@ standard deviation (targets too), so a model never sees the future's statistics.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
 
 from rpka.checks import is_int, is_number, require
-from rpka.model import TransformerTiny
-from rpka.tracks.base import Task
-from rpka.tracks.baselines import naive_baselines
-from rpka.tracks.cache import cached_arrays
-
-# training step against exact's at the forecast's length (issue 16's table)
-STEP_TARGETS = {"rpka-r16": 1.5, "rpka-r64": 3.0}
+from rpka.tracks.common import SeriesTask, Split, Track, standardise, track_loader
+from rpka.tracks.forecast_text import ForecastText
 
 
 @dataclass(frozen=True)
@@ -187,7 +179,6 @@ class TrackConfig:
         )
 
 
-
 def sized_track(
     track: TrackConfig, context: int, train_windows: int, eval_windows: int
 ) -> TrackConfig:
@@ -214,53 +205,6 @@ def sized_track(
         val_fraction=fraction,
         test_fraction=fraction,
     )
-
-
-
-SPLITS = ("train", "val", "test")
-# a context whose standard deviation is below this is flat: divide by this instead
-STD_FLOOR = 1e-6
-
-
-@dataclass
-class Split:
-    """Standardised windows of one split.
-
-    x: (N, L) contexts; y: (N, H) targets; series, start: (N,) which series and the index
-    of the window's first step in it; mean, std: (N,) the context statistics used to
-    standardise.
-    """
-
-    x: Tensor
-    y: Tensor
-    series: Tensor
-    start: Tensor
-    mean: Tensor
-    std: Tensor
-
-    def __len__(self) -> int:
-        return self.x.shape[0]
-
-
-@dataclass
-class Track:
-    """The three splits of a forecasting track, plus what built them."""
-
-    config: TrackConfig
-    series: Tensor  # (n_series, T) the raw series
-    train: Split
-    val: Split
-    test: Split
-
-    @property
-    def seasonal_period(self) -> int:
-        """The generator's dominant period (used by the seasonal-naive forecast)."""
-        return self.config.season_period
-
-    def split(self, name: str) -> Split:
-        if name not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {name!r}")
-        return getattr(self, name)
 
 
 def _regimes(config: TrackConfig, rng: np.random.Generator) -> np.ndarray:
@@ -358,15 +302,6 @@ def make_windows(
     return standardise(series[starts[:, None] + offsets], context)  # windows (N, L + H)
 
 
-def standardise(raw: np.ndarray, context: int) -> dict[str, np.ndarray]:
-    """Windows (N, L + H) -> x (N, L), y (N, H), mean, std (N,), scaled by the context only."""
-    ctx = raw[:, :context]
-    mean = ctx.mean(1)
-    std = np.maximum(ctx.std(1), STD_FLOOR)
-    scaled = (raw - mean[:, None]) / std[:, None]
-    return {"x": scaled[:, :context], "y": scaled[:, context:], "mean": mean, "std": std}
-
-
 def build_arrays(config: TrackConfig) -> dict[str, np.ndarray]:
     """Everything the cache holds: ``series`` and ``<split>_<field>`` for each split.
 
@@ -385,12 +320,8 @@ def build_arrays(config: TrackConfig) -> dict[str, np.ndarray]:
     return arrays
 
 
-def load_forecast(
-    config: TrackConfig, data_dir: str | Path | None = None, use_cache: bool = True
-) -> Track:
-    """The track for ``config``: read from the cache, or generated (and cached atomically)."""
-    config.validate()
-    arrays = cached_arrays(config, build_arrays, data_dir, use_cache)
+def forecast_track(config: TrackConfig, arrays: dict[str, np.ndarray]) -> Track:
+    """The :class:`Track` over a config's cached arrays (windows as float32 tensors)."""
 
     def split(name: str) -> Split:
         as_float = {
@@ -409,33 +340,25 @@ def load_forecast(
     )
 
 
+load_forecast = track_loader(TrackConfig, build_arrays, forecast_track)
+
+
 # ----------------------------------------------------------------------------- the task
 
-# learnability bar (issue 3): exact attention's mean test MSE must be at most this times
-# the better of the mean and last-value forecasts, and no worse than the linear forecast
-LEARNABILITY_RATIO = 0.6
-NAIVE_NAMES = {
-    "mean": "naive: context mean",
-    "last_value": "naive: last value",
-    "seasonal_naive": "naive: seasonal",
-    "linear": "naive: linear (least squares)",
-}
 
+class ForecastTask(SeriesTask):
+    """The forecast track: the forecast machinery of :class:`~rpka.tracks.common.SeriesTask`
+    (``TransformerTiny``, MSE loss, MSE and MAE, the naive forecasts) on this generator's
+    windows; learnability = beating the naive forecasts by a margin
+    (:func:`~rpka.tracks.common.forecast_learnability`).
 
-class ForecastTask(Task):
-    """``TransformerTiny`` maps a standardised context (S, B, L) to a horizon (S, B, H);
-    loss = mean squared error; metrics MSE and MAE; the naive forecasts of
-    ``rpka.tracks.baselines``; learnability = beating them by a margin.
-
-    A forecast-like track with another generator subclasses this and overrides
-    ``name``, ``config_class`` and :meth:`load` (a wider input window per token is the
-    model's ``embed_kernel``; another embedding overrides :meth:`build_model`)."""
+    A forecast-like track with another generator subclasses this (or ``SeriesTask``) and
+    overrides ``name``, ``config_class`` and :meth:`load` (a wider input window per token
+    is the model's ``embed_kernel``; another embedding overrides :meth:`build_model`)."""
 
     name = "forecast"
     config_class = TrackConfig
-    metrics = ("mse", "mae")
-    loss_label = "MSE (standardised units)"
-    title = "Forecast track"
+    text = ForecastText(title="Forecast track")
 
     def load(self, config: TrackConfig, data_dir: str | Path | None = None) -> Track:
         return load_forecast(config, data_dir)
@@ -447,125 +370,3 @@ class ForecastTask(Task):
         track = sized_track(config, context, train_windows, eval_windows)
         track.validate()
         return track
-
-    def build_model(self, model, track: TrackConfig, seeds, method, options) -> nn.Module:
-        return TransformerTiny(model, track.context, track.horizon, seeds, method, options)
-
-    def inputs_targets(self, track: Track, split: str) -> tuple[Tensor, Tensor]:
-        data = track.split(split)
-        return data.x, data.y
-
-    def loss(self, pred: Tensor, y: Tensor) -> Tensor:
-        return (pred - y).pow(2).mean((1, 2))
-
-    def error_sums(self, pred: Tensor, y: Tensor) -> dict[str, Tensor]:
-        diff = (pred - y).double()
-        return {"mse": diff.pow(2).sum((1, 2)), "mae": diff.abs().sum((1, 2))}
-
-    def finish(self, sums: dict[str, Tensor], count: int) -> dict[str, Tensor]:
-        return {"mse": sums["mse"] / count, "mae": sums["mae"] / count}
-
-    def naive_baselines(self, track: Track) -> dict[str, Any]:
-        return naive_baselines(track)
-
-    def naive_rows(self, report: Mapping, split: str) -> list[tuple[str, dict[str, float]]]:
-        forecasts = report["naive_baselines"]["forecasts"]
-        return [(NAIVE_NAMES.get(k, k), dict(f[split])) for k, f in forecasts.items()]
-
-    def reference_lines(self, report: Mapping, split: str) -> list[tuple[str, float, str]]:
-        """The mean and linear forecasts."""
-        metric, naive = report["metric"], report["naive_baselines"]
-        return [
-            (f"naive {key} ({split})", naive["forecasts"][key][split][metric], ls)
-            for key, ls in (("mean", ":"), ("linear", "--"))
-        ]
-
-    def learnability(self, baseline: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
-        return forecast_learnability(baseline["full_by_metric"]["mse"]["mean"], naive)
-
-    def learnability_text(self, report: Mapping) -> str:
-        le = report["learnability"]
-        met = self.bar_word(le)
-        return (
-            f"Exact attention's test MSE {le['baseline_test_mse']:.4f} is "
-            f"{le['ratio_to_better_naive']:.2f} × the better of the mean and last-value "
-            f"forecasts (required ≤ {le['ratio_required']}) and {le['ratio_to_linear']:.3f} × "
-            f"the least-squares linear forecast ({le['linear_mse']:.4f}; required ≤ 1): the "
-            f"learnability bar is {met}."
-        )
-
-    def data_summary(self, track: Track) -> dict[str, Any]:
-        return {
-            "n_train_windows": len(track.train),
-            "n_val_windows": len(track.val),
-            "n_test_windows": len(track.test),
-            "context": track.config.context,
-            "horizon": track.config.horizon,
-        }
-
-    def metric_label(self, metric: str) -> str:
-        return f"{metric.upper()} (standardised units)"
-
-    def metric_short(self, metric: str) -> str:
-        return metric.upper()
-
-    def setup_text(self, report: Mapping, protocol: str) -> str:
-        data, model, train = report["data"], report["config"]["model"], report["config"]["train"]
-        return (
-            f"**Track `{report['track']}`.** Synthetic univariate series from a seeded "
-            f"generator (daily season with multiplicative weekly modulation, regimes with "
-            f"their own oscillations, level jumps, AR(1) noise and trend). Windows of context "
-            f"{data['context']} and horizon {data['horizon']}, each standardised by its own "
-            f"context: {data['n_train_windows']} training, {data['n_val_windows']} validation "
-            f"and {data['n_test_windows']} test windows, split chronologically.\n\n"
-            f"**Model `{report['model']}`.** {model['n_layers']} pre-norm encoder layers, "
-            f"d_model {model['d_model']}, {model['n_heads']} heads, one token per time step "
-            f"(attention sees {data['context']} tokens), a linear context-to-horizon skip. "
-            f"Adam, {train['epochs']} epochs, batch {train['batch_size']}, "
-            f"{train['lr_schedule']} schedule.\n\n" + protocol
-        )
-
-    def summary_targets(self, report: Mapping) -> list[tuple[str, str, bool | None]]:
-        le = report["learnability"]
-        ratios = report["timings"]["step_ratio_vs_baseline"]
-        steps = [
-            (
-                f"{self.name} track: {arm} training step at "
-                f"{report['config']['track']['context']} tokens ≤ {bound} × exact",
-                f"{ratios[arm]:.2f} ×",
-                ratios[arm] <= bound,
-            )
-            for arm, bound in STEP_TARGETS.items()
-            if arm in ratios
-        ]
-        return [
-            (
-                "forecast learnable: exact ≤ 0.6 × better naive, ≤ linear",
-                f"{le['ratio_to_better_naive']:.3f} ×; {le['ratio_to_linear']:.3f} × linear",
-                le["met"],
-            ),
-            *steps,
-        ]
-
-
-def forecast_learnability(baseline_mean: float, naive: dict[str, Any]) -> dict[str, Any]:
-    """The issue's bar: exact <= 0.6 x min(mean, last value) and <= linear (test MSE)."""
-    test = {name: f["test"]["mse"] for name, f in naive["forecasts"].items()}
-    better_naive = min(test["mean"], test["last_value"])
-    threshold = LEARNABILITY_RATIO * better_naive
-    meets_ratio = bool(baseline_mean <= threshold)
-    meets_linear = bool(baseline_mean <= test["linear"])
-    return {
-        "baseline_test_mse": baseline_mean,
-        "mean_forecast_mse": test["mean"],
-        "last_value_mse": test["last_value"],
-        "seasonal_naive_mse": test["seasonal_naive"],
-        "linear_mse": test["linear"],
-        "ratio_required": LEARNABILITY_RATIO,
-        "threshold": threshold,
-        "ratio_to_better_naive": baseline_mean / better_naive,
-        "ratio_to_linear": baseline_mean / test["linear"],
-        "meets_ratio": meets_ratio,
-        "meets_linear": meets_linear,
-        "met": meets_ratio and meets_linear,
-    }

@@ -39,13 +39,9 @@ from typing import Any
 import numpy as np
 
 from rpka.checks import is_int, is_number, require
-from rpka.tracks.forecast import SPLITS
-from rpka.tracks.windows import (
-    WindowForecastTask,
-    generated_arrays,
-    require_int,
-    window_loader,
-)
+from rpka.tracks.common import SPLITS, require_int
+from rpka.tracks.text import WindowText
+from rpka.tracks.windows import WindowForecastTask, generated_arrays, window_loader
 
 # learnability bar: exact attention's test MSE at most this times the linear forecast's (as
 # forecast-regimes; the linear forecast cannot route a payload from a varying position)
@@ -215,10 +211,13 @@ class LookupTask(WindowForecastTask):
     config_class = LookupConfig
     build_arrays = staticmethod(build_arrays)
     out_dir = "forecast-lookup"
-    title = "Far lookup forecast track"
     linear_ratio = LOOKUP_LINEAR_RATIO
-    description = (
-        "Every window is noise holding a few cue-payload pairs placed anywhere but in the "
-        "context's last steps; the context ends with one of the cues again, and the target "
-        "is that cue's payload (an associative recall whose answer lies far back)."
+    text = WindowText(
+        title="Far lookup forecast track",
+        description=(
+            "Every window is noise holding a few cue-payload pairs placed anywhere but in the "
+            "context's last steps; the context ends with one of the cues again, and the target "
+            "is that cue's payload (an associative recall whose answer lies far back)."
+        ),
+        linear_ratio=LOOKUP_LINEAR_RATIO,
     )

@@ -28,13 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rpka.checks import is_number, require
-from rpka.tracks.forecast import SPLITS
-from rpka.tracks.windows import (
-    WindowForecastTask,
-    generated_arrays,
-    require_int,
-    window_loader,
-)
+from rpka.tracks.common import SPLITS, require_int
+from rpka.tracks.text import WindowText
+from rpka.tracks.windows import WindowForecastTask, generated_arrays, window_loader
 
 # learnability bar (issue 14): exact attention's test MSE at most this times the linear
 # forecast's (the prototype reached 0.03-0.04 against linear's 1.0)
@@ -155,11 +151,14 @@ class MotifTask(WindowForecastTask):
     config_class = MotifConfig
     build_arrays = staticmethod(build_arrays)
     out_dir = "forecast-motif"
-    title = "Motif forecast track"
     linear_ratio = MOTIF_LINEAR_RATIO
-    description = (
-        "Every window draws a fresh library of white-noise motifs laid out with random gaps; "
-        "its context ends with the start of a motif that occurred in full earlier, and the "
-        "target is that motif's continuation (no fixed lag, linear map or position index can "
-        "find it)."
+    text = WindowText(
+        title="Motif forecast track",
+        description=(
+            "Every window draws a fresh library of white-noise motifs laid out with random gaps; "
+            "its context ends with the start of a motif that occurred in full earlier, and the "
+            "target is that motif's continuation (no fixed lag, linear map or position index can "
+            "find it)."
+        ),
+        linear_ratio=MOTIF_LINEAR_RATIO,
     )

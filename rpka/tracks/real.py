@@ -33,13 +33,9 @@ import numpy as np
 import pandas as pd
 
 from rpka.checks import is_number, require
-from rpka.tracks.forecast import SPLITS, STD_FLOOR
-from rpka.tracks.windows import (
-    WindowForecastTask,
-    require_int,
-    standardise,
-    window_loader,
-)
+from rpka.tracks.common import SPLITS, STD_FLOOR, require_int, standardise
+from rpka.tracks.text import WindowText
+from rpka.tracks.windows import WindowForecastTask, window_loader
 
 
 def _bundled(name: str) -> Any:
@@ -170,11 +166,14 @@ class RealTask(WindowForecastTask):
     config_class = RealConfig
     build_arrays = staticmethod(build_arrays)
     out_dir = "forecast-real"
-    title = "Real-series forecast track"
     linear_ratio = REAL_LINEAR_RATIO
-    description = (
-        "A real series bundled with statsmodels (loaded offline), split chronologically, "
-        "scaled by a scaler fitted on the training segment only."
+    text = WindowText(
+        title="Real-series forecast track",
+        description=(
+            "A real series bundled with statsmodels (loaded offline), split chronologically, "
+            "scaled by a scaler fitted on the training segment only."
+        ),
+        linear_ratio=REAL_LINEAR_RATIO,
     )
 
     def at_context(self, config: RealConfig, context: int, train_windows: int, eval_windows: int):

@@ -41,7 +41,6 @@ cover ``max_len`` = 4 x ``seq_len`` (``TransformerLM``'s ``max_len``); positions
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,12 +51,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rpka.checks import require
-from rpka.io import atomic_save_npz
 from rpka.model import TransformerLM
 from rpka.tracks.base import CausalTokenTask
-from rpka.tracks.cache import cache_path, cached_arrays
-from rpka.tracks.forecast import SPLITS
-from rpka.tracks.windows import require_int
+from rpka.tracks.common import SPLITS, require_int, track_loader
+from rpka.tracks.recall_text import RecallText
 
 FILLER = 0
 IGNORE = -1
@@ -205,19 +202,13 @@ class RecallTrack:
         return np.concatenate(tokens), np.concatenate(targets)
 
 
-def load_recall(
-    config: RecallConfig | None = None, data_dir: str | Path | None = None, use_cache: bool = True
-) -> RecallTrack:
-    """The ``recall`` track: read from the cache, or generated (and cached)."""
-    config = RecallConfig() if config is None else config
-    config.validate()
-    arrays = cached_arrays(config, build_arrays, data_dir, use_cache)
-    if any(f"{split}_tokens" not in arrays for split in config.split_names):
-        # a cache written before the val_x<f> splits existed: rebuilt, the same config
-        arrays = build_arrays(config)
-        if use_cache:
-            atomic_save_npz(cache_path(config, data_dir), **arrays)
-    return RecallTrack(config, arrays)
+def has_every_split(config: RecallConfig, arrays: dict[str, np.ndarray]) -> bool:
+    """Whether cached arrays hold every split (a cache written before the ``val_x<f>``
+    splits existed does not: it is rebuilt, the same config)."""
+    return all(f"{split}_tokens" in arrays for split in config.split_names)
+
+
+load_recall = track_loader(RecallConfig, build_arrays, RecallTrack, complete=has_every_split)
 
 
 def recall_baselines(config: RecallConfig) -> dict[str, float]:
@@ -258,9 +249,13 @@ class RecallTask(CausalTokenTask):
     name = "recall"
     config_class = RecallConfig
     metrics = ("error", "nll", *LENGTH_METRICS)
-    loss_label = "cross-entropy at queries (nats)"
     out_dir = "recall"
-    title = "Associative-recall track (MQAR)"
+    text = RecallText(
+        title="Associative-recall track (MQAR)",
+        loss_label="cross-entropy at queries (nats)",
+        accuracy_required=RECALL_ACCURACY,
+        length_metrics=LENGTH_METRICS,
+    )
 
     def load(self, config: RecallConfig, data_dir: str | Path | None = None) -> RecallTrack:
         return load_recall(config, data_dir)
@@ -313,23 +308,6 @@ class RecallTask(CausalTokenTask):
             rows[key] = {split: dict(values) for split in SPLITS}
         return {"predictors": rows}
 
-    def extra_columns(self, report: Mapping, values: Mapping[str, float]) -> dict[str, Any]:
-        """Query accuracy at the training length and at each longer one."""
-        return {
-            f"accuracy{metric.removeprefix('error')}": 1 - values[metric]
-            for metric in ("error", *LENGTH_METRICS)
-            if metric in values
-        }
-
-    def naive_rows(self, report: Mapping, split: str) -> list[tuple[str, dict[str, float]]]:
-        names = {"chance": "chance (uniform value)", "in_context": "a value of the sequence"}
-        rows = report["naive_baselines"]["predictors"]
-        return [(names[key], dict(row[split])) for key, row in rows.items()]
-
-    def reference_lines(self, report: Mapping, split: str) -> list[tuple[str, float, str]]:
-        rows, metric = report["naive_baselines"]["predictors"], report["metric"]
-        return [("a value of the sequence", rows["in_context"][split][metric], ":")]
-
     def learnability(self, baseline: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
         accuracy = 1 - baseline["full_by_metric"]["error"]["mean"]
         return {
@@ -338,25 +316,6 @@ class RecallTask(CausalTokenTask):
             "in_context_accuracy": 1 - naive["predictors"]["in_context"]["test"]["error"],
             "met": bool(accuracy >= RECALL_ACCURACY),
         }
-
-    def learnability_text(self, report: Mapping) -> str:
-        le = report["learnability"]
-        met = self.bar_word(le)
-        return (
-            f"Exact attention's test query accuracy is {le['baseline_test_accuracy']:.1%} "
-            f"(required ≥ {le['accuracy_required']:.0%}; guessing a value of the sequence "
-            f"gives {le['in_context_accuracy']:.1%}): the learnability bar is {met}."
-        )
-
-    def summary_targets(self, report: Mapping) -> list[tuple[str, str, bool | None]]:
-        le = report["learnability"]
-        return [
-            (
-                f"recall learnable: exact ≥ {RECALL_ACCURACY:.0%} query accuracy",
-                f"{le['baseline_test_accuracy']:.1%}",
-                le["met"],
-            )
-        ]
 
     def data_summary(self, track: RecallTrack) -> dict[str, Any]:
         config = track.config
@@ -372,36 +331,3 @@ class RecallTask(CausalTokenTask):
             "n_queries": config.n_queries,
             "length_factors": list(config.length_factors),
         }
-
-    def metric_label(self, metric: str) -> str:
-        if metric == "nll":
-            return "NLL at queries (nats)"
-        if metric in LENGTH_METRICS:
-            return f"query error at {metric.removeprefix('error_x')}x the training length"
-        return "query error (1 - accuracy)"
-
-    def setup_text(self, report: Mapping, protocol: str) -> str:
-        data, model, train = report["data"], report["config"]["model"], report["config"]["train"]
-        previous = model.get("previous_tokens", 0)
-        embeds = (
-            f"each token also embeds the {previous} token(s) before it (Zoology's short "
-            f"convolution), "
-            if previous
-            else ""
-        )
-        return (
-            f"**Track `recall` (MQAR).** Sequences of {data['seq_len']} tokens "
-            f"(vocabulary {data['vocab_size']}): {data['n_pairs']} key-value pairs, then "
-            f"{data['n_queries']} of the keys again at random positions; the model must "
-            f"predict each queried key's value. {data['n_train_sequences']} training, "
-            f"{data['n_val_sequences']} validation and {data['n_test_sequences']} test "
-            f"sequences, and as many validation and test sequences at "
-            f"{' and '.join(f'{f}x' for f in data['length_factors'])} the length (the same "
-            f"pairs and queries; learned positions up to {data['max_len']}, trained up to "
-            f"{data['seq_len']}).\n\n"
-            f"**Model `{report['model']}` in causal mode.** {model['n_layers']} pre-norm "
-            f"causal layers, d_model {model['d_model']}, {model['n_heads']} heads, learned "
-            f"positions, {embeds}tied output head; loss and metrics at the query positions only. "
-            f"Adam, {train['epochs']} epochs, batch {train['batch_size']}, "
-            f"{train['lr_schedule']} schedule.\n\n" + protocol
-        )

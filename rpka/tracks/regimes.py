@@ -31,13 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rpka.checks import is_number, require
-from rpka.tracks.forecast import SPLITS
-from rpka.tracks.windows import (
-    WindowForecastTask,
-    generated_arrays,
-    require_int,
-    window_loader,
-)
+from rpka.tracks.common import SPLITS, require_int
+from rpka.tracks.text import WindowText
+from rpka.tracks.windows import WindowForecastTask, generated_arrays, window_loader
 
 # circular smoothing of a cycle's N(0, 1) values: (1/4, 1/2, 1/4)
 SMOOTHING = (0.25, 0.5, 0.25)
@@ -226,10 +222,13 @@ class RegimesTask(WindowForecastTask):
     config_class = RegimesConfig
     build_arrays = staticmethod(build_arrays)
     out_dir = "forecast-regimes"
-    title = "Regime-return forecast track"
     linear_ratio = REGIMES_LINEAR_RATIO
-    description = (
-        "Every window shows a few periodic regimes (random smooth waveform, period and phase) "
-        "in segments of random length; the last segment returns to a regime seen earlier, "
-        "whose continuation the target is."
+    text = WindowText(
+        title="Regime-return forecast track",
+        description=(
+            "Every window shows a few periodic regimes (random smooth waveform, period and phase) "
+            "in segments of random length; the last segment returns to a regime seen earlier, "
+            "whose continuation the target is."
+        ),
+        linear_ratio=REGIMES_LINEAR_RATIO,
     )

@@ -1,7 +1,8 @@
 """What the window-per-example forecast tracks share (``forecast-motif``, ``forecast-regimes``,
-``forecast-real``): config checks, per-split seeds, context standardisation, the
-:class:`~rpka.tracks.forecast.Track` the forecast machinery (model, loss, naive baselines)
-consumes, and :class:`WindowForecastTask`, their ``Task`` (``rpka.tracks.base``).
+``forecast-real``, ``forecast-lookup``): per-split seeds, the standardised arrays of a
+generator, the :class:`~rpka.tracks.common.Track` the forecast machinery (model, loss,
+naive baselines) consumes, and :class:`WindowForecastTask`, their ``Task``. A shared
+library: it imports no track module.
 
 Every example is one window of ``context`` inputs and ``horizon`` targets, standardised by
 its *context* mean and standard deviation (targets too, as in ``rpka.tracks.forecast``), so
@@ -12,7 +13,7 @@ the arrays a generator's ``build_arrays`` returns are ``<split>_x`` (N, L), ``<s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,25 +21,20 @@ import numpy as np
 import torch
 
 from rpka.checks import is_int, require
-from rpka.tracks.cache import cached_arrays
-from rpka.tracks.forecast import (
+from rpka.tracks.common import (
     SPLITS,
-    ForecastTask,
+    Build,
+    SeriesTask,
     Split,
     Track,
     forecast_learnability,
+    load_arrays,
     standardise,
+    track_loader,
 )
+from rpka.tracks.text import TrackText, WindowText
 
 WINDOW_FIELDS = ("x", "y", "mean", "std")
-
-
-def require_int(config: Any, name: str, low: int, high: int | None = None) -> None:
-    """``config.<name>`` is an integer in [low, high] (no upper bound when ``high`` is None)."""
-    value = getattr(config, name)
-    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-    ok = is_int(value) and value >= low and (high is None or value <= high)
-    require(ok, f"{config.name}.{name}", allowed, value)
 
 
 def split_rng(seed: int, split: str) -> np.random.Generator:
@@ -82,47 +78,36 @@ def windows_track(config: Any, arrays: dict[str, np.ndarray]) -> Track:
     )
 
 
-Build = Callable[[Any], dict[str, np.ndarray]]
-
-
 def load_windows(
     config: Any, build: Build, data_dir: str | Path | None = None, use_cache: bool = True
 ) -> Track:
     """The window track of ``config`` (validated): ``build(config)``'s arrays read from the
     cache (``rpka.tracks.cache``), or built and cached, as a :func:`windows_track`."""
-    config.validate()
-    return windows_track(config, cached_arrays(config, build, data_dir, use_cache))
+    return windows_track(config, load_arrays(config, build, data_dir, use_cache))
 
 
 def window_loader(config_class: type, build: Build) -> Callable[..., Track]:
     """``load(config=None, data_dir=None, use_cache=True)``: :func:`load_windows` with
     ``config_class()`` when no config is given (a track module's ``load_<track>``)."""
-
-    def load(
-        config: Any = None, data_dir: str | Path | None = None, use_cache: bool = True
-    ) -> Track:
-        config = config_class() if config is None else config
-        return load_windows(config, build, data_dir, use_cache)
-
-    load.__doc__ = (
-        f"The ``{config_class.name}`` track: read from the cache, or generated (and cached)."
-    )
-    return load
+    return track_loader(config_class, build, windows_track)
 
 
 # ----------------------------------------------------------------------------- the task
 
 
-class WindowForecastTask(ForecastTask):
+class WindowForecastTask(SeriesTask):
     """A forecast task over window-per-example tracks: the forecast model, loss, metrics and
     naive forecasts, with its own learnability bar - exact attention's test MSE at most
-    ``linear_ratio`` x the least-squares linear forecast's - and its own setup words.
+    ``linear_ratio`` x the least-squares linear forecast's.
 
-    A subclass sets ``name``, ``config_class``, ``out_dir``, ``title``, ``linear_ratio``,
-    ``description`` (one sentence on the data) and ``build_arrays`` (its generator's
-    arrays for a config, as a ``staticmethod``); :meth:`load` is :func:`load_windows`."""
+    A subclass sets ``name``, ``config_class``, ``out_dir``, ``linear_ratio``,
+    ``build_arrays`` (its generator's arrays for a config, as a ``staticmethod``) and its
+    words, a :class:`~rpka.tracks.text.WindowText` (title, one sentence on the data, the
+    bar); :meth:`load` is :func:`load_windows`."""
 
     build_arrays: ClassVar[Build]
+    linear_ratio: ClassVar[float] = 1.0
+    text: ClassVar[TrackText] = WindowText()
 
     def load(self, config: Any, data_dir: str | Path | None = None) -> Track:
         return load_windows(config, self.build_arrays, data_dir)
@@ -138,47 +123,9 @@ class WindowForecastTask(ForecastTask):
         resized.validate()
         return resized
 
-    linear_ratio: ClassVar[float] = 1.0
-    description: ClassVar[str] = ""
-
     def learnability(self, baseline: dict[str, Any], naive: dict[str, Any]) -> dict[str, Any]:
         out = forecast_learnability(baseline["full_by_metric"]["mse"]["mean"], naive)
         out["linear_ratio_required"] = self.linear_ratio
         out["meets_linear"] = bool(out["ratio_to_linear"] <= self.linear_ratio)
         out["met"] = out["meets_linear"]
         return out
-
-    def learnability_text(self, report: Mapping) -> str:
-        le = report["learnability"]
-        met = self.bar_word(le)
-        return (
-            f"Exact attention's test MSE {le['baseline_test_mse']:.4f} is "
-            f"{le['ratio_to_linear']:.3f} × the least-squares linear forecast "
-            f"({le['linear_mse']:.4f}; required ≤ {le['linear_ratio_required']}): the "
-            f"learnability bar is {met}."
-        )
-
-    def summary_targets(self, report: Mapping) -> list[tuple[str, str, bool | None]]:
-        le = report["learnability"]
-        return [
-            (
-                f"{self.name} learnable: exact ≤ {self.linear_ratio} × linear",
-                f"{le['ratio_to_linear']:.3f} × linear",
-                le["met"],
-            )
-        ]
-
-    def setup_text(self, report: Mapping, protocol: str) -> str:
-        data, model, train = report["data"], report["config"]["model"], report["config"]["train"]
-        return (
-            f"**Track `{report['track']}`.** {self.description} Windows of context "
-            f"{data['context']} and horizon {data['horizon']}, each standardised by its own "
-            f"context: {data['n_train_windows']} training, {data['n_val_windows']} validation "
-            f"and {data['n_test_windows']} test windows.\n\n"
-            f"**Model `{report['model']}`.** {model['n_layers']} pre-norm encoder layers, "
-            f"d_model {model['d_model']}, {model['n_heads']} heads, one token per time step "
-            f"embedding its {model['embed_kernel']} neighbouring values (attention sees "
-            f"{data['context']} tokens), a linear context-to-horizon skip. Adam, "
-            f"{train['epochs']} epochs, batch {train['batch_size']}, {train['lr_schedule']} "
-            f"schedule.\n\n" + protocol
-        )
