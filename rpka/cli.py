@@ -16,15 +16,11 @@ modules themselves know nothing of the command line or of the report layer.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import math
 import os
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,22 +30,28 @@ import torch
 from rpka import bench, cost, decoding, longctx, paths, pipeline, scaling, study
 from rpka.cli_args import (
     COST_STEPS_RANGE,
-    EPOCHS_RANGE,
     SEEDS_RANGE,
+    bench_parser,
+    check_bench_args,
     check_out_dir,
     check_out_file,
     check_seeds,
+    cost_parser,
+    decode_parser,
     eval_seeds,
     fail,
+    longctx_parser,
     make_parser,
-    path_arg,
     readable_readme,
+    report_parser,
+    scaling_parser,
 )
-from rpka.config import DEVICES, BenchConfig, LongContextConfig
-from rpka.executors import EXECUTOR_KINDS, make_executor, owned
+from rpka.cli_signals import STORAGE_ERRNOS, interrupted_status, stop_on_signals
+from rpka.config import BenchConfig, LongContextConfig
+from rpka.executors import make_executor, owned
 from rpka.io import CorruptFileError, atomic_write_text, write_json
 from rpka.paths import resolve
-from rpka.presets import PRESETS_BY_TRACK, PREVIEW_PRESETS, STUDY_TRACKS, get_preset
+from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
 from rpka.report import readme
 from rpka.tracks import get_task
@@ -63,62 +65,26 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     ``--preset`` is required: without it the bench ran the full study (hours) into the
     committed ``data/results/full``. That folder is written only when ``--out`` names it.
     """
-    parser = make_parser("bench", bench.__doc__.split("\n\n")[0])
-    names = sorted({name for presets in PRESETS_BY_TRACK.values() for name in presets})
-    parser.add_argument(
-        "--preset",
-        choices=names,
-        help="the study to run (required; full is the real study: hours on 2 cores)",
-    )
-    parser.add_argument(
-        "--track",
-        choices=sorted(PRESETS_BY_TRACK),
-        default=STUDY_TRACKS[0],
-        help="the track (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--out",
-        type=path_arg,
-        help="results folder (default: data/results/<preset>, data/results/<preset>/<track> "
-        f"for tracks other than forecast; {paths.COMMITTED_RESULTS}, the committed study, "
-        "only when named here)",
-    )
-    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (default: the preset's)")
-    parser.add_argument(
-        "--seeds", type=int, help="number of evaluation seeds (default: the preset's)"
-    )
-    parser.add_argument(
-        "--lrs", type=float, nargs="+", help="learning rates to sweep (default: the preset's)"
-    )
-    parser.add_argument("--epochs", type=int, help="training epochs (default: the preset's)")
-    parser.add_argument("--device", choices=DEVICES, help="(default: the preset's)")
-    parser.add_argument(
-        "--workers", type=int, help="parallel worker processes (default: the preset's)"
-    )
-    parser.add_argument(
-        "--executor",
-        choices=EXECUTOR_KINDS,
-        help="where runs go: a local process pool, in-process, or a local Dask cluster "
-        "(default: local)",
-    )
-    parser.add_argument(
-        "--scheduler", help="a Dask scheduler address (tcp://host:port); implies --executor dask"
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser = bench_parser()
     args = parser.parse_args(argv)
-    if args.preset is None:
-        parser.error(f"argument --preset is required: one of {', '.join(names)}")
-    if args.scheduler is not None and "://" not in args.scheduler:
-        parser.error(f"argument --scheduler: expected tcp://host:port, got {args.scheduler!r}")
-    if args.scheduler is not None and args.executor not in (None, "dask"):
-        parser.error(
-            f"argument --scheduler: not allowed with --executor {args.executor} (a scheduler "
-            "address sends the runs to Dask: leave --executor out, or give --executor dask)"
-        )
-    if args.epochs is not None and not EPOCHS_RANGE[0] <= args.epochs <= EPOCHS_RANGE[1]:
-        parser.error(f"argument --epochs: must be in [{EPOCHS_RANGE[0]}, {EPOCHS_RANGE[1]}], "
-                     f"got {args.epochs}")  # fmt: skip
+    check_bench_args(parser, args)
+    try:
+        config = get_preset(args.preset, args.track, **_bench_overrides(parser, args))
+    except ValueError as err:
+        parser.error(str(err))
+    if config.device == "cuda" and not torch.cuda.is_available():
+        parser.error("argument --device: cuda requested but CUDA is not available")
+    if len(config.eval_seeds) < SEEDS_RANGE[0]:
+        parser.error(f"preset {args.preset}: a paired comparison needs >= 2 evaluation seeds")
+    if args.out is None:
+        _refuse_committed_default(parser, bench.default_out(config))
+    args.out = resolve(args.out or bench.default_out(config))
+    check_out_dir(parser, "--out", args.out)
+    return config, args
 
+
+def _bench_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The preset's fields the options replace (``get_preset``'s overrides)."""
     overrides: dict[str, Any] = {}
     if args.ranks is not None:
         overrides["ranks"] = args.ranks
@@ -137,19 +103,7 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
         overrides["device"] = args.device
     if args.workers is not None:
         overrides["n_workers"] = args.workers
-    try:
-        config = get_preset(args.preset, args.track, **overrides)
-    except ValueError as err:
-        parser.error(str(err))
-    if config.device == "cuda" and not torch.cuda.is_available():
-        parser.error("argument --device: cuda requested but CUDA is not available")
-    if len(config.eval_seeds) < SEEDS_RANGE[0]:
-        parser.error(f"preset {args.preset}: a paired comparison needs >= 2 evaluation seeds")
-    if args.out is None:
-        _refuse_committed_default(parser, bench.default_out(config))
-    args.out = resolve(args.out or bench.default_out(config))
-    check_out_dir(parser, "--out", args.out)
-    return config, args
+    return overrides
 
 
 def _refuse_committed_default(parser: argparse.ArgumentParser, default: str) -> None:
@@ -237,18 +191,7 @@ def parse_longctx(
     argv: Sequence[str] | None = None,
 ) -> tuple[LongContextConfig, argparse.Namespace]:
     """Parse the command line into a validated config; bad values exit with an error."""
-    parser = make_parser("longctx", longctx.__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(LONGCTX_PRESETS), default="full")
-    parser.add_argument(
-        "--out", type=path_arg, help="results folder (default data/results/<preset>)"
-    )
-    parser.add_argument("--contexts", type=int, nargs="+", help="context lengths")
-    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
-    parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
-    parser.add_argument("--device", choices=DEVICES)
-    parser.add_argument("--workers", type=int, help="parallel worker processes")
-    parser.add_argument("--no-memory", action="store_true", help="skip the memory probes")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser = longctx_parser()
     args = parser.parse_args(argv)
 
     overrides: dict[str, Any] = {}
@@ -294,39 +237,7 @@ def longctx_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def report_main(argv: Sequence[str] | None = None) -> None:
-    parser = make_parser("report", pipeline.__doc__)
-    parser.add_argument(
-        "--preset",
-        choices=pipeline.PRESETS,
-        default="standard",
-        help="the study (default: %(default)s, about half an hour on 2 cores; full: the "
-        "extended study, hours)",
-    )
-    parser.add_argument(
-        "--html",
-        type=path_arg,
-        default=str(resolve(paths.REPORT_HTML)),
-        help="where to write the report (default: %(default)s)",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    parser.add_argument(
-        "--parallel",
-        type=int,
-        default=2,
-        help="notebooks run at a time before the last one, >= 1 (1 shows each notebook's cell "
-        "bar; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--print-parameters", action="store_true", help="print each notebook's parameters and exit"
-    )
-    parser.add_argument(
-        "--from-results",
-        action="store_true",
-        help="render the result files already there (e.g. the committed full study): "
-        "nothing is trained or computed and no result file is written (the study index "
-        "only where there is none); figures go to reports/<preset>/figures; refused when "
-        "a result file is missing",
-    )
+    parser = report_parser()
     args = parser.parse_args(argv)
     steps = pipeline.preset_steps(args.preset, from_results=args.from_results)
     if args.print_parameters:
@@ -376,29 +287,7 @@ def report_main(argv: Sequence[str] | None = None) -> None:
 
 
 def scaling_main(argv: Sequence[str] | None = None) -> dict:
-    parser = make_parser("scaling", scaling.__doc__)
-    parser.add_argument("--preset", choices=sorted(scaling.PRESETS), default="cpu")
-    parser.add_argument("--lengths", type=int, nargs="+")
-    parser.add_argument("--ranks", type=int, nargs="+")
-    parser.add_argument("--control-ranks", type=int, nargs="*")
-    parser.add_argument("--batch-heads", type=int)
-    parser.add_argument("--head-dim", type=int)
-    parser.add_argument("--device")
-    parser.add_argument("--dtype")
-    parser.add_argument("--warmup", type=int)
-    parser.add_argument("--repeats", type=int)
-    parser.add_argument("--max-seconds", type=float)
-    parser.add_argument("--no-backward", action="store_true")
-    parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument(
-        "--bench-preset",
-        help="time the arms of this bench preset (rpka.presets) at one length, forward only "
-        f"(default length {scaling.ARM_LENGTH}; no rank sweep, backward or memory unless given)",
-    )
-    parser.add_argument(
-        "--out", type=path_arg, help="JSON path (default: by preset, under data/results/scaling)"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser = scaling_parser()
     args = parser.parse_args(argv)
     overrides = {
         key: getattr(args, key)
@@ -440,25 +329,7 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
 
 
 def decode_main(argv: Sequence[str] | None = None) -> dict:
-    parser = make_parser("decode", decoding.__doc__)
-    defaults = decoding.DecodeConfig()
-    parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
-    parser.add_argument("--batch-heads", type=int, default=defaults.batch_heads)
-    parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
-    parser.add_argument("--rank", type=int, default=defaults.rank)
-    parser.add_argument("--block-size", type=int, default=defaults.block_size)
-    parser.add_argument("--pivot-set", default=defaults.pivot_set)
-    parser.add_argument("--device", default=defaults.device)
-    parser.add_argument("--dtype", default=defaults.dtype)
-    parser.add_argument("--warmup", type=int, default=defaults.warmup)
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument(
-        "--out",
-        type=path_arg,
-        default=None,
-        help="default data/results/scaling/decode_<device>.json",
-    )
+    parser = decode_parser()
     args = parser.parse_args(argv)
     config = decoding.DecodeConfig(
         contexts=args.contexts,
@@ -534,23 +405,7 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
 
 
 def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = make_parser("cost", cost.__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--preset", choices=sorted(pipeline.PRESETS), default="standard",
-        help="the study to price (default: %(default)s)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--benches", nargs="+", help="only these benches (default: every bench of the study)"
-    )
-    parser.add_argument(
-        "--steps", type=int, default=3, help="timed training steps per probe, 1-1000 (default 3)"
-    )
-    parser.add_argument(
-        "--out",
-        type=lambda value: Path(path_arg(value)),
-        help="default data/results/<preset>/cost_model.json",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser = cost_parser()
     args = parser.parse_args(argv)
     low, high = COST_STEPS_RANGE
     if not low <= args.steps <= high:
@@ -583,60 +438,6 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
 }
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM in the driver: every command stops the same way (its pools
-    aborted on the way out, ``rpka.executors.owned``), and exits ``128 + signum``."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _stop(signum: int, frame: object) -> None:
-    """Raise :class:`Interrupted`, once: later signals are ignored, so a second Ctrl-C
-    cannot break the clean-up (killing the workers) half way and leave them running."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    raise Interrupted(signum)
-
-
-@contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread while a command
-    runs. SIGTERM's default ended this process at once and left its workers to the
-    parent-death signal (no message, no exit code of ours). A signal ignored at start
-    stays ignored (a background job's SIGINT); the handlers are restored afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers (a test calling main() from a thread)
-        return
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    for sig, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(sig, _stop)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-
-def _interrupted(err: KeyboardInterrupt) -> int:
-    """One line on stderr, and the shell's code for the signal (130 Ctrl-C, 143 SIGTERM):
-    every result file is whole (written, then renamed), so the same command resumes."""
-    signum = getattr(err, "signum", signal.SIGINT)
-    word = "interrupted" if signum == signal.SIGINT else "terminated"
-    newline = "\n" if sys.stderr.isatty() else ""  # end a progress bar's line first
-    print(
-        f"{newline}{word}: the runs that finished are kept, and the same command resumes from them",
-        file=sys.stderr,
-        flush=True,
-    )
-    return 128 + signum
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
@@ -647,13 +448,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0 if argv else 2
     try:
-        with _stop_on_signals():
+        with stop_on_signals():
             COMMANDS[argv[0]][0](argv[1:])
     except CorruptFileError as err:  # a result file a reader cannot use: name it, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM (Interrupted)
-        return _interrupted(err)
+        return interrupted_status(err)
     except OSError as err:
         if err.errno not in STORAGE_ERRNOS:
             raise
@@ -666,7 +467,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     return 0
-
-
-# a full disk, a quota, a read-only file system: one line, not a traceback
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})

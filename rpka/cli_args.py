@@ -1,5 +1,6 @@
-"""The command line's argument checks, shared by every command (``rpka.cli``): output
-paths probed before any work, ranges of counts, one error format with exit status 2."""
+"""The command line's options (``rpka.cli`` runs the commands): each command's parser, and
+the checks shared by every command - output paths probed before any work, ranges of
+counts, one error format with exit status 2."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from rpka import bench, cost, decoding, longctx, paths, pipeline, scaling
+from rpka.config import DEVICES
+from rpka.executors import EXECUTOR_KINDS
+from rpka.paths import resolve
+from rpka.presets import PRESETS_BY_TRACK, STUDY_TRACKS
+from rpka.presets_longctx import LONGCTX_PRESETS
 from rpka.report import readme
 
 # evaluation seeds a paired comparison can use: at least 2 pairs; at most what any study
@@ -104,3 +111,206 @@ def readable_readme(parser: argparse.ArgumentParser, path: Path) -> str:
     if not os.access(path, os.W_OK) or not os.access(path.parent or Path("."), os.W_OK):
         parser.error(f"argument --readme: {path} cannot be written (permissions)")
     return text
+
+
+# --------------------------------------------------------------------------- each command's options
+
+
+def bench_preset_names() -> list[str]:
+    """Every preset name of any track (``bench --preset``)."""
+    return sorted({name for presets in PRESETS_BY_TRACK.values() for name in presets})
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    """``python -m rpka bench``'s options."""
+    parser = make_parser("bench", bench.__doc__.split("\n\n")[0])
+    names = bench_preset_names()
+    parser.add_argument(
+        "--preset",
+        choices=names,
+        help="the study to run (required; full is the real study: hours on 2 cores)",
+    )
+    parser.add_argument(
+        "--track",
+        choices=sorted(PRESETS_BY_TRACK),
+        default=STUDY_TRACKS[0],
+        help="the track (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        type=path_arg,
+        help="results folder (default: data/results/<preset>, data/results/<preset>/<track> "
+        f"for tracks other than forecast; {paths.COMMITTED_RESULTS}, the committed study, "
+        "only when named here)",
+    )
+    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (default: the preset's)")
+    parser.add_argument(
+        "--seeds", type=int, help="number of evaluation seeds (default: the preset's)"
+    )
+    parser.add_argument(
+        "--lrs", type=float, nargs="+", help="learning rates to sweep (default: the preset's)"
+    )
+    parser.add_argument("--epochs", type=int, help="training epochs (default: the preset's)")
+    parser.add_argument("--device", choices=DEVICES, help="(default: the preset's)")
+    parser.add_argument(
+        "--workers", type=int, help="parallel worker processes (default: the preset's)"
+    )
+    parser.add_argument(
+        "--executor",
+        choices=EXECUTOR_KINDS,
+        help="where runs go: a local process pool, in-process, or a local Dask cluster "
+        "(default: local)",
+    )
+    parser.add_argument(
+        "--scheduler", help="a Dask scheduler address (tcp://host:port); implies --executor dask"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What argparse cannot check of ``bench``'s options: a preset given, a scheduler
+    address (and no other executor with it), the epochs' range."""
+    names = bench_preset_names()
+    if args.preset is None:
+        parser.error(f"argument --preset is required: one of {', '.join(names)}")
+    if args.scheduler is not None and "://" not in args.scheduler:
+        parser.error(f"argument --scheduler: expected tcp://host:port, got {args.scheduler!r}")
+    if args.scheduler is not None and args.executor not in (None, "dask"):
+        parser.error(
+            f"argument --scheduler: not allowed with --executor {args.executor} (a scheduler "
+            "address sends the runs to Dask: leave --executor out, or give --executor dask)"
+        )
+    if args.epochs is not None and not EPOCHS_RANGE[0] <= args.epochs <= EPOCHS_RANGE[1]:
+        parser.error(f"argument --epochs: must be in [{EPOCHS_RANGE[0]}, {EPOCHS_RANGE[1]}], "
+                     f"got {args.epochs}")  # fmt: skip
+
+
+
+def longctx_parser() -> argparse.ArgumentParser:
+    """``python -m rpka longctx``'s options."""
+    parser = make_parser("longctx", longctx.__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(LONGCTX_PRESETS), default="full")
+    parser.add_argument(
+        "--out", type=path_arg, help="results folder (default data/results/<preset>)"
+    )
+    parser.add_argument("--contexts", type=int, nargs="+", help="context lengths")
+    parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
+    parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
+    parser.add_argument("--device", choices=DEVICES)
+    parser.add_argument("--workers", type=int, help="parallel worker processes")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory probes")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+def report_parser() -> argparse.ArgumentParser:
+    """``python -m rpka report``'s options."""
+    parser = make_parser("report", pipeline.__doc__)
+    parser.add_argument(
+        "--preset",
+        choices=pipeline.PRESETS,
+        default="standard",
+        help="the study (default: %(default)s, about half an hour on 2 cores; full: the "
+        "extended study, hours)",
+    )
+    parser.add_argument(
+        "--html",
+        type=path_arg,
+        default=str(resolve(paths.REPORT_HTML)),
+        help="where to write the report (default: %(default)s)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=2,
+        help="notebooks run at a time before the last one, >= 1 (1 shows each notebook's cell "
+        "bar; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--print-parameters", action="store_true", help="print each notebook's parameters and exit"
+    )
+    parser.add_argument(
+        "--from-results",
+        action="store_true",
+        help="render the result files already there (e.g. the committed full study): "
+        "nothing is trained or computed and no result file is written (the study index "
+        "only where there is none); figures go to reports/<preset>/figures; refused when "
+        "a result file is missing",
+    )
+    return parser
+
+
+def scaling_parser() -> argparse.ArgumentParser:
+    """``python -m rpka scaling``'s options."""
+    parser = make_parser("scaling", scaling.__doc__)
+    parser.add_argument("--preset", choices=sorted(scaling.PRESETS), default="cpu")
+    parser.add_argument("--lengths", type=int, nargs="+")
+    parser.add_argument("--ranks", type=int, nargs="+")
+    parser.add_argument("--control-ranks", type=int, nargs="*")
+    parser.add_argument("--batch-heads", type=int)
+    parser.add_argument("--head-dim", type=int)
+    parser.add_argument("--device")
+    parser.add_argument("--dtype")
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--max-seconds", type=float)
+    parser.add_argument("--no-backward", action="store_true")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--bench-preset",
+        help="time the arms of this bench preset (rpka.presets) at one length, forward only "
+        f"(default length {scaling.ARM_LENGTH}; no rank sweep, backward or memory unless given)",
+    )
+    parser.add_argument(
+        "--out", type=path_arg, help="JSON path (default: by preset, under data/results/scaling)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def decode_parser() -> argparse.ArgumentParser:
+    """``python -m rpka decode``'s options (defaults: ``DecodeConfig``'s)."""
+    parser = make_parser("decode", decoding.__doc__)
+    defaults = decoding.DecodeConfig()
+    parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
+    parser.add_argument("--batch-heads", type=int, default=defaults.batch_heads)
+    parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
+    parser.add_argument("--rank", type=int, default=defaults.rank)
+    parser.add_argument("--block-size", type=int, default=defaults.block_size)
+    parser.add_argument("--pivot-set", default=defaults.pivot_set)
+    parser.add_argument("--device", default=defaults.device)
+    parser.add_argument("--dtype", default=defaults.dtype)
+    parser.add_argument("--warmup", type=int, default=defaults.warmup)
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--out",
+        type=path_arg,
+        default=None,
+        help="default data/results/scaling/decode_<device>.json",
+    )
+    return parser
+
+
+def cost_parser() -> argparse.ArgumentParser:
+    """``python -m rpka cost``'s options."""
+    parser = make_parser("cost", cost.__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--preset", choices=sorted(pipeline.PRESETS), default="standard",
+        help="the study to price (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--benches", nargs="+", help="only these benches (default: every bench of the study)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=3, help="timed training steps per probe, 1-1000 (default 3)"
+    )
+    parser.add_argument(
+        "--out",
+        type=lambda value: Path(path_arg(value)),
+        help="default data/results/<preset>/cost_model.json",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser

@@ -284,7 +284,7 @@ def stored_prediction(preset: str, cores: int | None = None) -> dict[str, Any] |
                           if (g.arm, g.members) not in probes})  # fmt: skip
         unpriced += missing
         if missing:  # price the jobs that have probes
-            config = dataclasses.replace(config, arms=tuple(
+            config = config.replace(arms=tuple(
                 a for a in config.arms if f"{label}:{a.name}" not in missing))  # fmt: skip
         try:
             benches[label] = price(config, probes)["predicted_cpu_s"] if config.arms else 0.0

@@ -44,7 +44,7 @@ def probe_bench(args: argparse.Namespace):
     )
     model = dataclasses.replace(bench.model, **json.loads(args.model))
     train = dataclasses.replace(bench.train, **json.loads(args.train))
-    return dataclasses.replace(bench, track=track, model=model, train=train)
+    return bench.replace(track=track, model=model, train=train)
 
 
 def learn(args: argparse.Namespace) -> None:

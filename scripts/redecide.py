@@ -11,7 +11,6 @@ with ``redecided``; writes it back atomically.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from rpka.config import BenchConfig
@@ -27,8 +26,7 @@ def main() -> None:
     report = read_json(args.report)
     config = BenchConfig.from_dict(report["config"])
     preset = get_preset(config.preset, config.track_name)
-    config = dataclasses.replace(
-        config,
+    config = config.replace(
         margin=preset.margin,
         control_arm=preset.control_arm,
         gate_min_rel=preset.gate_min_rel,

@@ -274,12 +274,11 @@ def test_cli_overrides_reach_the_config():
 
 
 def test_presets_validate_and_round_trip():
-    import dataclasses
     import json
 
     for name in ("smoke", "quick", "full"):
         config = get_preset(name)
-        assert BenchConfig.from_dict(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+        assert BenchConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     full = get_preset("full")
     assert full.track.context >= 96 and len(full.eval_seeds) == 9
     assert {4, 16, 64} <= {a.options.get("rank") for a in full.arms}

@@ -214,7 +214,10 @@ def test_bench_requires_a_preset_naming_them(monkeypatch, capsys):
         cli.bench_main([])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.splitlines()[-1]
-    assert "argument --preset is required: one of frontier, full, gate, quick" in error
+    assert (
+        "argument --preset is required: one of frontier, full, gate, pairs-16, pairs-24, "
+        "pairs-4, quick, quick-study, smoke, smoke-study, standard"
+    ) in error
 
 
 @pytest.mark.parametrize("track", ["forecast", "lm"])

@@ -239,17 +239,15 @@ def test_the_spectrum_text_states_the_heads_sharpness_and_q_k_ratio():
 
 
 def test_the_positive_control_is_outside_the_holm_family_and_checked():
-    import dataclasses
-
     from rpka.presets import get_preset
 
     config = get_preset("full", "recall")
     assert config.positive_control_arm == "rpka-r96"
     assert "rpka-r96" not in config.secondary_arms and "rpka-r32" in config.secondary_arms
     with pytest.raises(ValueError, match="positive_control_arm"):
-        dataclasses.replace(config, positive_control_arm="rpka-r8").validate()  # the primary
+        config.replace(positive_control_arm="rpka-r8").validate()  # the primary
     with pytest.raises(ValueError, match="positive_control_arm"):
-        dataclasses.replace(config, positive_control_arm="no-such-arm").validate()
+        config.replace(positive_control_arm="no-such-arm").validate()
 
 
 def _recall_report(pairs: int, errors: dict[str, list[float]]) -> dict:

@@ -174,7 +174,7 @@ def test_forecast_metrics_unchanged_by_the_task_split():
 def test_lm_presets_validate_round_trip_and_copy_through_landmarks(name):
     config = get_preset(name, "lm")
     assert config.track_name == "lm" and config.metric == "perplexity"
-    assert BenchConfig.from_dict(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+    assert BenchConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     methods = {a.method for a in config.arms}
     assert {"exact", "rpka"} <= methods <= {"exact", "rpka", "mean"}  # "mean": the control
     for arm in config.arms:

@@ -35,7 +35,7 @@ def two_control_gate(exact, control, local, **changes):
     """The long-context gate as the bench applies it (``gate_needs_local``): each control's
     :func:`rpka.decision.control_gate`, obeyed through :func:`rpka.decision.verdict_gate`."""
     bench = SMOKE.bench_for(SMOKE.contexts[0])
-    bench = dataclasses.replace(bench, eval_seeds=tuple(range(100, 108)), **changes)
+    bench = bench.replace(eval_seeds=tuple(range(100, 108)), **changes)
     assert bench.gate_needs_local
     arms = arms_of(bench, {"exact": exact, "mean-attention": control, "local-w8": local})
     uniform, window = decision.attention_gate(bench, arms), decision.local_gate(bench, arms)
@@ -93,7 +93,7 @@ def bench_values(local: list[float]) -> dict[str, list[float]]:
 @pytest.mark.parametrize(("local", "passed"), [(worse(0.5), True), (worse(0.0), False)])
 def test_verdicts_need_both_gates_at_long_context(local, passed):
     bench = SMOKE.bench_for(SMOKE.contexts[0])
-    bench = dataclasses.replace(bench, eval_seeds=tuple(range(100, 108)))
+    bench = bench.replace(eval_seeds=tuple(range(100, 108)))
     arms = arms_of(bench, bench_values(local))
     gate = decision.compare_arms(bench, arms)
     assert gate["passed"]  # the mean control alone passes either way
@@ -112,7 +112,7 @@ def test_verdicts_need_both_gates_at_long_context(local, passed):
 def test_short_tracks_keep_their_gate():
     """Without gate_needs_local a local arm is reported beside the gate, not obeyed."""
     bench = SMOKE.bench_for(SMOKE.contexts[0])
-    bench = dataclasses.replace(bench, gate_needs_local=False, eval_seeds=tuple(range(100, 108)))
+    bench = bench.replace(gate_needs_local=False, eval_seeds=tuple(range(100, 108)))
     arms = arms_of(bench, bench_values(worse(0.0)))
     decision.compare_arms(bench, arms)
     assert arms["rpka-r8"]["comparison"]["verdict"] != "uninformative"
@@ -125,13 +125,13 @@ def test_short_tracks_keep_their_gate():
 
 def test_local_control_validation():
     bench = SMOKE.bench_for(SMOKE.contexts[0])
-    no_local = dataclasses.replace(bench, arms=tuple(a for a in bench.arms if a.method != "local"))
+    no_local = bench.replace(arms=tuple(a for a in bench.arms if a.method != "local"))
     with pytest.raises(ValueError, match="gate_needs_local"):
         no_local.validate()
     with pytest.raises(ValueError, match="local_control_arm"):
-        dataclasses.replace(bench, local_control_arm="mean-attention").validate()
+        bench.replace(local_control_arm="mean-attention").validate()
     with pytest.raises(ValueError, match="local_control_arm"):
-        dataclasses.replace(bench, local_control_arm="rpka-r8").validate()  # the primary
+        bench.replace(local_control_arm="rpka-r8").validate()  # the primary
     with pytest.raises(ValueError, match="window"):
         local_arm(0)
 
@@ -152,7 +152,7 @@ def test_local_arm_builds_and_trains_on_any_track():
     out.pow(2).mean().backward()
     # a causal track too: the recall preset with the local window in it
     recall = get_preset("smoke", "recall")
-    recall = dataclasses.replace(recall, arms=(*recall.arms, local_arm(8)))
+    recall = recall.replace(arms=(*recall.arms, local_arm(8)))
     recall.validate()
     assert recall.local_control == "local-w8" and "local-w8" not in recall.secondary_arms
 

@@ -38,7 +38,7 @@ FULL = get_preset("full")
 def test_every_preset_validates_and_round_trips():
     for name in PRESETS:
         config = get_preset(name)
-        assert BenchConfig.from_dict(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+        assert BenchConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
 def test_full_preset_holds_rank_sweep_ablations_and_peers():
@@ -417,7 +417,7 @@ def test_ablations_take_their_references_learning_rate(tmp_path):
     assert {FULL.arm(n).lr_from for n in FULL.ablation_arms} == {"rpka-r16"}
     bad = dataclasses.replace(config.arm("performer-r4"), lr_from="rpka-r4-greedy")
     with pytest.raises(ValueError, match="lr_from"):
-        dataclasses.replace(config, arms=(*config.arms[:-2], bad)).validate()
+        config.replace(arms=(*config.arms[:-2], bad)).validate()
 
 
 def test_an_arm_may_sweep_with_fewer_seeds(tmp_path):
@@ -441,7 +441,7 @@ def test_an_arm_may_sweep_with_fewer_seeds(tmp_path):
     assert BenchConfig.from_dict(json.loads(json.dumps(report["config"]))) == config
     stray = dataclasses.replace(cheap, sweep_seeds=(7,))
     with pytest.raises(ValueError, match="subset of sweep_seeds"):
-        dataclasses.replace(config, arms=(smoke.arm("exact"), stray)).validate()
+        config.replace(arms=(smoke.arm("exact"), stray)).validate()
 
 
 def test_scaling_cli_times_a_bench_presets_arms(tmp_path, capsys):

@@ -80,7 +80,7 @@ def toy_registered(monkeypatch):
 
 
 def toy_bench() -> BenchConfig:
-    return BenchConfig(
+    return BenchConfig.of(
         preset="toy-smoke",
         track=ToyConfig(),
         model=ModelConfig(d_model=8, n_layers=1, n_heads=1, d_ff=16, embed_kernel=3),
