@@ -25,6 +25,7 @@ from typing import Any
 from rpka import stats
 from rpka.attention import build
 from rpka.attention.rpka import RPKAttention
+from rpka.significance import holm
 
 # the choices an RPKA configuration is made of (what an ablation arm may change)
 FACTORS = ("rank", "pivot_rule", "pivot_set", "weighting", "pivot_refresh")
@@ -175,7 +176,7 @@ def confirm_on_eval_seeds(
         )
         candidate["eval_seeds_val_delta"] = paired["delta_mean"]
         candidate["eval_seeds_val_p"] = paired["p_value"]
-    adjusted = stats.holm([c["eval_seeds_val_p"] for c in others]) if others else []
+    adjusted = holm([c["eval_seeds_val_p"] for c in others]) if others else []
     sign = 1.0 if report.get("metric_direction", "lower") == "lower" else -1.0
     for candidate, p_adjusted in zip(others, adjusted, strict=True):
         better = sign * candidate["eval_seeds_val_delta"] < 0  # False for NaN
