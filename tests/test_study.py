@@ -13,7 +13,7 @@ import torch
 
 matplotlib.use("Agg")
 
-from rpka import cli, paths, scaling, study  # noqa: E402
+from rpka import cli, paths, scaling, study, study_index  # noqa: E402
 from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
 from rpka.attention import REGISTRY, options_of  # noqa: E402
 from rpka.config import BenchConfig  # noqa: E402
@@ -460,7 +460,7 @@ def test_study_index_reads_every_track_report_it_finds(smoke_study_report):
     """study.json names each track's report (relative path), gate, primary and verdicts;
     a track without a report is listed as missing, and a later call picks it up."""
     report, out = smoke_study_report
-    index = study.write_study_index("smoke-study", ("forecast", "lm"), out_dir=out)
+    index = study_index.write_study_index("smoke-study", ("forecast", "lm"), out_dir=out)
     assert index["missing"] == ["lm"] and index["longctx"] is None
     entry = index["tracks"]["forecast"]
     assert (out / entry["bench_report"]).resolve() == (out / "bench_report.json").resolve()
