@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rpka import bench, executors, paths, scaling
+from rpka import bench, executors, paths, scaling, scaling_config
 from rpka.config import BenchConfig
 from rpka.io import read_json, read_json_checked, read_json_or_heal, read_run_file
 from rpka.longctx import run_longctx
@@ -229,7 +229,7 @@ def _study_steps(
         (
             "scaling (CPU)",
             lambda: scaling.run_scaling(
-                scaling.PRESETS[SCALING_PRESET[preset]],
+                scaling_config.PRESETS[SCALING_PRESET[preset]],
                 progress=progress,
                 out=resolve(paths.scaling_cpu_json(preset)),
                 preset=SCALING_PRESET[preset],
