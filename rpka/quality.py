@@ -26,15 +26,12 @@ from rpka.attention.rpcholesky import (
     rpcholesky,
 )
 from rpka.config import MechanismConfig
+from rpka.kernel_matrix import kernel_eigenvalues, pivot_points, pivoted_matrix, tail_sums
 from rpka.mechanism import (
     QKV,
     check_layers,
-    kernel_eigenvalues,
-    pivot_points,
-    pivoted_matrix,
     resolve_monte_carlo,
     select_indices,
-    tail_sums,
     trace_identity_study,
 )
 
