@@ -54,6 +54,7 @@ BENCH_REPORT_FILE = "bench_report.json"  # in a bench's folder
 MECHANISM_FILE = "mechanism.json"  # beside a bench's report
 SPECTRUM_FILE = "spectrum.json"  # beside a bench's report (rpka.spectrum)
 SUPERSEDED_FILE = "superseded.json"  # beside a bench's report: what a rerun replaced
+DROP_IN_FILE = "drop_in.json"  # beside a bench's report (rpka.dropin)
 STUDY_FILE = "study.json"  # in a study's results folder
 FRONTIER_FILE = "frontier.json"  # in a study's results folder
 LONGCTX_FILE = "longctx.json"  # in a long-context study's folder

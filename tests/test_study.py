@@ -27,7 +27,8 @@ from rpka.presets import (  # noqa: E402
 )
 from rpka.quality import method_output_errors  # noqa: E402
 from rpka.report import figures, figures_cost, tables  # noqa: E402
-from rpka.train import make_run_config, train_run  # noqa: E402
+from rpka.run_config import make_run_config  # noqa: E402
+from rpka.train import train_run  # noqa: E402
 
 FULL = get_preset("full")
 
