@@ -29,15 +29,15 @@ from rpka.paths import resolve
 from rpka.presets import MECHANISM_TRACK, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import get_longctx_preset
 from rpka.run_config import make_run_config, run_id
-from rpka.study_index import (  # noqa: F401 - the index's names, read as study.<name> too
-    FRONTIER_EXTENSIONS,
-    LONGRANGE_TRACK,
+from rpka.study_index import (
+    FRONTIER_EXTENSIONS,  # noqa: F401 - read from rpka.study (rpka.report.summary)
+    LONGRANGE_TRACK,  # noqa: F401 - read from rpka.study (rpka.report)
     write_study_index,
 )
 from rpka.tracks import get_task
 from rpka.train import load_trained
 
-# what a rerun replaced, beside a bench's report (read as study.SUPERSEDED_FILE)
+# what a rerun replaced, beside a bench's report (read as study.SUPERSEDED_FILE: rpka.report)
 SUPERSEDED_FILE = paths.SUPERSEDED_FILE
 
 NOTEBOOKS = (
