@@ -302,9 +302,10 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
             members.diverge(members.alive, epoch, tally.steps, failure)
             break
         record_epoch(run, members, history, loss_sum, val, epoch, tally.steps)
-        finite_val = [v for v in history[f"val_{run.task.metrics[0]}"][-1] if v is not None]
+        primary = f"val_{run.task.metrics[0]}"  # the first metric is the primary one
+        finite_val = [v for v in history[primary][-1] if v is not None]
         if finite_val:
-            bar.set_postfix({f"val_{run.task.metrics[0]}": f"{statistics.mean(finite_val):.3f}"})
+            bar.set_postfix({primary: f"{statistics.mean(finite_val):.3f}"})
     bar.close()
     final = final_scores(run, members, val)
     state_sha256 = None  # the weights' checksum, in the result (covered by its own checksum)
