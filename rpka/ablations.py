@@ -25,6 +25,7 @@ from typing import Any
 from rpka import stats
 from rpka.attention import build
 from rpka.attention.rpka import RPKAttention
+from rpka.significance import holm
 
 # the choices an RPKA configuration is made of (what an ablation arm may change)
 FACTORS = ("rank", "pivot_rule", "pivot_set", "weighting", "pivot_refresh")
@@ -73,44 +74,10 @@ def choose_default(report: Mapping[str, Any], alpha: float = stats.ALPHA) -> dic
         return None
     metric = config["metric"]
     names = [reference, *config.get("ablation_arms", ())]
-    best_rows = {}
-    for name in names:
-        arm = report["arms"][name]
-        best_rows[name] = next(r for r in arm["sweep"] if r["lr"] == arm["best_cfg"]["lr"])
+    best_rows = {name: _best_row(report["arms"][name]) for name in names}
     common = set.intersection(*(set(row["seeds"]) for row in best_rows.values()))
     seeds = [s for s in best_rows[reference]["seeds"] if s in common]  # sweep order
-    base = None
-    candidates = []
-    for name in names:
-        arm = report["arms"][name]
-        row = best_rows[name]
-        setup = rpka_configuration(arm["method"], arm["options"])
-        if base is None:
-            base = setup
-        changed = sorted(k for k in FACTORS if setup is None or base is None or setup[k] != base[k])
-        values = [
-            v for seed, v in zip(row["seeds"], row["val_per_seed"], strict=True) if seed in common
-        ]
-        finite = all(v is not None and math.isfinite(v) for v in values)
-        val_eval = arm["val_by_metric"][metric]
-        candidates.append(
-            {
-                "arm": name,
-                "method": arm["method"],
-                "options": dict(arm["options"]),
-                "configuration": setup,
-                "factor": ", ".join(changed) if name != reference else None,
-                "level": (
-                    ", ".join(str(setup[k]) for k in changed)
-                    if setup is not None and name != reference
-                    else None
-                ),
-                "lr": row["lr"],
-                "val_score": sum(values) / len(values) if values and finite else None,
-                "val_per_seed": values,
-                "eval_seeds_val_mean": val_eval["mean"],
-            }
-        )
+    candidates = _candidates(report, names, best_rows, common, metric)
     # min keeps the first of equal scores: the reference (listed first) wins a tie
     picked = min(candidates, key=lambda c: _finite(c["val_score"]))
     confirm_on_eval_seeds(report, reference, candidates[1:], metric, alpha)
@@ -150,6 +117,57 @@ def choose_default(report: Mapping[str, Any], alpha: float = stats.ALPHA) -> dic
     }
 
 
+def _best_row(arm: Mapping[str, Any]) -> dict[str, Any]:
+    """An arm's sweep row at its best learning rate (its validation scores per sweep seed)."""
+    return next(r for r in arm["sweep"] if r["lr"] == arm["best_cfg"]["lr"])
+
+
+def _candidates(
+    report: Mapping[str, Any],
+    names: list[str],
+    best_rows: Mapping[str, Mapping[str, Any]],
+    common: set[int],
+    metric: str,
+) -> list[dict[str, Any]]:
+    """One candidate per arm of ``names`` (the reference first): its configuration, the
+    factor it changes against the first RPKA configuration, and its mean validation score
+    over the sweep seeds ``common`` to every candidate (None if one diverged)."""
+    reference = names[0]
+    base = None
+    candidates = []
+    for name in names:
+        arm = report["arms"][name]
+        row = best_rows[name]
+        setup = rpka_configuration(arm["method"], arm["options"])
+        if base is None:
+            base = setup
+        changed = sorted(k for k in FACTORS if setup is None or base is None or setup[k] != base[k])
+        values = [
+            v for seed, v in zip(row["seeds"], row["val_per_seed"], strict=True) if seed in common
+        ]
+        finite = all(v is not None and math.isfinite(v) for v in values)
+        val_eval = arm["val_by_metric"][metric]
+        candidates.append(
+            {
+                "arm": name,
+                "method": arm["method"],
+                "options": dict(arm["options"]),
+                "configuration": setup,
+                "factor": ", ".join(changed) if name != reference else None,
+                "level": (
+                    ", ".join(str(setup[k]) for k in changed)
+                    if setup is not None and name != reference
+                    else None
+                ),
+                "lr": row["lr"],
+                "val_score": sum(values) / len(values) if values and finite else None,
+                "val_per_seed": values,
+                "eval_seeds_val_mean": val_eval["mean"],
+            }
+        )
+    return candidates
+
+
 def confirm_on_eval_seeds(
     report: Mapping[str, Any],
     reference: str,
@@ -175,7 +193,7 @@ def confirm_on_eval_seeds(
         )
         candidate["eval_seeds_val_delta"] = paired["delta_mean"]
         candidate["eval_seeds_val_p"] = paired["p_value"]
-    adjusted = stats.holm([c["eval_seeds_val_p"] for c in others]) if others else []
+    adjusted = holm([c["eval_seeds_val_p"] for c in others]) if others else []
     sign = 1.0 if report.get("metric_direction", "lower") == "lower" else -1.0
     for candidate, p_adjusted in zip(others, adjusted, strict=True):
         better = sign * candidate["eval_seeds_val_delta"] < 0  # False for NaN

@@ -24,7 +24,7 @@ rliable passes to its bootstrap. So:
 
 Which tracks: those whose attention gate passed (``study.json``; a long-range length
 when both its gates passed, named ``longrange-<n>``): the frontier's tracks
-(:func:`rpka.study.write_study_index`). :func:`study_aggregate` gives every number the
+(:func:`rpka.study_index.write_study_index`). :func:`study_aggregate` gives every number the
 report's aggregate table shows.
 """
 

@@ -43,8 +43,9 @@ from rpka.io import read_json, write_json
 from rpka.paths import resolve
 from rpka.presets import STUDY_TRACKS, get_preset
 from rpka.presets_longctx import get_longctx_preset
+from rpka.run_config import make_run_config
 from rpka.tracks import get_task
-from rpka.train import Members, evaluate, make_run_config, member_batches, setup_run, train_step
+from rpka.train import Members, evaluate, member_batches, setup_run, train_step
 
 COST_VERSION = 1
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from rpka.attention import options_of
 from rpka.bench.jobs import ensure_weights
 from rpka.frontier import causal_block_of
 from rpka.io import read_json, read_run_file, write_json
-from rpka.paths import resolve
+from rpka.paths import BENCH_REPORT_FILE, DROP_IN_FILE, resolve
 from rpka.quality import method_output_errors
 from rpka.spectrum import qk_norm_ratio
 from rpka.tracks import get_task
@@ -110,7 +111,7 @@ def drop_in(
     if windows is not None and windows < 1:
         raise ValueError(f"windows must be an integer >= 1, got {windows}")
     bench_dir = Path(bench_dir)
-    report = read_json(bench_dir / "bench_report.json")
+    report = read_json(bench_dir / BENCH_REPORT_FILE)
     run_file = bench_dir / "runs" / f"{report['arms']['exact']['run_ids'][0]}.json"
     run = read_run_file(run_file)
     run_config = {**run["config"], "device": "cpu"}
@@ -124,18 +125,16 @@ def drop_in(
         x, y = x[:windows], y[:windows]
     metric = report["metric"]
     causal_block = causal_block_of(report)  # the trained arms' block (None: non-causal)
-    exact = swapped_model(run_config, state, "exact", 1, torch.float64)
-    first = x[:items].double() if x.is_floating_point() else x[:items]
-    with torch.no_grad():
-        stacked = exact.attention_inputs(first.expand(exact.n_members, *first.shape))
-    qkv = [tuple(t[: len(first)] for t in layer) for layer in stacked]  # member 0
+    qkv = first_attention_inputs(
+        swapped_model(run_config, state, "exact", 1, torch.float64), x, items
+    )
     # "full" covers every point of the test inputs, which may be longer than the training
     # sequences (recall scores 4x the training length): rank 2n of the training n is not
     # full rank there
     tokens = max(track_config_of(run_config).attention_tokens, qkv[0][0].shape[-2])
     result: dict[str, Any] = {
         "what": WHAT,
-        "bench_report": str(bench_dir / "bench_report.json"),
+        "bench_report": str(bench_dir / BENCH_REPORT_FILE),
         "run_file": str(run_file),
         "track": report["track"],
         "metric": metric,
@@ -150,25 +149,58 @@ def drop_in(
     for dtype in (torch.float32, torch.float64):
         model = swapped_model(run_config, state, "exact", 1, dtype)
         result["exact"][str(dtype).split(".")[1]] = _scores(model, task, x, y, dtype, metric)
+    swap = Swap(run_config, state, task, x, y, metric, causal_block)
     for method in methods:
         for rank_arg in ranks:
             rank = full_rank(method, tokens) if rank_arg == "full" else int(rank_arg)
-            for dtype in (torch.float32, torch.float64):
-                start = time.perf_counter()
-                model = swapped_model(run_config, state, method, rank, dtype, causal_block)
-                row = {
-                    "method": method,
-                    "rank": rank,
-                    "full_rank": rank_arg == "full",
-                    "dtype": str(dtype).split(".")[1],
-                    metric: _scores(model, task, x, y, dtype, metric),
-                    "seconds": time.perf_counter() - start,
-                }
-                result["rows"].append(row)
-                if log is not None:
-                    log(f"{method} {rank} {row['dtype']} {[round(v, 4) for v in row[metric]]}")
+            result["rows"] += swap.rows(method, rank, rank_arg == "full", log)
             block = {"causal_block": causal_block} if causal_block else {}
             errors = method_output_errors(qkv, method, block, [rank], seeds=3)
             result["rows"][-1]["output_error"] = errors[0]
-    write_json(Path(out) if out is not None else bench_dir / "drop_in.json", result)
+    write_json(Path(out) if out is not None else bench_dir / DROP_IN_FILE, result)
     return result
+
+
+def first_attention_inputs(exact: torch.nn.Module, x: Tensor, items: int) -> list[tuple]:
+    """q, k, v per layer of exact's model on the first ``items`` test inputs, float64
+    where the inputs are (ensemble member 0): ``[(q, k, v)]``, each (items, H, n, d)."""
+    first = x[:items].double() if x.is_floating_point() else x[:items]
+    with torch.no_grad():
+        stacked = exact.attention_inputs(first.expand(exact.n_members, *first.shape))
+    return [tuple(t[: len(first)] for t in layer) for layer in stacked]
+
+
+@dataclass
+class Swap:
+    """Exact's trained model and the test data it is scored on, with its attention swapped."""
+
+    run_config: dict
+    state: dict
+    task: Any
+    x: Tensor
+    y: Tensor
+    metric: str
+    causal_block: int | None
+
+    def rows(
+        self, method: str, rank: int, full: bool, log: Callable[[str], None] | None
+    ) -> list[dict[str, Any]]:
+        """``method`` at ``rank`` in float32, then float64: the test metric per member."""
+        rows = []
+        for dtype in (torch.float32, torch.float64):
+            start = time.perf_counter()
+            model = swapped_model(
+                self.run_config, self.state, method, rank, dtype, self.causal_block
+            )
+            row = {
+                "method": method,
+                "rank": rank,
+                "full_rank": full,
+                "dtype": str(dtype).split(".")[1],
+                self.metric: _scores(model, self.task, self.x, self.y, dtype, self.metric),
+                "seconds": time.perf_counter() - start,
+            }
+            rows.append(row)
+            if log is not None:
+                log(f"{method} {rank} {row['dtype']} {[round(v, 4) for v in row[self.metric]]}")
+        return rows

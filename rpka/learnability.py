@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rpka.run_config import derive_seed
 from rpka.tracks import get_task
 from rpka.tracks.recall import LENGTH_METRICS
-from rpka.train import clip_per_member, derive_seed, evaluate, lr_factor
+from rpka.train import clip_per_member, evaluate, lr_factor
 
 EVAL_BATCH = 250
 

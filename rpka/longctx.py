@@ -55,10 +55,11 @@ from rpka.config import BenchConfig, LongContextConfig
 from rpka.executors import owned
 from rpka.io import read_json, write_json
 from rpka.paths import resolve
+from rpka.run_config import make_run_config
 from rpka.scaling import peak_memory_mib
 from rpka.tracks import get_task
 from rpka.tracks.cache import DEFAULT_DATA_DIR
-from rpka.train import build_model, make_run_config, track_config_of
+from rpka.train import build_model, track_config_of
 
 LONGCTX_VERSION = "1.0"
 FILE_NAME = "longctx.json"

@@ -48,6 +48,18 @@ NOTEBOOKS = "notebooks"
 # name, never as its default
 COMMITTED_RESULTS = f"{RESULTS}/full"
 
+# the names of a study's result files, wherever their folder is (a preset's results folder,
+# a bench's folder, a test's temporary one); the functions below place them for a preset
+BENCH_REPORT_FILE = "bench_report.json"  # in a bench's folder
+MECHANISM_FILE = "mechanism.json"  # beside a bench's report
+SPECTRUM_FILE = "spectrum.json"  # beside a bench's report (rpka.spectrum)
+SUPERSEDED_FILE = "superseded.json"  # beside a bench's report: what a rerun replaced
+DROP_IN_FILE = "drop_in.json"  # beside a bench's report (rpka.dropin)
+STUDY_FILE = "study.json"  # in a study's results folder
+FRONTIER_FILE = "frontier.json"  # in a study's results folder
+LONGCTX_FILE = "longctx.json"  # in a long-context study's folder
+SCALING_CPU_FILE = "scaling_cpu.json"  # in a study's results folder: its latency sweep
+
 
 def results_dir(preset: str) -> str:
     """``data/results/<preset>``: the study's result files."""
@@ -62,25 +74,25 @@ def bench_dir(preset: str, track_dir: str = "") -> str:
 
 
 def bench_report(preset: str, track_dir: str = "") -> str:
-    return f"{bench_dir(preset, track_dir)}/bench_report.json"
+    return f"{bench_dir(preset, track_dir)}/{BENCH_REPORT_FILE}"
 
 
 def frontier_json(preset: str) -> str:
     """The rank frontier of the study's gated tracks (``rpka.frontier``):
     ``data/results/<preset>/frontier.json``."""
-    return f"{results_dir(preset)}/frontier.json"
+    return f"{results_dir(preset)}/{FRONTIER_FILE}"
 
 
 def study_json(preset: str) -> str:
     """The study index (every track's bench report, attention gate, primary arm and
     verdicts): ``data/results/<preset>/study.json``; where the report and README start."""
-    return f"{results_dir(preset)}/study.json"
+    return f"{results_dir(preset)}/{STUDY_FILE}"
 
 
 def mechanism_json(preset: str, track_dir: str = "") -> str:
     """The mechanism study a bench wrote beside its report
     (``rpka.bench.studies.study_mechanism``)."""
-    return f"{bench_dir(preset, track_dir)}/mechanism.json"
+    return f"{bench_dir(preset, track_dir)}/{MECHANISM_FILE}"
 
 
 def mechanism_followup_json(preset: str, track_dir: str = "") -> str:
@@ -94,7 +106,7 @@ def demo_run_dir(preset: str) -> str:
 
 
 def longctx_json(preset: str) -> str:
-    return f"{results_dir(preset)}/longctx.json"
+    return f"{results_dir(preset)}/{LONGCTX_FILE}"
 
 
 def longrange_dir(preset: str) -> str:
@@ -116,7 +128,7 @@ def long_context_dir(preset: str, long_range: bool) -> str:
 
 def long_context_json(preset: str, long_range: bool) -> str:
     """The ``longctx.json`` of a study's long-context step (:func:`long_context_dir`)."""
-    return f"{long_context_dir(preset, long_range)}/longctx.json"
+    return f"{long_context_dir(preset, long_range)}/{LONGCTX_FILE}"
 
 
 def longctx_context_dir(context: int) -> str:
@@ -126,7 +138,7 @@ def longctx_context_dir(context: int) -> str:
 
 def scaling_cpu_json(preset: str) -> str:
     """The CPU latency sweep a study preset re-measures."""
-    return f"{results_dir(preset)}/scaling_cpu.json"
+    return f"{results_dir(preset)}/{SCALING_CPU_FILE}"
 
 
 def scaling_json(name: str) -> str:

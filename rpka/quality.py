@@ -26,15 +26,12 @@ from rpka.attention.rpcholesky import (
     rpcholesky,
 )
 from rpka.config import MechanismConfig
+from rpka.kernel_matrix import kernel_eigenvalues, pivot_points, pivoted_matrix, tail_sums
 from rpka.mechanism import (
     QKV,
     check_layers,
-    kernel_eigenvalues,
-    pivot_points,
-    pivoted_matrix,
     resolve_monte_carlo,
     select_indices,
-    tail_sums,
     trace_identity_study,
 )
 
@@ -68,21 +65,13 @@ def layer_quality(q: Tensor, k: Tensor, v: Tensor, config: MechanismConfig, laye
     """
     seeds = config.quality_seeds
     points = pivot_points(q, k, config.pivot_set)  # (I, H, N, d)
-    n_items, n_heads, n_pts, _ = points.shape
-    ranks = sorted({min(r, n_pts) for r in config.quality_ranks})
+    ranks = sorted({min(r, points.shape[-2]) for r in config.quality_ranks})
     matrix = pivoted_matrix(points, config.weighting, config.tempering)
     trace0 = matrix.diagonal(dim1=-2, dim2=-1).sum(-1)  # (I, H)
     eig = kernel_eigenvalues(matrix)  # (I, H, N)
     optimum = tail_sums(eig, ranks)  # (I, H, R)
-    spectrum = eig / trace0.unsqueeze(-1)
-
-    q64, k64, v64 = (x.to(torch.float64) for x in (q, k, v))
-    exact = build("exact")(q64, k64, v64)  # (I, H, n, d_v), torch SDPA
-    norm = exact.pow(2).sum((-2, -1)).sqrt()
-
-    def copies(x: Tensor) -> Tensor:  # (I, H, ...) -> (seeds * I, H, ...), seed-major
-        return x.unsqueeze(0).expand(seeds, *x.shape).reshape(seeds * x.shape[0], *x.shape[1:])
-
+    qkv64 = tuple(x.to(torch.float64) for x in (q, k, v))
+    exact = build("exact")(*qkv64)  # (I, H, n, d_v), torch SDPA
     rows, guards = [], []
     for rule_index, rule in enumerate(config.rules):
         generator = torch.Generator(device=points.device).manual_seed(
@@ -98,58 +87,109 @@ def layer_quality(q: Tensor, k: Tensor, v: Tensor, config: MechanismConfig, laye
         )
         residual = run.trace[..., ranks].permute(1, 2, 3, 0).cpu().numpy()  # (I, H, R, seeds)
         errors = {}
-        for rank in ranks:
-            attn = build(
-                "rpka",
-                rank=rank,
-                pivot_rule=rule,
-                pivot_set=config.pivot_set,
-                weighting=config.weighting,
-                tempering=config.tempering,
-                den_floor=config.den_floor,
-                generator=generator,
-            )
-            out = attn(copies(q64), copies(k64), copies(v64)).reshape(seeds, *exact.shape)
-            err = (out - exact).pow(2).sum((-2, -1)).sqrt() / norm  # (seeds, I, H)
-            errors[rank] = err.permute(1, 2, 0).cpu().numpy()
-            counts = attn.guard_counts
-            guards.append(
-                {
-                    "layer": layer,
-                    "rule": rule,
-                    "rank": rank,
-                    **counts,
-                    "denominator_fraction": counts["denominator"] / max(counts["rows"], 1),
-                    "clamped_fraction": counts["clamped"] / max(counts["entries"], 1),
-                }
-            )
-        for item in range(n_items):
-            for head in range(n_heads):
-                tr = float(trace0[item, head])
-                for j, rank in enumerate(ranks):
-                    res = residual[item, head, j]
-                    opt = float(optimum[item, head, j])
-                    ratio_ok = opt > config.optimum_floor * tr
-                    ratio = res / opt if ratio_ok else np.full_like(res, np.nan)
-                    rows.append(
-                        {
-                            "layer": layer,
-                            "head": head,
-                            "item": item,
-                            "n_points": n_pts,
-                            "rule": rule,
-                            "rank": rank,
-                            "seeds": seeds,
-                            "trace0": tr,
-                            **_spread(res / tr, "rel_residual"),
-                            "rel_optimum": opt / tr,
-                            "ratio_mean": float(ratio.mean()) if ratio_ok else None,
-                            "ratio_min": float(ratio.min()) if ratio_ok else None,
-                            "ratio_max": float(ratio.max()) if ratio_ok else None,
-                            **_spread(errors[rank][item, head], "output_error"),
-                        }
-                    )
-    spectra = [
+        for rank in ranks:  # after the run: the same generator draws RPKA's pivots, in order
+            errors[rank], counts = _output_error(qkv64, exact, rule, rank, generator, config)
+            guards.append(_guard_row(layer, rule, rank, counts))
+        rows += _quality_rows(
+            layer, rule, points.shape[-2], ranks, residual, optimum, trace0, errors, config
+        )
+    return {"rows": rows, "guards": guards, "spectra": _spectra(layer, eig / trace0.unsqueeze(-1))}
+
+
+def _seed_copies(x: Tensor, seeds: int) -> Tensor:
+    """(I, H, ...) -> (seeds * I, H, ...), seed-major: one copy per pivot seed."""
+    return x.unsqueeze(0).expand(seeds, *x.shape).reshape(seeds * x.shape[0], *x.shape[1:])
+
+
+def _output_error(
+    qkv64: tuple[Tensor, Tensor, Tensor],
+    exact: Tensor,
+    rule: str,
+    rank: int,
+    generator: torch.Generator,
+    config: MechanismConfig,
+) -> tuple[np.ndarray, dict[str, int]]:
+    """RPKA's relative output error against ``exact`` (I, H, n, d_v) per item, head and
+    seed, ``|out - exact|_F / |exact|_F`` (I, H, seeds), and its guard counts."""
+    seeds = config.quality_seeds
+    attn = build(
+        "rpka",
+        rank=rank,
+        pivot_rule=rule,
+        pivot_set=config.pivot_set,
+        weighting=config.weighting,
+        tempering=config.tempering,
+        den_floor=config.den_floor,
+        generator=generator,
+    )
+    out = attn(*(_seed_copies(x, seeds) for x in qkv64)).reshape(seeds, *exact.shape)
+    norm = exact.pow(2).sum((-2, -1)).sqrt()
+    err = (out - exact).pow(2).sum((-2, -1)).sqrt() / norm  # (seeds, I, H)
+    return err.permute(1, 2, 0).cpu().numpy(), attn.guard_counts
+
+
+def _guard_row(layer: int, rule: str, rank: int, counts: dict[str, int]) -> dict:
+    """How often RPKA's guards fired at one rule and rank, with their fractions."""
+    return {
+        "layer": layer,
+        "rule": rule,
+        "rank": rank,
+        **counts,
+        "denominator_fraction": counts["denominator"] / max(counts["rows"], 1),
+        "clamped_fraction": counts["clamped"] / max(counts["entries"], 1),
+    }
+
+
+def _quality_rows(
+    layer: int,
+    rule: str,
+    n_points: int,
+    ranks: list[int],
+    residual: np.ndarray,
+    optimum: Tensor,
+    trace0: Tensor,
+    errors: dict[int, np.ndarray],
+    config: MechanismConfig,
+) -> list[dict]:
+    """One row per item, head and rank of one pivot rule: the residual trace over seeds
+    (``residual`` (I, H, R, seeds)) as fractions of ``tr A`` (``trace0`` (I, H)), the
+    optimum (``optimum`` (I, H, R)), their ratio and the output error; ``n_points``: N."""
+    n_items, n_heads = residual.shape[:2]
+    rows = []
+    for item in range(n_items):
+        for head in range(n_heads):
+            tr = float(trace0[item, head])
+            for j, rank in enumerate(ranks):
+                res = residual[item, head, j]
+                opt = float(optimum[item, head, j])
+                ratio_ok = opt > config.optimum_floor * tr
+                ratio = res / opt if ratio_ok else np.full_like(res, np.nan)
+                rows.append(
+                    {
+                        "layer": layer,
+                        "head": head,
+                        "item": item,
+                        "n_points": n_points,
+                        "rule": rule,
+                        "rank": rank,
+                        "seeds": config.quality_seeds,
+                        "trace0": tr,
+                        **_spread(res / tr, "rel_residual"),
+                        "rel_optimum": opt / tr,
+                        "ratio_mean": float(ratio.mean()) if ratio_ok else None,
+                        "ratio_min": float(ratio.min()) if ratio_ok else None,
+                        "ratio_max": float(ratio.max()) if ratio_ok else None,
+                        **_spread(errors[rank][item, head], "output_error"),
+                    }
+                )
+    return rows
+
+
+def _spectra(layer: int, spectrum: Tensor) -> list[dict]:
+    """Each item's and head's eigenvalues as fractions of ``tr A`` (``spectrum`` (I, H, N)),
+    with their summary."""
+    n_items, n_heads = spectrum.shape[:2]
+    return [
         {
             "layer": layer,
             "head": head,
@@ -160,7 +200,6 @@ def layer_quality(q: Tensor, k: Tensor, v: Tensor, config: MechanismConfig, laye
         for item in range(n_items)
         for head in range(n_heads)
     ]
-    return {"rows": rows, "guards": guards, "spectra": spectra}
 
 
 def summarise(

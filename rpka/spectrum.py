@@ -1,7 +1,7 @@
 """Why RPKA needs a high rank on sharp heads: the kernel it approximates is close to full rank.
 
 RPKA approximates the Gaussian kernel matrix ``G`` of the pivoted points (the joint set
-``[q~; k~]``, balanced and centred as RPKA pivots them, :func:`rpka.mechanism.pivot_points`)
+``[q~; k~]``, balanced and centred as RPKA pivots them, :func:`rpka.kernel_matrix.pivot_points`)
 and not the attention matrix ``P = softmax(q k^T / sqrt(d))`` itself. Per head, for ranks r:
 
 * ``residual_rpc`` / ``residual_uniform``: the normalised residual trace
@@ -35,7 +35,7 @@ from torch import Tensor
 from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky
 from rpka.frontier import causal_block_of
 from rpka.io import read_json, read_run_file, write_json
-from rpka.mechanism import pivot_points
+from rpka.kernel_matrix import pivot_points
 from rpka.tracks import get_task
 from rpka.train import build_model, load_run_state, track_config_of
 

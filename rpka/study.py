@@ -6,7 +6,8 @@ notebooks' own ``parameters`` cells hold the smoke values of the same (a test ch
 Every path comes from ``rpka.paths``, the one owner of the layout (a track's bench
 folder: ``paths.bench_dir(preset, get_task(name).out_dir)``). The functions below keep
 the notebooks thin: each loads a result file, or computes it if it is missing (every
-computation resumes from its run files).
+computation resumes from its run files). The study index (``study.json``), the study's
+last step, is ``rpka.study_index``'s.
 """
 
 from __future__ import annotations
@@ -20,25 +21,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from rpka import bench, executors, paths, scaling
+from rpka import bench, executors, paths, scaling, scaling_config
 from rpka.config import BenchConfig
-from rpka.frontier import write_frontier
-from rpka.io import (
-    read_json,
-    read_json_checked,
-    read_json_or_heal,
-    read_run_file,
-    write_json,
-    write_result_json,
-)
-from rpka.longctx import FILE_NAME as LONGCTX_FILE
+from rpka.io import read_json, read_json_checked, read_json_or_heal, read_run_file
 from rpka.longctx import run_longctx
 from rpka.paths import resolve
-from rpka.presets import MECHANISM_TRACK, RECALL_PAIRS_EPOCHS, STUDY_TRACKS, get_preset
+from rpka.presets import MECHANISM_TRACK, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import get_longctx_preset
-from rpka.spectrum import bench_spectrum
+from rpka.run_config import make_run_config, run_id
+from rpka.study_index import (
+    FRONTIER_EXTENSIONS,  # noqa: F401 - read from rpka.study (rpka.report.summary)
+    LONGRANGE_TRACK,  # noqa: F401 - read from rpka.study (rpka.report)
+    write_study_index,
+)
 from rpka.tracks import get_task
-from rpka.train import load_trained, make_run_config, run_id
+from rpka.train import load_trained
+
+# what a rerun replaced, beside a bench's report (read as study.SUPERSEDED_FILE: rpka.report)
+SUPERSEDED_FILE = paths.SUPERSEDED_FILE
 
 NOTEBOOKS = (
     "01_train.ipynb",
@@ -230,7 +230,7 @@ def _study_steps(
         (
             "scaling (CPU)",
             lambda: scaling.run_scaling(
-                scaling.PRESETS[SCALING_PRESET[preset]],
+                scaling_config.PRESETS[SCALING_PRESET[preset]],
                 progress=progress,
                 out=resolve(paths.scaling_cpu_json(preset)),
                 preset=SCALING_PRESET[preset],
@@ -250,188 +250,6 @@ def _study_steps(
     ]
 
 
-# --------------------------------------------------------------------------- study index
-
-
-def track_entry(report: dict[str, Any], report_path: Path, index_dir: Path) -> dict[str, Any]:
-    """One track's line in ``study.json``: where its report is, its gate, its verdicts."""
-    primary = report["arms"][report["primary_arm"]]["comparison"]
-    return {
-        "bench_report": os.path.relpath(report_path, index_dir),
-        "preset": report["config"]["preset"],
-        "metric": report["metric"],
-        "attention_gate": report.get("attention_gate"),
-        "local_gate": report.get("local_gate"),
-        "primary_arm": report["primary_arm"],
-        "primary": {
-            k: primary.get(k)
-            for k in ("verdict", "delta_mean", "ci_low", "ci_high", "p_value", "margin", "mde")
-        },
-        "verdicts": {
-            name: arm["comparison"]["verdict"]
-            for name, arm in report["arms"].items()
-            if arm.get("comparison")
-        },
-        "run_time_s": report["timings"]["phases"]["total_s"],
-        "learnability_met": report["learnability"].get("met"),
-    }
-
-
-# Benches that extend a study's rank frontier beyond its tracks' own arms (issue 26), read
-# where they are: frontier name (also its folder in the study's results) -> title. They
-# are not study tracks: `make report` does not run them (each one's preset says how).
-FRONTIER_EXTENSIONS: dict[str, str] = {
-    "forecast-motif-64": "Motif forecast track at 64 tokens (rank sweep)",
-}
-
-
-# MQAR against rank / pairs (issue 26): the recall track's bench and its pair-count
-# variants (rpka.presets.RECALL_PAIRS_EPOCHS), read where they are in a study's results
-MQAR_BENCHES: tuple[str, ...] = ("recall", *(f"recall-pairs-{p}" for p in RECALL_PAIRS_EPOCHS))
-
-
-def extension_entries(out: Path) -> dict[str, dict[str, Any]]:
-    """The :data:`FRONTIER_EXTENSIONS` benches found in the results folder ``out``: a
-    :func:`track_entry` each, with ``title`` and ``attention_tokens`` (the primary arm's)."""
-    entries = {}
-    for name, title in FRONTIER_EXTENSIONS.items():
-        path = out / name / "bench_report.json"
-        report = read_if_there(path, INDEX_KEYS)
-        if report is not None:
-            tokens = report["arms"][report["primary_arm"]].get("attention_tokens")
-            entries[name] = {**track_entry(report, path, out), "title": title,
-                             "attention_tokens": tokens}  # fmt: skip
-    return entries
-
-
-def write_study_index(
-    preset: str, tracks: tuple[str, ...] = STUDY_TRACKS, out_dir: str | Path | None = None
-) -> dict[str, Any]:
-    """Write ``study.json`` in ``out_dir`` (default ``data/results/<preset>``,
-    ``rpka.paths.study_json``) from the tracks' bench reports and the long-context result
-    found there, and return it.
-
-    Keys: ``preset``, ``tracks`` (``{<track>: track_entry}`` in the study's order; a track
-    without a report yet is left out and named in ``missing``) and ``longctx`` (per
-    context: a ``track_entry`` of its bench, or null without a long-context result) and
-    ``longrange`` (:func:`longrange_entry`, from ``<out>/longrange/``, or null). The frontier
-    (``frontier.json``) takes the tracks whose attention gate passed and the long-range
-    lengths whose two-control gate passed (``longrange-<n>``), and the frontier extensions
-    found there (``extensions``, :func:`extension_entries`) whose gate passed.
-    """
-    out = resolve(out_dir or paths.results_dir(preset))
-    required = INDEX_KEYS
-    entries, missing = {}, []
-    for name in tracks:
-        path = out / get_task(name).out_dir / "bench_report.json"
-        report = read_if_there(path, required)
-        if report is None:
-            missing.append(name)
-            continue
-        entries[name] = track_entry(report, path, out)
-    longctx = read_if_there(out / Path(paths.longctx_json(preset)).name, ("per_context",))
-    longctx_entry = None
-    if longctx is not None:
-        longctx_entry = {"contexts": {}}
-        for context, entry in longctx["per_context"].items():
-            report = read_if_there(out / entry["bench_report"], required)
-            if report is not None:
-                longctx_entry["contexts"][context] = track_entry(
-                    report, out / entry["bench_report"], out
-                )
-    longrange = longrange_entry(out / paths.LONGRANGE, out)
-    extensions = extension_entries(out)
-    index = {
-        "preset": preset, "tracks": entries, "missing": missing, "longctx": longctx_entry,
-        paths.LONGRANGE: longrange, "extensions": extensions,
-    }  # fmt: skip
-    write_result_json(out / Path(paths.study_json(preset)).name, index)
-    # the rank frontier of the tracks that need attention (a gap to recover needs a gate)
-    gated = {
-        name: out / entry["bench_report"]
-        for name, entry in (entries | extensions).items()
-        if (entry.get("attention_gate") or {}).get("passed")
-    }
-    for report_path in gated.values():  # why: the kernel's spectrum on exact's trained heads
-        spectrum_of(report_path.parent)
-    scaling_file = out / Path(paths.scaling_cpu_json(preset)).name  # the cost at r*
-    # MQAR against rank / pairs: a curve needs the benches of two pair counts or more
-    mqar = [p for name in MQAR_BENCHES if (p := out / name / "bench_report.json").exists()]
-    write_frontier(gated | longrange_gated(longrange, out),
-                   out / Path(paths.frontier_json(preset)).name,
-                   read_json(scaling_file) if scaling_file.exists() else None,
-                   mqar if len(mqar) > 1 else ())  # fmt: skip
-    return index
-
-
-LONGRANGE_TRACK = "longrange-{context}"  # a long-range length's name in frontier.json
-
-
-def longrange_entry(folder: Path, index_dir: Path) -> dict[str, Any] | None:
-    """The long-range study's line in ``study.json`` (issue 27), from ``folder``'s own
-    ``longctx.json`` (``python -m rpka longctx --preset longrange --out <folder>``): per
-    context a :func:`track_entry` of its bench (both gates, every arm's verdict) with
-    ``gate_passed`` (both gates) and ``learnability`` (exact against the linear naive
-    forecast), and ``longctx_json`` (its path). None without the file, never an error."""
-    result = read_if_there(folder / LONGCTX_FILE, ("per_context",))
-    if result is None:
-        return None
-    contexts = {}
-    for context, entry in result["per_context"].items():
-        path = folder / entry["bench_report"]
-        report = read_if_there(path, INDEX_KEYS)
-        if report is None:
-            continue
-        line = track_entry(report, path, index_dir)
-        gates = (line.get("attention_gate"), line.get("local_gate"))
-        line["gate_passed"] = all((g or {}).get("passed") for g in gates)
-        line["learnability"] = {
-            k: report["learnability"].get(k)
-            for k in ("ratio_to_linear", "linear_ratio_required", "meets_linear", "met")
-        }
-        contexts[context] = line
-    return {
-        "longctx_json": os.path.relpath(folder / LONGCTX_FILE, index_dir),
-        "preset": result.get("preset"),
-        "contexts": contexts,
-    }
-
-
-def longrange_gated(longrange: dict[str, Any] | None, index_dir: Path) -> dict[str, Path]:
-    """The long-range lengths whose two-control gate passed, as frontier tracks
-    (``longrange-<n>`` -> bench report path)."""
-    contexts = (longrange or {}).get("contexts") or {}
-    return {
-        LONGRANGE_TRACK.format(context=context): index_dir / entry["bench_report"]
-        for context, entry in sorted(contexts.items(), key=lambda kv: int(kv[0]))
-        if entry.get("gate_passed")
-    }
-
-
-# what a study index entry reads of a bench report (a report without one of them is
-# named, CorruptFileError, instead of a KeyError deep in track_entry)
-INDEX_KEYS = ("config", "metric", "arms", "primary_arm", "timings", "learnability")
-
-
-def read_if_there(path: Path, required: tuple[str, ...] = ()) -> Any | None:
-    """``path``'s JSON checked for ``required`` keys, or None where it is missing. A bad
-    file raises ``CorruptFileError`` naming it and stays where it is: the study index is
-    written from committed results too, and a reader of those never moves them."""
-    return read_json_checked(path, required) if path.exists() else None
-
-
-def spectrum_of(bench_out: Path) -> dict[str, Any] | None:
-    """``spectrum.json`` of a bench (:func:`rpka.spectrum.bench_spectrum`): read when it is
-    there, computed when exact's trained weights are (seconds), else None."""
-    done = read_if_there(bench_out / "spectrum.json", ("heads",))
-    if done is not None:
-        return done
-    try:
-        return bench_spectrum(bench_out)
-    except FileNotFoundError:  # results without weights (e.g. a clone of the committed study)
-        return None
-
-
 def missing_results(preset: str) -> list[str]:
     """The result files the notebooks read (what the compute stages write, and the demo
     run files) that are not there: ``report --from-results`` computes none of them."""
@@ -448,35 +266,6 @@ def missing_results(preset: str) -> list[str]:
 def results_present(preset: str) -> bool:
     """Whether every result file the notebooks read is there (:func:`missing_results`)."""
     return not missing_results(preset)
-
-
-SUPERSEDED_FILE = "superseded.json"
-
-
-def record_superseded(
-    previous_report: str | Path, bench_dir: str | Path, reason: str, fix: str
-) -> Path:
-    """Keep what a rerun replaced, beside the new bench report: ``superseded.json``.
-
-    A bench rerun after a bug fix overwrites ``bench_report.json``; the report then shows
-    each arm before and after (:func:`rpka.report.narrative.superseded`). Stored per arm: the
-    evaluation seeds' test scores and the comparison's delta, CI and verdict. ``reason``
-    says what was wrong, ``fix`` where it was fixed (a commit, an issue).
-    """
-    if not reason.strip() or not fix.strip():
-        raise ValueError("reason and fix must say what was wrong and where it was fixed")
-    previous = read_json(resolve(previous_report))
-    arms = {}
-    for name, entry in previous["arms"].items():
-        c = entry.get("comparison") or {}
-        arms[name] = {
-            "per_seed": entry["full"]["per_seed"],
-            "mean": entry["full"]["mean"],
-            **{k: c[k] for k in ("delta_mean", "ci_low", "ci_high", "verdict") if k in c},
-        }
-    out = resolve(bench_dir) / SUPERSEDED_FILE
-    write_json(out, {"reason": reason, "fix": fix, "metric": previous["metric"], "arms": arms})
-    return out
 
 
 class NotComputed(FileNotFoundError):
@@ -627,14 +416,14 @@ def load_or_run_bench(
     first), else the bench of ``preset`` on ``track_name`` (one of ``STUDY_TRACKS``, whose
     folder is ``rpka.paths.bench_dir``) run (or resumed from its run files) now; without
     ``compute``, only read (:func:`load_result`)."""
-    path = resolve(out_dir) / "bench_report.json"
+    path = resolve(out_dir) / paths.BENCH_REPORT_FILE
     if not compute:
-        return load_result(Path(out_dir) / "bench_report.json", preset, compute=False)
+        return load_result(Path(out_dir) / paths.BENCH_REPORT_FILE, preset, compute=False)
     report = read_json_or_heal(path, ("config", "arms"))  # a corrupt one is rebuilt below
     if report is not None:
         return report
     label = "bench" if track_name == STUDY_TRACKS[0] else f"bench ({track_name})"
-    say_computing(Path(out_dir) / "bench_report.json", label, preset)
+    say_computing(Path(out_dir) / paths.BENCH_REPORT_FILE, label, preset)
     return bench.run_bench(get_preset(preset, track_name), out_dir, progress=progress)
 
 

@@ -28,103 +28,33 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 from rpka.attention import options_of
-from rpka.config import ArmConfig, BenchConfig, TrainConfig
+from rpka.config import ArmConfig, TrainConfig
 from rpka.io import (
     STATE_CHECKSUM_KEY,
     atomic_torch_save,
-    config_hash,
     file_sha256,
     read_checked,
     read_run_file,
     verify_state_file,
 )
 from rpka.model import ModelConfig
+from rpka.run_config import (
+    STREAM_DATA,
+    STREAM_INIT,
+    STREAM_PIVOTS,
+    check_run_config,
+    derive_seed,
+    hashed_config,
+    run_id,
+)
 from rpka.tracks import Task, get_task
 
-SCORE_SPLITS = ("val", "test")
 PHASE_OF = {"val": "sweep", "test": "eval"}  # the bench's phase that scores each split
-# keys of a run configuration that do not change its result (not hashed)
-VOLATILE_KEYS = ("data_dir", "progress", "state_path")
-# model options added after results were recorded: left out of the run id while at their
-# default (the behaviour those results had), so that existing run files stay valid
-LATER_MODEL_DEFAULTS = {"readout": "flatten"}
-# independent random streams derived from one seed (numpy SeedSequence spawn keys)
-STREAM_INIT, STREAM_DATA, STREAM_PIVOTS = 0, 1, 2
-
-
-def derive_seed(*entropy: int) -> int:
-    """A 63-bit seed from integers, via ``numpy.random.SeedSequence`` (stable, well mixed)."""
-    return int(np.random.SeedSequence(list(entropy)).generate_state(2, np.uint64)[0] >> 1)
-
-
-def make_run_config(
-    config: BenchConfig,
-    arm: ArmConfig,
-    lr: float,
-    seeds: list[int] | tuple[int, ...],
-    split: str,
-    data_dir: str | None = None,
-    progress: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The full, JSON-able configuration of one run (see :func:`train_run`)."""
-    return {
-        "arm": {"name": arm.name, "method": arm.method, "options": dict(arm.options)},
-        "lr": float(lr),
-        "seeds": [int(s) for s in seeds],
-        "split": split,
-        "track": _asdict(config.track),
-        "model": _asdict(config.model),
-        "train": _asdict(config.train),
-        "device": config.device,
-        "data_dir": data_dir,
-        "progress": progress or {"enable": False},
-    }
-
-
-def _asdict(obj: Any) -> dict[str, Any]:
-    return dataclasses.asdict(obj)
-
-
-def hashed_config(run_config: dict[str, Any]) -> dict[str, Any]:
-    """Everything in a run configuration that can change its result: what its run id
-    hashes and its result file stores (``VOLATILE_KEYS`` and ``LATER_MODEL_DEFAULTS`` at
-    their default left out)."""
-    hashed = {k: v for k, v in run_config.items() if k not in VOLATILE_KEYS}
-    hashed["model"] = {
-        k: v
-        for k, v in hashed["model"].items()
-        if not (k in LATER_MODEL_DEFAULTS and v == LATER_MODEL_DEFAULTS[k])
-    }
-    return hashed
-
-
-def run_id(run_config: dict[str, Any]) -> str:
-    """Hash of everything in a run configuration that can change its result."""
-    return config_hash(hashed_config(run_config))
-
-
-def _check_run_config(run_config: dict[str, Any]) -> None:
-    missing = sorted(
-        {"arm", "lr", "seeds", "split", "track", "model", "train", "device"} - set(run_config)
-    )
-    if missing:
-        raise ValueError(f"run_config is missing {missing}")
-    lr = run_config["lr"]
-    if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
-    seeds = run_config["seeds"]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds!r}")
-    if run_config["split"] not in SCORE_SPLITS:
-        raise ValueError(f"split must be one of {SCORE_SPLITS}, got {run_config['split']!r}")
-    if run_config["device"] == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' requested but CUDA is not available")
 
 
 def track_config_of(run_config: dict[str, Any]) -> Any:
@@ -350,76 +280,138 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
     final metrics (``members``), ``scores`` {metric: [per seed]} on the scored split,
     timing (``step_ms_median``, ``wall_s``) and RPKA guard counts (``guard_counts``).
     """
-    _check_run_config(run_config)
-    wall_start = time.perf_counter()
-    cpu_start = time.process_time()
+    check_run_config(run_config)
+    clock = Clock()
     run = setup_run(run_config)
-    device, train_config, model, task = run.device, run.train, run.model, run.task
-    n_members, n_train, steps_per_epoch = len(run.seeds), run.n_train, run.steps_per_epoch
-    metrics = task.metrics  # the first is the primary one (progress bar)
-    members = Members(n_members, device)
-    history: dict[str, list] = {"train_loss": [], **{f"val_{m}": [] for m in metrics}}
-    step_ms: list[float] = []
-    guards: dict[str, int] = {}
-    progress = run_config.get("progress") or {}
+    members = Members(len(run.seeds), run.device)
+    history: dict[str, list] = {"train_loss": [], **{f"val_{m}": [] for m in run.task.metrics}}
+    tally = Tally()
+    bar = progress_bar(run)
+    # A numerical failure inside the attention (torch.linalg.LinAlgError, e.g. a landmark
+    # Gram matrix that float32 cannot factorise) ends the run like a divergence of every
+    # member still training - one step mixes them all - and is recorded with its message.
+    val = None
+    for epoch in range(run.train.epochs):
+        loss_sum, failure = train_epoch(run, members, tally, bar, epoch)
+        if failure is None:
+            try:
+                val = evaluate(run.model, run.task, *run.splits["val"], run.train.eval_batch_size)
+            except torch.linalg.LinAlgError as err:
+                failure = f"LinAlgError: {err}"
+        if failure is not None:
+            members.diverge(members.alive, epoch, tally.steps, failure)
+            break
+        record_epoch(run, members, history, loss_sum, val, epoch, tally.steps)
+        primary = f"val_{run.task.metrics[0]}"  # the first metric is the primary one
+        finite_val = [v for v in history[primary][-1] if v is not None]
+        if finite_val:
+            bar.set_postfix({primary: f"{statistics.mean(finite_val):.3f}"})
+    bar.close()
+    final = final_scores(run, members, val)
+    state_sha256 = None  # the weights' checksum, in the result (covered by its own checksum)
+    if run_config.get("state_path"):  # a run a later stage reads (rpka.bench.keeps_weights)
+        atomic_torch_save(run_config["state_path"], run.model.state_dict())
+        state_sha256 = file_sha256(run_config["state_path"])
+    return run_result(run, member_records(run, members, history, final), final, tally, clock) | {
+        # sha256 of the weights file saved at state_path (null: none saved); whoever loads
+        # them checks it (load_run_state), so a swapped or edited weights file is refused
+        STATE_CHECKSUM_KEY: state_sha256,
+    }
+
+
+@dataclasses.dataclass
+class Tally:
+    """What a run counts as it trains: its steps, their times after the warm-up steps, and
+    how often RPKA's guards fired."""
+
+    steps: int = 0
+    step_ms: list[float] = dataclasses.field(default_factory=list)
+    guards: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+class Clock:
+    """A run's wall and CPU time since it started."""
+
+    def __init__(self) -> None:
+        self.wall_start = time.perf_counter()
+        self.cpu_start = time.process_time()
+
+    def wall_s(self) -> float:
+        return time.perf_counter() - self.wall_start
+
+    def cpu_s(self) -> float:
+        return time.process_time() - self.cpu_start
+
+
+def progress_bar(run: Run) -> tqdm:
+    """The run's bar over its steps, labelled by arm, learning rate and bench phase."""
+    progress = run.config.get("progress") or {}
     # a bar below another (position > 0, the bench's) moves the cursor with ANSI escapes,
     # which show as "[A" where stderr is not a terminal (logs, notebooks): there only the
     # outer bar is drawn
     nested_in_a_log = bool(progress.get("position")) and not sys.stderr.isatty()
-    bar = tqdm(
-        total=train_config.epochs * steps_per_epoch,
+    arm, lr, split = run.config["arm"]["name"], run.config["lr"], run.config["split"]
+    return tqdm(
+        total=run.train.epochs * run.steps_per_epoch,
         # the phase, not the scored split: every run shows its validation metric as it trains
-        desc=f"{run_config['arm']['name']} lr={run_config['lr']:g} {PHASE_OF[run_config['split']]}",
+        desc=f"{arm} lr={lr:g} {PHASE_OF[split]}",
         position=progress.get("position"),
         leave=progress.get("leave", True),
         disable=not progress.get("enable", True) or nested_in_a_log,
         dynamic_ncols=True,
     )
 
-    # A numerical failure inside the attention (torch.linalg.LinAlgError, e.g. a landmark
-    # Gram matrix that float32 cannot factorise) ends the run like a divergence of every
-    # member still training - one step mixes them all - and is recorded with its message.
-    failure: str | None = None
-    global_step = 0
-    val = None
-    for epoch in range(train_config.epochs):
-        loss_sum = torch.zeros(n_members, dtype=torch.float64, device=device)
-        for batch in member_batches(n_train, train_config.batch_size, run.data_generators):
-            t0 = _now(device)
-            try:
-                loss_sum += train_step(run, members, batch.to(device), epoch, global_step)
-            except torch.linalg.LinAlgError as err:
-                failure = f"LinAlgError: {err}"
-                break
-            step_time = (_now(device) - t0) * 1e3
-            if global_step >= train_config.warmup_steps:
-                step_ms.append(step_time)
-            for module in model.attention_modules():
-                for key, value in getattr(module, "guard_counts", {}).items():
-                    guards[key] = guards.get(key, 0) + int(value)
-            global_step += 1
-            bar.update(1)
-        if failure is None:
-            try:
-                val = evaluate(model, task, *run.splits["val"], train_config.eval_batch_size)
-            except torch.linalg.LinAlgError as err:
-                failure = f"LinAlgError: {err}"
-        if failure is not None:
-            members.diverge(members.alive, epoch, global_step, failure)
-            break
-        finite = torch.stack([torch.isfinite(val[m]) for m in metrics]).all(0)
-        members.diverge(members.alive & ~finite, epoch, global_step, "non-finite validation error")
-        history["train_loss"].append(_to_list(loss_sum / steps_per_epoch, members.alive))
-        for m in metrics:
-            history[f"val_{m}"].append(_to_list(val[m], members.alive))
-        finite_val = [v for v in history[f"val_{metrics[0]}"][-1] if v is not None]
-        if finite_val:
-            bar.set_postfix({f"val_{metrics[0]}": f"{statistics.mean(finite_val):.3f}"})
-    bar.close()
 
-    final = final_scores(run, members, val)
+def train_epoch(
+    run: Run, members: Members, tally: Tally, bar: tqdm, epoch: int
+) -> tuple[Tensor, str | None]:
+    """Step 2 over one epoch, each member in its own data order: the summed training loss
+    per member (S,) and the failure that ended the epoch early (None: it did not)."""
+    loss_sum = torch.zeros(len(run.seeds), dtype=torch.float64, device=run.device)
+    for batch in member_batches(run.n_train, run.train.batch_size, run.data_generators):
+        t0 = _now(run.device)
+        try:
+            loss_sum += train_step(run, members, batch.to(run.device), epoch, tally.steps)
+        except torch.linalg.LinAlgError as err:
+            return loss_sum, f"LinAlgError: {err}"
+        step_time = (_now(run.device) - t0) * 1e3
+        if tally.steps >= run.train.warmup_steps:
+            tally.step_ms.append(step_time)
+        for module in run.model.attention_modules():
+            for key, value in getattr(module, "guard_counts", {}).items():
+                tally.guards[key] = tally.guards.get(key, 0) + int(value)
+        tally.steps += 1
+        bar.update(1)
+    return loss_sum, None
+
+
+def record_epoch(
+    run: Run,
+    members: Members,
+    history: dict[str, list],
+    loss_sum: Tensor,
+    val: dict[str, Tensor],
+    epoch: int,
+    step: int,
+) -> None:
+    """After an epoch: a member with a non-finite validation metric diverged; the epoch's
+    mean training loss and validation metrics join each member's history (None for the
+    diverged)."""
+    metrics = run.task.metrics
+    finite = torch.stack([torch.isfinite(val[m]) for m in metrics]).all(0)
+    members.diverge(members.alive & ~finite, epoch, step, "non-finite validation error")
+    history["train_loss"].append(_to_list(loss_sum / run.steps_per_epoch, members.alive))
+    for m in metrics:
+        history[f"val_{m}"].append(_to_list(val[m], members.alive))
+
+
+def member_records(
+    run: Run, members: Members, history: dict[str, list], final: dict[str, dict[str, list]]
+) -> list[dict[str, Any]]:
+    """Per member: its seed, status (``ok`` or ``diverged``, and where), its history and
+    its final metrics per scored split."""
     diverged_at = members.diverged_at
-    member_records = [
+    return [
         {
             "seed": seed,
             "status": "ok" if diverged_at[s] is None else "diverged",
@@ -429,36 +421,39 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         }
         for s, seed in enumerate(run.seeds)
     ]
-    state_sha256 = None  # the weights' checksum, in the result (covered by its own checksum)
-    if run_config.get("state_path"):  # a run a later stage reads (rpka.bench.keeps_weights)
-        atomic_torch_save(run_config["state_path"], model.state_dict())
-        state_sha256 = file_sha256(run_config["state_path"])
-    clean = hashed_config(run_config)
+
+
+def run_result(
+    run: Run,
+    records: list[dict[str, Any]],
+    final: dict[str, dict[str, list]],
+    tally: Tally,
+    clock: Clock,
+) -> dict[str, Any]:
+    """The run's JSON-able result (:func:`train_run`), but for its weights' checksum."""
+    run_config = run.config
     return {
         "run_id": run_id(run_config),
-        "config": clean,
+        "config": hashed_config(run_config),
         "arm": run_config["arm"]["name"],
         "lr": run_config["lr"],
         "seeds": run.seeds,
         "split": run_config["split"],
         "scores": final[run_config["split"]],
-        "members": member_records,
-        "n_diverged": sum(d is not None for d in diverged_at),
-        "n_train_windows": n_train,
+        "members": records,
+        "n_diverged": sum(r["diverged_at"] is not None for r in records),
+        "n_train_windows": run.n_train,
         "attention_tokens": run.track_config.attention_tokens,
-        "steps_per_epoch": steps_per_epoch,
-        "n_steps": global_step,
-        "step_ms_median": statistics.median(step_ms) if step_ms else None,
-        "guard_counts": guards or None,
-        "wall_s": time.perf_counter() - wall_start,
+        "steps_per_epoch": run.steps_per_epoch,
+        "n_steps": tally.steps,
+        "step_ms_median": statistics.median(tally.step_ms) if tally.step_ms else None,
+        "guard_counts": tally.guards or None,
+        "wall_s": clock.wall_s(),
         # CPU time of this process: on a busy machine it estimates the unloaded wall time
         # of a single-threaded run (it counts every thread, so not for multi-threaded runs)
-        "cpu_s": time.process_time() - cpu_start,
+        "cpu_s": clock.cpu_s(),
         "torch_threads": torch.get_num_threads(),
-        "device": str(device),
-        # sha256 of the weights file saved at state_path (null: none saved); whoever loads
-        # them checks it (load_run_state), so a swapped or edited weights file is refused
-        STATE_CHECKSUM_KEY: state_sha256,
+        "device": str(run.device),
     }
 
 

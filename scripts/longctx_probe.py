@@ -29,8 +29,9 @@ import time
 import torch
 
 from rpka.presets_longctx import LONGCTX_PRESETS
+from rpka.run_config import make_run_config
 from rpka.tracks import get_task
-from rpka.train import build_model, make_run_config, track_config_of, train_run
+from rpka.train import build_model, track_config_of, train_run
 
 DATA_DIR = "data/cache"
 

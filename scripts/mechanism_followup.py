@@ -29,7 +29,8 @@ from tqdm import tqdm
 from rpka.bench import member0_attention_inputs
 from rpka.config import BenchConfig, MechanismConfig
 from rpka.io import read_json, write_json
-from rpka.mechanism import pivot_points, trace_identity
+from rpka.kernel_matrix import pivot_points
+from rpka.mechanism import trace_identity
 from rpka.stats import pooled_z
 from rpka.train import load_trained, track_config_of
 

@@ -21,7 +21,8 @@ import torch
 
 from rpka.io import read_json, write_json
 from rpka.presets import get_preset
-from rpka.train import make_run_config, train_run
+from rpka.run_config import make_run_config
+from rpka.train import train_run
 
 DEFAULT_OUT = Path("data/results/recall_sizes.json")
 

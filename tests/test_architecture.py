@@ -2,7 +2,8 @@
 pyproject.toml's ``[tool.importlinter]``, no import cycles, no imports hidden in functions,
 no module over 700 lines, no reference outside the repository, no track name outside
 ``rpka/tracks``, every top-level module in the contract and in docs/design.md section 8,
-no path built outside ``rpka.paths`` by ``rpka.study``, no ``nonlocal``."""
+no path built outside ``rpka.paths`` by ``rpka.study`` or ``rpka.study_index``, no
+``nonlocal``."""
 
 import ast
 import os
@@ -118,9 +119,10 @@ def test_no_branch_on_a_track_name_outside_tracks():
 
 
 def test_paths_are_owned_by_rpka_paths_alone():
-    """``rpka.paths`` is the one owner of the layout: ``rpka.study`` builds no path of its
-    own - no function named like a path and none sharing a name with ``rpka.paths``."""
-    from rpka import paths, study
+    """``rpka.paths`` is the one owner of the layout: ``rpka.study`` and
+    ``rpka.study_index`` build no path of their own - no function named like a path and
+    none sharing a name with ``rpka.paths``; no result file named by a literal."""
+    from rpka import paths, study, study_index
 
     def functions(module: object) -> set[str]:
         return {
@@ -129,9 +131,13 @@ def test_paths_are_owned_by_rpka_paths_alone():
             if callable(value) and getattr(value, "__module__", None) == module.__name__
         }
 
-    in_study = functions(study)
-    assert not in_study & set(vars(paths)), in_study & set(vars(paths))
-    assert not {n for n in in_study if n.endswith(("_dir", "_json", "_path"))}, in_study
+    for module in (study, study_index):
+        own = functions(module)
+        assert not own & set(vars(paths)), (module.__name__, own & set(vars(paths)))
+        assert not {n for n in own if n.endswith(("_dir", "_json", "_path"))}, own
+        text = Path(module.__file__).read_text()
+        named = {v for k, v in vars(paths).items() if k.endswith("_FILE") and f'"{v}"' in text}
+        assert not named, f"{module.__name__} names {named} itself: use rpka.paths"
 
 
 def _design_layout() -> list[list[str]]:

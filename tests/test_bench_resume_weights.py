@@ -11,7 +11,8 @@ from rpka.bench import keeps_weights, make_jobs, run_bench, weight_readers
 from rpka.executors import InProcessExecutor
 from rpka.io import CorruptFileError, read_json
 from rpka.presets import get_preset
-from rpka.train import load_trained, run_id
+from rpka.run_config import run_id
+from rpka.train import load_trained
 
 # the smoke study (mechanism and output-error studies on), one seed per job: two evaluation
 # groups per arm, of which only the first may keep weights

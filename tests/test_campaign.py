@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from rpka import cli, executors, study
+from rpka import cli, executors, study, study_index
 from rpka.attention import build
 from rpka.io import CorruptFileError, write_json
 from rpka.report import readme
@@ -180,7 +180,7 @@ def test_a_bench_report_without_timings_is_named_not_a_key_error(tmp_path):
     path = tmp_path / "bench_report.json"
     write_json(path, _bench_report(timings=True))
     with pytest.raises(CorruptFileError, match=r"bench_report\.json: lacks the keys \['timings'\]"):
-        study.write_study_index("smoke", tracks=("forecast",), out_dir=tmp_path)
+        study_index.write_study_index("smoke", tracks=("forecast",), out_dir=tmp_path)
     with pytest.raises(CorruptFileError, match=r"lacks the keys \['timings'\]"):
         readme._load(path, readme.BENCH_KEYS)
 
@@ -192,13 +192,13 @@ def test_the_study_index_never_moves_a_committed_result(content, tmp_path):
     path = tmp_path / "bench_report.json"
     path.write_text(content)
     with pytest.raises(CorruptFileError, match="bench_report.json"):
-        study.write_study_index("smoke", tracks=("forecast",), out_dir=tmp_path)
+        study_index.write_study_index("smoke", tracks=("forecast",), out_dir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench_report.json"]
     assert path.read_text() == content
     spectrum = tmp_path / "spectrum.json"
     spectrum.write_text("[]")
     with pytest.raises(CorruptFileError, match="spectrum.json"):
-        study.spectrum_of(tmp_path)
+        study_index.spectrum_of(tmp_path)
     assert spectrum.read_text() == "[]"
 
 

@@ -13,13 +13,8 @@ from rpka.attention import build, nystrom_softmax, rpcholesky
 from rpka.attention.nystrom import gather_points
 from rpka.attention.rpka import KEYS_RATIO, balanced_frame
 from rpka.io import read_json, write_json
-from rpka.mechanism import (
-    MechanismConfig,
-    optimal_trace_error,
-    pivot_points,
-    pivoted_matrix,
-    trace_identity,
-)
+from rpka.kernel_matrix import optimal_trace_error, pivot_points, pivoted_matrix
+from rpka.mechanism import MechanismConfig, trace_identity
 from rpka.quality import (
     approximation_quality,
     compare_models,

@@ -15,7 +15,7 @@ import pytest
 from IPython.core.formatters import DisplayFormatter
 from IPython.display import Markdown
 
-from rpka import report, stats, study
+from rpka import paths, report, stats, study, study_index
 from rpka.io import FIGURE_DPI, figure_png, save_figure
 from rpka.paths import REPO_ROOT as ROOT
 from rpka.pipeline import offline
@@ -312,9 +312,9 @@ def test_a_rerun_after_a_fix_shows_each_moved_arm_before_and_now(smoke_study_rep
     folder.mkdir()
     (folder / "bench_report.json").write_text(json.dumps(bench))
     with pytest.raises(ValueError, match="reason and fix"):
-        study.record_superseded(tmp_path / "old.json", folder, " ", "abc123")
-    assert not (folder / study.SUPERSEDED_FILE).exists()
-    study.record_superseded(tmp_path / "old.json", folder, "A bug in the solve", "abc123")
+        study_index.record_superseded(tmp_path / "old.json", folder, " ", "abc123")
+    assert not (folder / paths.SUPERSEDED_FILE).exists()
+    study_index.record_superseded(tmp_path / "old.json", folder, "A bug in the solve", "abc123")
     index = {"tracks": {bench["track"]: {"bench_report": "track/bench_report.json"}}}
     (tmp_path / "study.json").write_text(json.dumps(index))
     track = report.load_study(tmp_path / "study.json", "smoke")["tracks"][bench["track"]]

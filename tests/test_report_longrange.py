@@ -1,7 +1,8 @@
 """The long-range study (issue 27) in the study index, the frontier, the answer figure and
-the report (rpka.study.longrange_entry, rpka.report.longrange, rpka.report.figures_frontier), on the
-``longrange-smoke`` preset's output: as run (both gates fail at smoke size) and with its
-gates made to pass (the control losing on every seed), and with files missing."""
+the report (rpka.study_index.longrange_entry, rpka.report.longrange,
+rpka.report.figures_frontier), on the ``longrange-smoke`` preset's output: as run (both
+gates fail at smoke size) and with its gates made to pass (the control losing on every
+seed), and with files missing."""
 
 import json
 import shutil
@@ -9,7 +10,7 @@ import shutil
 import pytest
 from matplotlib.figure import Figure
 
-from rpka import longctx, study
+from rpka import longctx, study_index
 from rpka.executors import InProcessExecutor
 from rpka.io import read_json, write_result_json
 from rpka.presets_longctx import get_longctx_preset
@@ -54,7 +55,7 @@ def gated_study(smoke_study, tmp_path):
 
 
 def _index(out):
-    return study.write_study_index("smoke", tracks=(), out_dir=out)
+    return study_index.write_study_index("smoke", tracks=(), out_dir=out)
 
 
 def _read(out, name):
@@ -80,7 +81,7 @@ def test_the_index_carries_both_gates_and_every_ranks_verdict(smoke_study, tmp_p
 
 def test_without_the_folder_the_index_reads_null(tmp_path):
     assert _index(tmp_path)["longrange"] is None
-    assert study.longrange_entry(tmp_path / "nowhere", tmp_path) is None
+    assert study_index.longrange_entry(tmp_path / "nowhere", tmp_path) is None
 
 
 def test_gated_lengths_are_frontier_tracks(gated_study):

@@ -4,13 +4,13 @@ import dataclasses
 
 import pytest
 
-from rpka import cli, scaling
+from rpka import cli, scaling, scaling_config
 from rpka.io import read_json
 
 
-def tiny(**changes) -> scaling.ScalingConfig:
+def tiny(**changes) -> scaling_config.ScalingConfig:
     base = dataclasses.replace(
-        scaling.PRESETS["tiny"], lengths=(32, 64), ranks=(4,), control_ranks=(4,), repeats=1
+        scaling_config.PRESETS["tiny"], lengths=(32, 64), ranks=(4,), control_ranks=(4,), repeats=1
     )
     return dataclasses.replace(base, **changes)
 

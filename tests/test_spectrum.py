@@ -8,7 +8,7 @@ import torch
 
 from rpka import bench
 from rpka.attention.rpcholesky import gaussian_kernel
-from rpka.mechanism import pivot_points
+from rpka.kernel_matrix import pivot_points
 from rpka.presets import get_preset
 from rpka.spectrum import bench_spectrum, head_spectrum
 

@@ -9,20 +9,22 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
-from rpka.stats import (
+from rpka.significance import (
     FLIP_CHUNK_ENTRIES,
+    holm,
+    minimum_detectable_effect,
+    n_pairs_for_mde,
+    paired_t_power,
+    rule_mde,
+    sign_flip_pvalue,
+)
+from rpka.stats import (
     VERDICTS,
     apply_gate,
     apply_holm,
     attention_gate,
-    holm,
-    minimum_detectable_effect,
-    n_pairs_for_mde,
     paired_comparison,
-    paired_t_power,
     pooled_z,
-    rule_mde,
-    sign_flip_pvalue,
     summarize,
 )
 
@@ -416,7 +418,7 @@ def test_pooled_z_catches_a_bias_the_per_step_rule_passes():
 
 
 def test_seeds_for_margin_is_the_rules_own_sample_size():
-    from rpka.stats import n_pairs_for_mde, rule_mde, seeds_for_margin
+    from rpka.significance import seeds_for_margin
 
     needed = seeds_for_margin(0.05, 0.02, 0.05)
     assert needed == n_pairs_for_mde(0.05, 0.02)

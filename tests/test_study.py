@@ -13,7 +13,7 @@ import torch
 
 matplotlib.use("Agg")
 
-from rpka import cli, paths, scaling, study  # noqa: E402
+from rpka import cli, paths, scaling, scaling_config, study, study_index  # noqa: E402
 from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
 from rpka.attention import REGISTRY, options_of  # noqa: E402
 from rpka.config import BenchConfig  # noqa: E402
@@ -27,7 +27,8 @@ from rpka.presets import (  # noqa: E402
 )
 from rpka.quality import method_output_errors  # noqa: E402
 from rpka.report import figures, figures_cost, tables  # noqa: E402
-from rpka.train import make_run_config, train_run  # noqa: E402
+from rpka.run_config import make_run_config  # noqa: E402
+from rpka.train import train_run  # noqa: E402
 
 FULL = get_preset("full")
 
@@ -100,7 +101,7 @@ def test_other_studies_keep_only_a_rank_sweep_and_the_control():
 
 def test_long_length_timing_uses_the_default_pivot_implementation():
     assert FULL.arm("rpka-r64").options["pivot_method"] == "plain"  # training shape's choice
-    extra = {a["name"]: a for a in scaling.bench_arms_config(FULL.arms).extra_arms}
+    extra = {a["name"]: a for a in scaling_config.bench_arms_config(FULL.arms).extra_arms}
     assert extra["rpka-r64"]["options"] == {"rank": 64}
     assert extra["rpka-r16-exp"]["options"] == {"rank": 16, "weighting": "exp"}
     assert "exact" not in extra
@@ -310,8 +311,9 @@ def test_report_output_errors_cover_every_arm(smoke_study_report):
 
 
 def tiny_arm_latency(report):
-    base = dataclasses.replace(scaling.PRESETS["tiny"], warmup=0, repeats=1)
-    config = scaling.bench_arms_config(BenchConfig.from_dict(report["config"]).arms, 64, base)
+    base = dataclasses.replace(scaling_config.PRESETS["tiny"], warmup=0, repeats=1)
+    bench_arms = BenchConfig.from_dict(report["config"]).arms
+    config = scaling_config.bench_arms_config(bench_arms, 64, base)
     return scaling.forward_latency(scaling.run_scaling(config, progress=False), 64)
 
 
@@ -321,13 +323,13 @@ def test_scaling_times_any_registered_method_by_name(smoke_study_report):
     assert set(latency) == set(report["arms"])  # every arm, exact as the sweep's own row
     assert all(ms > 0 for ms in latency.values())
     bad = dataclasses.replace(
-        scaling.PRESETS["tiny"],
+        scaling_config.PRESETS["tiny"],
         extra_arms=({"name": "p", "method": "performer", "options": {"x": 1}},),
     )
     with pytest.raises(ValueError, match="unknown option"):
         bad.validate()
     clash = dataclasses.replace(
-        scaling.PRESETS["tiny"], extra_arms=({"name": "rpka", "method": "rpka"},)
+        scaling_config.PRESETS["tiny"], extra_arms=({"name": "rpka", "method": "rpka"},)
     )
     with pytest.raises(ValueError, match="extra_arms"):
         clash.validate()
@@ -460,7 +462,7 @@ def test_study_index_reads_every_track_report_it_finds(smoke_study_report):
     """study.json names each track's report (relative path), gate, primary and verdicts;
     a track without a report is listed as missing, and a later call picks it up."""
     report, out = smoke_study_report
-    index = study.write_study_index("smoke-study", ("forecast", "lm"), out_dir=out)
+    index = study_index.write_study_index("smoke-study", ("forecast", "lm"), out_dir=out)
     assert index["missing"] == ["lm"] and index["longctx"] is None
     entry = index["tracks"]["forecast"]
     assert (out / entry["bench_report"]).resolve() == (out / "bench_report.json").resolve()

@@ -8,7 +8,8 @@ import textwrap
 from pathlib import Path
 
 from rpka.presets import get_preset
-from rpka.train import make_run_config, train_run
+from rpka.run_config import make_run_config
+from rpka.train import train_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = get_preset("smoke", train={"epochs": 1})

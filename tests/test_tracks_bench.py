@@ -8,7 +8,7 @@ import pytest
 
 from rpka.bench import InProcessExecutor, run_bench
 from rpka.presets import STUDY_TRACKS, get_preset
-from rpka.stats import ALPHA, rule_mde, sign_flip_floor
+from rpka.significance import ALPHA, rule_mde, sign_flip_floor
 from rpka.tracks import get_task
 
 NEW_TRACKS = ("forecast-motif", "forecast-regimes", "forecast-real", "recall")

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-import rpka.train as train_module
 from rpka.model import TransformerTiny
 from rpka.presets import get_preset
-from rpka.train import make_run_config, member_batches, run_id, train_run
+from rpka.run_config import derive_seed, make_run_config, run_id
+from rpka.train import member_batches, train_run
 
 SMOKE = get_preset("smoke", train={"epochs": 2})
 
@@ -148,5 +148,5 @@ def test_bad_run_config_is_rejected(tmp_path, change, message):
 
 
 def test_seed_streams_are_distinct():
-    seeds = {train_module.derive_seed(0, stream) for stream in range(3)}
+    seeds = {derive_seed(0, stream) for stream in range(3)}
     assert len(seeds) == 3

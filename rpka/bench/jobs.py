@@ -35,7 +35,8 @@ from rpka.io import (
     verify_state_file,
     write_run_file,
 )
-from rpka.train import load_state, make_run_config, run_id, train_run
+from rpka.run_config import make_run_config, run_id
+from rpka.train import load_state, train_run
 
 # --------------------------------------------------------------------------- one job
 
