@@ -1,6 +1,7 @@
 """The README a new user reads first: every command's options, licence and citation, and no
 path that a clone does not have (issue 17 item 8)."""
 
+import fnmatch
 import re
 import subprocess
 import tomllib
@@ -72,3 +73,16 @@ def test_no_tracked_file_points_outside_the_clone():
     )
     assert files.returncode in (0, 1), files.stderr  # 1: no match
     assert files.stdout == ""
+
+
+def test_the_layout_names_every_module():
+    """Every module of the package has its line in the README's layout block (a name or a
+    pattern such as ``rpka/report/figures_*.py``), and every line names an existing one."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = readme[readme.index("## Layout") : readme.index("## Licence")]
+    names = [line.split()[0] for line in block.splitlines() if line.startswith("rpka/")]
+    modules = [str(p.relative_to(REPO_ROOT)) for p in sorted((REPO_ROOT / "rpka").rglob("*.py"))]
+    unnamed = [m for m in modules if not any(fnmatch.fnmatch(m, n) for n in names)]
+    assert not unnamed, f"modules without a line in the README's layout: {unnamed}"
+    stale = [n for n in names if not n.endswith("/") and not fnmatch.filter(modules, n)]
+    assert not stale, f"README layout lines naming no module: {stale}"
