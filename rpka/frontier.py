@@ -146,7 +146,12 @@ def _rows(report: Mapping[str, Any], control: str, margin_gap: float) -> list[di
             "p_non_inferior": gap["p_value"], "verdict": gap["verdict"],
             "step_ratio": ratios.get(name),
         })  # fmt: skip
-    return sorted(rows, key=lambda r: (r["method"] != "rpka", r["method"], r["rank"]))
+    return sorted(rows, key=_row_order)
+
+
+def _row_order(row: Mapping[str, Any]) -> tuple[bool, str, int]:
+    """RPKA's rows first, then the peers', each by rank."""
+    return row["method"] != "rpka", row["method"], row["rank"]
 
 
 def _pivoting(report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -220,6 +225,21 @@ def track_frontier(report: Mapping[str, Any], margin_gap: float = MARGIN_GAP) ->
         "rows": rows,
         "pivoting": _pivoting(report),
     }
+
+
+def add_positive_control(entry: dict[str, Any], report: Mapping[str, Any]) -> None:
+    """Add to a track's frontier ``entry`` the positive control trained in a bench of its
+    own (``report``: the same seeds, with its own exact and control arms, so its gap is
+    paired within that bench): its row joins ``entry["rows"]`` and it becomes the track's
+    ``positive_control``. r* is left as it is (a positive control is never r*)."""
+    own = track_frontier(report)
+    control = own["positive_control"]
+    if control is None:
+        raise ValueError("the positive-control bench has no RPKA arm exact by construction")
+    rows = [r for r in entry["rows"] if r["arm"] != control["arm"]]
+    entry["rows"] = sorted(rows + [r for r in own["rows"] if r["arm"] == control["arm"]],
+                           key=_row_order)  # fmt: skip
+    entry["positive_control"] = control
 
 
 def drop_in_curve(
@@ -309,17 +329,21 @@ def write_frontier(
     out: Path,
     scaling: Mapping[str, Any] | None = None,
     mqar: Sequence[Path] = (),
+    positive_controls: Mapping[str, Path] | None = None,
 ) -> dict[str, Any]:
     """``frontier.json`` at ``out`` from the bench reports of the gated tracks
     (track -> path); with a ``drop_in.json`` beside a report, its drop-in curve
     (:func:`drop_in_curve`); with a latency sweep ``scaling``, each track's
     ``r_star_cost`` (:func:`cost_at_lengths` at r*, null where r* is not reached); with
     recall bench reports of several pair counts ``mqar``, the key ``mqar``
-    (:func:`mqar_curve`)."""
+    (:func:`mqar_curve`); with ``positive_controls`` (track -> the report of a bench that
+    trained only its positive control), that control (:func:`add_positive_control`)."""
     tracks = {}
     for track, path in reports.items():
         report = read_json(path)
         tracks[track] = track_frontier(report)
+        if track in (positive_controls or {}):
+            add_positive_control(tracks[track], read_json(positive_controls[track]))
         r_star = tracks[track]["r_star"]
         if scaling is not None:
             tracks[track]["r_star_cost"] = (

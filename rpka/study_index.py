@@ -113,7 +113,8 @@ def write_study_index(
     mqar = [p for name in MQAR_BENCHES if (p := out / name / paths.BENCH_REPORT_FILE).exists()]
     write_frontier(gated | longrange_gated(longrange, out), out / paths.FRONTIER_FILE,
                    read_json(scaling) if scaling.exists() else None,
-                   mqar if len(mqar) > 1 else ())  # fmt: skip
+                   mqar if len(mqar) > 1 else (),
+                   longrange_positive_controls(longrange, out))  # fmt: skip
     return index
 
 
@@ -178,6 +179,16 @@ def longrange_entry(folder: Path, index_dir: Path) -> dict[str, Any] | None:
         "preset": result.get("preset"),
         "contexts": contexts,
     }
+
+
+def longrange_positive_controls(longrange: dict[str, Any] | None, out: Path) -> dict[str, Path]:
+    """The long-range lengths whose positive control ran as a study of its own
+    (``<out>/longrange/positive_control/``, docs/longctx.md) where both that study's and
+    the rank sweep's gates passed: ``longrange-<n>`` -> its bench report."""
+    folder = out / paths.LONGRANGE / paths.POSITIVE_CONTROL
+    gated = longrange_gated(longrange, out)
+    own = longrange_gated(longrange_entry(folder, out), out)
+    return {track: path for track, path in own.items() if track in gated}
 
 
 def longrange_gated(longrange: dict[str, Any] | None, index_dir: Path) -> dict[str, Path]:

@@ -6,6 +6,7 @@ import pytest
 from scipy import stats
 
 from rpka.frontier import (
+    add_positive_control,
     cost_at_lengths,
     drop_in_curve,
     exact_by_construction,
@@ -329,3 +330,25 @@ def test_the_track_sentence_states_the_cost_at_r_star_at_longer_lengths():
     assert "(not measured at 8,192 tokens)" in text
     entry["r_star_cost"] = None
     assert "faster" not in report.frontier.track_sentence("recall", entry)
+
+
+def test_a_positive_control_from_a_bench_of_its_own_joins_the_track():
+    sweep = track_frontier(bench_report({
+        "exact": ("exact", None, EXACT),
+        "mean-attention": ("mean", None, CONTROL),
+        "rpka-r32": ("rpka", 32, arm_at([0.97, 0.99, 0.98, 0.99, 0.97, 0.98, 0.99])),
+    }))  # fmt: skip
+    assert sweep["positive_control"] is None
+    own = bench_report({
+        "exact": ("exact", None, EXACT),
+        "mean-attention": ("mean", None, CONTROL),
+        "rpka-r96": ("rpka", 96, arm_at([1.0] * 7)),
+    })  # fmt: skip
+    add_positive_control(sweep, own)
+    assert sweep["positive_control"] == {"arm": "rpka-r96", "rank": 96, "verdict": "non-inferior"}
+    assert [r["arm"] for r in sweep["rows"]] == ["rpka-r32", "rpka-r96"]
+    assert sweep["r_star"] == 32  # unchanged: a positive control is never r*
+    without = bench_report({"exact": ("exact", None, EXACT),
+                            "mean-attention": ("mean", None, CONTROL)})  # fmt: skip
+    with pytest.raises(ValueError, match="no RPKA arm exact by construction"):
+        add_positive_control(sweep, without)

@@ -1,7 +1,6 @@
 """The tracks' layout (issue 30, docs/design.md section 8): no track module imports another
 - each imports only the shared modules and its own parts (``lm_source``, ``lm_text`` are
-``lm``'s) - the shared modules import no track, and no track module is over 500 lines or
-holds a function over 80."""
+``lm``'s) - the shared modules import no track (sizes: tests/test_architecture.py)."""
 
 import ast
 from pathlib import Path
@@ -32,15 +31,3 @@ def test_no_track_module_imports_another():
                 offenders.append(f"{path.name} imports rpka.tracks.{name}")
     assert not offenders, offenders
 
-
-def test_tracks_modules_and_functions_are_short():
-    long = []
-    for path in sorted(TRACKS_DIR.glob("*.py")):
-        text = path.read_text()
-        if (n := len(text.splitlines())) > 500:
-            long.append(f"{path.name}: {n} lines")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                if (n := node.end_lineno - node.lineno + 1) > 80:
-                    long.append(f"{path.name}: {node.name} {n} lines")
-    assert not long, long
