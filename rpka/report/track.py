@@ -16,15 +16,8 @@ from rpka.report.figures_headline import plot_forest
 from rpka.report.narrative import mde_text
 from rpka.report.page import Figures
 from rpka.report.tables import verdict_word
-from rpka.report.text import (
-    ci_text,
-    cost_caption,
-    disclosures,
-    esc,
-    forest_caption,
-    gate_text,
-    num,
-)
+from rpka.report.text import ci_text, esc, gate_text, num
+from rpka.report.text_track import cost_caption, disclosures, forest_caption
 
 
 def track_headline(track: Mapping[str, Any]) -> str:
