@@ -289,57 +289,79 @@ def _group_handles(groups: Sequence[str], **style: object) -> list:
     ]
 
 
+MAX_SERIES = 6  # arms per panel at most: more are split over panels
+
+
+def output_error_panels(report: Mapping) -> list[tuple[str, list[str]]]:
+    """(title, arms) per column of the output-error figure: the arms with an output error,
+    by group (RPKA ranks, ablations, peers, ...), at most ``MAX_SERIES`` per panel."""
+    measured = set(pd.DataFrame(report["output_error"]["rows"])["arm"])
+    arms = [a for a in report["arms"] if a in measured]
+    groups: dict[str, list[str]] = {}
+    for arm in arms:
+        groups.setdefault(arm_group(report, arm), []).append(arm)
+    panels = []
+    for group, members in groups.items():
+        chunks = [members[i : i + MAX_SERIES] for i in range(0, len(members), MAX_SERIES)]
+        for k, chunk in enumerate(chunks):
+            panels.append((group + (f" ({k + 1} of {len(chunks)})" if len(chunks) > 1 else ""),
+                           chunk))  # fmt: skip
+    return panels
+
+
+def _output_error_panel(
+    ax: plt.Axes, report: Mapping, part: pd.DataFrame, arms: list[str], title: str
+) -> None:
+    colours = _arm_colors(list(report["arms"]))
+    for arm_name in arms:
+        rows = part[part["arm"] == arm_name].sort_values("rank")
+        colour = colours[arm_name]
+        marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
+        primary = arm_name == report.get("primary_arm")
+        ax.plot(rows["rank"], rows["error_mean"], "-", marker=marker, color=colour, mfc="white",
+                lw=2.2 if primary else 1.5,
+                label=f"{arm_name} (primary)" if primary else arm_name)  # fmt: skip
+        ax.fill_between(rows["rank"], rows["error_q10"], rows["error_q90"], color=colour,
+                        alpha=0.08)  # fmt: skip
+        own = rows[rows["rank"] == rows["own_rank"]]
+        ax.plot(own["rank"], own["error_mean"], marker, color=colour)
+    ranks = sorted(part["rank"].unique())
+    error = r"$\|\hat O - O\|_F / \|O\|_F$"
+    ax.set(xscale="log", yscale="log", title=title,
+           xlabel="rank: landmarks / segments / features (log scale)",
+           ylabel=f"relative output error {error}\n(log scale)")  # fmt: skip
+    ax.set_xticks(ranks, labels=ranks)
+    ax.minorticks_off()
+    ax.legend(loc="best", fontsize=7)
+
+
 def plot_output_error_by_arm(
     report: Mapping,
     save_dir: str | os.PathLike | None = None,
     name: str = "bench_output_error",
 ) -> Figure:
-    """Each arm's relative attention output error against exact, against rank.
+    """Each arm's relative attention output error against exact, against rank (log-log).
 
-    Two panels: on each arm's own trained Q/K, and on the exact arm's (the same inputs
-    for every method). Lines: mean over layers, windows, heads and draws; bands: 10-90 %
-    quantiles; the marker at each arm's own (training) rank is filled. Errors below
-    ``OUTPUT_ERROR_FLOOR`` (a rank that covers every point: exact to round-off) are drawn
-    at the floor.
+    Rows: on each arm's own trained Q/K, and on the exact arm's (the same inputs for every
+    method); columns: the arm groups, at most ``MAX_SERIES`` arms each
+    (:func:`output_error_panels`), the primary arm marked in its legend. Lines: mean over
+    layers, windows, heads and draws; bands: 10-90 % quantiles; the marker at each arm's
+    own (training) rank is filled. Errors below ``OUTPUT_ERROR_FLOOR`` (a rank that covers
+    every point: exact to round-off) are drawn at the floor.
     """
     frame = pd.DataFrame(report["output_error"]["rows"])
     for column in ("error_mean", "error_q10", "error_q90"):  # exact to round-off: at the floor
         frame[column] = frame[column].clip(lower=OUTPUT_ERROR_FLOOR)
-    panels = [p for p in ("own", "exact") if p in set(frame["inputs"])]
-    fig, axes = plt.subplots(
-        1, len(panels), figsize=(6.5 * len(panels), 4.5), constrained_layout=True, squeeze=False
-    )
-    for ax, inputs in zip(axes[0], panels, strict=True):
-        part = frame[frame["inputs"] == inputs]
-        for arm_name in (a for a in report["arms"] if a in set(part["arm"])):
-            rows = part[part["arm"] == arm_name].sort_values("rank")
-            colour = _arm_colors(list(report["arms"]))[arm_name]
-            marker = GROUP_MARKERS.get(arm_group(report, arm_name), "o")
-            ax.plot(
-                rows["rank"],
-                rows["error_mean"],
-                "-",
-                marker=marker,
-                color=colour,
-                mfc="white",
-                label=arm_name,
-            )
-            ax.fill_between(
-                rows["rank"], rows["error_q10"], rows["error_q90"], color=colour, alpha=0.08
-            )
-            own = rows[rows["rank"] == rows["own_rank"]]
-            ax.plot(own["rank"], own["error_mean"], marker, color=colour)
-        ranks = sorted(part["rank"].unique())
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel="rank (landmarks / segments / features)",
-            ylabel=r"relative output error $\|\hat O - O\|_F / \|O\|_F$",
-            title=f"on the {'arm' if inputs == 'own' else 'exact arm'}'s trained Q/K",
-        )
-        ax.set_xticks(ranks, labels=ranks)
-        ax.minorticks_off()
-    axes[0][-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
+    inputs = [p for p in ("own", "exact") if p in set(frame["inputs"])]
+    columns = output_error_panels(report)
+    fig, axes = plt.subplots(len(inputs), len(columns), figsize=(5.0 * len(columns),
+                             4.0 * len(inputs)), constrained_layout=True, squeeze=False,
+                             sharey=True)  # fmt: skip
+    for row, source in enumerate(inputs):
+        part = frame[frame["inputs"] == source]
+        on = f"on the {'arm' if source == 'own' else 'exact arm'}'s trained Q/K"
+        for col, (group, arms) in enumerate(columns):
+            _output_error_panel(axes[row][col], report, part, arms, f"{group}, {on}")
     save_figure(fig, save_dir, name)
     return fig
 
