@@ -354,6 +354,16 @@ def test_the_trace_identity_caption_states_the_pooled_decision():
     assert f"χ² p = {pooled['chi2_p']:.3g}" in caption and "fails" not in caption
 
 
+def test_the_mechanism_section_names_its_track():
+    """The mechanism section once did not say which track's model it checks."""
+    mechanism = json.loads((ROOT / "data/results/full/forecast-motif/mechanism.json").read_text())
+    caption, _ = text.trace_identity_caption(mechanism)
+    assert "the Motif forecast track's trained model" in caption
+    assert "Motif forecast track's trained model (`forecast-motif`" in text.mechanism_scope(
+        mechanism
+    )
+
+
 def test_an_equivalent_verdict_without_power_says_it_is_not_a_finding(fake_study):
     """Two pairs: TOST's interval can fit the margin while the sign-flip rule cannot reject
     at all; the quick preview said "equivalent" beside "zero power" (issue 31 item 6)."""

@@ -14,12 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from rpka.presets import MECHANISM_TRACK
 from rpka.report.figures import metric_label
 from rpka.report.figures_headline import relative_interval
 from rpka.report.narrative import mde_text, relative_text
 from rpka.report.tables import arm_group, relative_is_meaningful, verdict_word
 from rpka.scaling_analysis import crossover_table
 from rpka.stats import ALPHA, rule_can_reject
+from rpka.tracks import get_task
 
 SPEED_RANK = 64  # the rank the speed targets are stated at (rpka.report.readme)
 
@@ -329,7 +331,9 @@ def mechanism_scope(mechanism: Mapping[str, Any]) -> str:
         else ""
     )
     return (
-        "**What this checks.** The identity (one RPCholesky step lowers the residual trace by "
+        f"**What this checks.** On the {esc(get_task(MECHANISM_TRACK).title)}'s trained model "
+        f"(`{MECHANISM_TRACK}`, the arm above), the identity (one RPCholesky step lowers the "
+        "residual trace by "
         "‖R‖²_F / tr R in expectation) is algebraic: it holds for any positive semi-definite "
         "kernel matrix. Checking it on a trained model's queries and keys therefore tests the "
         "implementation (that the package draws pivots by the rule on real inputs), not "
@@ -351,7 +355,8 @@ def trace_identity_caption(mechanism: Mapping[str, Any]) -> tuple[str, str]:
         else "one Monte Carlo seed"
     )
     caption = (
-        f"**The trace identity on the trained model, {verdict}** ({decision}). The panel "
+        f"**The trace identity on the {esc(get_task(MECHANISM_TRACK).title)}'s trained model, "
+        f"{verdict}** ({decision}). The panel "
         f"shows one Monte Carlo seed: predicted against observed residual-trace decrease per "
         f"RPCholesky step; largest |z| {num(sig['max_abs_z'], '.2f')} over {sig['n_tests']} "
         f"tests, {sig['n_exceeding']} beyond ±4 (this seed's χ² p = "
