@@ -12,7 +12,7 @@ import pytest
 from rpka import paths, report
 from rpka.io import read_json
 from rpka.notebook_params import check
-from rpka.report import figures, figures_headline, longrange, summary
+from rpka.report import figures, figures_headline, longrange, sections, summary
 
 matplotlib.use("Agg")
 
@@ -147,6 +147,9 @@ def drawn():
     figs.section = "longrange"
     longrange_file, locality = longrange.load_files(p["longrange_dir"])
     longrange.longrange_section(runs, frontier, longrange_file, locality, figs, None)
+    figs.section = "longctx"
+    sections.longctx_section(runs["longctx"], report.optional_json(paths.longctx_json("full")),
+                             figs, None)  # fmt: skip
     return runs, figs.drawn
 
 
@@ -205,3 +208,15 @@ def test_the_frontier_draws_the_performance_profiles(drawn):
     titles = [ax.get_title() for section, fig in shown if section == "frontier"
               for ax in fig.axes]  # fmt: skip
     assert any(t.startswith("every gated track (") for t in titles)
+
+
+def test_the_long_context_section_shows_its_training_figure(drawn):
+    """``longctx_training.png`` was written but never embedded: the section shows it, the
+    primary arm named in its legend."""
+    runs, shown = drawn
+    if not runs["longctx"]:
+        pytest.skip("no long-context study in the committed full index")
+    (fig,) = [fig for section, fig in shown if section == "longctx"]
+    assert fig.get_suptitle().startswith("Training at long context")
+    primary = read_json(ROOT / paths.longctx_json("full"))["config"]["bench"]["primary_arm"]
+    assert f"{primary} (primary)" in _legend_texts(fig)
