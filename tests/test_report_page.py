@@ -220,3 +220,14 @@ def test_the_long_context_section_shows_its_training_figure(drawn):
     assert fig.get_suptitle().startswith("Training at long context")
     primary = read_json(ROOT / paths.longctx_json("full"))["config"]["bench"]["primary_arm"]
     assert f"{primary} (primary)" in _legend_texts(fig)
+
+
+@pytest.mark.parametrize("preset", list(PAGES))
+def test_what_lost_is_science_only_and_the_targets_have_their_own_section(preset):
+    """"What failed" once mixed the science with the `make report` budget."""
+    text = _text(preset)
+    lost = text[text.index("What lost.") : text.index("Main limitation.")]
+    assert not re.search(r"budget|make report|target|CPU-s", lost), lost
+    targets = text[text.index("Targets ¶") : text.index("Limitations ¶")]
+    assert "Science bars." in targets and "Engineering targets." in targets
+    assert targets.index("Engineering targets.") < targets.index("study budget")
