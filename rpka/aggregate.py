@@ -46,6 +46,8 @@ SEED = 0
 IQM_TRIM = 0.25  # trimmed from each end: the interquartile mean
 STUDY_FILE = "study.json"
 LONGRANGE_TRACK = "longrange-{context}"  # as rpka.study names a long-range length
+PROFILE_STEP = 0.01  # the spacing of the thresholds tau a performance profile is read at
+PRIMARY_LABEL = "RPKA, each track's primary arm"
 
 Statistic = Callable[[list[np.ndarray]], np.ndarray]
 
@@ -78,6 +80,18 @@ def iqm(strata: Sequence[np.ndarray]) -> np.ndarray:
     return np.asarray(stats.trim_mean(pooled, IQM_TRIM, axis=-1))
 
 
+def score_distribution(strata: Sequence[np.ndarray], taus: np.ndarray) -> np.ndarray:
+    """rliable's performance profile (its ``run_score_deviation``): the fraction of runs
+    whose score exceeds tau (strictly), for each tau, with each task weighted equally (the
+    fraction within each task, averaged over the tasks; with as many runs in every task,
+    rliable's fraction of the pooled runs). Row 0 of each stratum (1, ..., n_t) -> (..., m)
+    for the m thresholds ``taus``."""
+    taus = np.asarray(taus, dtype=float)
+    per_task = [(np.asarray(s, dtype=float)[0][..., :, None] > taus).mean(axis=-2)
+                for s in strata]  # fmt: skip
+    return np.mean(per_task, axis=0)
+
+
 def stratified_bootstrap(
     strata: Sequence[np.ndarray],
     statistic: Statistic,
@@ -93,6 +107,25 @@ def stratified_bootstrap(
     it is called once on the data and once on all (k, n_resamples, n_t) resamples.
     Returns ``estimate``, ``ci_low``, ``ci_high`` and the settings that reproduce them.
     """
+    data, resampled = _resample(strata, n_resamples, confidence, seed)
+    boot = np.asarray(statistic(resampled), dtype=float)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(boot, [tail, 1 - tail])
+    return {
+        "estimate": float(statistic(data)),
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "confidence": confidence,
+        "n_resamples": n_resamples,
+        "seed": seed,
+    }
+
+
+def _resample(
+    strata: Sequence[np.ndarray], n_resamples: int, confidence: float, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The strata as (k, n_t) arrays and their resamples, (k, n_resamples, n_t) each: n_t
+    seed columns drawn with replacement within each task, the same for the k rows."""
     if not strata:
         raise ValueError("no task to aggregate")
     if not 0 < confidence < 1:
@@ -103,13 +136,29 @@ def stratified_bootstrap(
     for s in data:
         idx = rng.integers(0, s.shape[-1], size=(n_resamples, s.shape[-1]))
         resampled.append(s[:, idx])  # (k, n_resamples, n_t)
-    boot = np.asarray(statistic(resampled), dtype=float)
+    return data, resampled
+
+
+def stratified_bootstrap_curve(
+    strata: Sequence[np.ndarray],
+    statistic: Statistic,
+    n_resamples: int = N_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = SEED,
+) -> dict[str, Any]:
+    """:func:`stratified_bootstrap` of a statistic with a last axis (a curve, e.g. a
+    performance profile over its thresholds): ``statistic`` maps the strata to (..., m);
+    the percentile band is taken at each of the m points. Returns lists ``estimate``,
+    ``ci_low``, ``ci_high`` (m each) and the settings. The same ``seed`` and strata shapes
+    draw the same seeds, so curves of arms trained on the same seeds stay paired."""
+    data, resampled = _resample(strata, n_resamples, confidence, seed)
+    boot = np.asarray(statistic(resampled), dtype=float)  # (n_resamples, m)
     tail = (1 - confidence) / 2
-    low, high = np.quantile(boot, [tail, 1 - tail])
+    low, high = np.quantile(boot, [tail, 1 - tail], axis=0)
     return {
-        "estimate": float(statistic(data)),
-        "ci_low": float(low),
-        "ci_high": float(high),
+        "estimate": [float(v) for v in statistic(data)],
+        "ci_low": [float(v) for v in low],
+        "ci_high": [float(v) for v in high],
         "confidence": confidence,
         "n_resamples": n_resamples,
         "seed": seed,
@@ -198,28 +247,45 @@ def exact_vs_rpka(reports: Mapping[str, Mapping[str, Any]], **kw: Any) -> list[d
     return rows
 
 
-def rpka_vs_peers(reports: Mapping[str, Mapping[str, Any]], **kw: Any) -> list[dict[str, Any]]:
-    """P(RPKA better than uniform landmarks / the keys coreset) over every track and rank
-    where both trained at the same rank (one stratum per such pair: the peer's arm against
-    ``rpka-r<rank>``, not an RPKA variant); a peer trained on no track gives no row. Rows
-    as :func:`exact_vs_rpka`'s, with ``pairs`` (RPKA arm, peer)."""
-    direction = {}
-    rows = []
+def peer_pairs(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, list[tuple[str, str, str]]]:
+    """Per peer method that trained on some track: (track, ``rpka-r<rank>``, the peer's arm)
+    for every track and rank where both trained (the plain RPKA arm, not a variant)."""
+    out: dict[str, list[tuple[str, str, str]]] = {}
     for peer in PIVOTING_PEERS:
-        tasks, pairs = [], []
         for track, report in reports.items():
             arms = report["arms"]
             for other, arm in arms.items():
                 name = f"rpka-r{arm.get('rank')}"  # the plain arm, not a variant (-keys, ...)
-                if arm.get("method") != peer or name not in arms:
-                    continue
-                tasks.append((track, paired_scores(report, track, [name, other])))
-                pairs.append((name, other))
-                direction[track] = report["metric_direction"]
-        if tasks:
-            row = _improvement_row(f"RPKA vs {peer}", tasks, direction, **kw)
-            rows.append({**row, "pairs": pairs})
+                if arm.get("method") == peer and name in arms:
+                    out.setdefault(peer, []).append((track, name, other))
+    return out
+
+
+def rpka_vs_peers(reports: Mapping[str, Mapping[str, Any]], **kw: Any) -> list[dict[str, Any]]:
+    """P(RPKA better than uniform landmarks / the keys coreset) over every track and rank
+    where both trained at the same rank (one stratum per such pair: the peer's arm against
+    ``rpka-r<rank>``, not an RPKA variant, :func:`peer_pairs`); a peer trained on no track
+    gives no row. Rows as :func:`exact_vs_rpka`'s, with ``pairs`` (RPKA arm, peer)."""
+    rows = []
+    for peer, pairs in peer_pairs(reports).items():
+        tasks = [(t, paired_scores(reports[t], t, [name, other])) for t, name, other in pairs]
+        direction = {t: reports[t]["metric_direction"] for t, _, _ in pairs}
+        row = _improvement_row(f"RPKA vs {peer}", tasks, direction, **kw)
+        rows.append({**row, "pairs": [(name, other) for _, name, other in pairs]})
     return rows
+
+
+def track_gap(report: Mapping[str, Any], track: str, arm: str) -> np.ndarray:
+    """``arm``'s gap recovered per seed on one track, (n_seeds,): 1 = exact, 0 = the
+    no-attention control (:func:`rpka.frontier.per_seed_gap`). A seed with no gap (the
+    control did not lose there) is an error naming the track."""
+    arms = [control_arm_of(report), report["baseline_arm"], arm]
+    control, exact, scores = paired_scores(report, track, arms)
+    g = per_seed_gap(control, exact, scores, report["metric_direction"])
+    if np.isnan(g).any():
+        raise ValueError(f"track {track!r}: the control does not lose on every seed, "
+                         "so the gap recovered is undefined")  # fmt: skip
+    return g
 
 
 def primary_gap_iqm(reports: Mapping[str, Mapping[str, Any]], **kw: Any) -> dict[str, Any]:
@@ -229,12 +295,7 @@ def primary_gap_iqm(reports: Mapping[str, Mapping[str, Any]], **kw: Any) -> dict
     A seed with no gap (the control did not lose there) is an error naming the track."""
     strata, per_track = [], {}
     for track, report in reports.items():
-        arms = [control_arm_of(report), report["baseline_arm"], report["primary_arm"]]
-        control, exact, arm = paired_scores(report, track, arms)
-        g = per_seed_gap(control, exact, arm, report["metric_direction"])
-        if np.isnan(g).any():
-            raise ValueError(f"track {track!r}: the control does not lose on every seed, "
-                             "so the gap recovered is undefined")  # fmt: skip
+        g = track_gap(report, track, report["primary_arm"])
         strata.append(g[None, :])
         per_track[track] = {"arm": report["primary_arm"], "per_seed": [float(x) for x in g]}
     return {
@@ -243,6 +304,84 @@ def primary_gap_iqm(reports: Mapping[str, Mapping[str, Any]], **kw: Any) -> dict
         "n_runs": [len(v["per_seed"]) for v in per_track.values()],
         "per_track": per_track,
         **stratified_bootstrap(strata, iqm, **kw),
+    }
+
+
+def tau_grid(gaps: Sequence[np.ndarray], step: float = PROFILE_STEP) -> np.ndarray:
+    """The thresholds a profile is read at, (m,): every ``step`` from one step below the
+    smallest gap (and below 0) to one step above the largest (and above 1), so each curve
+    starts at 1 and ends at 0 and exact's g = 1 falls inside."""
+    values = np.concatenate([np.ravel(g) for g in gaps])
+    low = min(0.0, np.floor(values.min() / step) * step) - step
+    high = max(1.0, np.ceil(values.max() / step) * step) + step
+    return np.round(np.arange(low, high + step / 2, step), 10)
+
+
+def _profile_curve(
+    family: str, label: str, runs: Sequence[tuple[str, str, np.ndarray]], taus: np.ndarray,
+    **kw: Any,
+) -> dict[str, Any]:
+    """One arm family's profile with its stratified-bootstrap band; ``runs``: (track, arm,
+    per-seed gap) per stratum."""
+    strata = [g[None, :] for _, _, g in runs]
+    band = stratified_bootstrap_curve(strata, lambda s: score_distribution(s, taus), **kw)
+    return {
+        "family": family,
+        "label": label,
+        "tracks": [t for t, _, _ in runs],
+        "arms": [a for _, a, _ in runs],
+        "n_runs": [len(g) for _, _, g in runs],
+        "profile": band["estimate"],
+        "ci_low": band["ci_low"],
+        "ci_high": band["ci_high"],
+        **{key: band[key] for key in ("confidence", "n_resamples", "seed")},
+    }
+
+
+def performance_profiles(
+    reports: Mapping[str, Mapping[str, Any]], step: float = PROFILE_STEP, **kw: Any
+) -> dict[str, Any]:
+    """rliable's performance profiles on the gap recovered: for each tau of
+    :func:`tau_grid`, the fraction of runs with g > tau (:func:`score_distribution`: each
+    track weighted equally), with its 95 % stratified-bootstrap band at every tau.
+
+    Panel one: each track's primary RPKA arm, over every gated track. Then one panel per
+    peer method that trained (:func:`peer_pairs`): RPKA and the peer at the same rank, on
+    the tracks (and ranks) where both trained, one stratum each; the two curves draw the
+    same seeds. Exact attention is g = 1 on every run by definition (its profile is 1
+    below tau = 1, 0 from there on), the control g = 0. ``kw`` goes to
+    :func:`stratified_bootstrap_curve`. Returns ``taus``, ``step``, ``panels`` (``title``,
+    ``curves``: ``family``, ``label``, ``tracks``, ``arms``, ``n_runs``, ``profile``,
+    ``ci_low``, ``ci_high``) and the bootstrap's settings."""
+    primary = [(t, r["primary_arm"], track_gap(r, t, r["primary_arm"]))
+               for t, r in reports.items()]  # fmt: skip
+    peers = {}  # peer -> (RPKA's runs, the peer's runs), stratum by stratum
+    for peer, pairs in peer_pairs(reports).items():
+        rpka = [(t, name, track_gap(reports[t], t, name)) for t, name, _ in pairs]
+        other = [(t, arm, track_gap(reports[t], t, arm)) for t, _, arm in pairs]
+        peers[peer] = (rpka, other)
+    every = [g for _, _, g in primary]
+    every += [g for runs in peers.values() for side in runs for _, _, g in side]
+    taus = tau_grid(every)
+    panels = [{
+        "title": "every gated track",
+        "curves": [_profile_curve("rpka", PRIMARY_LABEL, primary, taus, **kw)],
+    }]  # fmt: skip
+    for peer, (rpka, other) in peers.items():
+        ranked = [f"{t} r{reports[t]['arms'][a]['rank']}" for t, a, _ in other]
+        primaries = all(a == reports[t]["primary_arm"] for t, a, _ in rpka)
+        label = PRIMARY_LABEL if primaries else "RPKA at the peer's rank"
+        panels.append({
+            "title": f"against {peer}: {', '.join(ranked)}",
+            "curves": [_profile_curve("rpka", label, rpka, taus, **kw),
+                       _profile_curve(peer, f"{peer} at RPKA's rank", other, taus, **kw)],
+        })  # fmt: skip
+    first = panels[0]["curves"][0]
+    return {
+        "taus": [float(x) for x in taus],
+        "step": step,
+        "panels": panels,
+        **{key: first[key] for key in ("confidence", "n_resamples", "seed")},
     }
 
 
@@ -261,17 +400,29 @@ def study_aggregate(results_dir: str | Path, **kw: Any) -> dict[str, Any] | None
         "exact_vs_rpka": exact_vs_rpka(reports, **kw),
         "rpka_vs_peers": rpka_vs_peers(reports, **kw),
         "primary_gap_iqm": primary_gap_iqm(reports, **kw),
+        "performance_profiles": performance_profiles(reports, **kw),
     }
 
 
 def aggregate_lines(aggregate: Mapping[str, Any]) -> list[str]:
-    """One plain line per aggregate, for a terminal (``python -m rpka.aggregate``)."""
+    """One plain line per aggregate, then per profile curve its value at a few
+    thresholds, for a terminal (``python -m rpka.aggregate``)."""
     rows = [*aggregate["exact_vs_rpka"], *aggregate["rpka_vs_peers"], aggregate["primary_gap_iqm"]]
-    return [
+    lines = [
         f"{r['comparison']}: {r['estimate']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] "
         f"over {', '.join(f'{t} ({n})' for t, n in zip(r['tracks'], r['n_runs'], strict=True))}"
         for r in rows
     ]
+    profiles = aggregate.get("performance_profiles")
+    if profiles:
+        taus = np.asarray(profiles["taus"])
+        at = [int(np.argmin(np.abs(taus - tau))) for tau in (0.0, 0.5, 0.9, 0.95, 1.0)]
+        for panel in profiles["panels"]:
+            for c in panel["curves"]:
+                values = ", ".join(f"g > {taus[i]:g}: {c['profile'][i]:.3f} "
+                                   f"[{c['ci_low'][i]:.3f}, {c['ci_high'][i]:.3f}]" for i in at)
+                lines.append(f"profile, {panel['title']}, {c['label']}: {values}")
+    return lines
 
 
 if __name__ == "__main__":  # pragma: no cover - a reader's check of the committed numbers

@@ -7,16 +7,21 @@ import pytest
 from scipy import stats
 
 from rpka.aggregate import (
+    PRIMARY_LABEL,
     exact_vs_rpka,
     gated_tracks,
     iqm,
     oriented,
     paired_scores,
+    performance_profiles,
     primary_gap_iqm,
     probability_of_improvement,
     rpka_vs_peers,
+    score_distribution,
     stratified_bootstrap,
+    stratified_bootstrap_curve,
     study_aggregate,
+    tau_grid,
 )
 from rpka.io import write_json
 
@@ -189,4 +194,139 @@ def test_the_frontier_section_shows_the_aggregate_view_after_its_table():
     table = next(i for i, t in enumerate(texts) if "gap recovered [95 % CI]" in t)
     assert table < at and "Does residual pivoting" in texts[at - 1]  # after the per-track
     assert len(items) == len(report.frontier.frontier_section(frontier, report.Figures(),
-                                                              None)) + 1  # fmt: skip
+                                                              None)) + 2  # fmt: skip
+    profile = items[at + 1].data  # the performance profiles right after the aggregate table
+    assert "<figure" in profile and "Performance profiles of the gap recovered" in profile
+
+
+# --------------------------------------------------------------------------- performance profiles
+
+
+def _brute_profile(tasks, taus):
+    """Per tau: the fraction of each task's runs with score > tau, averaged over tasks."""
+    out = []
+    for tau in taus:
+        fractions = [sum(1 for g in runs if g > tau) / len(runs) for runs in tasks]
+        out.append(sum(fractions) / len(fractions))
+    return out
+
+
+def test_score_distribution_by_hand():
+    """Two tracks, 3 and 2 runs: each track weighs one half, whatever its run count; the
+    inequality is strict (a run at tau does not count)."""
+    tasks = [np.array([[0.2, 0.6, 1.0]]), np.array([[0.5, 0.9]])]
+    taus = np.array([-0.1, 0.2, 0.5, 0.6, 0.95, 1.0])
+    expected = [1.0, (2 / 3 + 1) / 2, (2 / 3 + 1 / 2) / 2, (1 / 3 + 1 / 2) / 2, (1 / 3) / 2, 0.0]
+    assert score_distribution(tasks, taus) == pytest.approx(expected)
+
+
+def test_score_distribution_equals_a_brute_force_loop_and_rliables_pooled_mean():
+    rng = np.random.default_rng(11)
+    tasks = [rng.normal(0.6, 0.4, size=n).round(2) for n in (7, 8, 5)]  # ties with the grid
+    taus = np.round(np.arange(-0.5, 1.6, 0.05), 10)
+    ours = score_distribution([g[None, :] for g in tasks], taus)
+    assert ours == pytest.approx(_brute_profile(tasks, taus))
+    # as many runs per task: rliable's run_score_deviation, the mean of (scores > tau)
+    # over the (runs x tasks) matrix
+    square = rng.normal(0.6, 0.4, size=(6, 3))
+    rliable = [np.mean(square > tau) for tau in taus]
+    assert score_distribution([c[None, :] for c in square.T], taus) == pytest.approx(rliable)
+
+
+def test_the_profile_band_equals_a_brute_force_bootstrap():
+    """Seeds drawn as the bootstrap draws them (one rng, task by task), each resample's
+    profile by loops, the 2.5 / 97.5 % quantiles per tau."""
+    rng = np.random.default_rng(4)
+    tasks = [rng.normal(0.7, 0.3, size=n) for n in (6, 4)]
+    taus = tau_grid(tasks, step=0.1)
+    out = stratified_bootstrap_curve([g[None, :] for g in tasks],
+                                     lambda s: score_distribution(s, taus),
+                                     n_resamples=300, seed=5)  # fmt: skip
+    draw = np.random.default_rng(5)
+    idx = [draw.integers(0, len(g), size=(300, len(g))) for g in tasks]
+    boot = np.array([_brute_profile([g[i[b]] for g, i in zip(tasks, idx, strict=True)], taus)
+                     for b in range(300)])  # fmt: skip
+    assert out["estimate"] == pytest.approx(_brute_profile(tasks, taus))
+    assert out["ci_low"] == pytest.approx(list(np.quantile(boot, 0.025, axis=0)))
+    assert out["ci_high"] == pytest.approx(list(np.quantile(boot, 0.975, axis=0)))
+    assert all(lo <= e <= hi for lo, e, hi in zip(out["ci_low"], out["estimate"],
+                                                   out["ci_high"], strict=True))  # fmt: skip
+    # a one-point curve is the scalar bootstrap
+    strata = [g[None, :] for g in tasks]
+    one = stratified_bootstrap_curve(strata, lambda s: iqm(s)[..., None], seed=2)
+    scalar = stratified_bootstrap(strata, iqm, seed=2)
+    assert (one["estimate"][0], one["ci_low"][0], one["ci_high"][0]) == pytest.approx(
+        (scalar["estimate"], scalar["ci_low"], scalar["ci_high"]))
+
+
+def test_tau_grid_brackets_the_gaps_exact_and_the_control():
+    taus = tau_grid([np.array([0.33, 0.7]), np.array([1.234])], step=0.05)
+    assert taus[0] == pytest.approx(-0.05) and taus[-1] == pytest.approx(1.3)
+    assert np.allclose(np.diff(taus), 0.05) and 1.0 in taus and 0.0 in taus
+    assert list(tau_grid([np.array([-0.41, 0.5])], step=0.1)[:2]) == pytest.approx([-0.6, -0.5])
+
+
+def test_performance_profiles_on_hand_made_reports():
+    """Panel one: each track's primary arm over every track; one panel per peer with RPKA
+    and the peer at the same rank, paired by seed (same draws)."""
+    peer = {"nystrom-uniform-r16": _arm("nystrom-uniform", [0.4, 0.7, 0.5, 0.7, 0.4], 16)}
+    reports = {"a": _report(**peer), "b": _report()}
+    out = performance_profiles(reports, n_resamples=300)
+    assert out["n_resamples"] == 300 and out["seed"] == 0 and out["step"] == 0.01
+    first, versus = out["panels"]
+    (rpka,) = first["curves"]
+    assert rpka["label"] == PRIMARY_LABEL and rpka["tracks"] == ["a", "b"]
+    g = {"a": primary_gap_iqm(reports)["per_track"]["a"]["per_seed"]}
+    g["b"] = g["a"]
+    assert rpka["profile"] == pytest.approx(_brute_profile([g["a"], g["b"]], out["taus"]))
+    assert versus["title"] == "against nystrom-uniform: a r16"
+    mine, theirs = versus["curves"]
+    assert mine["arms"] == ["rpka-r16"] and theirs["arms"] == ["nystrom-uniform-r16"]
+    control, exact = 1.0 + np.array([0, 0.1, 0, 0.1, 0]), np.array([0, 0.1, 0, 0.1, 0])
+    g_peer = (control - np.array([0.4, 0.7, 0.5, 0.7, 0.4])) / (control - exact)
+    assert theirs["profile"] == pytest.approx(_brute_profile([g_peer], out["taus"]))
+    # the same seeds drawn for both: a peer identical to RPKA has RPKA's band
+    twin = {"nystrom-uniform-r16": _arm("nystrom-uniform", [0.5, 0.6, 0.5, 0.6, 0.5], 16)}
+    same = performance_profiles({"a": _report(**twin)}, n_resamples=300)["panels"][1]["curves"]
+    assert same[0]["ci_low"] == same[1]["ci_low"] and same[0]["ci_high"] == same[1]["ci_high"]
+    assert performance_profiles({"b": _report()}, n_resamples=50)["panels"][1:] == []
+
+
+def test_the_committed_full_studys_profiles():
+    """Every curve starts at 1 and ends at 0 on its grid, sits inside its band, and the
+    first curve is the primary arms' per-seed gaps of the IQM row, counted."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "data" / "results" / "full"
+    out = study_aggregate(results) if (results / "study.json").exists() else None
+    if out is None:
+        pytest.skip("no committed full study here")
+    profiles = out["performance_profiles"]
+    taus = profiles["taus"]
+    for panel in profiles["panels"]:
+        for c in panel["curves"]:
+            assert c["profile"][0] == 1.0 and c["profile"][-1] == 0.0
+            assert all(lo <= e <= hi for lo, e, hi in zip(c["ci_low"], c["profile"],
+                                                           c["ci_high"], strict=True))  # fmt: skip
+    per_track = out["primary_gap_iqm"]["per_track"]
+    first = profiles["panels"][0]["curves"][0]
+    assert first["tracks"] == list(per_track)
+    expected = _brute_profile([v["per_seed"] for v in per_track.values()], taus)
+    assert first["profile"] == pytest.approx(expected)
+
+
+def test_the_profile_figure_labels_its_axes_and_names_every_curve(tmp_path):
+    from rpka.report.figures_frontier import plot_performance_profiles
+
+    peer = {"nystrom-uniform-r16": _arm("nystrom-uniform", [0.4, 0.7, 0.5, 0.7, 0.4], 16)}
+    profiles = performance_profiles({"a": _report(**peer), "b": _report()}, n_resamples=100)
+    fig = plot_performance_profiles(profiles, tmp_path)
+    assert (tmp_path / "performance_profiles.png").stat().st_size > 1000
+    first, second = fig.axes
+    assert first.get_ylabel() == "fraction of runs with g > τ"
+    assert all("threshold τ on the gap recovered g" in ax.get_xlabel() for ax in fig.axes)
+    assert first.get_title() == "every gated track (10 runs)"
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert PRIMARY_LABEL in labels and "nystrom-uniform at RPKA's rank" in labels
+    assert "exact attention (g = 1 on every run)" in labels
+    assert all(len(ax.get_lines()) <= 6 for ax in fig.axes)

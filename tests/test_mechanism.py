@@ -299,6 +299,7 @@ def test_mechanism_figures_write_pngs(tmp_path):
     from matplotlib.figure import Figure
 
     from rpka.report import figures
+    from rpka.report import figures_mechanism as mech
 
     figures.set_style()
     study = dict(rank=4, draws=50, quality_ranks=(2, 4, 8), quality_seeds=2, progress=False)
@@ -307,11 +308,11 @@ def test_mechanism_figures_write_pngs(tmp_path):
     table = compare_models({"trained": trained, "init": init})
     assert list(table["model"].unique()) == ["trained", "init"] and len(table) == 6
     written = {
-        "mechanism_trace_identity": figures.plot_trace_identity(trained, save_dir=tmp_path),
-        "mechanism_residual_trace": figures.plot_residual_trace(trained, save_dir=tmp_path),
-        "mechanism_output_error": figures.plot_output_error(init, save_dir=tmp_path),
-        "mechanism_spectra": figures.plot_spectra({"trained": trained, "init": init}, tmp_path),
-        "mechanism_trained_vs_init": figures.plot_trained_vs_init(
+        "mechanism_trace_identity": mech.plot_trace_identity(trained, save_dir=tmp_path),
+        "mechanism_residual_trace": mech.plot_residual_trace(trained, save_dir=tmp_path),
+        "mechanism_output_error": mech.plot_output_error(init, save_dir=tmp_path),
+        "mechanism_spectra": mech.plot_spectra({"trained": trained, "init": init}, tmp_path),
+        "mechanism_trained_vs_init": mech.plot_trained_vs_init(
             {"trained": trained, "init": init}, save_dir=tmp_path
         ),
     }
@@ -320,4 +321,4 @@ def test_mechanism_figures_write_pngs(tmp_path):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
         matplotlib.pyplot.close(fig)
     with pytest.raises(ValueError, match="layer"):
-        figures.plot_trace_identity(trained, layer=9, head=0)
+        mech.plot_trace_identity(trained, layer=9, head=0)

@@ -19,7 +19,7 @@ from rpka import paths, report, stats, study, study_index
 from rpka.io import FIGURE_DPI, figure_png, save_figure
 from rpka.paths import REPO_ROOT as ROOT
 from rpka.pipeline import offline
-from rpka.report import figures, figures_cost, figures_headline, narrative, text
+from rpka.report import figures, figures_cost, figures_headline, narrative, text, text_track
 from rpka.report.tables import arm_group
 
 
@@ -124,7 +124,7 @@ def test_summary_has_five_bullets_answers_with_ci_and_a_failed_gate_reads_uninfo
 
 def test_disclosures_name_borrowed_rates_single_seed_verdicts_and_guards(fake_study):
     passing = next(iter(fake_study["tracks"].values()))
-    words = text.disclosures(passing["report"])
+    words = text_track.disclosures(passing["report"])
     primary = passing["primary_arm"]
     assert "Borrowed learning rates" in words and f"from `{primary}`" in words
     seed = passing["report"]["arms"][primary]["seeds"][1]
@@ -269,9 +269,9 @@ def test_offline_html_has_no_script_no_remote_link_and_the_title():
 
 def test_appendix_tables_use_words_not_python_reprs(fake_study):
     bench = next(iter(fake_study["tracks"].values()))["report"]
-    arms = text.arms_table(bench)
+    arms = text_track.arms_table(bench)
     assert not arms["options"].str.contains(r"[{}']", regex=True).any()
-    stats_table = text.statistics_table(bench)
+    stats_table = text_track.statistics_table(bench)
     assert {"TOST p", "margin", "MDE of the rule", "one seed flips it"} <= set(stats_table)
     assert set(stats_table["verdict"]) <= set(stats.VERDICTS)
     assert np.isfinite(stats_table["delta mean"]).all()
@@ -352,6 +352,16 @@ def test_the_trace_identity_caption_states_the_pooled_decision():
     pooled = mechanism["trained"]["mechanism_signature"]["pooled"]
     assert f"{pooled['n_seeds']} Monte Carlo seeds" in caption
     assert f"χ² p = {pooled['chi2_p']:.3g}" in caption and "fails" not in caption
+
+
+def test_the_mechanism_section_names_its_track():
+    """The mechanism section once did not say which track's model it checks."""
+    mechanism = json.loads((ROOT / "data/results/full/forecast-motif/mechanism.json").read_text())
+    caption, _ = text.trace_identity_caption(mechanism)
+    assert "the Motif forecast track's trained model" in caption
+    assert "Motif forecast track's trained model (`forecast-motif`" in text.mechanism_scope(
+        mechanism
+    )
 
 
 def test_an_equivalent_verdict_without_power_says_it_is_not_a_finding(fake_study):

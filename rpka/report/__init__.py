@@ -9,9 +9,9 @@
 - ``track``: each track's section; ``longrange``: the long-range study;
 - ``sections``: the long-context section, memory beside speed;
 - ``appendix``: the verdicts table and each track's appendix;
-- below them the words (``text``, ``narrative``), the tables (``tables``), the figures
-  (``figures`` and ``figures_*``, colours from ``palette``) and the README's results block
-  (``readme``).
+- below them the words (``text_track``, ``text``, ``narrative``), the tables
+  (``tables``), the figures (``figures`` and ``figures_*``, colours from ``palette``) and
+  the README's results block (``readme``).
 
 ``from rpka import report`` gives the page's functions (``report.load_study``,
 ``report.Figures``, ...) and each section as ``report.<section>``.

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 from IPython.display import Markdown
 
-from rpka.report import tables, text
+from rpka.report import tables, text_track
 from rpka.report.tables import arm_group, verdict_word
 from rpka.report.text import ci_text
 
@@ -40,11 +40,11 @@ def appendix_section(track: Mapping[str, Any]) -> list[Any]:
     report = track["report"]
     out: list[Any] = [
         Markdown(f"#### {track['title']}"),
-        Markdown(text.selection_rules(track)),
-        tables.styled(text.arms_table(report)),
-        tables.styled(text.statistics_table(report)),
+        Markdown(text_track.selection_rules(track)),
+        tables.styled(text_track.arms_table(report)),
+        tables.styled(text_track.statistics_table(report)),
     ]
-    shares = text.guard_shares(report)
+    shares = text_track.guard_shares(report)
     if len(shares):
         out += [Markdown("Numerical guards in training (docs/numerics.md):"), tables.styled(shares)]
     out += [

@@ -85,7 +85,7 @@ def plot_recall_accuracy_vs_rank(
     Lines: each method with ranked arms (rpka; any non-causal peer the track ever admits),
     the mean over evaluation seeds with 95 % CI bars; horizontal lines: exact attention
     and the control with CI bands; dotted: guessing a value of the sequence (1 / n_pairs).
-    The vertical line marks rank = pairs.
+    The vertical line marks rank = pairs; a star marks the primary arm.
     """
     if report.get("track") != RecallTask.name:
         raise ValueError(f"report must be a recall bench report, got track {report.get('track')!r}")
@@ -107,13 +107,18 @@ def plot_recall_accuracy_vs_rank(
                 x, y, yerr=err.T, marker="o", capsize=3, label=method, color=colors[rows[0]["arm"]]
             )
             ratios.update(x)
+            for r in rows:  # the primary arm, in every panel's legend
+                if r["arm"] == report.get("primary_arm"):
+                    ax.plot([r["ratio"]], [r["accuracy"]], marker="*", ms=14, ls="none",
+                            color=colors[r["arm"]], mec="black", mew=0.8,
+                            label=f"{r['arm']} (primary)", zorder=5)  # fmt: skip
         for arm, (accuracy, low, high) in reference_arms(report, metric).items():
             ax.axhline(accuracy, color=colors[arm], ls="--", lw=1.2, label=arm)
             ax.axhspan(low, high, color=colors[arm], alpha=0.12, lw=0)
         ax.axhline(guess, color="0.4", ls=":", lw=1, label="a value of the sequence")
         ax.axvline(1.0, color="0.7", lw=0.8)
         ticks = sorted(ratios | {1.0})
-        ax.set(xscale="log", xlabel="rank / pairs", title=title, ylim=(0, 1.02))
+        ax.set(xscale="log", xlabel="rank / pairs (log scale)", title=title, ylim=(0, 1.02))
         ax.set_xticks(ticks, labels=[f"{t:g}" for t in ticks])
         ax.minorticks_off()
     axes[0].set_ylabel("test query accuracy")

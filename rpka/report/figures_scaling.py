@@ -255,10 +255,12 @@ def plot_longctx(
 ) -> Figure:
     """Training at long context (``rpka.longctx`` JSON), per context and arm: the median
     training step time, the peak memory of a step, the test MSE (mean +/- sd over the
-    evaluation seeds) and its paired difference from exact (mean, 95 % t interval).
-    Data from ``rpka.report.tables.longctx_table``."""
+    evaluation seeds) and its paired difference from exact (mean, 95 % t interval); the
+    primary arm (``config.bench.primary_arm``) marked in the legend. Data from
+    ``rpka.report.tables.longctx_table``."""
     table = longctx_table(longctx)
     arms = list(dict.fromkeys(table["arm"]))
+    primary = ((longctx.get("config") or {}).get("bench") or {}).get("primary_arm")
     contexts = sorted(table["context"].unique())
     colours = palette.arm_colours(arms)
     width = 0.8 / len(arms)
@@ -274,7 +276,8 @@ def plot_longctx(
             part = table[table["arm"] == arm].set_index("context").reindex(contexts)
             x = np.arange(len(contexts)) + (i - (len(arms) - 1) / 2) * width
             if column in ("step_ms", "peak_mib"):
-                ax.bar(x, part[column], width=width, color=colours[arm], label=arm)
+                ax.bar(x, part[column], width=width, color=colours[arm],
+                       label=f"{arm} (primary)" if arm == primary else arm)  # fmt: skip
                 continue
             if column == "test_mse_mean":
                 error = part["test_mse_sd"]

@@ -107,96 +107,119 @@ BUDGET_MIN = 25
 LONGCTX_STEP_TARGET, LONGCTX_PEAK_TARGET = 0.5, 1.5
 
 
+Target = tuple[str, str, bool | None]  # (target, measured, met: None = not measured)
+
+
 def targets_table(results: Mapping[str, Any], cost: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each target of the study's issues, the measured figure and whether it is met; with
     ``cost`` (:func:`cost_table`), also the study's budget from its recorded training cost."""
-    rows: list[tuple[str, str, str]] = []
-
-    def add(target: str, measured: str, met: bool | None) -> None:
-        rows.append((target, measured, _met(met)))
-
+    found: list[Target] = []
     for name in STUDY_TRACKS:  # each track's own targets (TrackText.summary_targets)
         if results.get(name):
-            for target, measured, met in get_task(name).text.summary_targets(results[name]):
-                add(target, measured, met)
-    for target, measured, met in longctx_targets(results.get("longctx")):
-        add(target, measured, met)
-    if cost is not None:
-        cpu_s = int(cost["CPU s"].iloc[-1])  # the total row
-        measured = f"{cpu_s / 120:.0f} min for the training runs alone ({cpu_s:,} CPU-s / 2 cores)"
-        predicted = cost["predicted CPU s"].iloc[-1] if "predicted CPU s" in cost else "-"
-        if predicted != "-":
-            measured += f"; the cost model predicts {predicted} CPU-s"
-        add(
-            f"study budget: `make report` ≤ {BUDGET_MIN} min on 2 cores",
-            measured,
-            cpu_s / 120 <= BUDGET_MIN,
-        )
-    mechanism = results["mechanism"]
-    if mechanism:
-        sig = mechanism["trained"]["mechanism_signature"]
-        pooled = sig.get("pooled")
-        if pooled:  # the pooled rule (docs/statistics.md section 7)
-            add(
-                "trace identity: pooled z-scores calibrated (χ² and Σz, α = 0.05 over both)",
-                f"{pooled['n_seeds']} Monte Carlo seeds, {pooled['count']} z: χ² p "
-                f"{pooled['chi2_p']:.3g}, Σz p {pooled['stouffer_p']:.3g}",
-                pooled["confirmed"],
-            )
-        else:  # a file from before the pooled rule
-            add(
-                "trace identity: every step's z within ±4",
-                f"largest abs(z) {sig['max_abs_z']:.2f} over {sig['n_tests']} tests",
-                sig["confirmed"],
-            )
-    scaling = results["scaling_cpu"]
-    if scaling:
-        rows_by_n = _rpka_rows(scaling)
-        at_4096 = rows_by_n.get(4096)
-        add(
+            found += get_task(name).text.summary_targets(results[name])
+    found += longctx_targets(results.get("longctx"))
+    found += budget_targets(cost)
+    found += mechanism_targets(results["mechanism"])
+    found += speed_targets(results["scaling_cpu"])
+    found += decode_targets(results["decode"])
+    found += gpu_targets(results["scaling_gpu"])
+    rows = [(target, measured, _met(met)) for target, measured, met in found]
+    return pd.DataFrame(rows, columns=["target", "measured", "status"])
+
+
+def budget_targets(cost: pd.DataFrame | None) -> list[Target]:
+    """The study's budget against its recorded training cost (:func:`cost_table`'s total)."""
+    if cost is None:
+        return []
+    cpu_s = int(cost["CPU s"].iloc[-1])  # the total row
+    measured = f"{cpu_s / 120:.0f} min for the training runs alone ({cpu_s:,} CPU-s / 2 cores)"
+    predicted = cost["predicted CPU s"].iloc[-1] if "predicted CPU s" in cost else "-"
+    if predicted != "-":
+        measured += f"; the cost model predicts {predicted} CPU-s"
+    target = f"study budget: `make report` ≤ {BUDGET_MIN} min on 2 cores"
+    return [(target, measured, cpu_s / 120 <= BUDGET_MIN)]
+
+
+def mechanism_targets(mechanism: Mapping[str, Any] | None) -> list[Target]:
+    """The trace identity on the trained model: the pooled rule, or the per-step band of
+    a file from before it."""
+    if not mechanism:
+        return []
+    sig = mechanism["trained"]["mechanism_signature"]
+    pooled = sig.get("pooled")
+    if pooled:  # the pooled rule (docs/statistics.md section 7)
+        return [(
+            "trace identity: pooled z-scores calibrated (χ² and Σz, α = 0.05 over both)",
+            f"{pooled['n_seeds']} Monte Carlo seeds, {pooled['count']} z: χ² p "
+            f"{pooled['chi2_p']:.3g}, Σz p {pooled['stouffer_p']:.3g}",
+            pooled["confirmed"],
+        )]  # fmt: skip
+    return [(
+        "trace identity: every step's z within ±4",
+        f"largest abs(z) {sig['max_abs_z']:.2f} over {sig['n_tests']} tests",
+        sig["confirmed"],
+    )]  # fmt: skip
+
+
+def speed_targets(scaling: Mapping[str, Any] | None) -> list[Target]:
+    """RPKA r=64's CPU forward against exact's: at n = 4,096 and from n = 1,024 on."""
+    if not scaling:
+        return []
+    rows_by_n = _rpka_rows(scaling)
+    at_4096 = rows_by_n.get(4096)
+    long = [row for n, row in rows_by_n.items() if n >= 1024]
+    slowest = min(long, key=lambda r: r["speedup_vs_exact"]) if long else None
+    return [
+        (
             "CPU: rpka r=64 forward ≥ 3 × faster than exact at n = 4,096",
             f"{at_4096['speedup_vs_exact']:.1f} ×" if at_4096 else "not in this sweep",
             at_4096["speedup_vs_exact"] >= 3 if at_4096 else None,
-        )
-        long = [row for n, row in rows_by_n.items() if n >= 1024]
-        slowest = min(long, key=lambda r: r["speedup_vs_exact"]) if long else None
-        add(
+        ),
+        (
             "CPU: faster than exact from n = 1,024 on",
             f"{slowest['speedup_vs_exact']:.2f} × at n = {slowest['n']:,} (the least)"
             if slowest
             else "not in this sweep",
             slowest["speedup_vs_exact"] > 1 if slowest else None,
-        )
-    decode = results["decode"]
-    if decode:
-        target = decode["summary"]["target"]
-        contexts = sorted(decode["config"]["contexts"])
-        rows_ = {(r["method"], r["context"]): r for r in decode["rows"]}
+        ),
+    ]
 
-        def with_redraw(context: int) -> float:  # the landmark redraw, amortised per token
-            row = rows_[("rpka", context)]
-            return row["per_token_ms"] + row.get("amortised_redraw_ms_per_token", 0.0)
 
-        growth = with_redraw(contexts[-1]) / with_redraw(contexts[0])
-        add(
-            "decoding: per-token time at the longest context ≤ 1.2 × at 1k, landmark "
-            "redraw included",
-            f"{growth:.2f} × at {contexts[-1]:,} with the redraw amortised, "
-            f"{target['ratio']:.2f} × without ({decode['device']})",
-            growth <= 1.2,
-        )
-    gpu = results["scaling_gpu"]
+def decode_targets(decode: Mapping[str, Any] | None) -> list[Target]:
+    """Per-token decoding at the longest context against the shortest, the landmark
+    redraw amortised per token."""
+    if not decode:
+        return []
+    target = decode["summary"]["target"]
+    contexts = sorted(decode["config"]["contexts"])
+    rows = {(r["method"], r["context"]): r for r in decode["rows"]}
+
+    def with_redraw(context: int) -> float:  # the landmark redraw, amortised per token
+        row = rows[("rpka", context)]
+        return row["per_token_ms"] + row.get("amortised_redraw_ms_per_token", 0.0)
+
+    growth = with_redraw(contexts[-1]) / with_redraw(contexts[0])
+    return [(
+        "decoding: per-token time at the longest context ≤ 1.2 × at 1k, landmark "
+        "redraw included",
+        f"{growth:.2f} × at {contexts[-1]:,} with the redraw amortised, "
+        f"{target['ratio']:.2f} × without ({decode['device']})",
+        growth <= 1.2,
+    )]  # fmt: skip
+
+
+def gpu_targets(gpu: Mapping[str, Any] | None) -> list[Target]:
+    """The GPU targets as the GPU scaling file states them, or each one not measured."""
     if gpu is None:
-        for target in (
-            "GPU: r=64 ≥ 5 × faster than SDPA flash at 65,536",
-            "GPU: peak memory ≤ 4 × SDPA's at 65,536",
-            "GPU: pivot selection ≤ 25 % of the forward at n ≥ 16,384",
-        ):
-            rows.append((target, "not measured: no GPU was lent to this study's sessions", "n/a"))
-    else:
-        for target in gpu.get("targets", []):
-            rows.append((target["statement"], target["measured"], _met(target["met"])))
-    return pd.DataFrame(rows, columns=["target", "measured", "status"])
+        return [
+            (target, "not measured: no GPU was lent to this study's sessions", None)
+            for target in (
+                "GPU: r=64 ≥ 5 × faster than SDPA flash at 65,536",
+                "GPU: peak memory ≤ 4 × SDPA's at 65,536",
+                "GPU: pivot selection ≤ 25 % of the forward at n ≥ 16,384",
+            )
+        ]
+    return [(t["statement"], t["measured"], t["met"]) for t in gpu.get("targets", [])]
 
 
 def longctx_targets(longctx: Mapping[str, Any] | None) -> list[tuple[str, str, bool | None]]:

@@ -10,11 +10,14 @@ local gate beside the attention gate), so a key a file lacks reads "n/a" and a k
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+from IPython.display import Markdown
 
+from rpka.report.figures_scaling import plot_longctx
 from rpka.report.tables import verdict_word
 from rpka.report.text import esc, num
 
@@ -166,3 +169,40 @@ def longctx_text(
         "`longctx.json`), are "
         "kept as measured."
     )
+
+
+def longctx_caption(longctx_file: Mapping[str, Any]) -> tuple[str, str]:
+    """(caption, alt) of the long-context training figure."""
+    primary = ((longctx_file.get("config") or {}).get("bench") or {}).get("primary_arm", NA)
+    contexts = ", ".join(f"{int(c):,}" for c in longctx_file.get("contexts", []))
+    caption = (
+        f"**Training at long context ({OLDER_STUDY}), at {contexts} tokens.** Per context "
+        "and arm: the median training step and the peak memory of a step (both log scale), "
+        "the test MSE (mean ± sd over the evaluation seeds) and its paired difference from "
+        f"exact's (mean, 95 % t interval); the primary arm `{primary}` marked in the "
+        "legend. The verdicts are the table's (the tracks' rule)."
+    )
+    alt = (
+        f"Four panels of bars and points per arm at {contexts} tokens: training step, peak "
+        f"memory, test MSE and its difference from exact; primary arm {primary}."
+    )
+    return caption, alt
+
+
+def longctx_section(
+    index: Mapping[str, Any] | None,
+    longctx_file: Mapping[str, Any] | None,
+    figs: Any,
+    figures_dir: str | os.PathLike | None,
+) -> list[Any]:
+    """The older long-context study's items for ``display``: its set-up in words, the
+    table per length and, with ``longctx.json``, its training figure (through
+    ``figs.show``, :class:`rpka.report.Figures`)."""
+    items: list[Any] = [Markdown(longctx_text(index, longctx_file))]
+    if index:
+        items.append(Markdown(longctx_table(index, longctx_file).to_markdown(index=False)))
+    if index and longctx_file and longctx_file.get("rows"):
+        fig = plot_longctx(longctx_file, figures_dir, "report_longctx_training")  # 05 draws its own
+        items.append(figs.show(fig, *longctx_caption(longctx_file)))
+    return items
+

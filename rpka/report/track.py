@@ -16,15 +16,8 @@ from rpka.report.figures_headline import plot_forest
 from rpka.report.narrative import mde_text
 from rpka.report.page import Figures
 from rpka.report.tables import verdict_word
-from rpka.report.text import (
-    ci_text,
-    cost_caption,
-    disclosures,
-    esc,
-    forest_caption,
-    gate_text,
-    num,
-)
+from rpka.report.text import ci_text, esc, gate_text, num
+from rpka.report.text_track import cost_caption, disclosures, forest_caption
 
 
 def track_headline(track: Mapping[str, Any]) -> str:
@@ -109,8 +102,14 @@ def track_section(
             figs.show(
                 fig,
                 f"**{track['title']}: how far each arm's attention output is from exact's**, "
-                "relative error on trained queries and keys against rank (lower is closer).",
-                f"Line plot of relative output error against rank per arm, {track['title']}.",
+                "relative error on trained queries and keys against rank, log-log (lower is "
+                "closer): top row on each arm's own trained Q/K, bottom row on exact's; one "
+                "column per arm group (at most six arms a panel); lines the mean over layers, "
+                "windows, heads and draws, bands the 10-90 % quantiles, the filled marker at "
+                f"the arm's own rank; the primary arm `{track['primary_arm']}` marked in its "
+                "legend.",
+                f"Line plots of relative output error against rank (log-log) per arm, in "
+                f"panels by arm group, {track['title']}; primary arm {track['primary_arm']}.",
             )
         )
     fig = plot_error_vs_time(
