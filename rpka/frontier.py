@@ -43,7 +43,8 @@ from rpka.stats import ALPHA, paired_comparison, summarize
 MARGIN_GAP = 0.95  # non-inferior: mean gap recovered above 0.95 (one-sided, alpha 0.05)
 LOW_RANK_METHODS = ("rpka", "nystrom-uniform", "keys-coreset")
 PIVOTING_PEERS = ("nystrom-uniform", "keys-coreset")
-COST_LENGTHS = (2048, 8192)  # the lengths the cost at r* is read at (issue 26, item 3)
+# the lengths the cost at r* is read at besides the track's own (issue 26, item 3)
+COST_LENGTHS = (2048, 8192)
 
 
 def per_seed_gap(
@@ -296,6 +297,17 @@ def cost_at_lengths(
             "lengths": by_length}  # fmt: skip
 
 
+def cost_at_r_star(
+    scaling: Mapping[str, Any], report: Mapping[str, Any], entry: Mapping[str, Any]
+) -> dict[str, Any]:
+    """:func:`cost_at_lengths` at a track's r* (``entry``, :func:`track_frontier`), at the
+    r* arm's own length (``own_length``: its attention tokens) and at ``COST_LENGTHS``."""
+    row = next(r for r in entry["rows"] if r["method"] == "rpka" and r["rank"] == entry["r_star"])
+    tokens = report["arms"][row["arm"]]["attention_tokens"]
+    lengths = tuple(dict.fromkeys((tokens, *COST_LENGTHS)))
+    return {**cost_at_lengths(scaling, entry["r_star"], lengths), "own_length": tokens}
+
+
 def mqar_curve(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """MQAR as Zoology reports it (Arora et al. 2023, Fig. 2): recall accuracy against
     rank ÷ pairs, from recall bench reports that differ in ``n_pairs``.
@@ -334,7 +346,8 @@ def write_frontier(
     """``frontier.json`` at ``out`` from the bench reports of the gated tracks
     (track -> path); with a ``drop_in.json`` beside a report, its drop-in curve
     (:func:`drop_in_curve`); with a latency sweep ``scaling``, each track's
-    ``r_star_cost`` (:func:`cost_at_lengths` at r*, null where r* is not reached); with
+    ``r_star_cost`` (:func:`cost_at_lengths` at r*, at the track's own length and at
+    ``COST_LENGTHS``; null where r* is not reached); with
     recall bench reports of several pair counts ``mqar``, the key ``mqar``
     (:func:`mqar_curve`); with ``positive_controls`` (track -> the report of a bench that
     trained only its positive control), that control (:func:`add_positive_control`)."""
@@ -347,7 +360,7 @@ def write_frontier(
         r_star = tracks[track]["r_star"]
         if scaling is not None:
             tracks[track]["r_star_cost"] = (
-                None if r_star is None else cost_at_lengths(scaling, r_star)
+                None if r_star is None else cost_at_r_star(scaling, report, tracks[track])
             )
         drop_in = Path(path).parent / "drop_in.json"
         if drop_in.exists() and tracks[track]["n_points"]:

@@ -142,6 +142,9 @@ def scaling_cpu_json(preset: str) -> str:
     return f"{results_dir(preset)}/{SCALING_CPU_FILE}"
 
 
+SHORT_SCALING_JSON = f"{SCALING_RESULTS}/short_cpu.json"  # the short tracks' own lengths
+
+
 def scaling_json(name: str) -> str:
     """A latency sweep of ``rpka.scaling``'s preset ``name``:
     ``data/results/scaling/<name>.json``."""

@@ -108,11 +108,10 @@ def write_study_index(
     }
     for report_path in gated.values():  # why: the kernel's spectrum on exact's trained heads
         spectrum_of(report_path.parent)
-    scaling = out / paths.SCALING_CPU_FILE  # the cost at r*
     # MQAR against rank / pairs: a curve needs the benches of two pair counts or more
     mqar = [p for name in MQAR_BENCHES if (p := out / name / paths.BENCH_REPORT_FILE).exists()]
     write_frontier(gated | longrange_gated(longrange, out), out / paths.FRONTIER_FILE,
-                   read_json(scaling) if scaling.exists() else None,
+                   latency_sweep(out),
                    mqar if len(mqar) > 1 else (),
                    longrange_positive_controls(longrange, out))  # fmt: skip
     return index
@@ -179,6 +178,22 @@ def longrange_entry(folder: Path, index_dir: Path) -> dict[str, Any] | None:
         "preset": result.get("preset"),
         "contexts": contexts,
     }
+
+
+def latency_sweep(out: Path) -> dict[str, Any] | None:
+    """The latency sweep the cost at r* is read from: the study's own
+    (``<out>/scaling_cpu.json``, 256 or 512 tokens and up) with the rows of the short-length
+    sweep (``paths.SHORT_SCALING_JSON``: the short tracks' own lengths, 64 and 96 tokens)
+    at lengths the study's does not measure; None without the study's own."""
+    own = out / paths.SCALING_CPU_FILE
+    if not own.exists():
+        return None
+    sweep = read_json(own)
+    short = paths.resolve(paths.SHORT_SCALING_JSON)
+    if short.exists():
+        measured = {row["n"] for row in sweep["rows"]}
+        sweep["rows"] += [row for row in read_json(short)["rows"] if row["n"] not in measured]
+    return sweep
 
 
 def longrange_positive_controls(longrange: dict[str, Any] | None, out: Path) -> dict[str, Path]:

@@ -146,6 +146,7 @@ def test_track_frontier_finds_r_star_and_reads_the_positive_control(tmp_path):
         "forward_speedup": 3.0, "fwd_bwd_speedup": 4.0, "memory_ratio": 5.0
     }  # fmt: skip
     assert cost["lengths"]["8192"] is None  # rank 32 not measured there: never extrapolated
+    assert cost["own_length"] == 64 and cost["lengths"]["64"] is None  # the track's own
 
 
 def test_cost_at_lengths_reads_the_sweep_row_of_that_rank_only():
