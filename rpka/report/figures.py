@@ -63,6 +63,21 @@ def _arm_colors(names: list[str]) -> dict[str, object]:
     return palette.arm_colours(names)
 
 
+def panel_grid(
+    n: int, width: float, height: float, max_cols: int = 3
+) -> tuple[Figure, list[plt.Axes]]:
+    """``n`` panels of ``width`` x ``height`` inches in rows of at most ``max_cols`` (a
+    figure stays readable on a page); the unused cells of the last row are removed."""
+    cols = min(n, max_cols)
+    rows = -(-n // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
+                             constrained_layout=True)  # fmt: skip
+    axes = list(grid.flat)
+    for ax in axes[n:]:
+        ax.remove()
+    return fig, axes[:n]
+
+
 def legend_entries(axes: Iterable[plt.Axes]) -> dict[str, object]:
     """Label -> handle of everything drawn with a label on ``axes``, first one kept: one
     legend for several panels."""

@@ -18,7 +18,7 @@ from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, NullF
 
 from rpka.io import save_figure
 from rpka.report import palette
-from rpka.report.figures import legend_entries
+from rpka.report.figures import legend_entries, panel_grid
 
 # one colour per method, the same in every panel
 METHOD_COLOURS = {m: palette.method_colour(m) for m in ("rpka", "nystrom-uniform", "keys-coreset")}
@@ -87,11 +87,10 @@ def plot_frontier(
     interval against rank / points (log), per method; r* in the title; each point labelled
     with its rank and its training step's ratio to exact's."""
     tracks = frontier["tracks"]
-    fig, axes = plt.subplots(1, len(tracks), figsize=(4.6 * len(tracks), 4.2), squeeze=False,
-                             constrained_layout=True)  # fmt: skip
-    for ax, (track, entry) in zip(axes[0], tracks.items(), strict=True):
+    fig, axes = panel_grid(len(tracks), 4.6, 4.2)
+    for ax, (track, entry) in zip(axes, tracks.items(), strict=True):
         _panel(ax, track, entry)
-    handles = legend_entries(axes[0])  # one legend: the methods of any track, the guides
+    handles = legend_entries(axes)  # one legend: the methods of any track, the guides
     fig.legend(handles.values(), handles.keys(), loc="outside lower center",
                ncol=min(len(handles), 6), fontsize=8)  # fmt: skip
     save_figure(fig, save_dir, name)
@@ -157,9 +156,8 @@ def plot_spectrum(
     """One panel per track (``spectra``: track -> spectrum.json of :mod:`rpka.spectrum`):
     the curves averaged over the trained heads against r / N, the heads' logit spread in
     the title."""
-    fig, axes = plt.subplots(1, len(spectra), figsize=(4.6 * len(spectra), 4.0), squeeze=False,
-                             constrained_layout=True)  # fmt: skip
-    for ax, (track, spectrum) in zip(axes[0], spectra.items(), strict=True):
+    fig, axes = panel_grid(len(spectra), 4.6, 4.0)
+    for ax, (track, spectrum) in zip(axes, spectra.items(), strict=True):
         heads = spectrum["heads"]
         n_points = heads[0]["n_points"]
         x = np.array(heads[0]["ranks"]) / n_points
@@ -169,7 +167,7 @@ def plot_spectrum(
         ax.set(title=f"{track}: {len(heads)} heads, logit std {min(spread):.1f}-{max(spread):.1f}",
                xlabel=f"rank / points (N = {n_points})", ylabel="normalised residual / error",
                ylim=(-0.02, 1.02), xlim=(0, 1))  # fmt: skip
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8)
     save_figure(fig, save_dir, name)
     return fig

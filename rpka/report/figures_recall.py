@@ -12,6 +12,7 @@ control) as horizontal lines with their 95 % CI bands, and one panel per evaluat
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
@@ -162,13 +163,17 @@ def plot_mqar(
     Reads ``frontier.json``'s ``mqar`` (:func:`rpka.frontier.mqar_curve`): each point is
     the mean over the evaluation seeds with its 95 % t interval. Exact attention and the
     control have no rank: drawn as the lowest (exact) and highest (control) accuracy over
-    the pair counts, dashed. Each point is labelled with its pair count ("16p"); the
-    vertical line marks rank = pairs.
+    the pair counts, dashed. A rank trained at one pair count only is left out (no line:
+    it is in :func:`rpka.report.frontier.mqar_table`). Each point is labelled with its
+    pair count ("16p"); the vertical line marks rank = pairs.
     """
     rows = mqar["rows"]
     factors = sorted({r["length_factor"] for r in rows})
     rank_of = {r["arm"]: r["rank"] for r in rows if r["rank"] is not None}
-    ranked = sorted(rank_of, key=rank_of.get)
+    # a line needs two pair counts: a rank trained at one only (the 8-pair bench's r4 and
+    # positive control) stays in the table, keeping a panel at <= 6 series
+    counts = Counter(r["arm"] for r in rows if r["rank"] is not None and r["length_factor"] == 1)
+    ranked = sorted((a for a in rank_of if counts[a] > 1), key=rank_of.get)
     colors = _arm_colors([*ranked, "exact", "mean-attention"])
     fig, axes = plt.subplots(
         1, len(factors), figsize=(4.6 * len(factors), 4), constrained_layout=True, sharey=True

@@ -321,7 +321,8 @@ def mqar_caption(mqar: Mapping[str, Any]) -> tuple[str, str]:
         "point the mean over " + "/".join(map(str, seeds)) + " evaluation seeds with its "
         "95 % t interval. Training epochs per pair count (exact must learn each): "
         + ", ".join(f"{p} pairs {e}" for p, e in epochs) + ". Dashed: exact attention's "
-        "lowest and the no-attention control's highest accuracy over the pair counts."
+        "lowest and the no-attention control's highest accuracy over the pair counts. A rank "
+        "trained at one pair count only has no line; the table below has every arm."
     )
     alt = "Recall accuracy against rank divided by pairs, one line per RPKA rank, per length."
     return caption, alt
