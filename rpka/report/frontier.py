@@ -336,8 +336,9 @@ def frontier_section(
     aggregate: Mapping[str, Any] | None = None,
 ) -> list[Any]:
     """The section's items for ``display``: sentences, the figure (through ``figs.show``,
-    :class:`rpka.report.Figures`), the table, with ``aggregate`` (:func:`load_aggregate`)
-    the aggregate view across tracks, and with ``spectra`` (:func:`load_spectra`) why.
+    :class:`rpka.report.Figures`), the table, with ``frontier["mqar"]`` the MQAR figure
+    and table, the pivoting comparisons, with ``aggregate`` (:func:`load_aggregate`) the
+    aggregate view across tracks, and with ``spectra`` (:func:`load_spectra`) why.
     Without a frontier file, one sentence."""
     if not frontier or not frontier.get("tracks"):
         return [Markdown("This study has no rank frontier (`frontier.json`).")]
@@ -345,6 +346,12 @@ def frontier_section(
     items: list[Any] = [Markdown("\n".join(f"- {s}" for s in sentences))]
     items.append(figs.show(plot_frontier(frontier, figures_dir), *frontier_caption(frontier)))
     items.append(Markdown(frontier_table(frontier).to_markdown(index=False)))
+    if frontier.get("mqar"):
+        items.append(figs.show(plot_mqar(frontier["mqar"], figures_dir),
+                               *mqar_caption(frontier["mqar"])))  # fmt: skip
+        items.append(Markdown("MQAR at the training length, test query accuracy [95 % CI] "
+                              "per pair count:\n\n"
+                              + mqar_table(frontier["mqar"]).to_markdown(index=False)))  # fmt: skip
     pivoting = pivoting_table(frontier)
     if len(pivoting):
         items.append(Markdown(
@@ -352,12 +359,6 @@ def frontier_section(
             "(`nystrom-uniform`) and the keys coreset at the ranks both trained, paired by "
             "seed (lower is better):\n\n" + pivoting.to_markdown(index=False)
         ))  # fmt: skip
-    if frontier.get("mqar"):
-        items.append(figs.show(plot_mqar(frontier["mqar"], figures_dir),
-                               *mqar_caption(frontier["mqar"])))  # fmt: skip
-        items.append(Markdown("MQAR at the training length, test query accuracy [95 % CI] "
-                              "per pair count:\n\n"
-                              + mqar_table(frontier["mqar"]).to_markdown(index=False)))  # fmt: skip
     if aggregate:
         table = aggregate_table(aggregate).to_markdown(index=False)
         items.append(Markdown(aggregate_caption(aggregate) + "\n\n" + table))
