@@ -316,11 +316,14 @@ def mqar_curve(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ``rank`` (None for exact and the control), ``rank_over_pairs``, ``length_factor``
     (1, 2, 4: the metrics ``error``, ``error_x2``, ``error_x4``), ``accuracy`` (1 - the
     mean error over the evaluation seeds) with its 95 % t interval (``ci_low``,
-    ``ci_high``: the bench's interval of the error, flipped) and ``n_seeds``.
+    ``ci_high``: the bench's interval of the error, flipped), ``n_seeds`` and
+    ``learnability_met`` (the bench's bar for exact attention: a pair count where exact did
+    not learn is kept but not read).
     """
     rows = []
     for report in reports:
         pairs, epochs = report["config"]["track"]["n_pairs"], report["config"]["train"]["epochs"]
+        learned = (report.get("learnability") or {}).get("met")
         for name, arm in report["arms"].items():
             rank = arm.get("rank")
             for factor, metric in ((1, "error"), (2, "error_x2"), (4, "error_x4")):
@@ -330,7 +333,7 @@ def mqar_curve(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     "rank": rank, "rank_over_pairs": None if rank is None else rank / pairs,
                     "length_factor": factor, "accuracy": 1.0 - error["mean"],
                     "ci_low": 1.0 - error["ci_high"], "ci_high": 1.0 - error["ci_low"],
-                    "n_seeds": error["n"],
+                    "n_seeds": error["n"], "learnability_met": learned,
                 })  # fmt: skip
     return sorted(rows, key=lambda r: (r["length_factor"], r["method"], r["rank"] or 0,
                                        r["pairs"]))  # fmt: skip

@@ -353,3 +353,23 @@ def test_a_positive_control_from_a_bench_of_its_own_joins_the_track():
                             "mean-attention": ("mean", None, CONTROL)})  # fmt: skip
     with pytest.raises(ValueError, match="no RPKA arm exact by construction"):
         add_positive_control(sweep, without)
+
+
+def test_a_pair_count_where_exact_did_not_learn_is_kept_but_not_read(tmp_path):
+    from rpka import report
+
+    unlearned = _recall_report(24, {"exact": [0.0, 0.9], "rpka-r8": [0.9, 0.9]})
+    unlearned["learnability"] = {"met": False}
+    learned = _recall_report(4, {"exact": [0.0, 0.0], "rpka-r8": [0.1, 0.3]})
+    learned["learnability"] = {"met": True}
+    also = _recall_report(8, {"exact": [0.0, 0.0], "rpka-r8": [0.3, 0.4]})  # no learnability
+    rows = mqar_curve([learned, also, unlearned])
+    assert {r["pairs"]: r["learnability_met"] for r in rows} == {4: True, 8: None, 24: False}
+    mqar = {"rows": rows}
+    table = report.frontier.mqar_table(mqar)
+    assert "24 pairs (exact did not learn: not read)" in table.columns
+    caption, _ = report.frontier.mqar_caption(mqar)
+    assert "not drawn: 24 pairs, where exact attention missed its learnability bar" in caption
+    fig = report.figures_recall.plot_mqar(mqar, tmp_path)
+    labels = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert labels and not any("24p" in label for label in labels)  # 24 pairs not drawn

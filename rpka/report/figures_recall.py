@@ -163,11 +163,12 @@ def plot_mqar(
     Reads ``frontier.json``'s ``mqar`` (:func:`rpka.frontier.mqar_curve`): each point is
     the mean over the evaluation seeds with its 95 % t interval. Exact attention and the
     control have no rank: drawn as the lowest (exact) and highest (control) accuracy over
-    the pair counts, dashed. A rank trained at one pair count only is left out (no line:
-    it is in :func:`rpka.report.frontier.mqar_table`). Each point is labelled with its
+    the pair counts, dashed. A pair count whose exact arm missed its learnability bar is
+    left out (nothing there is read); so is a rank trained at one pair count only (no
+    line: it is in :func:`rpka.report.frontier.mqar_table`). Each point is labelled with its
     pair count ("16p"); the vertical line marks rank = pairs.
     """
-    rows = mqar["rows"]
+    rows = [r for r in mqar["rows"] if r.get("learnability_met") is not False]  # read only
     factors = sorted({r["length_factor"] for r in rows})
     rank_of = {r["arm"]: r["rank"] for r in rows if r["rank"] is not None}
     # a line needs two pair counts: a rank trained at one only (the 8-pair bench's r4 and
