@@ -38,6 +38,7 @@ import numpy as np
 from scipy import stats
 
 from rpka.io import read_json, write_result_json
+from rpka.paths import DROP_IN_FILE
 from rpka.stats import ALPHA, paired_comparison, summarize
 
 MARGIN_GAP = 0.95  # non-inferior: mean gap recovered above 0.95 (one-sided, alpha 0.05)
@@ -314,7 +315,8 @@ def mqar_curve(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
     One row per (bench, arm, length factor): ``pairs``, ``epochs``, ``arm``, ``method``,
     ``rank`` (None for exact and the control), ``rank_over_pairs``, ``length_factor``
-    (1, 2, 4: the metrics ``error``, ``error_x2``, ``error_x4``), ``accuracy`` (1 - the
+    (1 and the track's ``length_factors``: the metrics ``error``, ``error_x<f>``),
+    ``accuracy`` (1 - the
     mean error over the evaluation seeds) with its 95 % t interval (``ci_low``,
     ``ci_high``: the bench's interval of the error, flipped), ``n_seeds`` and
     ``learnability_met`` (the bench's bar for exact attention: a pair count where exact did
@@ -326,8 +328,8 @@ def mqar_curve(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         learned = (report.get("learnability") or {}).get("met")
         for name, arm in report["arms"].items():
             rank = arm.get("rank")
-            for factor, metric in ((1, "error"), (2, "error_x2"), (4, "error_x4")):
-                error = arm["full_by_metric"][metric]
+            for factor in (1, *report["data"]["length_factors"]):
+                error = arm["full_by_metric"]["error" if factor == 1 else f"error_x{factor}"]
                 rows.append({
                     "pairs": pairs, "epochs": epochs, "arm": name, "method": arm["method"],
                     "rank": rank, "rank_over_pairs": None if rank is None else rank / pairs,
@@ -365,7 +367,7 @@ def write_frontier(
             tracks[track]["r_star_cost"] = (
                 None if r_star is None else cost_at_r_star(scaling, report, tracks[track])
             )
-        drop_in = Path(path).parent / "drop_in.json"
+        drop_in = Path(path).parent / DROP_IN_FILE
         if drop_in.exists() and tracks[track]["n_points"]:
             tracks[track]["drop_in"] = drop_in_curve(
                 report, read_json(drop_in), tracks[track]["n_points"]

@@ -261,7 +261,8 @@ def _recall_report(pairs: int, errors: dict[str, list[float]]) -> dict:
                    "rank": int(name.split("-r")[1]) if "-r" in name else None,
                    "full_by_metric": {k: scored(v) for k in ("error", "error_x2", "error_x4")}}
             for name, v in errors.items()}  # fmt: skip
-    return {"config": {"track": {"n_pairs": pairs}, "train": {"epochs": 2}}, "arms": arms}
+    return {"config": {"track": {"n_pairs": pairs}, "train": {"epochs": 2}}, "arms": arms,
+            "data": {"length_factors": [2, 4]}}
 
 
 def test_the_mqar_curve_is_accuracy_against_rank_over_pairs_per_length(tmp_path):
