@@ -12,6 +12,12 @@ step of every arm of the preset at each of its contexts.
     python scripts/longctx_probe.py --step-time
     python scripts/longctx_probe.py --preset longrange --context 512 \
         --arms exact local-w128 mean-attention
+    python scripts/longctx_probe.py --preset longrange --context 2048 --arms exact \
+        --warm-start-from 512
+
+``--warm-start-from C`` (a curriculum probe, issue 27): each arm is first trained at context
+C, then at ``--context`` starting from those weights, its learned positions stretched to the
+longer context by linear interpolation (the other weights do not depend on the length).
 
 Fields: ``--track`` / ``--model`` / ``--train`` are JSON objects replacing fields of the
 ``--preset``'s template (default ``full``; track resized to ``--context`` with
@@ -25,9 +31,12 @@ import argparse
 import dataclasses
 import json
 import time
+from unittest import mock
 
 import torch
+import torch.nn.functional as F
 
+from rpka import train
 from rpka.presets_longctx import LONGCTX_PRESETS
 from rpka.run_config import make_run_config
 from rpka.tracks import get_task
@@ -48,7 +57,29 @@ def probe_bench(args: argparse.Namespace):
     return bench.replace(track=track, model=model, train=train)
 
 
+def stretched(state: dict[str, torch.Tensor], context: int) -> dict[str, torch.Tensor]:
+    """``state`` with its learned positions (S, C, d) interpolated linearly to ``context``."""
+    position = state["position"].transpose(1, 2)  # (S, d, C): interpolate along the length
+    longer = F.interpolate(position, size=context, mode="linear", align_corners=True)
+    return {**state, "position": longer.transpose(1, 2).contiguous()}
+
+
+def warm_started(state: dict[str, torch.Tensor], context: int):
+    """``rpka.train.build_model`` patched to start from ``state`` (positions stretched)."""
+
+    def build(run_config, track_config, device):
+        model = build_model(run_config, track_config, device)
+        model.load_state_dict(stretched(state, context))
+        return model
+
+    return mock.patch.object(train, "build_model", build)
+
+
 def learn(args: argparse.Namespace) -> None:
+    if args.warm_start_from:
+        short = argparse.Namespace(**{**vars(args), "context": args.warm_start_from,
+                                      "warm_start_from": None})  # fmt: skip
+        learn(short)
     bench = probe_bench(args)
     bench.validate()
     task = bench.task
@@ -57,7 +88,14 @@ def learn(args: argparse.Namespace) -> None:
     print("naive test MSE:", {k: round(v["test"]["mse"], 3) for k, v in naive.items()})
     for name in args.arms:
         run_config = make_run_config(bench, bench.arm(name), args.lr, args.seeds, "test", DATA_DIR)
-        out = train_run(run_config)
+        state_path = f"/tmp/longctx_probe_{name}_{args.context}.pt"
+        run_config["state_path"] = state_path  # the next context's warm start reads it
+        if args.warm_start_from:
+            start = torch.load(f"/tmp/longctx_probe_{name}_{args.warm_start_from}.pt")
+            with warm_started(start, args.context):
+                out = train_run(run_config)
+        else:
+            out = train_run(run_config)
         print(
             f"{name}: test MSE {[round(x, 3) for x in out['scores']['mse']]}, "
             f"{out['n_steps']} steps, {out['cpu_s']:.0f} CPU-s, {out['wall_s']:.0f} s wall",
@@ -100,6 +138,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=None, help="default: the preset's first")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--step-time", action="store_true", help="only time one step per arm")
+    parser.add_argument("--warm-start-from", type=int, default=None,
+                        help="train each arm at this context first, then continue at --context")
     args = parser.parse_args()
     preset = LONGCTX_PRESETS[args.preset]
     if args.train_windows is None:
