@@ -107,18 +107,25 @@ def stratified_bootstrap(
     it is called once on the data and once on all (k, n_resamples, n_t) resamples.
     Returns ``estimate``, ``ci_low``, ``ci_high`` and the settings that reproduce them.
     """
+    estimate, low, high = _percentile_band(strata, statistic, n_resamples, confidence, seed)
+    return {"estimate": float(estimate), "ci_low": float(low), "ci_high": float(high),
+            "confidence": confidence, "n_resamples": n_resamples, "seed": seed}  # fmt: skip
+
+
+def _percentile_band(
+    strata: Sequence[np.ndarray],
+    statistic: Statistic,
+    n_resamples: int,
+    confidence: float,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``statistic`` on the strata and its stratified-bootstrap percentile band, taken
+    over the resamples (the statistic's first axis on the resampled strata)."""
     data, resampled = _resample(strata, n_resamples, confidence, seed)
     boot = np.asarray(statistic(resampled), dtype=float)
     tail = (1 - confidence) / 2
-    low, high = np.quantile(boot, [tail, 1 - tail])
-    return {
-        "estimate": float(statistic(data)),
-        "ci_low": float(low),
-        "ci_high": float(high),
-        "confidence": confidence,
-        "n_resamples": n_resamples,
-        "seed": seed,
-    }
+    low, high = np.quantile(boot, [tail, 1 - tail], axis=0)
+    return np.asarray(statistic(data), dtype=float), low, high
 
 
 def _resample(
@@ -151,18 +158,9 @@ def stratified_bootstrap_curve(
     the percentile band is taken at each of the m points. Returns lists ``estimate``,
     ``ci_low``, ``ci_high`` (m each) and the settings. The same ``seed`` and strata shapes
     draw the same seeds, so curves of arms trained on the same seeds stay paired."""
-    data, resampled = _resample(strata, n_resamples, confidence, seed)
-    boot = np.asarray(statistic(resampled), dtype=float)  # (n_resamples, m)
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(boot, [tail, 1 - tail], axis=0)
-    return {
-        "estimate": [float(v) for v in statistic(data)],
-        "ci_low": [float(v) for v in low],
-        "ci_high": [float(v) for v in high],
-        "confidence": confidence,
-        "n_resamples": n_resamples,
-        "seed": seed,
-    }
+    estimate, low, high = _percentile_band(strata, statistic, n_resamples, confidence, seed)
+    return {"estimate": estimate.tolist(), "ci_low": low.tolist(), "ci_high": high.tolist(),
+            "confidence": confidence, "n_resamples": n_resamples, "seed": seed}  # fmt: skip
 
 
 def paired_scores(report: Mapping[str, Any], track: str, arms: Sequence[str]) -> np.ndarray:
