@@ -341,6 +341,12 @@ def mqar_curve(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                                        r["pairs"]))  # fmt: skip
 
 
+def unread_pairs(mqar: Mapping[str, Any]) -> set[int]:
+    """The pair counts of ``frontier.json``'s ``mqar`` whose exact arm missed its
+    learnability bar: kept in the file, never drawn or read."""
+    return {r["pairs"] for r in mqar["rows"] if r.get("learnability_met") is False}
+
+
 def write_frontier(
     reports: Mapping[str, Path],
     out: Path,

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from rpka.frontier import unread_pairs
 from rpka.io import save_figure
 from rpka.report.figures import _arm_colors
 from rpka.tracks.recall import RecallTask
@@ -168,7 +169,8 @@ def plot_mqar(
     line: it is in :func:`rpka.report.frontier.mqar_table`). Each point is labelled with its
     pair count ("16p"); the vertical line marks rank = pairs.
     """
-    rows = [r for r in mqar["rows"] if r.get("learnability_met") is not False]  # read only
+    unread = unread_pairs(mqar)
+    rows = [r for r in mqar["rows"] if r["pairs"] not in unread]  # read only
     factors = sorted({r["length_factor"] for r in rows})
     rank_of = {r["arm"]: r["rank"] for r in rows if r["rank"] is not None}
     # a line needs two pair counts: a rank trained at one only (the 8-pair bench's r4 and

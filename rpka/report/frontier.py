@@ -16,6 +16,7 @@ import pandas as pd
 from IPython.display import Markdown
 
 from rpka.aggregate import study_aggregate
+from rpka.frontier import unread_pairs
 from rpka.io import read_json
 from rpka.report.figures_frontier import (
     plot_frontier,
@@ -304,7 +305,7 @@ def mqar_table(mqar: Mapping[str, Any]) -> pd.DataFrame:
     the test query accuracy [95 % t CI] and, for a ranked arm, its rank / pairs."""
     rows = [r for r in mqar["rows"] if r["length_factor"] == 1]
     pairs = sorted({r["pairs"] for r in rows})
-    unread = {r["pairs"] for r in rows if r.get("learnability_met") is False}
+    unread = unread_pairs(mqar)
     table = {}
     for r in sorted(rows, key=lambda r: (r["rank"] is None, r["rank"] or 0, r["arm"])):
         ratio = "" if r["rank"] is None else f" (r/p {r['rank_over_pairs']:.2g})"
@@ -321,7 +322,7 @@ def _pairs_column(pairs: int, unread: set[int]) -> str:
 
 def unread_clause(mqar: Mapping[str, Any]) -> str:
     """The pair counts left out of the MQAR figure: exact missed its learnability bar."""
-    unread = sorted({r["pairs"] for r in mqar["rows"] if r.get("learnability_met") is False})
+    unread = sorted(unread_pairs(mqar))
     if not unread:
         return ""
     return ("; not drawn: " + ", ".join(f"{p} pairs" for p in unread)
