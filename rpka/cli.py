@@ -2,6 +2,7 @@
 
     python -m rpka bench    --preset {smoke,quick,full} [--track NAME] [--out DIR] ...
     python -m rpka longctx  --preset {smoke,quick,full} [--out DIR] [--contexts 512 2048]
+                            [--warm-start-from 512]
     python -m rpka report   --preset {smoke,quick,full}
     python -m rpka scaling  --preset {tiny,cpu,gpu,...} [--out PATH]
     python -m rpka decode   [--contexts ...] [--out PATH]
@@ -202,6 +203,8 @@ def parse_longctx(
         preset_primary = LONGCTX_PRESETS[args.preset].bench.primary_arm
         if preset_primary in {f"rpka-r{r}" for r in args.ranks}:
             overrides["primary_arm"] = preset_primary
+    if args.warm_start_from is not None:
+        overrides["warm_start_from"] = args.warm_start_from or None
     if args.seeds is not None:
         check_seeds(parser, args.seeds)
         sweep_seeds = LONGCTX_PRESETS[args.preset].bench.sweep_seeds

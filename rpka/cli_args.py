@@ -196,6 +196,11 @@ def longctx_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--contexts", type=int, nargs="+", help="context lengths")
     parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
+    parser.add_argument(
+        "--warm-start-from",
+        type=int,
+        help="train every longer context at this one first (0: cold; default: the preset's)",
+    )
     parser.add_argument("--seeds", type=int, help="number of evaluation seeds")
     parser.add_argument("--device", choices=DEVICES)
     parser.add_argument("--workers", type=int, help="parallel worker processes")

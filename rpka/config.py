@@ -69,6 +69,7 @@ FLAT_FIELDS: tuple[str, ...] = (
     "sweep_seeds",
     "eval_seeds",
     "metric",
+    "warm_start_track",
     "device",
     "n_workers",
     "seeds_per_job",
@@ -120,6 +121,7 @@ class BenchConfig:
     sweep_seeds = _read("design", "sweep_seeds")
     eval_seeds = _read("design", "eval_seeds")
     metric = _read("design", "metric")
+    warm_start_track = _read("design", "warm_start_track")
     primary_arm = _read("decision", "primary_arm")
     baseline_arm = _read("decision", "baseline_arm")
     margin = _read("decision", "margin")
@@ -208,7 +210,10 @@ class BenchConfig:
         unknown = sorted(set(data) - set(FLAT_FIELDS))
         require(not unknown, "BenchConfig keys", f"among {sorted(FLAT_FIELDS)}", unknown)
         track = dict(data["track"])
-        data["track"] = get_task(track.get("name")).config_class(**track)
+        config_class = get_task(track.get("name")).config_class
+        data["track"] = config_class(**track)
+        if data.get("warm_start_track") is not None:
+            data["warm_start_track"] = config_class(**data["warm_start_track"])
         data["model"] = ModelConfig(**data["model"])
         train = dict(data["train"])
         if "betas" in train:
@@ -231,7 +236,7 @@ def _tuple_or_none(value: Any) -> tuple | None:
 def _rank_sweep(config: BenchConfig, ranks: Any, reference: str | None) -> tuple[ArmConfig, ...]:
     """``config``'s arms with the rank sweep (the arms ``rpka-r<rank>``) replaced by
     ``ranks``: a requested rank keeps its arm, a new one takes the sweep's RPKA options;
-    ``reference`` (the ablations' reference) stays."""
+    ``reference`` (the ablations' reference) and the positive control stay."""
     ranks = list(ranks)
     require(
         len(ranks) >= 1 and all(is_int(r) and r >= 1 for r in ranks),
@@ -243,7 +248,8 @@ def _rank_sweep(config: BenchConfig, ranks: Any, reference: str | None) -> tuple
         a for a in config.arms if a.method == "rpka" and a.name == f"rpka-r{a.options.get('rank')}"
     ]
     shared = {k: v for k, v in (swept[0].options if swept else {}).items() if k != "rank"}
-    wanted = {f"rpka-r{r}" for r in ranks} | {reference}  # swept arms kept as they are
+    kept_anyway = {reference, config.positive_control_arm}
+    wanted = {f"rpka-r{r}" for r in ranks} | kept_anyway  # swept arms kept as they are
     dropped = {a.name for a in swept} - wanted
     others = [a for a in config.arms if a.name not in dropped]
     kept = {a.name for a in others}
@@ -286,7 +292,10 @@ class LongContextConfig:
     cost and accuracy only). :meth:`bench_for` resizes the track to each context with the
     track's own ``Task.at_context``, so every context trains on the same number of windows,
     hence the same number of steps. ``memory_probe`` measures the peak memory of one
-    training step of every arm (``rpka.longctx.training_step_peak_mib``).
+    training step of every arm (``rpka.longctx.training_step_peak_mib``). With
+    ``warm_start_from`` every context above it is a curriculum: each run first trains at
+    ``warm_start_from`` tokens (the same arm, rate, seeds and steps), then at its own context
+    from those weights (``rpka.curriculum``).
     """
 
     preset: str
@@ -295,6 +304,7 @@ class LongContextConfig:
     train_windows: int
     eval_windows: int
     memory_probe: bool = True
+    warm_start_from: int | None = None
 
     def validate(self) -> None:
         require(
@@ -306,15 +316,24 @@ class LongContextConfig:
             self.contexts,
         )
         require(isinstance(self.memory_probe, bool), "memory_probe", "a bool", self.memory_probe)
+        require(
+            self.warm_start_from is None
+            or (is_int(self.warm_start_from) and self.warm_start_from >= 8),
+            "warm_start_from",
+            "None or an integer >= 8 (the context every longer one trains at first)",
+            self.warm_start_from,
+        )
         for context in self.contexts:
             self.bench_for(context)  # validates the sized track and the whole bench
 
     def bench_for(self, context: int) -> BenchConfig:
-        """The bench at ``context`` (validated)."""
-        track = self.bench.task.at_context(
-            self.bench.track, context, self.train_windows, self.eval_windows
-        )
-        config = self.bench.replace(track=track)
+        """The bench at ``context`` (validated); above ``warm_start_from`` its runs train
+        at that context first (``Design.warm_start_track``, ``rpka.curriculum``)."""
+        task, windows = self.bench.task, (self.train_windows, self.eval_windows)
+        track = task.at_context(self.bench.track, context, *windows)
+        warm = self.warm_start_from
+        warm_track = task.at_context(track, warm, *windows) if warm and context > warm else None
+        config = self.bench.replace(track=track, warm_start_track=warm_track)
         config.validate()
         return config
 

@@ -26,7 +26,9 @@ class Design:
     track's ``Task`` in ``rpka.tracks.TRACKS``), the model, the training, the arms, the
     learning rates each arm sweeps and the seeds. ``sweep_seeds`` score every learning
     rate on validation; ``eval_seeds`` (disjoint from them) train the best learning rate
-    of each arm and score it on test. ``metric`` is one of the task's ``metrics``."""
+    of each arm and score it on test. ``metric`` is one of the task's ``metrics``.
+    ``warm_start_track`` (None: none): the same track at a shorter context, where every run
+    trains first (``rpka.curriculum``; the long-range study's curriculum)."""
 
     track: Any  # the config of a track (``rpka.tracks.TRACKS[name].config_class``)
     model: ModelConfig
@@ -36,6 +38,7 @@ class Design:
     sweep_seeds: tuple[int, ...] = (0, 1)
     eval_seeds: tuple[int, ...] = tuple(range(100, 108))
     metric: str = "mse"
+    warm_start_track: Any = None
 
     @property
     def task(self) -> Task:
@@ -70,6 +73,34 @@ class Design:
         self.track.validate()
         self.model.validate()
         self.train.validate()
+        if self.warm_start_track is not None:
+            self._validate_warm_start()
+
+    def _validate_warm_start(self) -> None:
+        """The same track at a shorter context, a model whose weights but the learned
+        positions do not depend on the length (``rpka.curriculum.stretched_state``)."""
+        warm, cls = self.warm_start_track, self.task.config_class
+        require(
+            isinstance(warm, cls) and warm.name == self.track.name,
+            "warm_start_track",
+            f"a {cls.__name__} of track {self.track.name!r}",
+            warm,
+        )
+        warm.validate()
+        context = getattr(self.track, "context", None)
+        require(
+            context is not None and warm.context < context,
+            "warm_start_track.context",
+            f"< the track's context {context}",
+            warm.context,
+        )
+        require(
+            self.model.readout == "last" and not self.model.linear_skip,
+            "model",
+            "readout 'last' and linear_skip off with a warm start (weights independent of the "
+            "length)",
+            f"readout {self.model.readout!r}, linear_skip {self.model.linear_skip}",
+        )
 
     def _validate_arms(self) -> None:
         """Every arm valid and runnable on the track, uniquely named, its sweep seeds among

@@ -35,7 +35,8 @@ from rpka.quality import method_output_errors
 from rpka.spectrum import qk_norm_ratio
 from rpka.tracks import get_task
 from rpka.tracks.cache import DEFAULT_DATA_DIR
-from rpka.train import build_model, evaluate, load_run_state, track_config_of
+from rpka.train import build_model, evaluate, track_config_of
+from rpka.trained import load_run_state
 
 DEFAULT_METHODS = ("rpka", "nystrom-uniform", "keys-coreset")
 DEFAULT_RANKS = ("16", "32", "64", "full")

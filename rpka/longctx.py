@@ -238,6 +238,14 @@ def protocol(config: LongContextConfig) -> str:
         if bench.control
         else "no control arm, so no attention gate"
     )
+    warm = config.warm_start_from
+    curriculum = (
+        f"every context above {warm} trained first at {warm} tokens (the same arm, rate, "
+        "seeds and steps), then at its own from those weights, learned positions stretched "
+        "by linear interpolation (rpka.curriculum); "
+        if warm
+        else ""
+    )
     return (
         f"reduced: track {bench.track_name} ({settings}) resized to each context with "
         f"{config.train_windows} training and {config.eval_windows} validation / test windows "
@@ -245,6 +253,7 @@ def protocol(config: LongContextConfig) -> str:
         f"{model.n_heads} head(s), input window {model.embed_kernel}, linear skip "
         f"{'on' if model.linear_skip else 'off'}, head initialised with std "
         f"{model.head_init_std:g}; {train.epochs} epoch(s) of batch {train.batch_size}; "
+        f"{curriculum}"
         f"learning rate(s) {', '.join(f'{lr:g}' for lr in bench.learning_rates)} on "
         f"{len(bench.sweep_seeds)} sweep seed(s); {len(bench.eval_seeds)} evaluation seeds; "
         f"{gate}."

@@ -40,8 +40,10 @@ def make_run_config(
     data_dir: str | None = None,
     progress: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The full, JSON-able configuration of one run (see :func:`train_run`)."""
-    return {
+    """The full, JSON-able configuration of one run (see :func:`train_run`); with
+    ``warm_start`` {track} only where the study has a warm start (``rpka.curriculum``)."""
+    warm_start = config.warm_start_track
+    run_config = {
         "arm": {"name": arm.name, "method": arm.method, "options": dict(arm.options)},
         "lr": float(lr),
         "seeds": [int(s) for s in seeds],
@@ -53,6 +55,9 @@ def make_run_config(
         "data_dir": data_dir,
         "progress": progress or {"enable": False},
     }
+    if warm_start is not None:  # absent otherwise: cold runs keep their run ids
+        run_config["warm_start"] = {"track": _asdict(warm_start)}
+    return run_config
 
 
 def _asdict(obj: Any) -> dict[str, Any]:

@@ -37,7 +37,8 @@ from rpka.frontier import causal_block_of
 from rpka.io import read_json, read_run_file, write_json
 from rpka.kernel_matrix import pivot_points
 from rpka.tracks import get_task
-from rpka.train import build_model, load_run_state, track_config_of
+from rpka.train import build_model, track_config_of
+from rpka.trained import load_run_state
 
 SPECTRUM_RANKS = (4, 8, 16, 32, 64, 96, 128)
 # what a head's row holds, averaged over the inputs

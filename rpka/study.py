@@ -35,7 +35,7 @@ from rpka.study_index import (
     write_study_index,
 )
 from rpka.tracks import get_task
-from rpka.train import load_trained
+from rpka.trained import load_trained
 
 # what a rerun replaced, beside a bench's report (read as study.SUPERSEDED_FILE: rpka.report)
 SUPERSEDED_FILE = paths.SUPERSEDED_FILE

@@ -25,7 +25,6 @@ import math
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,14 +33,8 @@ from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 from rpka.attention import options_of
 from rpka.config import ArmConfig, TrainConfig
-from rpka.io import (
-    STATE_CHECKSUM_KEY,
-    atomic_torch_save,
-    file_sha256,
-    read_checked,
-    read_run_file,
-    verify_state_file,
-)
+from rpka.curriculum import WARM_START_KEY, first_stage_config, load_stretched
+from rpka.io import STATE_CHECKSUM_KEY, atomic_torch_save, file_sha256
 from rpka.model import ModelConfig
 from rpka.run_config import (
     STREAM_DATA,
@@ -169,8 +162,9 @@ class Run:
         return len(self.splits["train"][0])
 
 
-def setup_run(run_config: dict[str, Any]) -> Run:
-    """Step 1: the track's data, the stacked model, Adam and its learning-rate schedule."""
+def setup_run(run_config: dict[str, Any], start: dict[str, Tensor] | None = None) -> Run:
+    """Step 1: the track's data, the stacked model (from the weights ``start`` if given,
+    positions stretched: ``rpka.curriculum``), Adam and its learning-rate schedule."""
     device = torch.device(run_config["device"])
     track_config = track_config_of(run_config)
     task = get_task(track_config.name)
@@ -183,6 +177,8 @@ def setup_run(run_config: dict[str, Any]) -> Run:
     seeds = list(run_config["seeds"])
 
     model = build_model(run_config, track_config, device)
+    if start is not None:
+        load_stretched(model, start)
     params = list(model.parameters())
     initial = [p.detach().clone() for p in params]
     optimizer = torch.optim.Adam(
@@ -272,20 +268,43 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
 
     ``run_config`` keys: ``arm`` {name, method, options}, ``lr``, ``seeds`` (list),
     ``split`` ("val" for sweep runs, "test" for evaluation runs - which also record val),
-    ``track`` / ``model`` / ``train`` (the dataclasses as dicts), ``device``, and the
-    result-neutral ``data_dir`` (track cache), ``progress`` {enable, position, leave} and
-    ``state_path`` (if set, the trained weights are saved there; see :func:`load_trained`).
+    ``track`` / ``model`` / ``train`` (the dataclasses as dicts), ``device``, optionally
+    ``warm_start`` {track} (train at that shorter context first: ``rpka.curriculum``), and
+    the result-neutral ``data_dir`` (track cache), ``progress`` {enable, position, leave}
+    and ``state_path`` (if set, the trained weights are saved there; see
+    ``rpka.trained.load_trained``).
 
     Returns a JSON-able dict: ``run_id``, the configuration, per-member histories and
     final metrics (``members``), ``scores`` {metric: [per seed]} on the scored split,
-    timing (``step_ms_median``, ``wall_s``) and RPKA guard counts (``guard_counts``).
+    timing (``step_ms_median`` of the run's own steps, ``wall_s`` and ``cpu_s`` of both
+    stages), RPKA guard counts (``guard_counts``) and, for a warm-started run,
+    ``warm_start`` (:func:`first_stage`'s summary).
     """
     check_run_config(run_config)
     clock = Clock()
-    run = setup_run(run_config)
-    members = Members(len(run.seeds), run.device)
-    history: dict[str, list] = {"train_loss": [], **{f"val_{m}": [] for m in run.task.metrics}}
+    first = first_stage(run_config) if run_config.get(WARM_START_KEY) else None
+    run = setup_run(run_config, start=first.state if first else None)
+    members = first.members if first else Members(len(run.seeds), run.device)
     tally = Tally()
+    history, val = fit(run, members, tally)
+    final = final_scores(run, members, val)
+    state_sha256 = None  # the weights' checksum, in the result (covered by its own checksum)
+    if run_config.get("state_path"):  # a run a later stage reads (rpka.bench.keeps_weights)
+        atomic_torch_save(run_config["state_path"], run.model.state_dict())
+        state_sha256 = file_sha256(run_config["state_path"])
+    result = run_result(run, member_records(run, members, history, final), final, tally, clock)
+    # sha256 of the weights file saved at state_path (null: none saved); whoever loads
+    # them checks it (load_run_state), so a swapped or edited weights file is refused
+    result[STATE_CHECKSUM_KEY] = state_sha256
+    if first:
+        result[WARM_START_KEY] = first.summary
+    return result
+
+
+def fit(run: Run, members: Members, tally: Tally) -> tuple[dict[str, list], Any]:
+    """Step 2 over every epoch, validation after each: the members' histories and the
+    last validation metrics (None if none was reached)."""
+    history: dict[str, list] = {"train_loss": [], **{f"val_{m}": [] for m in run.task.metrics}}
     bar = progress_bar(run)
     # A numerical failure inside the attention (torch.linalg.LinAlgError, e.g. a landmark
     # Gram matrix that float32 cannot factorise) ends the run like a divergence of every
@@ -307,16 +326,37 @@ def train_run(run_config: dict[str, Any]) -> dict[str, Any]:
         if finite_val:
             bar.set_postfix({primary: f"{statistics.mean(finite_val):.3f}"})
     bar.close()
-    final = final_scores(run, members, val)
-    state_sha256 = None  # the weights' checksum, in the result (covered by its own checksum)
-    if run_config.get("state_path"):  # a run a later stage reads (rpka.bench.keeps_weights)
-        atomic_torch_save(run_config["state_path"], run.model.state_dict())
-        state_sha256 = file_sha256(run_config["state_path"])
-    return run_result(run, member_records(run, members, history, final), final, tally, clock) | {
-        # sha256 of the weights file saved at state_path (null: none saved); whoever loads
-        # them checks it (load_run_state), so a swapped or edited weights file is refused
-        STATE_CHECKSUM_KEY: state_sha256,
+    return history, val
+
+
+@dataclasses.dataclass
+class FirstStage:
+    """A warm-started run's first stage: its trained weights, its members (a member that
+    diverged there stays diverged) and a summary for the run's result."""
+
+    state: dict[str, Tensor]
+    members: Members
+    summary: dict[str, Any]
+
+
+def first_stage(run_config: dict[str, Any]) -> FirstStage:
+    """Train the first stage of a warm-started run (``rpka.curriculum.first_stage_config``)."""
+    clock = Clock()
+    run = setup_run(first_stage_config(run_config))
+    members, tally = Members(len(run.seeds), run.device), Tally()
+    _, val = fit(run, members, tally)
+    for where in members.diverged_at:
+        if where is not None:
+            where["stage"] = WARM_START_KEY
+    summary = {
+        "context": run.track_config.context,
+        "n_steps": tally.steps,
+        "val": final_scores(run, members, val)["val"],
+        "n_diverged": sum(w is not None for w in members.diverged_at),
+        "wall_s": clock.wall_s(),
+        "cpu_s": clock.cpu_s(),
     }
+    return FirstStage(run.model.state_dict(), members, summary)
 
 
 @dataclasses.dataclass
@@ -455,41 +495,3 @@ def run_result(
         "torch_threads": torch.get_num_threads(),
         "device": str(run.device),
     }
-
-
-def load_trained(run_file: str | Path, device: str = "cpu") -> tuple[nn.Module, dict]:
-    """The trained stacked model of a finished run and its result.
-
-    ``run_file`` is the run's JSON; the weights are the ``.pt`` file beside it (written when
-    the run had a ``state_path``, as the bench's evaluation runs do), checked against the
-    ``state_sha256`` the run recorded (:func:`load_run_state`).
-    """
-    run_file = Path(run_file)
-    result = read_run_file(run_file)
-    state = load_run_state(run_file, result, device)  # checked before a model is built
-    run_config = {**result["config"], "device": device}
-    model = build_model(run_config, track_config_of(run_config), torch.device(device))
-    model.load_state_dict(state)
-    return model.eval(), result
-
-
-def load_run_state(
-    run_file: str | Path, result: dict[str, Any] | None = None, device: str = "cpu"
-) -> dict[str, Tensor]:
-    """The saved weights of the finished run ``run_file`` (the ``.pt`` beside it), checked:
-    they are the weights the run saved (their sha256 is the result's ``state_sha256``,
-    :func:`rpka.io.verify_state_file`) and they load; else ``CorruptFileError`` naming the
-    files. ``result``: the run's result if already read (:func:`rpka.io.read_run_file`)."""
-    run_file = Path(run_file)
-    state_file = run_file.with_suffix(".pt")
-    if not state_file.exists():
-        raise FileNotFoundError(
-            f"{state_file} is missing: the run kept no weights (rerun it with a state_path)"
-        )
-    verify_state_file(state_file, read_run_file(run_file) if result is None else result, run_file)
-    return read_checked(state_file, lambda path: load_state(path, device))
-
-
-def load_state(path: str | Path, device: str = "cpu") -> dict[str, Tensor]:
-    """A run's saved weights (``state_dict``), tensors only (``weights_only``: no pickled code)."""
-    return torch.load(path, map_location=device, weights_only=True)

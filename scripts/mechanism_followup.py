@@ -32,7 +32,8 @@ from rpka.io import read_json, write_json
 from rpka.kernel_matrix import pivot_points
 from rpka.mechanism import trace_identity
 from rpka.stats import pooled_z
-from rpka.train import load_trained, track_config_of
+from rpka.train import track_config_of
+from rpka.trained import load_trained
 
 
 def summary(z: np.ndarray) -> dict:

@@ -12,7 +12,7 @@ from rpka.executors import InProcessExecutor
 from rpka.io import CorruptFileError, read_json
 from rpka.presets import get_preset
 from rpka.run_config import run_id
-from rpka.train import load_trained
+from rpka.trained import load_trained
 
 # the smoke study (mechanism and output-error studies on), one seed per job: two evaluation
 # groups per arm, of which only the first may keep weights

@@ -27,7 +27,7 @@ from rpka.io import (
 )
 from rpka.paths import resolve
 from rpka.presets import get_preset
-from rpka.train import load_run_state, load_trained
+from rpka.trained import load_run_state, load_trained
 
 # the smoke study without its mechanism and output-error studies: four one-epoch runs
 CONFIG = get_preset("smoke", train={"epochs": 1}, mechanism=None, output_error_ranks=())

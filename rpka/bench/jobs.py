@@ -36,7 +36,8 @@ from rpka.io import (
     write_run_file,
 )
 from rpka.run_config import make_run_config, run_id
-from rpka.train import load_state, train_run
+from rpka.train import train_run
+from rpka.trained import load_state
 
 # --------------------------------------------------------------------------- one job
 

@@ -29,7 +29,8 @@ from rpka.io import read_json_or_heal, read_run_file, write_result_json
 from rpka.paths import resolve
 from rpka.quality import mechanism_study, method_output_errors
 from rpka.tracks.cache import DEFAULT_DATA_DIR
-from rpka.train import build_model, load_trained, track_config_of
+from rpka.train import build_model, track_config_of
+from rpka.trained import load_trained
 
 OUTPUT_ERROR_SEEDS = 5  # pivot / feature draws per method and rank in the output-error study
 OUTPUT_ERROR_DEFINITION = (
@@ -66,7 +67,7 @@ class Weights:
     retrained: set[str] = field(default_factory=set)
 
     def load(self, run_id: str) -> tuple[Any, dict[str, Any]]:
-        """The trained model of run ``run_id`` and its result (``rpka.train.load_trained``)."""
+        """The trained model of run ``run_id`` and its result (``rpka.trained.load_trained``)."""
         run_file = self.runs_dir / f"{run_id}.json"
         if ensure_weights(run_file, self.data_dir, self.progress):
             self.retrained.add(run_id)
