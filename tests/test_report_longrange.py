@@ -92,8 +92,14 @@ def test_gated_lengths_are_frontier_tracks(gated_study):
         track = tracks[f"longrange-{context}"]
         assert track["control_arm"] == "mean-attention"
         assert track["causal_block"] is None
-        assert track["positive_control"] is None  # a rank >= 2n is not trained
-        assert {r["arm"] for r in track["rows"]} == {"rpka-r4", "rpka-r8", "nystrom-uniform-r8"}
+        # the smoke preset's full rank (>= the 2n joint points at every length) ties
+        assert track["positive_control"] == {
+            "arm": SMOKE.bench.positive_control_arm,
+            "rank": int(SMOKE.bench.positive_control_arm.removeprefix("rpka-r")),
+            "verdict": "non-inferior",
+        }
+        arms = {"rpka-r4", "rpka-r8", "nystrom-uniform-r8", "rpka-r160"}
+        assert {r["arm"] for r in track["rows"]} == arms
         assert all(r["step_ratio"] is not None for r in track["rows"])
         assert all(r["gap_recovered"]["mean"] is not None for r in track["rows"])
 
@@ -103,7 +109,9 @@ def test_the_answer_figure_draws_every_point_and_writes_the_png(gated_study, tmp
     frontier = _read(gated_study, "frontier.json")
     longctx_file, _ = longrange.load_files(gated_study / "longrange")
     points = longrange.answer_points(frontier, longctx_file)
-    assert len(points) == 3 * len(SMOKE.contexts)
+    # per length r4, r8, uniform r8 and the positive control
+    assert len(points) == 4 * len(SMOKE.contexts)
+    assert [p["arm"] for p in points if p["positive_control"]] == ["rpka-r160"] * 2
     rows = longrange.cost_rows(longctx_file)
     for p in points:
         row = rows[(p["context"], p["arm"])]
@@ -167,7 +175,8 @@ def test_passing_gates_give_gaps_learnability_and_a_section(gated_study, tmp_pat
     assert (verdicts["gap recovered [95 % CI]"] != "n/a").any()
     table = summary.all_tracks_table(runs, frontier)
     lr = table[table["track"] == "long range (two controls)"]
-    assert set(lr["gate"]) == {"passed"} and set(lr["positive control"]) == {"not trained"}
+    assert set(lr["gate"]) == {"passed"}
+    assert set(lr["positive control"]) == {"`rpka-r160`: non-inferior"}
     reports = summary.longctx_reports(runs, gated_study, key="longrange")
     assert sorted(reports) == list(SMOKE.contexts)
     headline = summary.headline_rows(runs, None, reports)
@@ -212,3 +221,16 @@ def test_missing_files_read_not_run(tmp_path):
     entry = {"contexts": {"512": {"attention_gate": None}}}
     row = longrange.gates_table(entry).iloc[0]
     assert row["no-attention gate"] == "not run" and row["learnability: exact ÷ linear"] == "n/a"
+
+
+def test_paying_points_are_cheaper_non_inferior_low_rank_rpka_only():
+    point = {"method": "rpka", "step_ratio": 0.6, "verdict": "non-inferior"}
+    points = [
+        {**point, "arm": "rpka-r64"},
+        {**point, "arm": "rpka-r16", "step_ratio": 1.2},  # slower than exact
+        {**point, "arm": "rpka-r8", "verdict": "inconclusive"},
+        {**point, "arm": "nystrom-uniform-r64", "method": "nystrom-uniform"},
+        # full rank is exact attention's cost: a step ratio below 1 is noise, not a saving
+        {**point, "arm": "rpka-r4096", "step_ratio": 0.98, "positive_control": True},
+    ]
+    assert [p["arm"] for p in longrange.paying_points(points)] == ["rpka-r64"]

@@ -205,7 +205,9 @@ def _answer_panel(
         ax.errorbar([x], [g], yerr=yerr, color=colours[int(p["context"])],
                     marker=METHOD_MARKERS.get(p.get("method"), "o"), ms=6, capsize=3,
                     label=f"{int(p['context']):,} tokens")  # fmt: skip
-        ax.annotate(f"r{p['rank']}" + ("" if p.get("method") == "rpka" else " uniform"),
+        kind = "" if p.get("method") == "rpka" else " uniform"
+        kind = " full rank (positive control)" if p.get("positive_control") else kind
+        ax.annotate(f"r{p['rank']}{kind}",
                     (x, g), xytext=(5, -4), textcoords="offset points", fontsize=7,
                     va="top", color=colours[int(p["context"])])  # fmt: skip
     ax.set(xscale="log", xlabel=xlabel, ylabel="gap recovered g (1 = exact, 0 = mean control)")

@@ -74,9 +74,10 @@ def cost_rows(longctx_file: Mapping[str, Any] | None) -> dict[tuple[int, str], d
 def answer_points(
     frontier: Mapping[str, Any] | None, longctx_file: Mapping[str, Any] | None
 ) -> list[dict[str, Any]]:
-    """One point per (gated length, low-rank arm): the gap recovered (mean, 95 % CI,
+    """One point per (gated length, arm of the frontier): the gap recovered (mean, 95 % CI,
     frontier verdict) and, from ``longctx.json``'s rows, the training step's and peak
-    memory's ratios to exact (the step ratio falls back to the frontier row's)."""
+    memory's ratios to exact (the step ratio falls back to the frontier row's);
+    ``positive_control`` marks the arm exact by construction (full rank)."""
     costs = cost_rows(longctx_file)
     points = []
     for name, track in ((frontier or {}).get("tracks") or {}).items():
@@ -84,6 +85,7 @@ def answer_points(
         if not name.startswith(prefix) or not name[len(prefix) :].isdigit():
             continue
         context = int(name[len(prefix) :])
+        positive = (track.get("positive_control") or {}).get("arm")
         for row in track.get("rows", []):
             cost = costs.get((context, row["arm"]), {})
             gap = row.get("gap_recovered") or {}
@@ -95,16 +97,19 @@ def answer_points(
                 "verdict": row.get("verdict", NA), "step_ratio": step,
                 "peak_ratio": cost.get("peak_ratio_vs_exact"),
                 "margin_gap": track.get("margin_gap"),
+                "positive_control": row["arm"] == positive,
             })  # fmt: skip
     return sorted(points, key=lambda p: (p["context"], p["method"] != "rpka", p["rank"] or 0))
 
 
 def paying_points(points: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The points where RPKA's step is cheaper than exact's and its gap non-inferior."""
+    """The points where low-rank RPKA's step is cheaper than exact's and its gap
+    non-inferior (not the positive control: full rank is exact attention's cost)."""
     return [
         p
         for p in points
         if p.get("method") == "rpka"
+        and not p.get("positive_control")
         and p.get("step_ratio") is not None
         and p["step_ratio"] < 1
         and p.get("verdict") == NON_INFERIOR
