@@ -17,7 +17,8 @@ step of every arm of the preset at each of its contexts.
 
 ``--warm-start-from C`` (a curriculum probe, issue 27): each arm is first trained at context
 C, then at ``--context`` starting from those weights, its learned positions stretched to the
-longer context by linear interpolation (the other weights do not depend on the length).
+longer context by linear interpolation - the long-range study's own warm start
+(``rpka.curriculum``).
 
 Fields: ``--track`` / ``--model`` / ``--train`` are JSON objects replacing fields of the
 ``--preset``'s template (default ``full``; track resized to ``--context`` with
@@ -31,55 +32,31 @@ import argparse
 import dataclasses
 import json
 import time
-from unittest import mock
 
 import torch
-import torch.nn.functional as F
 
-from rpka import train
 from rpka.presets_longctx import LONGCTX_PRESETS
 from rpka.run_config import make_run_config
-from rpka.tracks import get_task
 from rpka.train import build_model, track_config_of, train_run
 
 DATA_DIR = "data/cache"
 
 
 def probe_bench(args: argparse.Namespace):
-    """The preset's bench at ``args.context`` with the command line's fields replaced."""
+    """The preset's bench at ``args.context`` with the command line's fields replaced (and
+    ``--warm-start-from``'s first stage: ``Design.warm_start_track``, ``rpka.curriculum``)."""
     bench = LONGCTX_PRESETS[args.preset].bench
+    task = bench.task
     track = dataclasses.replace(bench.track, **json.loads(args.track))
-    track = get_task(track.name).at_context(
-        track, args.context, args.train_windows, args.eval_windows
-    )
+    windows = (args.train_windows, args.eval_windows)
+    sized = task.at_context(track, args.context, *windows)
+    warm = task.at_context(track, args.warm_start_from, *windows) if args.warm_start_from else None
     model = dataclasses.replace(bench.model, **json.loads(args.model))
     train = dataclasses.replace(bench.train, **json.loads(args.train))
-    return bench.replace(track=track, model=model, train=train)
-
-
-def stretched(state: dict[str, torch.Tensor], context: int) -> dict[str, torch.Tensor]:
-    """``state`` with its learned positions (S, C, d) interpolated linearly to ``context``."""
-    position = state["position"].transpose(1, 2)  # (S, d, C): interpolate along the length
-    longer = F.interpolate(position, size=context, mode="linear", align_corners=True)
-    return {**state, "position": longer.transpose(1, 2).contiguous()}
-
-
-def warm_started(state: dict[str, torch.Tensor], context: int):
-    """``rpka.train.build_model`` patched to start from ``state`` (positions stretched)."""
-
-    def build(run_config, track_config, device):
-        model = build_model(run_config, track_config, device)
-        model.load_state_dict(stretched(state, context))
-        return model
-
-    return mock.patch.object(train, "build_model", build)
+    return bench.replace(track=sized, model=model, train=train, warm_start_track=warm)
 
 
 def learn(args: argparse.Namespace) -> None:
-    if args.warm_start_from:
-        short = argparse.Namespace(**{**vars(args), "context": args.warm_start_from,
-                                      "warm_start_from": None})  # fmt: skip
-        learn(short)
     bench = probe_bench(args)
     bench.validate()
     task = bench.task
@@ -88,17 +65,17 @@ def learn(args: argparse.Namespace) -> None:
     print("naive test MSE:", {k: round(v["test"]["mse"], 3) for k, v in naive.items()})
     for name in args.arms:
         run_config = make_run_config(bench, bench.arm(name), args.lr, args.seeds, "test", DATA_DIR)
-        state_path = f"/tmp/longctx_probe_{name}_{args.context}.pt"
-        run_config["state_path"] = state_path  # the next context's warm start reads it
-        if args.warm_start_from:
-            start = torch.load(f"/tmp/longctx_probe_{name}_{args.warm_start_from}.pt")
-            with warm_started(start, args.context):
-                out = train_run(run_config)
-        else:
-            out = train_run(run_config)
+        out = train_run(run_config)
+        first = out.get("warm_start")
         print(
             f"{name}: test MSE {[round(x, 3) for x in out['scores']['mse']]}, "
-            f"{out['n_steps']} steps, {out['cpu_s']:.0f} CPU-s, {out['wall_s']:.0f} s wall",
+            f"{out['n_steps']} steps, {out['cpu_s']:.0f} CPU-s, {out['wall_s']:.0f} s wall"
+            + (
+                f" (first stage at {first['context']}: val MSE "
+                f"{[round(x, 3) for x in first['val']['mse']]}, {first['cpu_s']:.0f} CPU-s)"
+                if first
+                else ""
+            ),
             flush=True,
         )
 
