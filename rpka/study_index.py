@@ -199,11 +199,17 @@ def latency_sweep(out: Path) -> dict[str, Any] | None:
 def longrange_positive_controls(longrange: dict[str, Any] | None, out: Path) -> dict[str, Path]:
     """The long-range lengths whose positive control ran as a study of its own
     (``<out>/longrange/positive_control/``, docs/longctx.md) where both that study's and
-    the rank sweep's gates passed: ``longrange-<n>`` -> its bench report."""
+    the rank sweep's gates passed and the rank sweep has no positive control of its own
+    (the ``longrange`` preset trains ``rpka-r4096`` beside its ranks): ``longrange-<n>`` ->
+    its bench report."""
     folder = out / paths.LONGRANGE / paths.POSITIVE_CONTROL
     gated = longrange_gated(longrange, out)
     own = longrange_gated(longrange_entry(folder, out), out)
-    return {track: path for track, path in own.items() if track in gated}
+    return {
+        track: path
+        for track, path in own.items()
+        if track in gated and not read_json(gated[track])["config"].get("positive_control_arm")
+    }
 
 
 def longrange_gated(longrange: dict[str, Any] | None, index_dir: Path) -> dict[str, Path]:

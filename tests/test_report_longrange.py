@@ -189,9 +189,7 @@ def test_passing_gates_give_gaps_learnability_and_a_section(gated_study, tmp_pat
     assert "not measured" in longrange.setup_text(index, longctx_file, None)
     other = {"contexts": {"512": locality["contexts"]["64"]}}
     assert "at these lengths" in longrange.setup_text(index, longctx_file, other)
-    items = longrange.longrange_section(
-        runs, frontier, longctx_file, locality, _Figs(), tmp_path
-    )
+    items = longrange.longrange_section(runs, frontier, longctx_file, locality, _Figs(), tmp_path)
     assert any(isinstance(i, str) and "Does RPKA pay" in i for i in items)
     assert (tmp_path / "longrange_answer.png").exists()
 
@@ -234,3 +232,22 @@ def test_paying_points_are_cheaper_non_inferior_low_rank_rpka_only():
         {**point, "arm": "rpka-r4096", "step_ratio": 0.98, "positive_control": True},
     ]
     assert [p["arm"] for p in longrange.paying_points(points)] == ["rpka-r64"]
+
+
+def test_a_separate_positive_control_is_read_only_where_the_study_has_none(gated_study):
+    """The positive control as a study of its own (``longrange/positive_control/``, how the
+    512-token one first ran) joins the frontier only where the rank sweep trained none."""
+    folder = gated_study / "longrange"
+    shutil.copytree(
+        folder, folder / "positive_control", ignore=shutil.ignore_patterns("positive_control")
+    )
+    longrange_index = _index(gated_study)["longrange"]
+    assert study_index.longrange_positive_controls(longrange_index, gated_study) == {}
+    for entry in longrange_index["contexts"].values():  # the sweep without its own
+        path = gated_study / entry["bench_report"]
+        report = read_json(path)
+        report["config"]["positive_control_arm"] = None
+        write_result_json(path, report)
+    separate = study_index.longrange_positive_controls(longrange_index, gated_study)
+    assert sorted(separate) == [f"longrange-{c}" for c in SMOKE.contexts]
+    assert all("positive_control" in str(path) for path in separate.values())
