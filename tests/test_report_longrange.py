@@ -186,6 +186,9 @@ def test_passing_gates_give_gaps_learnability_and_a_section(gated_study, tmp_pat
                                     "share_within_window": 0.0, "window": 8}}}  # fmt: skip
     setup = longrange.setup_text(index, longctx_file, locality)
     assert "forecast-lookup" in setup and "median 31 steps back" in setup
+    assert "At 80 tokens every run - each arm, controls included - first trains at 64" in setup
+    cold = {**longctx_file, "config": {**longctx_file["config"], "warm_start_from": None}}
+    assert "curriculum" not in longrange.setup_text(index, cold, locality)
     assert "not measured" in longrange.setup_text(index, longctx_file, None)
     other = {"contexts": {"512": locality["contexts"]["64"]}}
     assert "at these lengths" in longrange.setup_text(index, longctx_file, other)

@@ -166,9 +166,20 @@ def setup_text(
     else:
         where = "not measured (no `locality.json`)"
     rules = {(e.get("attention_gate") or {}).get("rule") for _, e in _contexts(index)} - {None}
+    warm = ((longctx_file or {}).get("config") or {}).get("warm_start_from")
+    longer = [c for c in contexts if warm and c > warm]
+    curriculum = (
+        f"At {_lengths(longer)} tokens every run - each arm, controls included - first "
+        f"trains at {warm:,} tokens with its own rate, seeds and steps, then as many steps "
+        "at its own length from those weights, learned positions stretched (a curriculum, "
+        "`rpka.curriculum`: from scratch exact attention did not learn at 2,048 tokens). "
+        if longer
+        else ""
+    )
     return (
         f"**Set-up.** Task `{esc(task)}` trained at {_lengths(contexts)} tokens; arms "
         f"{', '.join(f'`{esc(a)}`' for a in arms) or NA}; {seeds or NA} evaluation seeds. "
+        f"{curriculum}"
         f"How far back the evidence the forecast needs lies: {where}. A length is informative "
         "only when exact attention beats **both** controls, the no-attention control and the "
         "local window (the two-control gate; each gate "
