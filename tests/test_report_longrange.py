@@ -208,6 +208,22 @@ def test_a_cheaper_non_inferior_point_is_the_answer():
     slower = {**point, "step_ratio": 1.3}
     text = longrange.answer_text(index, [slower])
     assert "Not shown" in text and "1.30×" in text
+    # paying at one length, not at another; uniform landmarks paying; the positive control
+    # (full rank: exact's cost) never the answer nor the best point
+    index = {"contexts": {"1024": {"gate_passed": True}, "2048": {"gate_passed": True}}}
+    short = {**point, "context": 1024}
+    unsure = {**point, "gap_ci_low": 0.92, "verdict": "not shown"}
+    uniform = {**point, "arm": "nystrom-uniform-r64", "method": "nystrom-uniform",
+               "step_ratio": 0.61}  # fmt: skip
+    full = {**point, "arm": "rpka-r4096", "rank": 4096, "gap_mean": 1.0, "step_ratio": 0.9,
+            "positive_control": True}  # fmt: skip
+    text = longrange.answer_text(index, [short, unsure, uniform, full])
+    assert text.startswith("**Does RPKA pay at long range?** Yes: 1,024 tokens, r 64")
+    assert "Not shown at 2,048 tokens (gap recovered above 0.95): cheaper there r 64" in text
+    assert "without residual pivoting: `nystrom-uniform-r64` at 2,048 tokens (0.61×" in text
+    assert "4096" not in text
+    text = longrange.answer_text(index, [unsure, full])
+    assert "Best: 2,048 tokens, r 64" in text and "4096" not in text
 
 
 def test_missing_files_read_not_run(tmp_path):

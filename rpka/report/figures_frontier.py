@@ -202,14 +202,17 @@ def _answer_panel(
             continue
         low, high = p.get("gap_ci_low"), p.get("gap_ci_high")
         yerr = None if low is None or high is None else [[g - low], [high - g]]
-        ax.errorbar([x], [g], yerr=yerr, color=colours[int(p["context"])],
+        colour = colours[int(p["context"])]
+        if p.get("positive_control"):  # exact by construction: a hollow star, no label
+            ax.errorbar([x], [g], yerr=yerr, color=colour, marker="*", ms=10, mfc="none",
+                        capsize=3, label="full rank (positive control)")  # fmt: skip
+            continue
+        ax.errorbar([x], [g], yerr=yerr, color=colour,
                     marker=METHOD_MARKERS.get(p.get("method"), "o"), ms=6, capsize=3,
                     label=f"{int(p['context']):,} tokens")  # fmt: skip
-        kind = "" if p.get("method") == "rpka" else " uniform"
-        kind = " full rank (positive control)" if p.get("positive_control") else kind
-        ax.annotate(f"r{p['rank']}{kind}",
+        ax.annotate(f"r{p['rank']}" + ("" if p.get("method") == "rpka" else " uniform"),
                     (x, g), xytext=(5, -4), textcoords="offset points", fontsize=7,
-                    va="top", color=colours[int(p["context"])])  # fmt: skip
+                    va="top", color=colour)  # fmt: skip
     ax.set(xscale="log", xlabel=xlabel, ylabel="gap recovered g (1 = exact, 0 = mean control)")
     times = FuncFormatter(lambda v, _: f"{v:.2g}×")  # ratios, not powers of ten
     ax.xaxis.set_major_formatter(times)
@@ -217,8 +220,9 @@ def _answer_panel(
     ax.tick_params(axis="x", which="minor", labelsize=7)
     lows = [p["gap_ci_low"] for p in points if p.get("gap_ci_low") is not None]
     highs = [p["gap_ci_high"] for p in points if p.get("gap_ci_high") is not None]
-    # 0 (no attention) in view, and every interval whole
-    ax.set_ylim(min([0.0, *lows]) - GAP_PAD, max([1.0, *highs]) + 2 * GAP_PAD)
+    # every interval whole and the non-inferiority line in view; zoomed to them (0 = no
+    # attention is the axis label's, not always in view: near g = 1 the margin decides)
+    ax.set_ylim(min([margin, *lows]) - GAP_PAD, max([1.0, *highs]) + 2 * GAP_PAD)
 
 
 def plot_longrange_answer(
