@@ -37,6 +37,8 @@ def test_the_answer_sentence_reads_r_star_gap_step_ratio_and_the_control_from_th
         if row is None:
             best = summary.best_rpka_row(entry)
             assert f"rank {best['rank']} of {best['n_points']}" in text
+            # the positive control (full rank: exact's own numbers) is never the "best"
+            assert best["arm"] != (entry["positive_control"] or {}).get("arm")
             continue
         g = row["gap_recovered"]
         assert f"from rank {entry['r_star']} of {row['n_points']} points" in text

@@ -304,3 +304,19 @@ def test_the_cost_table_sums_each_benchs_run_cpu_seconds(smoke_study_report):
     assert list(table["bench"]) == ["`forecast`", "total"]
     assert table["CPU s"].iloc[0] == table["CPU s"].iloc[-1] == round(expected) > 0
     assert table["runs"].iloc[0] == report["timings"]["n_runs"]
+
+
+def test_the_main_limitation_knows_the_long_range_lengths(monkeypatch):
+    from rpka.report import text
+
+    scaling = {"status": "crossed", "crossover_n_interp": 826.0, "crossover_n": 1024}
+    study = {"tracks": {"t": {"report": {"data": {"context": 96}}, "gate": "passed"}}}
+    with_long = {**study, "longrange": {"contexts": {"512": {"gate_passed": True},
+                                                     "2048": {"gate_passed": True},
+                                                     "1024": {"gate_passed": False}}}}  # fmt: skip
+    monkeypatch.setattr(text, "speed_numbers", lambda s: s)  # the sweep's crossover, as read
+    alone = text.main_limitation(study, scaling)
+    long = text.main_limitation(with_long, scaling)
+    assert "do not show quality and speed together" in alone
+    assert "meet only on the long-range track (Section 3) at 2,048 tokens" in long
+    assert "96 tokens or fewer" in long and "826" in long

@@ -60,11 +60,15 @@ def r_star_row(entry: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def best_rpka_row(entry: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The RPKA row with the largest mean gap recovered (where r* is not reached)."""
+    """The RPKA row with the largest mean gap recovered (where r* is not reached), the
+    positive control (full rank: exact by construction) left out."""
+    positive = (entry.get("positive_control") or {}).get("arm")
     rows = [
         r
         for r in entry.get("rows", [])
-        if r.get("method") == "rpka" and (r.get("gap_recovered") or {}).get("mean") is not None
+        if r.get("method") == "rpka"
+        and r.get("arm") != positive
+        and (r.get("gap_recovered") or {}).get("mean") is not None
     ]
     return max(rows, key=lambda r: r["gap_recovered"]["mean"]) if rows else None
 
