@@ -206,9 +206,10 @@ LONGRANGE_TRAIN = TrainConfig(epochs=1, batch_size=8, warmup_steps=2)
 # stretched; cold, exact stayed at the naive forecast at 2,048 tokens and learned on some
 # seeds only at 1,024
 LONGRANGE_WARM_START = 512
-# The positive control: a rank >= the 2n joint points at every length up to 2,048 (RPKA is
+LONGRANGE_CONTEXTS = (512, 1024, 2048)
+# The positive control: a rank >= the 2n joint points at every length of the study (RPKA is
 # softmax attention there by Nystrom's identity, without a draw: rpka.attention.rpka)
-LONGRANGE_FULL_RANK = 4096
+LONGRANGE_FULL_RANK = 2 * max(LONGRANGE_CONTEXTS)
 LONGRANGE_PRESETS: dict[str, LongContextConfig] = {
     # the study's structure in seconds (tests): a short context, a narrow window, the
     # curriculum from the first context and the positive control
@@ -238,7 +239,7 @@ LONGRANGE_PRESETS: dict[str, LongContextConfig] = {
     # docs/longctx.md.
     "longrange": _longrange(
         "longrange",
-        contexts=(512, 1024, 2048),
+        contexts=LONGRANGE_CONTEXTS,
         train_windows=4000,
         eval_windows=256,
         ranks=(*LONGRANGE_RANKS, LONGRANGE_FULL_RANK),
