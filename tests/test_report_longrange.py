@@ -224,6 +224,9 @@ def test_a_cheaper_non_inferior_point_is_the_answer():
     assert "4096" not in text
     text = longrange.answer_text(index, [unsure, full])
     assert "Best: 2,048 tokens, r 64" in text and "4096" not in text
+    at_cost = {**point, "arm": "rpka-r128", "rank": 128, "step_ratio": 0.95}
+    text = longrange.answer_text(index, [at_cost])
+    assert "Not shown" in text and "about exact's cost" in text and "r 128 at 2,048 (0.95×" in text
 
 
 def test_missing_files_read_not_run(tmp_path):
@@ -245,6 +248,7 @@ def test_paying_points_are_cheaper_non_inferior_low_rank_rpka_only():
     points = [
         {**point, "arm": "rpka-r64"},
         {**point, "arm": "rpka-r16", "step_ratio": 1.2},  # slower than exact
+        {**point, "arm": "rpka-r128", "step_ratio": 0.95},  # exact's cost, within timing noise
         {**point, "arm": "rpka-r8", "verdict": "inconclusive"},
         {**point, "arm": "nystrom-uniform-r64", "method": "nystrom-uniform"},
         # full rank is exact attention's cost: a step ratio below 1 is noise, not a saving

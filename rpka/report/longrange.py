@@ -30,6 +30,11 @@ NA = "n/a"
 NOT_RUN = "not run"
 NON_INFERIOR = "non-inferior"  # the frontier's verdict on the gap scale (rpka.frontier)
 LOCALITY_FILE = "locality.json"  # scripts/longrange_locality.py, beside longctx.json
+# A step-time ratio within this of 1 reads as exact's cost, not a saving: the median step
+# times are recorded on a shared 2-core machine, and the positive control - exact
+# attention's own arithmetic - measured 0.88x and 0.97x exact's step at 2,048 and 1,024
+# tokens in the full study (data/results/full/longrange/longctx.json)
+STEP_TIE = 0.15
 
 
 def load_files(
@@ -102,16 +107,21 @@ def answer_points(
     return sorted(points, key=lambda p: (p["context"], p["method"] != "rpka", p["rank"] or 0))
 
 
+def cheaper(point: Mapping[str, Any]) -> bool:
+    """Whether a point's training step is cheaper than exact's beyond timing noise
+    (:data:`STEP_TIE`)."""
+    return point.get("step_ratio") is not None and point["step_ratio"] < 1 - STEP_TIE
+
+
 def paying_points(points: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The points where low-rank RPKA's step is cheaper than exact's and its gap
-    non-inferior (not the positive control: full rank is exact attention's cost)."""
+    """The points where low-rank RPKA's step is cheaper than exact's (:func:`cheaper`) and
+    its gap non-inferior (not the positive control: full rank is exact attention's cost)."""
     return [
         p
         for p in points
         if p.get("method") == "rpka"
         and not p.get("positive_control")
-        and p.get("step_ratio") is not None
-        and p["step_ratio"] < 1
+        and cheaper(p)
         and p.get("verdict") == NON_INFERIOR
     ]
 
@@ -209,7 +219,7 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
         p for p in points if not p.get("positive_control") and p.get("gap_mean") is not None
     ]
     rpka = [p for p in low_rank if p.get("method") == "rpka"]
-    cheaper = [p for p in rpka if p.get("step_ratio") is not None and p["step_ratio"] < 1]
+    cheaper_rpka = [p for p in rpka if cheaper(p)]
     paying = paying_points(points)
     margin = num(points[0].get("margin_gap") if points else None, ".2f")
     if paying:
@@ -223,7 +233,7 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
         unpaid = [c for c in gated if c not in {p["context"] for p in paying}]
         if unpaid:
             text += f" Not shown at {_lengths(unpaid)} tokens (gap recovered above {margin})"
-            there = [p for p in cheaper if p["context"] in unpaid]
+            there = [p for p in cheaper_rpka if p["context"] in unpaid]
             text += (": cheaper there " + ", ".join(map(_point, there)) if there else "") + "."
     else:
         text = (
@@ -237,10 +247,17 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
                 f" Best: {best['context']:,} tokens, r {best['rank']}, gap recovered "
                 f"{_gap(best)} at {_ratio(best.get('step_ratio'))} exact's step."
             )
-        if cheaper:
-            text += " Cheaper than exact: " + ", ".join(map(_point, cheaper)) + "."
+        if cheaper_rpka:
+            text += " Cheaper than exact: " + ", ".join(map(_point, cheaper_rpka)) + "."
+    at_cost = [p for p in rpka if p.get("verdict") == NON_INFERIOR and not cheaper(p)
+               and p.get("step_ratio") is not None and p["step_ratio"] < 1 + STEP_TIE]  # fmt: skip
+    if at_cost:
+        text += (
+            f" Non-inferior at about exact's cost (step within {STEP_TIE:.0%} of exact's, the "
+            "timing noise): " + ", ".join(map(_point, at_cost)) + "."
+        )
     peers = [p for p in low_rank if p.get("method") != "rpka" and p.get("verdict") == NON_INFERIOR
-             and p.get("step_ratio") is not None and p["step_ratio"] < 1]  # fmt: skip
+             and cheaper(p)]  # fmt: skip
     if peers:
         text += (
             " Cheaper and non-inferior without residual pivoting: "
