@@ -21,7 +21,7 @@ from IPython.display import Markdown
 from rpka import paths
 from rpka.io import read_json_checked
 from rpka.longctx import FILE_NAME as LONGCTX_FILE
-from rpka.report.figures_frontier import NON_INFERIOR_GAP, plot_longrange_answer
+from rpka.report.figures_frontier import NON_INFERIOR_GAP, STEP_TIE, plot_longrange_answer
 from rpka.report.tables import verdict_word
 from rpka.report.text import esc, num
 from rpka.study import LONGRANGE_TRACK
@@ -30,11 +30,6 @@ NA = "n/a"
 NOT_RUN = "not run"
 NON_INFERIOR = "non-inferior"  # the frontier's verdict on the gap scale (rpka.frontier)
 LOCALITY_FILE = "locality.json"  # scripts/longrange_locality.py, beside longctx.json
-# A step-time ratio within this of 1 reads as exact's cost, not a saving: the median step
-# times are recorded on a shared 2-core machine, and the positive control - exact
-# attention's own arithmetic - measured 0.88x and 0.97x exact's step at 2,048 and 1,024
-# tokens in the full study (data/results/full/longrange/longctx.json)
-STEP_TIE = 0.15
 
 
 def load_files(
@@ -369,7 +364,9 @@ def answer_caption(points: list[Mapping[str, Any]]) -> tuple[str, str]:
         "interval), against the training step's time ratio to exact's (log scale; left of "
         "x = 1: cheaper than exact), one point per gated length and rank, coloured by length; "
         f"above the line g = {num(margin, '.2f')}: non-inferior; hollow stars: the positive "
-        "control (full rank, exact attention by construction). The second panel, where "
+        "control (full rank, exact attention by construction); grey band: a step within "
+        f"{STEP_TIE:.0%} of exact's, read as exact's cost (timing noise), not a saving. The "
+        "second panel, where "
         "measured, puts the peak memory of a training step on the x axis. Step times are "
         "medians recorded on a shared machine; a run resumed from an earlier session keeps "
         "the time it was recorded with, so ratios across sessions carry the machine's load. "
