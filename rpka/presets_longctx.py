@@ -255,11 +255,12 @@ LONGRANGE_PRESETS: dict[str, LongContextConfig] = {
         seeds_per_job=4,
     ),
 }
-# The standard study's long context (issue 28): the long-range track at 512 tokens, the
-# length whose two-control gate passes in the full study (at 1,024 tokens exact misses its
-# learnability bar, at 2,048 it does not learn): exact, the primary rpka-r64, the positive
-# control rpka-r1024 (every one of the 2 x 512 joint points: exact attention by Nystrom's
-# identity, without a draw) and both controls, at the full study's training and rate;
+# The standard study's long context (issue 28): the long-range track at 512 tokens, the one
+# length that learns without a curriculum (1,024 and 2,048 tokens learn only after 512
+# first, at about twice the cost and more; docs/longctx.md): exact, the primary rpka-r64,
+# the positive control rpka-r1024 (every one of the 2 x 512 joint points: exact attention
+# by Nystrom's identity, without a draw) and both controls, at the full study's training
+# and rate;
 # 6 evaluation seeds in jobs of 3 (docs/standard.md).
 LONGRANGE_PRESETS["standard"] = _longrange(
     "standard",
