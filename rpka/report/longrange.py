@@ -227,7 +227,10 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
         text = f"**Does RPKA pay at long range?** Yes: {named}."
         unpaid = [c for c in gated if c not in {p["context"] for p in paying}]
         if unpaid:
-            text += f" Not shown at {_lengths(unpaid)} tokens (gap recovered above {margin})"
+            text += (
+                f" At {_lengths(unpaid)} tokens no rank is both (non-inferior: gap recovered "
+                f"above {margin}; cheaper: a step below {1 - STEP_TIE:.2f}× exact's)"
+            )
             there = [p for p in cheaper_rpka if p["context"] in unpaid]
             text += (": cheaper there " + ", ".join(map(_point, there)) if there else "") + "."
     else:
