@@ -52,6 +52,7 @@ RANK_ANCHORS = {
     64: "#7f0000",
     96: "#6a51a3",
     128: "#3f007d",
+    1024: "#00545f",  # and above: full-rank positive controls (r1024, r4096), apart from r128
 }
 
 _RANKED = re.compile(r"^(?P<method>[a-z]+(?:-[a-z]+)*?)-r(?P<rank>\d+)(?:-(?P<variant>.+))?$")
