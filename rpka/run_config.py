@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from rpka.config import ArmConfig, BenchConfig
+from rpka.curriculum import WARM_START_KEY
 from rpka.io import config_hash
 
 SCORE_SPLITS = ("val", "test")
@@ -56,7 +57,7 @@ def make_run_config(
         "progress": progress or {"enable": False},
     }
     if warm_start is not None:  # absent otherwise: cold runs keep their run ids
-        run_config["warm_start"] = {"track": _asdict(warm_start)}
+        run_config[WARM_START_KEY] = {"track": _asdict(warm_start)}
     return run_config
 
 

@@ -265,11 +265,11 @@ def main_limitation(study: Mapping[str, Any], scaling: Mapping[str, Any] | None)
     ]  # fmt: skip
     if s is not None and s["status"] != "never" and contexts:
         at = s["crossover_n_interp"] or s["crossover_n"]
-        beyond = [c for c in long_range if c >= at]
+        beyond = sorted(c for c in long_range if c >= at)
         if max(contexts) < at and beyond:
             return (
                 f"**Main limitation.** Quality and speed meet only on the long-range track "
-                f"(Section 3) at {', '.join(f'{c:,}' for c in sorted(beyond))} tokens - one "
+                f"(Section 3) at {', '.join(f'{c:,}' for c in beyond)} tokens - one "
                 "synthetic lookup task under a reduced protocol (a small model, one learning "
                 f"rate); the other tracks stay at {max(contexts):,} tokens or fewer, below "
                 f"the ≈ {at:,.0f} tokens where RPKA's attention starts to pay off."
