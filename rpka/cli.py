@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rpka import bench, cost, decoding, longctx, paths, pipeline, scaling, study
+from rpka import bench, cost, decoding, longctx, numerics, paths, pipeline, scaling, study
 from rpka.cli_args import (
     COST_STEPS_RANGE,
     SEEDS_RANGE,
@@ -450,6 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nerror: unknown command {argv[0]!r}", file=sys.stderr)
             return 2
         return 0 if argv else 2
+    numerics.check()  # warns if torch ran before rpka could pin its CPU kernels
     try:
         with stop_on_signals():
             COMMANDS[argv[0]][0](argv[1:])

@@ -36,6 +36,7 @@ from rpka.config import ArmConfig, TrainConfig
 from rpka.curriculum import WARM_START_KEY, first_stage_config, load_stretched
 from rpka.io import STATE_CHECKSUM_KEY, atomic_torch_save, file_sha256
 from rpka.model import ModelConfig
+from rpka.numerics import record as numerics_record
 from rpka.run_config import (
     STREAM_DATA,
     STREAM_INIT,
@@ -494,4 +495,6 @@ def run_result(
         "cpu_s": clock.cpu_s(),
         "torch_threads": torch.get_num_threads(),
         "device": str(run.device),
+        # pinned or native CPU kernels (rpka.numerics): whether the scores reproduce elsewhere
+        "numerics": numerics_record(),
     }
