@@ -53,7 +53,7 @@ from rpka.executors import make_executor, owned
 from rpka.io import CorruptFileError, atomic_write_text, write_json
 from rpka.paths import resolve
 from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS, get_preset
-from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
+from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset, with_arms
 from rpka.report import readme
 from rpka.tracks import get_task
 
@@ -217,6 +217,8 @@ def parse_longctx(
         overrides["memory_probe"] = False
     try:
         config = get_longctx_preset(args.preset, **overrides)
+        if args.arms is not None:
+            config = with_arms(config, args.arms)
         longctx.check_memory(config)
     except ValueError as err:
         parser.error(str(err))

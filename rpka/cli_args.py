@@ -197,6 +197,12 @@ def longctx_parser() -> argparse.ArgumentParser:
     parser.add_argument("--contexts", type=int, nargs="+", help="context lengths")
     parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
     parser.add_argument(
+        "--arms",
+        nargs="+",
+        help="train only these arms (with the baseline, the primary arm and the controls; "
+        "the positive control only if named): a study run arm by arm, resumed by run id",
+    )
+    parser.add_argument(
         "--warm-start-from",
         type=int,
         help="train every longer context at this one first (0: cold; default: the preset's)",

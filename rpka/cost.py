@@ -45,7 +45,7 @@ from rpka.presets import STUDY_TRACKS, get_preset
 from rpka.presets_longctx import get_longctx_preset
 from rpka.run_config import make_run_config
 from rpka.tracks import get_task
-from rpka.train import Members, evaluate, member_batches, setup_run, train_step
+from rpka.train import Members, member_batches, setup_run, train_step
 
 COST_VERSION = 1
 
@@ -95,7 +95,7 @@ def probe(
     passes = {}
     for split in ("val", "test"):
         start = time.process_time()
-        evaluate(run.model, run.task, *run.splits[split], run.train.eval_batch_size)
+        run.evaluate(split)
         passes[split] = time.process_time() - start
     return Probe(
         members=members,
