@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rpka import bench, cost, decoding, longctx, paths, pipeline, scaling, study
+from rpka import bench, cost, cost_longctx, decoding, longctx, paths, pipeline, scaling, study
 from rpka.cli_args import (
     COST_STEPS_RANGE,
     SEEDS_RANGE,
@@ -415,6 +415,8 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     low, high = COST_STEPS_RANGE
     if not low <= args.steps <= high:
         parser.error(f"argument --steps: must be in [{low}, {high}], got {args.steps}")
+    if args.longctx is not None:
+        return longctx_cost_main(parser, args)
     labels = [label for label, _, _ in cost.study_benches(args.preset)]
     unknown = sorted(set(args.benches or []) - set(labels))
     if unknown:
@@ -427,6 +429,29 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     print(readme.cost_model_table(result).to_markdown(index=False))
     print(f"written to {args.out or cost.cost_model_json(args.preset)}")
+    return result
+
+
+def longctx_cost_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """``cost --longctx PRESET``: price a long-context study per length (rpka.cost_longctx)."""
+    try:
+        overrides = {"contexts": args.contexts} if args.contexts else {}
+        config = get_longctx_preset(args.longctx, **overrides)
+    except ValueError as err:
+        parser.error(str(err))
+    results = resolve(args.results or paths.results_dir(config.preset))
+    if args.out is not None:
+        check_out_file(parser, "--out", args.out)
+    torch.set_num_threads(1)  # as each bench job runs: the costs are one thread's
+    try:
+        result = cost_longctx.price_longctx(
+            config, results, args.steps, args.probe_eval_windows or None, args.out,
+            progress=not args.no_progress,
+        )  # fmt: skip
+    except ValueError as err:
+        parser.error(str(err))
+    print("\n".join(cost_longctx.price_lines(result)))
+    print(f"written to {args.out or results / cost_longctx.COST_FILE}")
     return result
 
 

@@ -323,5 +323,25 @@ def cost_parser() -> argparse.ArgumentParser:
         type=lambda value: Path(path_arg(value)),
         help="default data/results/<preset>/cost_model.json",
     )
+    parser.add_argument(
+        "--longctx",
+        choices=sorted(LONGCTX_PRESETS),
+        help="price this long-context study per length instead (rpka.cost_longctx; "
+        "curriculum first stages included)",
+    )
+    parser.add_argument("--contexts", type=int, nargs="+", help="with --longctx: these lengths")
+    parser.add_argument(
+        "--probe-eval-windows",
+        type=int,
+        default=32,
+        help="with --longctx: probe the evaluation passes on this many windows and scale "
+        "them up (default %(default)s)",
+    )
+    parser.add_argument(
+        "--results",
+        type=path_arg,
+        help="with --longctx: the study's folder (measured CPU-s read from it, "
+        "cost_model.json written to it; default data/results/<preset>)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
