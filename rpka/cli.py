@@ -8,6 +8,8 @@
     python -m rpka decode   [--contexts ...] [--out PATH]
     python -m rpka summary  --preset full [--readme README.md]
     python -m rpka cost     --preset full [--benches forecast lm ...] [--steps 3]
+                            | --longctx longrange-power [--contexts 4096]
+    python -m rpka steptime --preset longrange-power --out DIR [--contexts ...] [--arms ...]
 
 Each command parses its options into a validated config (bad values exit with an error
 naming the option), runs the compute module and prints a short summary; the compute
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 
-from rpka import bench, cost, cost_longctx, decoding, longctx, paths, pipeline, scaling, study
+from rpka import bench, cli_longrange, cost, decoding, longctx, paths, pipeline, scaling, study
 from rpka.cli_args import (
     COST_STEPS_RANGE,
     SEEDS_RANGE,
@@ -416,7 +418,7 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if not low <= args.steps <= high:
         parser.error(f"argument --steps: must be in [{low}, {high}], got {args.steps}")
     if args.longctx is not None:
-        return longctx_cost_main(parser, args)
+        return cli_longrange.longctx_cost_main(parser, args)
     labels = [label for label, _, _ in cost.study_benches(args.preset)]
     unknown = sorted(set(args.benches or []) - set(labels))
     if unknown:
@@ -432,29 +434,6 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return result
 
 
-def longctx_cost_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    """``cost --longctx PRESET``: price a long-context study per length (rpka.cost_longctx)."""
-    try:
-        overrides = {"contexts": args.contexts} if args.contexts else {}
-        config = get_longctx_preset(args.longctx, **overrides)
-    except ValueError as err:
-        parser.error(str(err))
-    results = resolve(args.results or paths.results_dir(config.preset))
-    if args.out is not None:
-        check_out_file(parser, "--out", args.out)
-    torch.set_num_threads(1)  # as each bench job runs: the costs are one thread's
-    try:
-        result = cost_longctx.price_longctx(
-            config, results, args.steps, args.probe_eval_windows or None, args.out,
-            progress=not args.no_progress,
-        )  # fmt: skip
-    except ValueError as err:
-        parser.error(str(err))
-    print("\n".join(cost_longctx.price_lines(result)))
-    print(f"written to {args.out or results / cost_longctx.COST_FILE}")
-    return result
-
-
 # --------------------------------------------------------------------------- dispatch
 
 COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
@@ -465,6 +444,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
     "decode": (decode_main, "per-token decoding latency against context length"),
     "summary": (summary_main, "the study's results in Markdown (the README's results block)"),
     "cost": (cost_main, "predict each bench's CPU time from its configuration (probes)"),
+    "steptime": (cli_longrange.steptime_main, "every arm's training step, one thread, interleaved"),
 }
 
 
