@@ -8,6 +8,8 @@
     python -m rpka decode   [--contexts ...] [--out PATH]
     python -m rpka summary  --preset full [--readme README.md]
     python -m rpka cost     --preset full [--benches forecast lm ...] [--steps 3]
+                            | --longctx longrange-power [--contexts 4096]
+    python -m rpka steptime --preset longrange-power --out DIR [--contexts ...] [--arms ...]
 
 Each command parses its options into a validated config (bad values exit with an error
 naming the option), runs the compute module and prints a short summary; the compute
@@ -28,7 +30,18 @@ from typing import Any
 
 import torch
 
-from rpka import bench, cost, decoding, longctx, numerics, paths, pipeline, scaling, study
+from rpka import (
+    bench,
+    cli_longrange,
+    cost,
+    decoding,
+    longctx,
+    numerics,
+    paths,
+    pipeline,
+    scaling,
+    study,
+)
 from rpka.cli_args import (
     COST_STEPS_RANGE,
     SEEDS_RANGE,
@@ -53,7 +66,7 @@ from rpka.executors import make_executor, owned
 from rpka.io import CorruptFileError, atomic_write_text, write_json
 from rpka.paths import resolve
 from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS, get_preset
-from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
+from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset, with_arms
 from rpka.report import readme
 from rpka.tracks import get_task
 
@@ -217,6 +230,8 @@ def parse_longctx(
         overrides["memory_probe"] = False
     try:
         config = get_longctx_preset(args.preset, **overrides)
+        if args.arms is not None:
+            config = with_arms(config, args.arms)
         longctx.check_memory(config)
     except ValueError as err:
         parser.error(str(err))
@@ -413,6 +428,8 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     low, high = COST_STEPS_RANGE
     if not low <= args.steps <= high:
         parser.error(f"argument --steps: must be in [{low}, {high}], got {args.steps}")
+    if args.longctx is not None:
+        return cli_longrange.longctx_cost_main(parser, args)
     labels = [label for label, _, _ in cost.study_benches(args.preset)]
     unknown = sorted(set(args.benches or []) - set(labels))
     if unknown:
@@ -438,6 +455,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
     "decode": (decode_main, "per-token decoding latency against context length"),
     "summary": (summary_main, "the study's results in Markdown (the README's results block)"),
     "cost": (cost_main, "predict each bench's CPU time from its configuration (probes)"),
+    "steptime": (cli_longrange.steptime_main, "every arm's training step, one thread, interleaved"),
 }
 
 
