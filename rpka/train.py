@@ -492,11 +492,9 @@ def run_result(
         "step_ms_median": statistics.median(tally.step_ms) if tally.step_ms else None,
         "guard_counts": tally.guards or None,
         "wall_s": clock.wall_s(),
-        # CPU time of this process: on a busy machine it estimates the unloaded wall time
-        # of a single-threaded run (it counts every thread, so not for multi-threaded runs)
+        # CPU time of this process: the unloaded wall time of a single-threaded run
         "cpu_s": clock.cpu_s(),
         "torch_threads": torch.get_num_threads(),
         "device": str(run.device),
-        # pinned or native CPU kernels (rpka.numerics): whether the scores reproduce elsewhere
-        "numerics": numerics_record(),
+        "numerics": numerics_record(),  # pinned or native CPU kernels: rpka.numerics
     } | ({"data_seeds": data_seeds_of(run_config)} if run.per_member else {})
