@@ -248,8 +248,9 @@ def audit(
     call site). ``metric(output) -> float`` scores the model's output (loss, accuracy;
     None: no metric columns' values). ``options``: per method name, its options (e.g.
     ``{"rpka": {"causal_block": 16}}``). ``fallback``: what a call the method cannot serve
-    does (``"exact"``: runs exactly, counted in ``swapped``; ``"error"``: raises). The
-    model's mode is left as it is. Raises :class:`SwapRefused` when the model made no
+    does (``"exact"``: runs exactly, counted in ``swapped``; ``"error"``: raises). A
+    ``torch.Generator`` among the options is reset to its state at the call before each
+    pass. The model's mode is left as it is. Raises :class:`SwapRefused` when the model made no
     SDPA call, or when no method served any call."""
     if not ranks or any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in ranks):
         raise ValueError(f"ranks must be positive integers, got {list(ranks)}")
@@ -260,10 +261,22 @@ def audit(
     for m, r in grid:  # bad method names and options fail before any run
         SDPASwap(m, r, **options.get(m, {}))
 
+    # a generator passed as an option starts every pass from its state now, as the global
+    # RNG starts from ``seed``: each (method, rank) draws as a fresh model would
+    generators = [
+        (g, g.get_state())
+        for opts in options.values()
+        for g in opts.values()
+        if isinstance(g, torch.Generator)
+    ]
+
     def variant(method: str, rank: int) -> Callable[[], SDPASwap]:
-        return lambda: SDPASwap(
-            method, rank, fallback=fallback, record=True, **options.get(method, {})
-        )
+        def make() -> SDPASwap:
+            for g, state in generators:
+                g.set_state(state)
+            return SDPASwap(method, rank, fallback=fallback, record=True, **options.get(method, {}))
+
+        return make
 
     with SiteTracker(model) as tracker:
         exact = Pass(SDPASwap("exact", record=True), tracker, exact=True)

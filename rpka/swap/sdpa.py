@@ -52,6 +52,7 @@ FALLBACKS = ("error", "exact")
 SERVED_DTYPES = (torch.float32, torch.float64)
 SERVED_DEVICES = ("cpu", "cuda")
 
+TORCH_SDPA = torch._C._nn.scaled_dot_product_attention  # what F's name is bound to
 # set while a call is being served: SDPA calls made by the method itself (RPKA's exact
 # short-cut, the exact method) or by an observer go to the original function
 _SERVING = threading.local()
@@ -224,8 +225,13 @@ class SDPASwap(contextlib.ContextDecorator):
 
     @property
     def original(self) -> Callable[..., Tensor]:
-        """The SDPA this block replaced (the innermost active entry)."""
-        return self._saved[-1]
+        """The SDPA this block replaced: the latest function saved on entry that is not a
+        swap's (a re-entered decorator or a swap nested in another saved one), else torch's
+        own - never a swap, so a call passed on can never come back here."""
+        for fn in reversed(self._saved):
+            if not isinstance(getattr(fn, "__self__", None), SDPASwap):
+                return fn
+        return TORCH_SDPA
 
     def _replacement(
         self,
