@@ -3,7 +3,10 @@ and its command line."""
 
 import itertools
 import math
+import re
 
+import nbformat
+import papermill
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +17,7 @@ from rpka.bench import run_bench
 from rpka.dropin import drop_in, swapped_model
 from rpka.executors import InProcessExecutor
 from rpka.io import read_json, read_run_file
+from rpka.paths import REPO_ROOT
 from rpka.presets import get_preset
 from rpka.run_config import STREAM_PIVOTS, derive_seed
 from rpka.swap import SwapRefused, audit, plot_errors, swap
@@ -309,3 +313,45 @@ def test_the_command_line_audits_a_saved_model_and_refuses_in_one_line(tmp_path,
             swap_command.main(argv)
         err = capsys.readouterr().err
         assert stop.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+# ------------------------------------------------------------------------- docs, notebook
+
+
+def test_the_five_line_use_in_docs_runs():
+    text = (REPO_ROOT / "docs" / "swap.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text, flags=re.S).group(1)
+    assert len([line for line in block.splitlines() if line.strip()]) == 5  # five lines
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 20, (2, 17), generator=torch.Generator().manual_seed(0))
+    namespace = {
+        "model": EncoderLM(20, 16, d_model=16),
+        "x": tokens[:, :-1],
+        "loss_of": lambda out: next_token_loss(out, tokens),
+    }
+    with pytest.warns(UserWarning, match="ran exact attention"):  # nystrom-uniform: not causal
+        exec(block, namespace)
+    table = namespace["table"]
+    assert namespace["s"].swapped == 2
+    assert set(table.loc[table["method"] == "nystrom-uniform", "swapped"]) == {0.0}
+    assert set(table.loc[table["method"] == "rpka", "swapped"]) == {1.0}
+
+
+def test_notebook_07_committed_clean_and_runs_under_papermill(tmp_path):
+    path = REPO_ROOT / "notebooks" / "07_your_model.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert nb.metadata["kernelspec"]["name"] == "rpka"
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert "parameters" in code[0].metadata.get("tags", [])
+    for line in code[0].source.splitlines():  # literals only
+        assert line.startswith("#") or re.fullmatch(r"\w+ = .+", line), line
+    papermill.execute_notebook(
+        str(path), str(tmp_path / "out.ipynb"), kernel_name="python3", progress_bar=False,
+        parameters={"train_seconds": 3.0, "ranks": [4, 64], "figures_dir": str(tmp_path)},
+        cwd=str(REPO_ROOT),
+    )  # fmt: skip
+    assert (tmp_path / "07_your_model_errors.png").stat().st_size > 0
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    shown = "".join(str(o.get("data", {})) for c in out.cells for o in c.get("outputs", []))
+    assert "between the audit and the drop-in reading: 0.0e+00" in shown
