@@ -158,6 +158,19 @@ def check_batch(model: nn.Module, batch: Any, metric: Callable[[Any], float] | N
         fail(f"argument --batch: the model does not take inputs {describe(batch)}: {line}")
 
 
+def check_out(folder: Path) -> None:
+    """Refuse, before any work, an ``--out`` that is a file or cannot be written."""
+    if folder.exists() and not folder.is_dir():
+        fail(f"argument --out: {folder} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        fail(f"argument --out: cannot write to {folder} ({err.strerror or err})")
+
+
 def parse_options(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``METHOD.KEY=VALUE`` (a Python literal, else the string) -> {method: {key: value}}."""
     options: dict[str, dict[str, Any]] = {}
@@ -179,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     if any(r < 1 for r in args.ranks) or args.repeats < 1:
         fail("arguments --ranks and --repeats: integers >= 1")
     options = parse_options(args.option)
+    check_out(args.out)
     model = build_model(load_factory(args.model), args.model, args.weights)
     inputs, targets = load_batch(args.batch)
     metric = loss_metric(targets)
@@ -190,7 +204,6 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         )  # fmt: skip
     except (SwapRefused, ValueError) as err:
         fail(str(err))
-    args.out.mkdir(parents=True, exist_ok=True)
     shown = COLUMNS + (["metric"] if metric else []) + TIMES
     print(table[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     record = {

@@ -109,9 +109,10 @@ def causal_mask_kind(mask: Tensor, length: int, keys: int) -> str | None:
 
 
 def refusal(
-    method: str, causal_reason: str | None, q: Tensor, k: Tensor, v: Tensor, args: dict
+    causal_reason: str | None, q: Tensor, k: Tensor, v: Tensor, args: dict
 ) -> tuple[str | None, bool]:
-    """Why ``method`` cannot serve this call (None: it can) and whether it is causal."""
+    """Why the method cannot serve this call (None: it can) and whether the call is causal.
+    ``causal_reason``: why the method has no causal form (None: it has one)."""
     tensors = (q, k, v)
     if any(not isinstance(x, Tensor) for x in tensors):
         return "q, k, v must be tensors", False
@@ -174,6 +175,7 @@ class SDPASwap(contextlib.ContextDecorator):
         site: optional callable naming the current call site (the audit's module tracker).
         observer: optional callable ``(record, q, k, v, args, out)`` run after each call
             (its own SDPA calls go to the original function).
+        warn_at_exit: warn at the block's exit when calls were passed to exact attention.
     """
 
     def __init__(
@@ -207,19 +209,24 @@ class SDPASwap(contextlib.ContextDecorator):
         self.observer: Callable[..., None] | None = None
         self._saved: list[Callable[..., Tensor]] = []  # a stack: the decorator may re-enter
         self._calls = 0
+        self._at_entry = (0, 0)
+        self.warn_at_exit = True  # the audit reports the swapped share in its table instead
 
     def __enter__(self) -> SDPASwap:
+        if not self._saved:  # the outermost entry: the exit warning counts from here
+            self._at_entry = (self.swapped, self.passed)
         self._saved.append(F.scaled_dot_product_attention)
         F.scaled_dot_product_attention = self._replacement  # type: ignore[assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
         F.scaled_dot_product_attention = self._saved.pop()  # type: ignore[assignment]
-        if self.passed and self.fallback == "exact" and not self._saved:
+        swapped, passed = self.swapped - self._at_entry[0], self.passed - self._at_entry[1]
+        if passed and self.warn_at_exit and not self._saved:  # passed on: never silent
             detail = ", ".join(f"{reason}: {n}" for reason, n in self.reasons.most_common(3))
             warnings.warn(
-                f"rpka.swap: {self.passed} of {self.passed + self.swapped} SDPA calls ran "
-                f"exact attention, not {self.method!r} ({detail})",
+                f"rpka.swap: {passed} of {passed + swapped} SDPA calls ran exact attention, "
+                f"not {self.method!r} ({detail})",
                 stacklevel=2,
             )
 
@@ -257,7 +264,7 @@ class SDPASwap(contextlib.ContextDecorator):
         if self.method == "exact":
             reason, causal = None, False
         else:
-            reason, causal = refusal(self.method, self.causal_reason, query, key, value, args)
+            reason, causal = refusal(self.causal_reason, query, key, value, args)
         index, self._calls = self._calls, self._calls + 1
         site = (self.site() if self.site is not None else None) or f"call {index}"
         if reason is not None and self.fallback == "error":
