@@ -162,6 +162,12 @@ def test_what_cannot_be_served_is_refused_or_run_exactly_and_counted(kwargs, inp
     assert (s.swapped, s.passed) == (0, 1) and torch.equal(out, ref)
 
 
+def test_a_device_other_than_cpu_or_cuda_is_refused():
+    q, k, v = (x.to("meta") for x in qkv(8, 8, torch.float32))
+    with pytest.raises(SwapRefused, match="device meta"), swap("rpka", rank=4):
+        F.scaled_dot_product_attention(q, k, v)
+
+
 def test_a_non_causal_peer_refuses_causal_calls():
     with pytest.raises(SwapRefused, match="is_causal=True .*nystrom-uniform"):
         with swap("nystrom-uniform", rank=4):
