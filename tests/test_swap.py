@@ -369,3 +369,14 @@ def test_the_command_line_refuses_an_out_that_is_a_file_before_any_work(tmp_path
             ["--model", "no_such_pkg.m:f", "--batch", "b", "--out", str(tmp_path / "file")]
         )
     assert stop.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_an_unknown_method_or_option_is_refused_when_the_swap_is_made():
+    for method, options in (("rpka", {"nope": 1}), ("exact", {"causal_block": 4})):
+        with pytest.raises(ValueError, match="unknown option"):
+            swap(method, rank=4, **options)
+    with pytest.raises(ValueError, match="unknown attention method"):
+        swap("rpkaa")
+    with pytest.raises(ValueError, match="fallback must be one of"):
+        swap("rpka", fallback="silent")
+    assert F.scaled_dot_product_attention is SDPA

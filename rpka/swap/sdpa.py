@@ -196,7 +196,9 @@ class SDPASwap(contextlib.ContextDecorator):
         self.options = {**({"rank": rank} if "rank" in takes else {}), **options}
         self.modules: dict[bool, nn.Module] = {}
         self.causal_reason: str | None = None
-        if method != "exact":  # exact passes every call to the original function
+        if method == "exact":  # passes every call to the original function
+            build(method, **self.options)  # only to refuse an unknown option now
+        else:
             self.modules[False] = build(method, **self.options)  # bad options: ValueError now
             try:
                 self.modules[True] = build(method, **self.options, causal=True)
