@@ -10,6 +10,7 @@
     python -m rpka cost     --preset full [--benches forecast lm ...] [--steps 3]
                             | --longctx longrange-power [--contexts 4096]
     python -m rpka steptime --preset longrange-power --out DIR [--contexts ...] [--arms ...]
+    python -m rpka swap     --model pkg.module:factory --weights W.pt --batch B.pt ...
 
 Each command parses its options into a validated config (bad values exit with an error
 naming the option), runs the compute module and prints a short summary; the compute
@@ -68,6 +69,7 @@ from rpka.paths import resolve
 from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset, with_arms
 from rpka.report import readme
+from rpka.swap import command as swap_command
 from rpka.tracks import get_task
 
 # --------------------------------------------------------------------------- bench
@@ -456,6 +458,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
     "summary": (summary_main, "the study's results in Markdown (the README's results block)"),
     "cost": (cost_main, "predict each bench's CPU time from its configuration (probes)"),
     "steptime": (cli_longrange.steptime_main, "every arm's training step, one thread, interleaved"),
+    "swap": (swap_command.main, "audit your own model with its SDPA calls swapped (docs/swap.md)"),
 }
 
 
