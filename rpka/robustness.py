@@ -169,7 +169,7 @@ def longrange_answer(frontiers: Mapping[int, Mapping[str, Any]]) -> dict[str, An
         "per_length": per_length,
         "n_star": n_star,
         "tie": len(values) == 1 and None not in values,  # both reached at the same length
-        "rule": f"cheaper: CPU step ratio to exact <= {CHEAPER_RATIO_MAX} with its upper 95 % "
-        f"bound < {CHEAPER_UPPER_MAX} (steptime.json); n*: the shortest length where some "
+        "rule": f"cheaper: CPU step ratio to exact ≤ {CHEAPER_RATIO_MAX} with its upper 95 % "
+        f"bound below {CHEAPER_UPPER_MAX} (steptime.json); n*: the shortest length where some "
         "rank of the method is robustly non-inferior and cheaper; None: not reached",
     }
