@@ -120,7 +120,7 @@ def price_longctx(
         )
     config.validate()
     out = resolve(out_dir)
-    started = time.process_time()
+    started, load_start = time.process_time(), list(os.getloadavg())
     warm = config.warm_start_from
     needs_warm = warm is not None and any(c > warm for c in config.contexts)
     first = config.bench_for(config.contexts[0])  # first-call costs out of the probes
@@ -145,7 +145,7 @@ def price_longctx(
         "probe_steps": steps,
         "probe_eval_windows": probe_eval_windows,
         "torch_threads": torch.get_num_threads(),
-        "load_average_start": list(os.getloadavg()),
+        "load_average_start": load_start,
         "contexts": contexts,
         "predicted_cpu_s": sum(c["predicted_cpu_s"] for c in contexts.values()),
         "probe_cpu_s": time.process_time() - started,

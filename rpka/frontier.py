@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from scipy import stats
 
 from rpka.io import read_json, write_result_json
 from rpka.paths import DROP_IN_FILE
+from rpka.robustness import arm_robustness, longrange_answer, step_ratio_of
 from rpka.stats import ALPHA, paired_comparison, summarize
 
 MARGIN_GAP = 0.95  # non-inferior: mean gap recovered above 0.95 (one-sided, alpha 0.05)
@@ -347,12 +349,56 @@ def unread_pairs(mqar: Mapping[str, Any]) -> set[int]:
     return {r["pairs"] for r in mqar["rows"] if r.get("learnability_met") is False}
 
 
+# what a long-range row gains from rpka.robustness (issue 40)
+ROBUSTNESS_KEYS = ("robust", "rests_on_seeds", "ci_low_one_sided", "loo_ci_low_min",
+                   "loo_ci_low_max", "p_primary", "loo_p_min", "loo_p_max", "signflip_ci",
+                   "decided_by")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LongRangeTiming:
+    """A long-range length's timing: its context, its study's ``steptime.json`` (None: not
+    timed) and that file's name as the index shows it."""
+
+    context: int
+    timing: Mapping[str, Any] | None
+    timing_file: str | None
+
+
+def add_robustness(
+    entry: dict[str, Any], report: Mapping[str, Any], timing: LongRangeTiming
+) -> None:
+    """Each row of a long-range length's frontier ``entry`` gains its leave-one-seed-out
+    robustness (:data:`ROBUSTNESS_KEYS`, ``rpka.robustness.arm_robustness`` on the gap and
+    on arm - exact per seed), ``step_ratio_cpu`` from the timing file and its name. A row
+    from another bench (a positive control trained on its own) gets ``robust`` None."""
+    arms = report["arms"]
+    base = arms[report["baseline_arm"]]
+    exact, seeds = base["full"]["per_seed"], base["seeds"]
+
+    def decide(g: np.ndarray) -> dict[str, Any]:
+        return gap_recovered(g, entry["margin_gap"])
+
+    for row in entry["rows"]:
+        arm = arms.get(row["arm"])
+        if arm is None or arm["seeds"] != seeds:
+            row.update({key: None for key in ROBUSTNESS_KEYS})
+        else:
+            diffs = [None if a is None or e is None else a - e
+                     for a, e in zip(arm["full"]["per_seed"], exact, strict=True)]  # fmt: skip
+            found = arm_robustness(row["gap_recovered"]["per_seed"], diffs, seeds, decide)
+            row.update({key: found[key] for key in ROBUSTNESS_KEYS})
+        row["step_ratio_cpu"] = step_ratio_of(timing.timing, str(timing.context), row["arm"])
+        row["timing_file"] = timing.timing_file
+
+
 def write_frontier(
     reports: Mapping[str, Path],
     out: Path,
     scaling: Mapping[str, Any] | None = None,
     mqar: Sequence[Path] = (),
     positive_controls: Mapping[str, Path] | None = None,
+    longrange: Mapping[str, LongRangeTiming] | None = None,
 ) -> dict[str, Any]:
     """``frontier.json`` at ``out`` from the bench reports of the gated tracks
     (track -> path); with a ``drop_in.json`` beside a report, its drop-in curve
@@ -361,7 +407,10 @@ def write_frontier(
     ``COST_LENGTHS``; null where r* is not reached); with
     recall bench reports of several pair counts ``mqar``, the key ``mqar``
     (:func:`mqar_curve`); with ``positive_controls`` (track -> the report of a bench that
-    trained only its positive control), that control (:func:`add_positive_control`)."""
+    trained only its positive control), that control (:func:`add_positive_control`); with
+    ``longrange`` (track -> :class:`LongRangeTiming`), those tracks' rows gain their
+    robustness and CPU step ratios (:func:`add_robustness`) and the result the study's
+    answer, ``longrange_answer`` (``rpka.robustness.longrange_answer``)."""
     tracks = {}
     for track, path in reports.items():
         report = read_json(path)
@@ -378,7 +427,15 @@ def write_frontier(
             tracks[track]["drop_in"] = drop_in_curve(
                 report, read_json(drop_in), tracks[track]["n_points"]
             )
+        if track in (longrange or {}):
+            add_robustness(tracks[track], report, longrange[track])
     result = {"what": __doc__.split("\n\n")[0], "tracks": tracks}
+    if longrange:
+        lengths = {t.context: tracks[name] for name, t in longrange.items() if name in tracks}
+        result["longrange_answer"] = longrange_answer(lengths)
+        result["longrange_answer"]["untimed_lengths"] = sorted(
+            t.context for name, t in longrange.items() if name in tracks and t.timing is None
+        )
     if mqar:
         result["mqar"] = {"benches": [os.path.relpath(p, Path(out).parent) for p in mqar],
                           "rows": mqar_curve([read_json(p) for p in mqar])}  # fmt: skip

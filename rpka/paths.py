@@ -58,6 +58,7 @@ DROP_IN_FILE = "drop_in.json"  # beside a bench's report (rpka.dropin)
 STUDY_FILE = "study.json"  # in a study's results folder
 FRONTIER_FILE = "frontier.json"  # in a study's results folder
 LONGCTX_FILE = "longctx.json"  # in a long-context study's folder
+STEPTIME_FILE = "steptime.json"  # beside it: every arm's step timed (rpka.steptime)
 POSITIVE_CONTROL = "positive_control"  # in a long-range folder: a positive control's own study
 SCALING_CPU_FILE = "scaling_cpu.json"  # in a study's results folder: its latency sweep
 

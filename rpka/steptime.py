@@ -42,13 +42,12 @@ from rpka.checks import require
 from rpka.config import BenchConfig, LongContextConfig
 from rpka.curriculum import WARM_START_KEY
 from rpka.io import write_result_json
-from rpka.paths import resolve
+from rpka.paths import STEPTIME_FILE, resolve
 from rpka.run_config import make_run_config
 from rpka.scaling import peak_memory_mib
 from rpka.train import Members, Run, member_batches, setup_run, train_step
 
 STEPTIME_VERSION = 1
-STEPTIME_FILE = "steptime.json"
 MIN_REPEATS = 7  # the protocol's floor of timed repeats per arm
 CONFIDENCE = 0.95  # the step ratio's interval
 CLOCKS = ("cpu", "wall")

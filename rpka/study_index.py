@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from rpka import paths
-from rpka.frontier import write_frontier
+from rpka.frontier import (
+    ROBUSTNESS_KEYS,
+    LongRangeTiming,
+    add_robustness,
+    track_frontier,
+    write_frontier,
+)
 from rpka.io import read_json, read_json_checked, write_json, write_result_json
 from rpka.paths import resolve
 from rpka.presets import RECALL_PAIRS_EPOCHS, STUDY_TRACKS
@@ -113,7 +119,8 @@ def write_study_index(
     write_frontier(gated | longrange_gated(longrange, out), out / paths.FRONTIER_FILE,
                    latency_sweep(out),
                    mqar if len(mqar) > 1 else (),
-                   longrange_positive_controls(longrange, out))  # fmt: skip
+                   longrange_positive_controls(longrange, out),
+                   longrange_timings(longrange, out / paths.LONGRANGE, out))  # fmt: skip
     return index
 
 
@@ -155,10 +162,14 @@ def longrange_entry(folder: Path, index_dir: Path) -> dict[str, Any] | None:
     ``longctx.json`` (``python -m rpka longctx --preset longrange --out <folder>``): per
     context a :func:`track_entry` of its bench (both gates, every arm's verdict) with
     ``gate_passed`` (both gates) and ``learnability`` (exact against the linear naive
-    forecast), and ``longctx_json`` (its path). None without the file, never an error."""
+    forecast), ``robustness`` per arm (issue 40: leave-one-seed-out, the CPU step ratio
+    of ``steptime.json`` beside the study and that file's name, :func:`longrange_robustness`),
+    and ``longctx_json`` (its path). None without the file, never an error."""
     result = read_if_there(folder / paths.LONGCTX_FILE, ("per_context",))
     if result is None:
         return None
+    timing = read_if_there(folder / paths.STEPTIME_FILE)
+    timing_file = os.path.relpath(folder / paths.STEPTIME_FILE, index_dir) if timing else None
     contexts = {}
     for context, entry in result["per_context"].items():
         path = folder / entry["bench_report"]
@@ -172,11 +183,44 @@ def longrange_entry(folder: Path, index_dir: Path) -> dict[str, Any] | None:
             k: report["learnability"].get(k)
             for k in ("ratio_to_linear", "linear_ratio_required", "meets_linear", "met")
         }
+        line["timing_file"] = timing_file
+        line["robustness"] = longrange_robustness(
+            report, LongRangeTiming(int(context), timing, timing_file)
+        )
         contexts[context] = line
     return {
         "longctx_json": os.path.relpath(folder / paths.LONGCTX_FILE, index_dir),
         "preset": result.get("preset"),
         "contexts": contexts,
+    }
+
+
+def longrange_robustness(report: dict[str, Any], timing: LongRangeTiming) -> dict[str, Any]:
+    """Per low-rank arm of a long-range length (its frontier rows): ``verdict`` (gap
+    recovered), the robustness keys (``rpka.frontier.ROBUSTNESS_KEYS``), ``step_ratio_cpu``
+    and ``timing_file``; empty without a control arm to measure the gap from."""
+    try:
+        entry = track_frontier(report)
+    except ValueError:  # no control arm: no gap, no verdict to test
+        return {}
+    add_robustness(entry, report, timing)
+    keys = ("verdict", *ROBUSTNESS_KEYS, "step_ratio_cpu", "timing_file")
+    return {row["arm"]: {k: row[k] for k in keys} for row in entry["rows"]}
+
+
+def longrange_timings(
+    longrange: dict[str, Any] | None, folder: Path, index_dir: Path
+) -> dict[str, LongRangeTiming]:
+    """The gated long-range lengths' timings for the frontier (``longrange-<n>`` ->
+    :class:`rpka.frontier.LongRangeTiming`, from ``steptime.json`` beside the study)."""
+    timing = read_if_there(folder / paths.STEPTIME_FILE)
+    contexts = (longrange or {}).get("contexts") or {}
+    return {
+        LONGRANGE_TRACK.format(context=context): LongRangeTiming(
+            int(context), timing, entry.get("timing_file")
+        )
+        for context, entry in contexts.items()
+        if entry.get("gate_passed")
     }
 
 
@@ -271,5 +315,3 @@ def record_superseded(
     out = resolve(bench_dir) / paths.SUPERSEDED_FILE
     write_json(out, {"reason": reason, "fix": fix, "metric": previous["metric"], "arms": arms})
     return out
-
-

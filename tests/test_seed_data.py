@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +15,13 @@ from rpka.io import read_json
 from rpka.paths import resolve
 from rpka.presets_longctx import get_longctx_preset
 from rpka.run_config import DATA_PER_SEED_KEY, hashed_config, make_run_config, run_id
-from rpka.seed_data import data_seed, member_track, run_splits, tracks_to_cache
+from rpka.seed_data import (
+    data_seed,
+    member_track,
+    naive_baselines_of,
+    run_splits,
+    tracks_to_cache,
+)
 from rpka.train import train_run
 
 COMMITTED = "data/results/full/longrange/longctx/context-1024/runs/*.json"
@@ -99,3 +106,16 @@ def test_every_seed_and_stage_is_cached_before_the_workers():
 def test_the_mode_must_be_a_bool():
     with pytest.raises(ValueError, match="data_per_seed"):
         get_longctx_preset("longrange-smoke", data_per_seed="yes")
+
+
+def test_the_naive_forecasts_are_averaged_over_the_seeds_own_data(tmp_path):
+    bench = _smoke(True)
+    naive = naive_baselines_of(bench, bench.task.load(bench.track, str(tmp_path)), str(tmp_path))
+    per_seed = [
+        bench.task.naive_baselines(bench.task.load(member_track(bench.track, s), str(tmp_path)))
+        for s in bench.eval_seeds
+    ]
+    linear = [p["forecasts"]["linear"]["test"]["mse"] for p in per_seed]
+    assert naive["forecasts"]["linear"]["test"]["mse"] == pytest.approx(np.mean(linear))
+    assert sorted(naive["per_seed"]) == sorted(str(s) for s in bench.eval_seeds)
+    assert len(set(linear)) == len(linear)  # each seed's own windows

@@ -84,8 +84,8 @@ def test_other_studies_keep_only_a_rank_sweep_and_the_control():
         bench = longctx.bench
         assert bench.ablation_reference is None and bench.output_error_ranks == (), name
         # the long-range presets (two-control gate) add the local-window control, and
-        # may add uniform landmarks
-        extra = {"local", "nystrom-uniform"} if bench.gate_needs_local else set()
+        # may add uniform landmarks and (issue 40's study) the keys coreset
+        extra = {"local", "nystrom-uniform", "keys-coreset"} if bench.gate_needs_local else set()
         methods = {a.method for a in bench.arms}
         assert {"exact", "rpka", "mean"} <= methods <= {"exact", "rpka", "mean"} | extra, name
         assert ("local" in methods) == bench.gate_needs_local, name

@@ -29,6 +29,8 @@ from rpka.study import LONGRANGE_TRACK
 NA = "n/a"
 NOT_RUN = "not run"
 NON_INFERIOR = "non-inferior"  # the frontier's verdict on the gap scale (rpka.frontier)
+STEP_SOURCE_TIMING = "steptime"  # a step ratio from the timing file (rpka.steptime)
+STEP_SOURCE_RUNS = "training wall time"  # one from the runs' recorded medians
 LOCALITY_FILE = "locality.json"  # scripts/longrange_locality.py, beside longctx.json
 
 
@@ -76,7 +78,9 @@ def answer_points(
 ) -> list[dict[str, Any]]:
     """One point per (gated length, arm of the frontier): the gap recovered (mean, 95 % CI,
     frontier verdict) and, from ``longctx.json``'s rows, the training step's and peak
-    memory's ratios to exact (the step ratio falls back to the frontier row's);
+    memory's ratios to exact (the step ratio: the CPU-time ratio of ``steptime.json`` where
+    the frontier row has one, else the runs' wall-time medians, else the frontier row's;
+    ``step_source`` says which);
     ``positive_control`` marks the arm exact by construction (full rank)."""
     costs = cost_rows(longctx_file)
     points = []
@@ -89,7 +93,8 @@ def answer_points(
         for row in track.get("rows", []):
             cost = costs.get((context, row["arm"]), {})
             gap = row.get("gap_recovered") or {}
-            step = cost.get("step_ratio_vs_exact", row.get("step_ratio"))
+            cpu = row.get("step_ratio_cpu")  # steptime.json's, where the study was timed
+            step = cpu["mean"] if cpu else cost.get("step_ratio_vs_exact", row.get("step_ratio"))
             points.append({
                 "context": context, "arm": row["arm"], "method": row.get("method"),
                 "rank": row.get("rank"), "gap_mean": gap.get("mean"),
@@ -98,6 +103,7 @@ def answer_points(
                 "peak_ratio": cost.get("peak_ratio_vs_exact"),
                 "margin_gap": track.get("margin_gap"),
                 "positive_control": row["arm"] == positive,
+                "step_source": STEP_SOURCE_TIMING if cpu else STEP_SOURCE_RUNS,
             })  # fmt: skip
     return sorted(points, key=lambda p: (p["context"], p["method"] != "rpka", p["rank"] or 0))
 
@@ -317,27 +323,87 @@ def gates_table(index: Mapping[str, Any] | None) -> pd.DataFrame:
     ])  # fmt: skip
 
 
+def robust_answer_text(frontier: Mapping[str, Any] | None) -> str:
+    """The answer by the pre-registered rule (``frontier.json``'s ``longrange_answer``,
+    ``rpka.robustness``): per length the cheapest robustly non-inferior arm and its CPU
+    step ratio, and n* for RPKA and uniform landmarks; empty without it."""
+    answer = (frontier or {}).get("longrange_answer")
+    if not answer:
+        return ""
+    untimed = answer.get("untimed_lengths") or []
+    parts = []
+    for length, entry in answer["per_length"].items():
+        best = entry.get("cheapest")
+        robust = ", ".join(f"`{esc(a)}`" for a in entry["robust_non_inferior"]) or "none"
+        cost = f", cheapest `{esc(best)}` at {_cpu_ratio(entry['step_ratio_cpu'])}" if best else ""
+        parts.append(f"{int(length):,} tokens: robustly non-inferior {robust}{cost}")
+    if untimed:
+        stars = (f"n* not decided: no timing file (python -m rpka steptime) for "
+                 f"{_lengths(untimed)} tokens")  # fmt: skip
+    else:
+        named = {"rpka": "RPKA", "nystrom-uniform": "uniform landmarks"}
+        stars = "; ".join(
+            f"n* for {named.get(m, m)}: "
+            + (f"{n:,} tokens" if n is not None else "not reached up to the longest length")
+            for m, n in answer["n_star"].items()
+        ) + (" (a tie)" if answer.get("tie") else "")  # fmt: skip
+    return (f"**By the study's answer rule** ({esc(answer['rule'])}): " + "; ".join(parts)
+            + f". {stars}.")  # fmt: skip
+
+
+def loo_word(robustness: Mapping[str, Any] | None) -> str:
+    """A verdict's leave-one-seed-out reading: "robust", "rests on seed s" (the seeds whose
+    drop changes it), or n/a (no robustness computed)."""
+    if not robustness or robustness.get("robust") is None:
+        return NA
+    seeds = robustness.get("rests_on_seeds") or []
+    if robustness["robust"] or not seeds:
+        return "robust" if robustness["robust"] else NA
+    return f"rests on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
+def _signflip(robustness: Mapping[str, Any] | None) -> str:
+    ci = (robustness or {}).get("signflip_ci") or {}
+    if ci.get("low") is None and ci.get("high") is None:
+        return NA
+    return f"[{num(ci.get('low'))}, {num(ci.get('high'))}]"
+
+
+def _cpu_ratio(ratio: Mapping[str, Any] | None) -> str:
+    if not ratio:
+        return NA
+    low, high = num(ratio["ci_low"], ".2f"), num(ratio["ci_high"], ".2f")
+    return f"{_ratio(ratio['mean'])} [{low}, {high}]"
+
+
 def verdicts_table(
     index: Mapping[str, Any] | None,
     frontier: Mapping[str, Any] | None,
     longctx_file: Mapping[str, Any] | None,
 ) -> pd.DataFrame:
-    """Per (length, arm with a verdict): the verdict against exact, the gap recovered
-    [95 % CI] and its reading (gated lengths), the training step and peak memory against
-    exact's - quality beside speed and memory."""
+    """Per (length, arm with a verdict): the verdict against exact with its t interval and
+    the interval of the sign-flip test that decides it (the test inverted), the gap
+    recovered [95 % CI], its reading and its leave-one-seed-out robustness ("robust" /
+    "rests on seed s"), the training step (the CPU-time ratio of ``steptime.json`` [95 %
+    CI] where the study was timed, else the runs' wall-time medians) and peak memory
+    against exact's - quality beside speed and memory."""
     costs = cost_rows(longctx_file)
     rows = []
     for context, entry in _contexts(index):
         track = frontier_track(frontier, context) or {}
         gaps = {r["arm"]: r for r in track.get("rows", [])}
+        robust = entry.get("robustness") or {}
+        timed = entry.get("timing_file") is not None
         for arm, verdict in (entry.get("verdicts") or {}).items():
-            cost, g = costs.get((context, arm), {}), gaps.get(arm)
-            gap = {} if g is None else {
-                "gap_mean": (g.get("gap_recovered") or {}).get("mean"),
-                "gap_ci_low": (g.get("gap_recovered") or {}).get("ci_low"),
-                "gap_ci_high": (g.get("gap_recovered") or {}).get("ci_high"),
-            }  # fmt: skip
+            cost, g, r = costs.get((context, arm), {}), gaps.get(arm), robust.get(arm)
             c = cost.get("comparison") or {}
+            interval = (g or {}).get("gap_recovered") or {}
+            gap = {f"gap_{k}": interval.get(k) for k in ("mean", "ci_low", "ci_high")}
+            step = (
+                {"CPU step (× exact) [95 % CI]": _cpu_ratio((r or {}).get("step_ratio_cpu"))}
+                if timed
+                else {"train step (× exact)": _ratio(cost.get("step_ratio_vs_exact"))}
+            )
             rows.append({
                 "length": f"{context:,}",
                 "arm": f"`{esc(arm)}`",
@@ -345,12 +411,27 @@ def verdicts_table(
                 else f"{verdict_word(verdict)} (gate failed)",
                 "delta test MSE [95 % CI]": NA if c.get("delta_mean") is None else
                 f"{num(c['delta_mean'])} [{num(c.get('ci_low'))}, {num(c.get('ci_high'))}]",
+                "sign-flip interval (decides)": _signflip(r),
                 "gap recovered [95 % CI]": _gap(gap) if g else NA,
                 "gap reading": g.get("verdict", NA) if g else NA,
-                "train step (× exact)": _ratio(cost.get("step_ratio_vs_exact")),
+                "leave one seed out": loo_word(r),
+                **step,
                 "peak memory (× exact)": _ratio(cost.get("peak_ratio_vs_exact")),
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _step_source_words(points: list[Mapping[str, Any]]) -> str:
+    """How the caption's step ratios were measured: the timing file, or training runs."""
+    if points and all(p.get("step_source") == STEP_SOURCE_TIMING for p in points):
+        return (
+            "CPU time of one training step, every arm in one process on one thread, arms "
+            "interleaved each repeat (steptime.json); the mean of the per-repeat ratios. "
+        )
+    return (
+        "medians recorded on a shared machine; a run resumed from an earlier session keeps "
+        "the time it was recorded with, so ratios across sessions carry the machine's load. "
+    )
 
 
 def answer_caption(points: list[Mapping[str, Any]]) -> tuple[str, str]:
@@ -371,8 +452,7 @@ def answer_caption(points: list[Mapping[str, Any]]) -> tuple[str, str]:
         f"{STEP_TIE:.0%} of exact's, read as exact's cost (timing noise), not a saving. The "
         "second panel, where "
         "measured, puts the peak memory of a training step on the x axis. Step times are "
-        "medians recorded on a shared machine; a run resumed from an earlier session keeps "
-        "the time it was recorded with, so ratios across sessions carry the machine's load. "
+        + _step_source_words(points)
         + ("; ".join(parts) if parts else "No length passed its two-control gate.")
         + "."
     )
@@ -403,6 +483,8 @@ def longrange_section(
     items.append(Markdown(gates_table(index).to_markdown(index=False)))
     points = answer_points(frontier, longctx_file)
     items.append(Markdown(answer_text(index, points)))
+    if robust := robust_answer_text(frontier):
+        items.append(Markdown(robust))
     if points:
         margin = points[0].get("margin_gap") or NON_INFERIOR_GAP
         fig = plot_longrange_answer(points, margin, figures_dir)
