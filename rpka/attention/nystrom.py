@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from rpka.attention.guards import guarded_ratio, hull_tolerance
+from rpka.attention.guards import guarded_ratio, hull_tolerance, strictly_inside
 from rpka.attention.pivot_state import PivotState, chunk_bounds
 from rpka.attention.rpcholesky import gaussian_kernel, half_sq_norms
 
@@ -417,8 +417,12 @@ def _streamed_readout(
         low = den < floor
         o = num.div_(torch.where(low, floor, den))  # in place: one (B, c, d_v + 1) buffer
         low_count.append(low.sum())
-        clamped_count.append(((o < v_min - hull_tol) | (o > v_max + hull_tol)).sum())
-        out[:, start:stop] = o.clamp_(v_min, v_max)
+        if strictly_inside(o, v_min, v_max):  # two reductions: the usual, idle case
+            clamped_count.append(torch.zeros((), dtype=torch.int64, device=q.device))
+            out[:, start:stop] = o  # the clamp would be the identity
+        else:
+            clamped_count.append(((o < v_min - hull_tol) | (o > v_max + hull_tol)).sum())
+            out[:, start:stop] = o.clamp_(v_min, v_max)
         del q_c, logits, a, full, floor, num, den, o, low
     counts = {
         "denominator": torch.stack(low_count).sum(),
