@@ -297,6 +297,7 @@ def _header(config: ScalingConfig, preset: str | None) -> dict:
         "exact": f"torch SDPA, backend {config.exact_backend or 'auto'}",
         "control": f"{CONTROL}: rpka with pivot_rule='uniform' (uniform landmarks)",
         "rpka_options": "defaults of RPKAttention (pivot_method auto -> accelerated)",
+        "check_inputs": True,  # every arm with its default options (issue 39)
         "timing": (
             "CUDA events after warm-up, median"
             if config.device == "cuda"
@@ -348,7 +349,7 @@ def run_scaling(
         repeats = config.long_repeats if n >= config.long_length else config.repeats
         for label, rank, method, options in arms(config):
             row = rows[(label, rank, n)]
-            attn = build(method, check_inputs=False, **options)
+            attn = build(method, **options)  # the options a user gets: input check on
             for kind in kinds:
                 if kind == "pivot" and method == "exact":
                     continue
@@ -386,6 +387,9 @@ def run_scaling(
         _free(config.device)
     bar.close()
     result["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    loads = [x[0] for x in (result["load_average_start"], result["load_average_end"]) if x]
+    if loads and max(loads) > result["threads"]:  # contended: the report should say so
+        result["load_warning"] = f"load average {max(loads):.2f} > {result['threads']} threads"
     result["fused_sweep"] = _fused_sweep_status(config.device)
     if out is not None:
         write_json(out, result)
