@@ -212,3 +212,15 @@ def test_inference_chunks_are_bitwise_the_old_single_chunk(monkeypatch, dtype):
     new = forward()
     monkeypatch.setitem(pivot_state.STREAM_BYTES, "cpu", FAST.chunk_bytes)
     assert torch.equal(forward(), new)
+
+
+def test_finite_inputs_whose_sum_overflows_are_accepted():
+    """Issue 39: the finiteness check sums first; a sum that overflows on finite entries
+    falls back to the element-wise test, which accepts them, and a nan is still refused."""
+    from rpka.attention.options import all_finite
+
+    big = torch.full((1, 1, 8, 4), 3e38)
+    assert not torch.isfinite(big.sum()) and all_finite(big)
+    big[0, 0, 3, 1] = float("nan")
+    assert not all_finite(big)
+    assert all_finite(torch.empty(0))
