@@ -110,9 +110,9 @@ PRESETS = {
         batch_heads=8,
         head_dim=64,
         warmup=2,
-        repeats=5,
+        repeats=7,  # >= 7, the forward interleaved (issue 39)
         long_length=4096,
-        long_repeats=3,
+        long_repeats=7,
     ),
     # one H200 (or any CUDA GPU): B*H = 16, d = 64, inputs in bf16, SDPA pinned to flash
     "gpu": ScalingConfig(

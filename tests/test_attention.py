@@ -186,3 +186,41 @@ def test_bad_inputs_name_the_parameter(name):
     bad[0, 0, 0, 0] = float("inf")
     with pytest.raises(ValueError, match="k contains non-finite"):
         attn(q, bad, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_inference_chunks_are_bitwise_the_old_single_chunk(monkeypatch, dtype):
+    """Issue 39: the chunked (inference) estimate streams in the training path's cache-sized
+    chunks on a CPU; at 2,048 tokens, B*H = 8, d = 64 the old 32 MiB budget held the whole
+    sequence in one chunk and the new one splits it, with the same output bits."""
+    from rpka.attention import pivot_state
+    from rpka.attention.pivot_state import FAST, chunk_bounds
+
+    n, rank = 2048, 64
+    row_bytes = 8 * (rank + 1) * torch.finfo(dtype).bits // 8
+    assert len(chunk_bounds(n, row_bytes, FAST.chunk_bytes)) == 1
+    small = pivot_state.inference_chunk_bytes(torch.device("cpu"))
+    assert len(chunk_bounds(n, row_bytes, small)) > 1
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, n, 64, generator=g, dtype=dtype) for _ in range(3))
+
+    def forward() -> torch.Tensor:
+        attn = build("rpka", rank=rank, generator=torch.Generator().manual_seed(11))
+        with torch.no_grad():
+            return attn(q, k, v)
+
+    new = forward()
+    monkeypatch.setitem(pivot_state.STREAM_BYTES, "cpu", FAST.chunk_bytes)
+    assert torch.equal(forward(), new)
+
+
+def test_finite_inputs_whose_sum_overflows_are_accepted():
+    """Issue 39: the finiteness check sums first; a sum that overflows on finite entries
+    falls back to the element-wise test, which accepts them, and a nan is still refused."""
+    from rpka.attention.options import all_finite
+
+    big = torch.full((1, 1, 8, 4), 3e38)
+    assert not torch.isfinite(big.sum()) and all_finite(big)
+    big[0, 0, 3, 1] = float("nan")
+    assert not all_finite(big)
+    assert all_finite(torch.empty(0))

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from rpka.attention.cache import check_capacity, check_state, check_step
 from rpka.attention.guards import guard_shares, warn_frequent
+from rpka.attention.options import all_finite
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, check_finite: bool = True) -> None:
@@ -40,7 +41,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, check_finite: bool = True) -> 
         raise ValueError("k must hold at least one key (m >= 1) when there are queries (n >= 1)")
     if check_finite:
         for name, x in (("q", q), ("k", k), ("v", v)):
-            if not bool(torch.isfinite(x).all()):
+            if not all_finite(x):
                 raise ValueError(f"{name} contains non-finite values (nan or inf)")
 
 

@@ -37,6 +37,31 @@ def hull_tolerance(v_min: Tensor, v_max: Tensor) -> Tensor:
     return HULL_ULPS * torch.finfo(v_min.dtype).eps * torch.maximum(v_min.abs(), v_max.abs())
 
 
+def strictly_inside(x: Tensor, lo: Tensor, hi: Tensor) -> bool:
+    """``bool(((x > lo) & (x < hi)).all())`` for x (..., n, d_v) and bounds (..., 1, d_v),
+    by two reductions along n: ``amin > lo`` and ``amax < hi`` (bounds of x's own shape,
+    as causal RPKA's running range: the element-wise test).
+
+    The same answer (a nan in x makes its column's extremes nan, and the test false), but
+    the element-wise form broadcasts the bounds over every entry, two comparisons and an
+    ``or`` through boolean temporaries: 11.6 ms against 0.8 ms for (8, 4096, 64) float32
+    on one CPU thread (issue 39). A host synchronisation on a GPU.
+    """
+    with torch.no_grad():
+        if lo.shape[-2] != 1 or hi.shape[-2] != 1:  # bounds per entry: no shortcut
+            return bool(((x > lo) & (x < hi)).all())
+        return bool(((x.amin(-2, keepdim=True) > lo) & (x.amax(-2, keepdim=True) < hi)).all())
+
+
+def idle_on_cpu(x: Tensor, lo: Tensor, hi: Tensor) -> bool | None:
+    """:func:`strictly_inside` on a CPU tensor; None on other devices, where the
+    element-wise guard is cheap and the test's host synchronisation is not (the forward
+    then keeps its old, sync-free form)."""
+    if x.device.type != "cpu":
+        return None
+    return strictly_inside(x, lo, hi)
+
+
 def guard_shares(counts: dict[str, int]) -> dict[str, float]:
     """Share of rows (entries, for the hull) on which each guard fired: counts from
     ``guard_counts`` -> ``{"denominator": ..., "clamped": ...}`` (empty without guards)."""
@@ -77,15 +102,20 @@ class _ClampToRange(torch.autograd.Function):
     def forward(ctx: torch.autograd.function.FunctionCtx, x: Tensor, v: Tensor):
         """Returns the clamped x and the range ``lo, hi`` (no gradient)."""
         lo, hi = v.amin(-2, keepdim=True), v.amax(-2, keepdim=True)
+        idle = idle_on_cpu(x, lo, hi)
         ctx.save_for_backward(x, v, lo, hi)
+        ctx.idle = idle
         ctx.mark_non_differentiable(lo, hi)
-        return torch.minimum(torch.maximum(x, lo), hi), lo, hi
+        # strictly inside, the clamp is the identity: a copy, bit for bit its result
+        clamped = x.clone() if idle else torch.minimum(torch.maximum(x, lo), hi)
+        return clamped, lo, hi
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor, *_range_grads: Tensor):
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor, *_range_grads: object):
         x, v, lo, hi = ctx.saved_tensors
         want_x, want_v = ctx.needs_input_grad[:2]
-        if bool(((x > lo) & (x < hi)).all()):  # the guard is idle everywhere
+        idle = ctx.idle if ctx.idle is not None else strictly_inside(x, lo, hi)
+        if idle:  # the guard is idle everywhere
             return grad.clone() if want_x else None, torch.zeros_like(v) if want_v else None
         grad_x, grad_lo, grad_hi = _clamp_grads(grad, x, lo, hi)
         grad_v = _spread(grad_hi, hi, v) + _spread(grad_lo, lo, v) if want_v else None
@@ -123,7 +153,7 @@ class _ClampToBounds(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor):
         x, lo, hi = ctx.saved_tensors
-        if bool(((x > lo) & (x < hi)).all()):  # the guard is idle everywhere
+        if strictly_inside(x, lo, hi):  # the guard is idle everywhere
             return grad.clone(), None, None
         return _clamp_grads(grad, x, lo, hi)
 
@@ -154,6 +184,8 @@ def clamp_to_values(out: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         clamped_out = torch.minimum(torch.maximum(out, v_min), v_max)
     else:
         clamped_out, v_min, v_max = _ClampToRange.apply(out, v)
+        if idle_on_cpu(out, v_min, v_max):  # strictly inside: nothing outside by round-off
+            return clamped_out, torch.zeros((), dtype=torch.int64, device=out.device)
     with torch.no_grad():
         tol = hull_tolerance(v_min, v_max)
         clamped = (out < v_min - tol) | (out > v_max + tol)

@@ -1,4 +1,5 @@
-"""Validation of the options the peer attention methods share.
+"""Validation of the options the peer attention methods share, and the cheap finiteness test
+of their inputs.
 
 Each check raises ``ValueError`` naming the option and its allowed range, before any work
 (the project's rule for bad input).
@@ -7,6 +8,23 @@ Each check raises ``ValueError`` naming the option and its allowed range, before
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
+
+def all_finite(x: Tensor) -> bool:
+    """Whether every entry of x (any shape, floating) is finite, as
+    ``bool(torch.isfinite(x).all())`` but mostly at the cost of one sum.
+
+    Any nan or inf entry makes the sum non-finite, so a finite sum proves every entry
+    finite: one vectorised reduction instead of the element-wise test, its boolean
+    temporary and its ``all`` (5.8 -> 0.3 ms for a (8, 4096, 64) float32 tensor, issue 39).
+    A sum of finite entries can still overflow (to inf, or nan from inf - inf); only then
+    does the element-wise test decide, so the answer is always the element-wise one.
+    """
+    with torch.no_grad():  # a check, not part of any graph
+        if x.numel() == 0 or bool(torch.isfinite(x.sum())):
+            return True
+        return bool(torch.isfinite(x).all())
 
 
 def check_positive_int(name: str, value: object) -> int:

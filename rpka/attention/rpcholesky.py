@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from rpka.attention import pivot_kernel
+from rpka.attention.options import all_finite
 
 PIVOT_RULES = ("rpc", "greedy", "uniform")
 WEIGHTINGS = ("exp", "gauss", "tempered")
@@ -240,7 +241,7 @@ def check_arguments(
         raise ValueError("points must be a tensor of shape (..., N, d)")
     if points.shape[-2] < 1:
         raise ValueError("points must hold at least one point (N >= 1)")
-    if not bool(torch.isfinite(points).all()):  # else: pivots -1 and a NaN trace, silently
+    if not all_finite(points):  # else: pivots -1 and a NaN trace, silently
         raise ValueError("points contains non-finite values (nan or inf)")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")

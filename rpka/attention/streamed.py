@@ -36,11 +36,7 @@ from rpka.attention.nystrom import (
     finite_or_zero,
     solve_graded,
 )
-
-# working-set budget of one group's (rows x r) buffer, in bytes: on a CPU a few fit in L2
-# cache; on a GPU a group must be large enough to fill the device (memory is the limit)
-STREAM_BYTES = {"cpu": 2**21}
-STREAM_BYTES_OTHER = 2**26
+from rpka.attention.pivot_state import STREAM_BYTES, STREAM_BYTES_OTHER
 
 
 def batch_groups(batch: int, item_bytes: int, device: torch.device) -> list[slice]:
