@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from rpka import cli, executors, study, study_index
+from rpka import checks, cli, executors, study, study_index
 from rpka.attention import build
 from rpka.io import CorruptFileError, write_json
 from rpka.report import readme
@@ -87,8 +87,33 @@ def test_an_out_name_longer_than_the_file_system_allows(main, argv, flag, tmp_pa
 
 def test_a_long_context_beyond_memory_is_refused_with_its_estimate(monkeypatch, capsys):
     monkeypatch.setattr(cli.longctx, "run_longctx", _never)
-    line = _refused(cli.longctx_main, ["--preset", "smoke", "--contexts", "50000000"], capsys)
-    assert "contexts 50000000 needs at least" in line and "GiB available" in line
+    monkeypatch.setattr(checks, "available_memory_bytes", lambda: 2**20)  # a 1 MiB machine
+    line = _refused(cli.longctx_main, ["--preset", "smoke", "--contexts", "4096"], capsys)
+    assert "contexts 4096 needs at least" in line and "GiB available" in line
+
+
+@pytest.mark.parametrize("context", ["1000000", "50000000", "16385", "7"])
+def test_a_long_context_beyond_the_range_is_refused_before_any_work(context, monkeypatch, capsys):
+    """Issue 43, finding 3: 1,000,000 tokens passed the memory check (exact attention is
+    computed in blocks) and spun in one operator that no signal stopped."""
+    monkeypatch.setattr(cli.longctx, "run_longctx", _never)
+    monkeypatch.setattr(cli.longctx, "training_step_peak_mib", _never)
+    line = _refused(cli.longctx_main, ["--preset", "smoke", "--contexts", context], capsys)
+    allowed = "contexts must be distinct integers in [8, 16384] (at least one)"
+    assert f"{allowed}, got ({context},)" in line
+
+
+def test_a_warm_start_above_every_context_is_refused(monkeypatch, capsys):
+    """Issue 43, finding 5: ``--warm-start-from 200`` with contexts 64 and 80 warm-started
+    nothing, and longctx.json's protocol said every context above 200 trained there first."""
+    monkeypatch.setattr(cli.longctx, "run_longctx", _never)
+    argv = ["--preset", "longrange-smoke", "--contexts", "64", "80"]
+    for warm in ("200", "80"):
+        line = _refused(cli.longctx_main, [*argv, "--warm-start-from", warm], capsys)
+        assert "warm_start_from must be None or an integer in [8, 79]" in line
+        assert "the contexts [64, 80]" in line and line.endswith(f"got {warm}")
+    config, _ = cli.parse_longctx([*argv, "--warm-start-from", "64"])  # 80 trains at 64 first
+    assert config.warm_start_from == 64 and config.bench_for(80).warm_start_track is not None
 
 
 def test_a_decode_context_beyond_memory_is_refused_with_its_estimate(monkeypatch, capsys):
