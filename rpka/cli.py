@@ -55,6 +55,7 @@ from rpka.paths import resolve
 from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
 from rpka.report import readme
+from rpka.report_lock import ReportRunning, report_lock
 from rpka.tracks import get_task
 
 # --------------------------------------------------------------------------- bench
@@ -249,7 +250,6 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     check_out_file(parser, "--html", Path(args.html))
     if args.parallel < 1:
         parser.error(f"--parallel must be an integer >= 1, got {args.parallel}")
-    parallel = args.parallel
     if args.from_results:
         missing = study.missing_results(args.preset)
         if missing:
@@ -258,6 +258,16 @@ def report_main(argv: Sequence[str] | None = None) -> None:
                 f"missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
                 f"`python -m rpka report --preset {args.preset}` computes them"
             )
+    try:  # one report of a preset at a time: they would write the same notebooks
+        with report_lock(args.preset):
+            _run_report(args, steps)
+    except ReportRunning as err:
+        fail("report", str(err))
+
+
+def _run_report(args: argparse.Namespace, steps: list[pipeline.Step]) -> None:
+    """The checked ``report`` command, under its preset's lock: compute, run, render."""
+    parallel = args.parallel
     # A preview draws no conclusion from its timings, so its notebooks run beside the
     # stages they do not read. One torch thread per process then, as in every bench worker:
     # OpenMP's spinning threads on oversubscribed cores made the stages ~4x slower.

@@ -4,15 +4,21 @@ committed results never moves them."""
 
 import errno
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from rpka import checks, cli, executors, study, study_index
+from rpka import checks, cli, executors, report_lock, study, study_index
 from rpka.attention import build
 from rpka.io import CorruptFileError, write_json
 from rpka.report import readme
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _never(*args, **kwargs):
@@ -260,3 +266,61 @@ def test_other_os_errors_still_raise(monkeypatch):
     monkeypatch.setitem(cli.COMMANDS, "bench", (other, "test"))
     with pytest.raises(OSError, match="I/O error"):
         cli.main(["bench"])
+
+
+# --------------------------------------------------------------------------- issue 43
+
+
+HOLD_LOCK = """\
+import sys, time
+from rpka.report_lock import report_lock
+with report_lock("smoke", command="python -m rpka report --preset smoke --html A.html"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_report_of_a_preset_is_refused_naming_the_running_one(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 43, finding 2: two reports of one preset at once raced on the executed
+    notebooks (one left as two JSON documents run together). The second now stops at once,
+    naming the first; the first's lock is held by its process (a flock)."""
+    monkeypatch.setattr(study.paths, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", _never)
+    env = {**os.environ, "RPKA_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert first.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        argv = ["--preset", "smoke", "--html", str(tmp_path / "B.html")]
+        line = _refused(cli.report_main, argv, capsys)
+        assert time.monotonic() - started < 5  # at once, not after the first one ends
+    finally:
+        first.kill()
+        first.wait()
+    assert f"another report of preset smoke is running in this clone (pid {first.pid}," in line
+    assert "python -m rpka report --preset smoke --html A.html" in line
+    assert not (tmp_path / "B.html").exists()
+
+
+def test_a_stale_report_lock_is_taken_over(tmp_path, monkeypatch, capsys):
+    """A report killed with SIGKILL leaves its lock file behind, naming a dead pid: the
+    next report takes it over (the lock died with its process) and removes it at its end."""
+    monkeypatch.setattr(study.paths, "REPO_ROOT", tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = report_lock.lock_path("smoke")
+    lock.parent.mkdir(parents=True)
+    lock.write_text(f"pid {dead.pid}, started 2026-12-03 10:00:00: python -m rpka report\n")
+    seen = []
+
+    def run_pipeline(steps, html, **kwargs):
+        seen.append(lock.read_text())
+
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", run_pipeline)
+    cli.report_main(["--preset", "smoke", "--html", str(tmp_path / "report.html")])
+    assert len(seen) == 1 and seen[0].startswith(f"pid {os.getpid()}, started ")
+    assert not lock.exists()
