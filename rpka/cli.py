@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rpka import bench, cost, decoding, longctx, paths, pipeline, scaling, study
+from rpka import bench, cost, decoding, longctx, paths, pipeline, results_check, scaling, study
 from rpka.cli_args import (
     COST_STEPS_RANGE,
     SEEDS_RANGE,
@@ -50,7 +50,7 @@ from rpka.cli_args import (
 from rpka.cli_signals import STORAGE_ERRNOS, interrupted_status, stop_on_signals
 from rpka.config import BenchConfig, LongContextConfig
 from rpka.executors import make_executor, owned
-from rpka.io import CorruptFileError, atomic_write_text, write_json
+from rpka.io import CorruptFileError, atomic_write_text, write_result_json
 from rpka.paths import resolve
 from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
@@ -259,6 +259,10 @@ def report_main(argv: Sequence[str] | None = None) -> None:
                 f"`python -m rpka report --preset {args.preset}` computes them"
             )
     try:  # one report of a preset at a time: they would write the same notebooks
+        if args.from_results:  # before any notebook: each file whole, sealed, well-typed
+            unsealed = results_check.check_study(args.preset)
+            if unsealed:
+                print(results_check.unsealed_note(unsealed, args.preset), file=sys.stderr)
         with report_lock(args.preset):
             _run_report(args, steps)
     except ReportRunning as err:
@@ -364,7 +368,7 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
     out = resolve(args.out or paths.decode_json(config.device))
     check_out_file(parser, "--out", out)
     result = decoding.run_decoding(config)
-    write_json(out, result)
+    write_result_json(out, result)
     print(f"{'method':>6} {'context':>8} {'ms/token':>9} {'mean':>8} {'max':>8} {'prefill ms':>11}")
     for r in result["rows"]:
         print(
@@ -401,6 +405,7 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
             f"(no {paths.bench_report(args.preset)}): `python -m rpka report --preset "
             f"{args.preset}` computes them"
         )
+    results_check.check_study(args.preset)  # every file whole, sealed, well-typed
     index = study.write_study_index(args.preset)  # study.json: where every reader starts
     print(f"study index: {paths.study_json(args.preset)} ({len(index['tracks'])} track(s))")
     block = readme.render(args.preset)

@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover - a bare GPU box with torch only: no pro
     tqdm = None
 
 from rpka.attention import build, triton_sweep
-from rpka.io import write_json
+from rpka.io import write_result_json
 from rpka.scaling_config import (
     ARM_LENGTH,  # noqa: F401 - read as scaling.ARM_LENGTH (rpka.cli)
     CONTROL,
@@ -381,14 +381,14 @@ def run_scaling(
             _add_ratios(result["rows"])
             result["elapsed_s"] = time.perf_counter() - started
             if out is not None:
-                write_json(out, result)
+                write_result_json(out, result)
         del inputs
         _free(config.device)
     bar.close()
     result["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     result["fused_sweep"] = _fused_sweep_status(config.device)
     if out is not None:
-        write_json(out, result)
+        write_result_json(out, result)
     return result
 
 

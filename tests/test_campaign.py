@@ -5,6 +5,7 @@ committed results never moves them."""
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rpka import checks, cli, executors, report_lock, study, study_index
+from rpka import bench, checks, cli, executors, report_lock, study, study_index
 from rpka.attention import build
-from rpka.io import CorruptFileError, write_json
+from rpka.io import CorruptFileError, read_json, write_json, write_result_json, write_run_file
+from rpka.presets import get_preset
 from rpka.report import readme
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -324,3 +326,125 @@ def test_a_stale_report_lock_is_taken_over(tmp_path, monkeypatch, capsys):
     cli.report_main(["--preset", "smoke", "--html", str(tmp_path / "report.html")])
     assert len(seen) == 1 and seen[0].startswith(f"pid {os.getpid()}, started ")
     assert not lock.exists()
+
+
+def _standard_clone(tmp_path, monkeypatch):
+    """A copy of the committed standard study's results (and the shared scaling results)
+    in a clone rooted at ``tmp_path``; notebooks never start (``run_pipeline`` refuses)."""
+    for folder in ("data/results/standard", "data/results/scaling"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    monkeypatch.setattr(study.paths, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", _never)
+    return tmp_path / "data/results/standard"
+
+
+def _edit(path, change, keep_key=False):
+    """Edit the JSON file ``path`` by hand: ``change(data)``, its sha256 key deleted."""
+    data = json.loads(path.read_text())
+    change(data)
+    if not keep_key:
+        data.pop("sha256")
+    path.write_text(json.dumps(data, indent=2))
+
+
+def _halve_primary(data):
+    data["arms"][data["primary_arm"]]["full"]["mean"] = -123.0
+
+
+@pytest.mark.parametrize("command", ["report", "summary"])
+def test_an_edit_with_its_checksum_deleted_is_refused(command, tmp_path, monkeypatch, capsys):
+    """Issue 43, finding 1: with its key deleted, an edited bench_report.json was read as a
+    legacy file - `report --from-results` printed "test MSE -123", `summary` -123.0000."""
+    results = _standard_clone(tmp_path, monkeypatch)
+    monkeypatch.setattr(cli.study, "write_study_index", _never)
+    _edit(results / "bench_report.json", _halve_primary)
+    argv = ["--preset", "standard"]
+    if command == "report":
+        argv += ["--from-results", "--html", str(tmp_path / "r.html")]
+    assert cli.main([command, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {results / 'bench_report.json'}: has no")
+    assert "sha256 checksum though 83 other result file(s) beside it have one" in err[0]
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_legacy_study_is_read_and_its_unsealed_files_named(tmp_path, monkeypatch, capsys):
+    """A study written before checksums existed (no file has the key) is still read, and
+    `report --from-results` names what it read without a checksum."""
+    results = _standard_clone(tmp_path, monkeypatch)
+    legacy = sorted(results.rglob("*.json"))
+    for path in legacy:
+        _edit(path, lambda data: None)
+    ran = []
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", lambda *a, **k: ran.append(a))
+    cli.report_main(["--preset", "standard", "--from-results", "--html", str(tmp_path / "r.html")])
+    err = capsys.readouterr().err
+    assert ran and f"note: {len(legacy)} result file(s) of preset standard carry no sha256" in err
+    assert "data/results/standard/" in err
+
+
+def test_bench_runs_again_a_run_file_whose_checksum_was_deleted(tmp_path, monkeypatch, capsys):
+    """Issue 43, finding 1: a run file with a score halved and its key deleted was resumed
+    as a legacy file (the primary arm's mean moved 0.7417 -> 0.5544, exit 0, no word). It is
+    moved aside before the bench schedules its runs, saying so, and run again."""
+    runs = tmp_path / "runs"
+    for name in ("a", "b", "c"):
+        write_run_file(runs / f"{name}.json", {"scores": {"mse": [0.74]}, "run_id": name})
+    _edit(runs / "b.json", lambda data: data["scores"].update(mse=[0.37]))
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    class Scheduler:
+        def __init__(self, config, runs_dir, *args, **kwargs):
+            seen.append(sorted(p.name for p in runs_dir.glob("*.json")))
+            raise Stop
+
+    monkeypatch.setattr(bench, "Scheduler", Scheduler)
+    with pytest.raises(Stop):
+        bench.run_bench(get_preset("smoke"), tmp_path, data_dir=tmp_path / "cache")
+    assert seen == [["a.json", "c.json"]]  # b is run again, from its configuration
+    assert len(list(runs.glob("b.json.corrupt-*"))) == 1
+    err = capsys.readouterr().err
+    assert "b.json: no sha256 checksum, though the other run files beside it have one" in err
+    legacy = tmp_path / "legacy"  # a folder written before checksums: kept as it is
+    for name in ("a", "b"):
+        write_json(legacy / f"{name}.json", {"run_id": name})
+    assert bench.set_aside_unsealed(legacy) == []
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "message"),
+    [
+        ("study.json", {"preset": "smoke", "tracks": 5},
+         "study.json: field tracks must be an object, got int 5"),
+        ("study.json", lambda data: data["tracks"]["lm"].update(bench_report=3),
+         "study.json: field tracks.lm.bench_report must be a string, got int 3"),
+        ("bench_report.json", "{not json", "bench_report.json: not valid JSON"),
+        ("bench_report.json", {"arms": []}, "bench_report.json: lacks the field config"),
+        ("lm/bench_report.json", lambda data: data["arms"]["exact"]["full"].update(mean="0.5"),
+         "lm/bench_report.json: field arms.exact.full.mean must be a number or null, got str"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_result_is_named_before_the_notebooks(
+    file, content, message, tmp_path, monkeypatch, capsys
+):
+    """Issue 43, finding 4: a mistyped study.json failed inside 06_report.ipynb
+    (AttributeError: 'int' object has no attribute 'items'), a corrupt bench_report.json
+    only through "executed copy with the traceback: .../02_sweep.ipynb". Now the file and
+    the field are named before any notebook starts - whether it is sealed or not."""
+    results = _standard_clone(tmp_path, monkeypatch)
+    path = results / file
+    if callable(content):
+        data = read_json(path)
+        content(data)
+        write_result_json(path, data)  # sealed: only the type is wrong
+    elif isinstance(content, str):
+        path.write_text(content)
+    else:
+        write_result_json(path, content)
+    argv = ["report", "--preset", "standard", "--from-results", "--html", str(tmp_path / "r.html")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and str(results) in err[0]
