@@ -1,6 +1,7 @@
 """What a study run prints to the terminal besides its progress: nothing harmless
 (issue 17 item 8: nested bars' "[A" escapes in logs, kineto's USDT lines)."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -128,3 +129,24 @@ def test_a_notebook_kernel_is_shut_down_without_an_interrupt(tmp_path):
     pipeline.run_notebook(step, progress=False)
     assert (tmp_path / "out.ipynb").exists()
     assert not mark.exists(), mark.read_text()
+
+
+def test_the_study_stages_that_take_seconds_draw_a_bar(tmp_path, capsys):
+    """Issue 43, first-hour polish: a resumed `make report` retrained the demo models (their
+    weights are not committed) with no bar. The demo stage draws one per model it trains
+    - also where its run files are there and only the weights are missing - and the
+    scaling stage one over its measurements."""
+    from rpka import scaling, study
+    from rpka.scaling_config import PRESETS
+
+    study.train_demo("smoke", tmp_path / "train", progress=True)
+    capsys.readouterr()
+    for weights in (tmp_path / "train").glob("*.pt"):
+        weights.unlink()  # a clone: the run files, not their weights
+    study.train_demo("smoke", tmp_path / "train", progress=True)
+    err = capsys.readouterr().err
+    assert "exact lr=" in err and "rpka-r4 lr=" in err and "12/12" in err
+    config = dataclasses.replace(PRESETS["tiny"], lengths=(64,), repeats=1, warmup=0)
+    scaling.run_scaling(config, progress=True, out=tmp_path / "s.json", preset="tiny")
+    bars = [line for line in capsys.readouterr().err.split("\r") if line.startswith("scaling")]
+    assert bars and "100%" in bars[-1]
