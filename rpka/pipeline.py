@@ -380,7 +380,7 @@ class NotebookQueue:
         self.bars = progress and parallel == 1  # interleaved cell bars would be unreadable
         # side by side: one bar over the notebooks instead, once the stages' bars are done
         self.bar: tqdm | None = None
-        self.overall = progress and parallel > 1
+        self.overall = progress and parallel > 1 and len(steps) > 1
         self.finished = 0
         self.pending = list(start_order)
         self.done, self.running, self.failures = 0, 0, []

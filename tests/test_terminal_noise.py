@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from rpka.io import has_checksum
 from rpka.presets import get_preset
 from rpka.run_config import make_run_config
 from rpka.train import train_run
@@ -150,3 +151,4 @@ def test_the_study_stages_that_take_seconds_draw_a_bar(tmp_path, capsys):
     scaling.run_scaling(config, progress=True, out=tmp_path / "s.json", preset="tiny")
     bars = [line for line in capsys.readouterr().err.split("\r") if line.startswith("scaling")]
     assert bars and "100%" in bars[-1]
+    assert has_checksum(tmp_path / "s.json")  # the scaling result is sealed (issue 43)
