@@ -463,7 +463,7 @@ class NotebookQueue:
             while self.running or (self.pending and not self.failures):
                 if self.stopped and time.monotonic() > deadline:
                     return
-                if self.bar is not None and not self.stopped:
+                if self.bar is not None and not self.stopped and sys.stderr.isatty():
                     self.bar.refresh()  # its elapsed time moves while a notebook runs
                 self.changed.wait(timeout=0.1 if self.stopped else BAR_REFRESH_S)
 

@@ -417,6 +417,7 @@ def test_side_by_side_one_bar_over_the_notebooks_and_the_files_written_named(tmp
     run_pipeline(steps, html_out, progress=True, log=lines.append, parallel=2, title=title)
     bars = [line for line in capsys.readouterr().err.split("\r") if "notebooks" in line]
     assert bars and "2/2" in bars[-1], bars
+    assert len(bars) <= 4, bars  # in a log (not a terminal): drawn as notebooks end only
     written = next(line for line in lines if line.startswith("report: "))
     copy = tmp_path / "o" / "rpka_report.html"
     assert written.startswith(f"report: {html_out} (and its preset's copy {copy}); ")
