@@ -8,6 +8,9 @@
     python -m rpka decode   [--contexts ...] [--out PATH]
     python -m rpka summary  --preset full [--readme README.md]
     python -m rpka cost     --preset full [--benches forecast lm ...] [--steps 3]
+                            | --longctx longrange-power [--contexts 4096]
+    python -m rpka steptime --preset longrange-power --out DIR [--contexts ...] [--arms ...]
+    python -m rpka swap     --model pkg.module:factory --weights W.pt --batch B.pt ...
 
 Each command parses its options into a validated config (bad values exit with an error
 naming the option), runs the compute module and prints a short summary; the compute
@@ -28,7 +31,19 @@ from typing import Any
 
 import torch
 
-from rpka import bench, cost, decoding, longctx, paths, pipeline, results_check, scaling, study
+from rpka import (
+    bench,
+    cli_longrange,
+    cost,
+    decoding,
+    longctx,
+    numerics,
+    paths,
+    pipeline,
+    results_check,
+    scaling,
+    study,
+)
 from rpka.cli_args import (
     COST_STEPS_RANGE,
     SEEDS_RANGE,
@@ -44,6 +59,7 @@ from rpka.cli_args import (
     longctx_parser,
     make_parser,
     readable_readme,
+    refuse_committed_default,
     report_parser,
     scaling_parser,
 )
@@ -53,9 +69,10 @@ from rpka.executors import make_executor, owned
 from rpka.io import CorruptFileError, atomic_write_text, write_result_json
 from rpka.paths import resolve
 from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS, get_preset
-from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
+from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset, with_arms
 from rpka.report import readme
 from rpka.report_lock import ReportRunning, report_lock
+from rpka.swap import command as swap_command
 from rpka.tracks import get_task
 
 # --------------------------------------------------------------------------- bench
@@ -79,7 +96,7 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     if len(config.eval_seeds) < SEEDS_RANGE[0]:
         parser.error(f"preset {args.preset}: a paired comparison needs >= 2 evaluation seeds")
     if args.out is None:
-        _refuse_committed_default(parser, bench.default_out(config))
+        refuse_committed_default(parser, bench.default_out(config))
     args.out = resolve(args.out or bench.default_out(config))
     check_out_dir(parser, "--out", args.out)
     return config, args
@@ -106,17 +123,6 @@ def _bench_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if args.workers is not None:
         overrides["n_workers"] = args.workers
     return overrides
-
-
-def _refuse_committed_default(parser: argparse.ArgumentParser, default: str) -> None:
-    """Refuse a default output folder inside the committed study: the full preset's runs
-    would overwrite the reports git keeps. Naming the folder with ``--out`` is the ask."""
-    committed = resolve(paths.COMMITTED_RESULTS)
-    if resolve(default) == committed or committed in resolve(default).parents:
-        parser.error(
-            f"argument --out: required with this preset, whose default folder {default} "
-            f"holds the committed study (give --out {default} to rewrite it)"
-        )
 
 
 def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -218,6 +224,8 @@ def parse_longctx(
         overrides["memory_probe"] = False
     try:
         config = get_longctx_preset(args.preset, **overrides)
+        if args.arms is not None:
+            config = with_arms(config, args.arms)
         longctx.check_memory(config)
     except ValueError as err:
         parser.error(str(err))
@@ -428,6 +436,8 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     low, high = COST_STEPS_RANGE
     if not low <= args.steps <= high:
         parser.error(f"argument --steps: must be in [{low}, {high}], got {args.steps}")
+    if args.longctx is not None:
+        return cli_longrange.longctx_cost_main(parser, args)
     labels = [label for label, _, _ in cost.study_benches(args.preset)]
     unknown = sorted(set(args.benches or []) - set(labels))
     if unknown:
@@ -453,6 +463,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
     "decode": (decode_main, "per-token decoding latency against context length"),
     "summary": (summary_main, "the study's results in Markdown (the README's results block)"),
     "cost": (cost_main, "predict each bench's CPU time from its configuration (probes)"),
+    "steptime": (cli_longrange.steptime_main, "every arm's training step, one thread, interleaved"),
+    "swap": (swap_command.main, "audit your own model with its SDPA calls swapped (docs/swap.md)"),
 }
 
 
@@ -465,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nerror: unknown command {argv[0]!r}", file=sys.stderr)
             return 2
         return 0 if argv else 2
+    numerics.check()  # warns if torch ran before rpka could pin its CPU kernels
     try:
         with stop_on_signals():
             COMMANDS[argv[0]][0](argv[1:])

@@ -197,6 +197,12 @@ def longctx_parser() -> argparse.ArgumentParser:
     parser.add_argument("--contexts", type=int, nargs="+", help="context lengths")
     parser.add_argument("--ranks", type=int, nargs="+", help="RPKA ranks (replace the preset's)")
     parser.add_argument(
+        "--arms",
+        nargs="+",
+        help="train only these arms (with the baseline, the primary arm and the controls; "
+        "the positive control only if named): a study run arm by arm, resumed by run id",
+    )
+    parser.add_argument(
         "--warm-start-from",
         type=int,
         help="train every longer context at this one first (0: cold; default: the preset's)",
@@ -317,5 +323,36 @@ def cost_parser() -> argparse.ArgumentParser:
         type=lambda value: Path(path_arg(value)),
         help="default data/results/<preset>/cost_model.json",
     )
+    parser.add_argument(
+        "--longctx",
+        choices=sorted(LONGCTX_PRESETS),
+        help="price this long-context study per length instead (rpka.cost_longctx; "
+        "curriculum first stages included)",
+    )
+    parser.add_argument("--contexts", type=int, nargs="+", help="with --longctx: these lengths")
+    parser.add_argument(
+        "--probe-eval-windows",
+        type=int,
+        default=32,
+        help="with --longctx: probe the evaluation passes on this many windows and scale "
+        "them up (default %(default)s)",
+    )
+    parser.add_argument(
+        "--results",
+        type=path_arg,
+        help="with --longctx: the study's folder (measured CPU-s read from it, "
+        "cost_model.json written to it; default data/results/<preset>)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
+
+
+def refuse_committed_default(parser: argparse.ArgumentParser, default: str) -> None:
+    """Refuse a default output folder inside the committed study: the full preset's runs
+    would overwrite the reports git keeps. Naming the folder with ``--out`` is the ask."""
+    committed = resolve(paths.COMMITTED_RESULTS)
+    if resolve(default) == committed or committed in resolve(default).parents:
+        parser.error(
+            f"argument --out: required with this preset, whose default folder {default} "
+            f"holds the committed study (give --out {default} to rewrite it)"
+        )

@@ -70,6 +70,7 @@ FLAT_FIELDS: tuple[str, ...] = (
     "eval_seeds",
     "metric",
     "warm_start_track",
+    "data_per_seed",
     "device",
     "n_workers",
     "seeds_per_job",
@@ -122,6 +123,7 @@ class BenchConfig:
     eval_seeds = _read("design", "eval_seeds")
     metric = _read("design", "metric")
     warm_start_track = _read("design", "warm_start_track")
+    data_per_seed = _read("design", "data_per_seed")
     primary_arm = _read("decision", "primary_arm")
     baseline_arm = _read("decision", "baseline_arm")
     margin = _read("decision", "margin")

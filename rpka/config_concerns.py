@@ -28,7 +28,10 @@ class Design:
     rate on validation; ``eval_seeds`` (disjoint from them) train the best learning rate
     of each arm and score it on test. ``metric`` is one of the task's ``metrics``.
     ``warm_start_track`` (None: none): the same track at a shorter context, where every run
-    trains first (``rpka.curriculum``; the long-range study's curriculum)."""
+    trains first (``rpka.curriculum``; the long-range study's curriculum).
+    ``data_per_seed``: each seed trains and is scored on its own draw of the track, from a
+    data seed derived from it (``rpka.seed_data``; generated tracks only); off, every run
+    reads the track as configured."""
 
     track: Any  # the config of a track (``rpka.tracks.TRACKS[name].config_class``)
     model: ModelConfig
@@ -39,6 +42,7 @@ class Design:
     eval_seeds: tuple[int, ...] = tuple(range(100, 108))
     metric: str = "mse"
     warm_start_track: Any = None
+    data_per_seed: bool = False
 
     @property
     def task(self) -> Task:
@@ -75,6 +79,13 @@ class Design:
         self.train.validate()
         if self.warm_start_track is not None:
             self._validate_warm_start()
+        require(isinstance(self.data_per_seed, bool), "data_per_seed", "a bool", self.data_per_seed)
+        require(
+            not self.data_per_seed or "seed" in {f.name for f in fields(self.track)},
+            "data_per_seed",
+            "False on a track without a 'seed' field (a data set per seed needs a generator)",
+            self.data_per_seed,
+        )
 
     def _validate_warm_start(self) -> None:
         """The same track at a shorter context, a model whose weights but the learned

@@ -44,8 +44,9 @@ from rpka.paths import resolve
 from rpka.presets import STUDY_TRACKS, get_preset
 from rpka.presets_longctx import get_longctx_preset
 from rpka.run_config import make_run_config
+from rpka.seed_data import run_splits
 from rpka.tracks import get_task
-from rpka.train import Members, evaluate, member_batches, setup_run, train_step
+from rpka.train import Members, member_batches, setup_run, train_step
 
 COST_VERSION = 1
 
@@ -82,6 +83,7 @@ def probe(
         raise ValueError(f"steps must be >= 1, got {steps}")
     seeds = list(range(members))  # the seeds do not change any shape
     run_config = make_run_config(config, arm, config.learning_rates[0], seeds, "test", data_dir)
+    run_splits(run_config, config.task, config.track)  # each seed's data cached, untimed
     start = time.process_time()
     run = setup_run(run_config)
     setup_s = time.process_time() - start
@@ -95,7 +97,7 @@ def probe(
     passes = {}
     for split in ("val", "test"):
         start = time.process_time()
-        evaluate(run.model, run.task, *run.splits[split], run.train.eval_batch_size)
+        run.evaluate(split)
         passes[split] = time.process_time() - start
     return Probe(
         members=members,

@@ -57,6 +57,7 @@ from rpka.io import read_json, write_result_json
 from rpka.paths import resolve
 from rpka.run_config import make_run_config
 from rpka.scaling import peak_memory_mib
+from rpka.seed_data import data_per_seed, member_batch, n_windows, run_splits, tracks_to_cache
 from rpka.tracks import get_task
 from rpka.tracks.cache import DEFAULT_DATA_DIR
 from rpka.train import build_model, track_config_of
@@ -82,13 +83,15 @@ def training_step_peak_mib(run_config: dict[str, Any]) -> dict[str, Any]:
     """
     device = torch.device(run_config["device"])
     track_config = track_config_of(run_config)
-    track = get_task(track_config.name).load(track_config, run_config.get("data_dir"))
+    train_x, train_y = run_splits(run_config, get_task(track_config.name), track_config)["train"]
     model = build_model(run_config, track_config, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=run_config["lr"])
     n_members, batch = len(run_config["seeds"]), run_config["train"]["batch_size"]
+    per_member = data_per_seed(run_config)
     # which windows does not change the memory: the first S x B, wrapping around
-    index = torch.arange(n_members * batch).remainder(len(track.train)).view(n_members, batch)
-    x, y = track.train.x[index].to(device), track.train.y[index].to(device)
+    n_train = n_windows(train_x, per_member)
+    index = torch.arange(n_members * batch).remainder(n_train).view(n_members, batch)
+    x, y = (member_batch(t, index, per_member).to(device) for t in (train_x, train_y))
 
     def step() -> None:
         loss = (model(x) - y).pow(2).mean((1, 2)).sum()  # each member's gradient is its own
@@ -119,9 +122,11 @@ def probe_run_config(bench: BenchConfig, arm_name: str, data_dir: str) -> dict[s
 
 def memory_bytes(config: LongContextConfig, context: int) -> float:
     """A lower estimate of one context's peak memory: its windows (training, validation
-    and test; at least one float32 per token) and one training batch's activations
-    (batch x context x d_model float32, a few per layer)."""
-    windows = config.train_windows + 2 * config.eval_windows
+    and test; at least one float32 per token; with data per seed, one set per stacked
+    seed) and one training batch's activations (batch x context x d_model float32, a few
+    per layer)."""
+    data_sets = config.bench.seeds_per_job if config.bench.data_per_seed else 1
+    windows = data_sets * (config.train_windows + 2 * config.eval_windows)
     model, train = config.bench.model, config.bench.train
     activations = train.batch_size * context * model.d_model * (2 + 4 * model.n_layers)
     return 4.0 * (windows * context + activations)
@@ -168,7 +173,8 @@ def run_longctx(
     with owned(executor) if own_executor else nullcontext():
         for context in config.contexts:
             bench = config.bench_for(context)
-            bench.task.load(bench.track, data_dir)  # cached once, before the workers
+            for track in tracks_to_cache(bench):  # cached once, before the workers
+                bench.task.load(track, data_dir)
             probes = {}
             if config.memory_probe:  # queued first: they run beside the bench's runs
                 for arm in bench.arms:
@@ -246,12 +252,18 @@ def protocol(config: LongContextConfig) -> str:
         if warm
         else ""
     )
+    data = (
+        "each seed its own draw of the data (the track's seed replaced by one derived from "
+        "the seed, rpka.seed_data; the same draw for every arm)"
+        if bench.data_per_seed
+        else "one draw of the data for every seed"
+    )
     return (
         f"reduced: track {bench.track_name} ({settings}) resized to each context with "
         f"{config.train_windows} training and {config.eval_windows} validation / test windows "
-        f"(Task.at_context); {model.n_layers} encoder layer(s) of width {model.d_model} with "
-        f"{model.n_heads} head(s), input window {model.embed_kernel}, linear skip "
-        f"{'on' if model.linear_skip else 'off'}, head initialised with std "
+        f"(Task.at_context), {data}; {model.n_layers} encoder layer(s) of width "
+        f"{model.d_model} with {model.n_heads} head(s), input window {model.embed_kernel}, "
+        f"linear skip {'on' if model.linear_skip else 'off'}, head initialised with std "
         f"{model.head_init_std:g}; {train.epochs} epoch(s) of batch {train.batch_size}; "
         f"{curriculum}"
         f"learning rate(s) {', '.join(f'{lr:g}' for lr in bench.learning_rates)} on "

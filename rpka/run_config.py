@@ -23,8 +23,13 @@ VOLATILE_KEYS = ("data_dir", "progress", "state_path")
 # model options added after results were recorded: left out of the run id while at their
 # default (the behaviour those results had), so that existing run files stay valid
 LATER_MODEL_DEFAULTS = {"readout": "flatten"}
-# independent random streams derived from one seed (numpy SeedSequence spawn keys)
-STREAM_INIT, STREAM_DATA, STREAM_PIVOTS = 0, 1, 2
+# independent random streams derived from one seed (numpy SeedSequence spawn keys): the
+# initialisation, the data order, RPKA's pivots and (per-seed data, rpka.seed_data) the
+# track's own data seed
+STREAM_INIT, STREAM_DATA, STREAM_PIVOTS, STREAM_TRACK_DATA = 0, 1, 2, 3
+# the run configuration's key of the per-seed data mode (rpka.seed_data): True, or absent
+# (every member reads the track as configured: the committed studies keep their run ids)
+DATA_PER_SEED_KEY = "data_per_seed"
 
 
 def derive_seed(*entropy: int) -> int:
@@ -42,7 +47,8 @@ def make_run_config(
     progress: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The full, JSON-able configuration of one run (see :func:`train_run`); with
-    ``warm_start`` {track} only where the study has a warm start (``rpka.curriculum``)."""
+    ``warm_start`` {track} only where the study has a warm start (``rpka.curriculum``) and
+    ``data_per_seed`` (True) only where each seed reads its own data (``rpka.seed_data``)."""
     warm_start = config.warm_start_track
     run_config = {
         "arm": {"name": arm.name, "method": arm.method, "options": dict(arm.options)},
@@ -58,6 +64,8 @@ def make_run_config(
     }
     if warm_start is not None:  # absent otherwise: cold runs keep their run ids
         run_config[WARM_START_KEY] = {"track": _asdict(warm_start)}
+    if config.data_per_seed:  # absent otherwise: shared-data runs keep their run ids
+        run_config[DATA_PER_SEED_KEY] = True
     return run_config
 
 

@@ -41,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,7 +53,7 @@ except ImportError:  # pragma: no cover - a bare GPU box with torch only: no pro
     tqdm = None
 
 from rpka.attention import build, triton_sweep
-from rpka.io import write_result_json
+from rpka.io import read_json, write_result_json
 from rpka.scaling_config import (
     ARM_LENGTH,  # noqa: F401 - read as scaling.ARM_LENGTH (rpka.cli)
     CONTROL,
@@ -280,12 +281,32 @@ def _add_ratios(rows: list[dict]) -> None:
             row["pivot_fraction"] = row["pivot_ms"] / row["forward_ms"]
 
 
+def config_record(config: ScalingConfig) -> dict:
+    """``config`` as a scaling result stores it (``"config"``): JSON values only."""
+    return (
+        asdict(config)
+        | {k: list(getattr(config, k)) for k in ("lengths", "ranks", "control_ranks")}
+        | {"extra_arms": [dict(arm) for arm in config.extra_arms]}
+    )
+
+
+def resume_or_run_scaling(
+    config: ScalingConfig, out: str | os.PathLike, progress: bool = True, preset: str | None = None
+) -> dict:
+    """The scaling result at ``out`` if it was measured with ``config``, else
+    :func:`run_scaling`. A timing is a measurement of a machine, not a computation: a study
+    that resumes keeps its committed one (``python -m rpka scaling`` measures anew)."""
+    if Path(out).exists():
+        committed = read_json(out)
+        if committed.get("config") == config_record(config):
+            return committed
+    return run_scaling(config, progress=progress, out=out, preset=preset)
+
+
 def _header(config: ScalingConfig, preset: str | None) -> dict:
     return {
         "preset": preset,
-        "config": asdict(config)
-        | {k: list(getattr(config, k)) for k in ("lengths", "ranks", "control_ranks")}
-        | {"extra_arms": [dict(arm) for arm in config.extra_arms]},
+        "config": config_record(config),
         "device": device_name(config.device),
         "device_type": config.device,
         "dtype": config.dtype,

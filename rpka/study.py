@@ -229,10 +229,10 @@ def _study_steps(
         *(bench_step(name) for name in STUDY_TRACKS),
         (
             "scaling (CPU)",
-            lambda: scaling.run_scaling(
+            lambda: scaling.resume_or_run_scaling(
                 scaling_config.PRESETS[SCALING_PRESET[preset]],
+                resolve(paths.scaling_cpu_json(preset)),
                 progress=progress,
-                out=resolve(paths.scaling_cpu_json(preset)),
                 preset=SCALING_PRESET[preset],
             ),
             (paths.scaling_cpu_json(preset),),

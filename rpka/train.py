@@ -36,6 +36,7 @@ from rpka.config import ArmConfig, TrainConfig
 from rpka.curriculum import WARM_START_KEY, first_stage_config, load_stretched
 from rpka.io import STATE_CHECKSUM_KEY, atomic_torch_save, file_sha256
 from rpka.model import ModelConfig
+from rpka.numerics import record as numerics_record
 from rpka.run_config import (
     STREAM_DATA,
     STREAM_INIT,
@@ -45,6 +46,7 @@ from rpka.run_config import (
     hashed_config,
     run_id,
 )
+from rpka.seed_data import data_per_seed, data_seeds_of, member_batch, n_windows, run_splits
 from rpka.tracks import Task, get_task
 
 PHASE_OF = {"val": "sweep", "test": "eval"}  # the bench's phase that scores each split
@@ -91,21 +93,24 @@ def member_batches(n_windows: int, batch_size: int, generators: list[torch.Gener
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, task: Task, x: Tensor, y: Tensor, batch_size: int
+    model: nn.Module, task: Task, x: Tensor, y: Tensor, batch_size: int, per_member: bool = False
 ) -> dict[str, Tensor]:
     """Per-member metrics (S,) of the task over a whole split: inputs x (N, ...), targets
-    y (N, ...) shared by the members (forecast: MSE, MAE; lm: perplexity, NLL)."""
+    y (N, ...) shared by the members, or with ``per_member`` each member's own (S, N, ...)
+    (``rpka.seed_data``) (forecast: MSE, MAE; lm: perplexity, NLL)."""
     model.eval()
     n_members = model.n_members
     device = model.position.device
     sums: dict[str, Tensor] = {}
-    for start in range(0, len(x), batch_size):
-        xb = x[start : start + batch_size].to(device)
-        yb = y[start : start + batch_size].to(device)
-        for key, value in task.error_sums(model(xb.expand(n_members, *xb.shape)), yb).items():
+    for start in range(0, n_windows(x, per_member), batch_size):
+        part = slice(start, start + batch_size)
+        xb = (x[:, part] if per_member else x[part]).to(device)
+        yb = (y[:, part] if per_member else y[part]).to(device)
+        inputs = xb if per_member else xb.expand(n_members, *xb.shape)
+        for key, value in task.error_sums(model(inputs), yb).items():
             sums[key] = sums[key] + value if key in sums else value
     model.train()
-    return task.finish(sums, task.count(y))
+    return task.finish(sums, task.count(y[0] if per_member else y))
 
 
 def clip_per_member(params: list[Tensor], max_norm: float) -> Tensor:
@@ -129,11 +134,9 @@ def _now(device: torch.device) -> float:
 
 
 def _to_list(values: Tensor, alive: Tensor | None = None) -> list[float | None]:
-    out = []
-    for i, v in enumerate(values.tolist()):
-        ok = math.isfinite(v) and (alive is None or bool(alive[i]))
-        out.append(v if ok else None)
-    return out
+    keep = [True] * len(values) if alive is None else [bool(a) for a in alive]
+    pairs = zip(values.tolist(), keep, strict=True)
+    return [v if math.isfinite(v) and ok else None for v, ok in pairs]
 
 
 @dataclasses.dataclass
@@ -156,10 +159,16 @@ class Run:
     steps_per_epoch: int
     train_x: Tensor  # the training split on the run's device
     train_y: Tensor
+    per_member: bool = False  # each member its own data, splits (S, N, ...): rpka.seed_data
 
     @property
-    def n_train(self) -> int:
-        return len(self.splits["train"][0])
+    def n_train(self) -> int:  # windows of the training split (each member's, per seed)
+        return n_windows(self.splits["train"][0], self.per_member)
+
+    def evaluate(self, split: str) -> dict[str, Tensor]:
+        """The members' metrics on ``split`` (:func:`evaluate`, each on its own data)."""
+        x, y = self.splits[split]
+        return evaluate(self.model, self.task, x, y, self.train.eval_batch_size, self.per_member)
 
 
 def setup_run(run_config: dict[str, Any], start: dict[str, Tensor] | None = None) -> Run:
@@ -171,9 +180,9 @@ def setup_run(run_config: dict[str, Any], start: dict[str, Tensor] | None = None
     train_config = TrainConfig(
         **{**run_config["train"], "betas": tuple(run_config["train"]["betas"])}
     )
-    track = task.load(track_config, run_config.get("data_dir"))
-    splits = {name: task.inputs_targets(track, name) for name in ("train", "val", "test")}
-    n_train = len(splits["train"][0])
+    splits = run_splits(run_config, task, track_config)  # shared, or per member (seed_data)
+    per_member = data_per_seed(run_config)
+    n_train = n_windows(splits["train"][0], per_member)
     seeds = list(run_config["seeds"])
 
     model = build_model(run_config, track_config, device)
@@ -182,12 +191,9 @@ def setup_run(run_config: dict[str, Any], start: dict[str, Tensor] | None = None
     params = list(model.parameters())
     initial = [p.detach().clone() for p in params]
     optimizer = torch.optim.Adam(
-        params,
-        lr=run_config["lr"],
-        betas=train_config.betas,
-        eps=train_config.eps,
+        params, lr=run_config["lr"], betas=train_config.betas, eps=train_config.eps,
         weight_decay=train_config.weight_decay,
-    )
+    )  # fmt: skip
     total_steps = train_config.epochs * (n_train // train_config.batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(train_config.lr_schedule, step, total_steps)
@@ -201,7 +207,7 @@ def setup_run(run_config: dict[str, Any], start: dict[str, Tensor] | None = None
     return Run(
         run_config, device, task, track_config, train_config, splits, seeds, model, params,
         initial, optimizer, schedule, data_generators, steps_per_epoch,
-        *(t.to(device) for t in splits["train"]),
+        *(t.to(device) for t in splits["train"]), per_member,
     )  # fmt: skip
 
 
@@ -223,7 +229,8 @@ def train_step(run: Run, members: Members, batch: Tensor, epoch: int, step: int)
     """Step 2, repeated: one Adam step for the members still alive; the loss per member (S,)
     (0 for the others). A member whose loss turns non-finite is frozen at its initial
     parameters (its gradients masked with ``torch.where``: ``nan * 0`` is ``nan``)."""
-    loss = run.task.loss(run.model(run.train_x[batch]), run.train_y[batch])  # (S,)
+    x, y = (member_batch(t, batch, run.per_member) for t in (run.train_x, run.train_y))
+    loss = run.task.loss(run.model(x), y)  # (S,)
     newly = members.alive & ~torch.isfinite(loss)
     alive = members.alive & ~newly
     # sum, not mean: each member's gradient is that of its own loss
@@ -254,11 +261,7 @@ def final_scores(
         if not bool(members.alive.any()):  # every member diverged or failed: nothing to score
             final[name] = {k: [None] * n_members for k in metrics}
             continue
-        scores = (
-            val
-            if name == "val"
-            else evaluate(run.model, run.task, *run.splits["test"], run.train.eval_batch_size)
-        )
+        scores = val if name == "val" else run.evaluate("test")
         final[name] = {k: _to_list(scores[k], members.alive) for k in metrics}
     return final
 
@@ -314,7 +317,7 @@ def fit(run: Run, members: Members, tally: Tally) -> tuple[dict[str, list], Any]
         loss_sum, failure = train_epoch(run, members, tally, bar, epoch)
         if failure is None:
             try:
-                val = evaluate(run.model, run.task, *run.splits["val"], run.train.eval_batch_size)
+                val = run.evaluate("val")
             except torch.linalg.LinAlgError as err:
                 failure = f"LinAlgError: {err}"
         if failure is not None:
@@ -369,12 +372,12 @@ class Tally:
     guards: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass
 class Clock:
     """A run's wall and CPU time since it started."""
 
-    def __init__(self) -> None:
-        self.wall_start = time.perf_counter()
-        self.cpu_start = time.process_time()
+    wall_start: float = dataclasses.field(default_factory=time.perf_counter)
+    cpu_start: float = dataclasses.field(default_factory=time.process_time)
 
     def wall_s(self) -> float:
         return time.perf_counter() - self.wall_start
@@ -489,9 +492,9 @@ def run_result(
         "step_ms_median": statistics.median(tally.step_ms) if tally.step_ms else None,
         "guard_counts": tally.guards or None,
         "wall_s": clock.wall_s(),
-        # CPU time of this process: on a busy machine it estimates the unloaded wall time
-        # of a single-threaded run (it counts every thread, so not for multi-threaded runs)
+        # CPU time of this process: the unloaded wall time of a single-threaded run
         "cpu_s": clock.cpu_s(),
         "torch_threads": torch.get_num_threads(),
         "device": str(run.device),
-    }
+        "numerics": numerics_record(),  # pinned or native CPU kernels: rpka.numerics
+    } | ({"data_seeds": data_seeds_of(run_config)} if run.per_member else {})

@@ -8,6 +8,7 @@ faster and far steadier with one thread than with two threads fighting over a bu
 import pytest
 import torch
 
+import rpka  # noqa: F401  (pins the CPU numerics: before any torch op runs)
 from rpka.bench import InProcessExecutor, run_bench
 from rpka.presets import get_preset
 

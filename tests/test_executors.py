@@ -98,12 +98,26 @@ VARYING_KEYS = {"wall_s", "cpu_s", "step_ms_median", "sha256", "state_sha256"}
 
 
 def _run_files(out: Path) -> dict[str, dict]:
+    """Each run file and the bench report (its sweep, statistics and verdicts: everything
+    but ``timings``), without what differs between executors."""
     files = sorted((out / "runs").glob("*.json"))
     assert files
-    return {
+    runs = {
         f.name: {k: v for k, v in json.loads(f.read_text()).items() if k not in VARYING_KEYS}
         for f in files
     }
+    report = json.loads((out / "bench_report.json").read_text())
+    runs["bench_report.json"] = _without(report, VARYING_KEYS | {"timings"})
+    return runs
+
+
+def _without(obj: object, keys: set[str]) -> object:
+    """``obj`` with the dict entries named in ``keys`` removed at every depth."""
+    if isinstance(obj, dict):
+        return {k: _without(v, keys) for k, v in obj.items() if k not in keys}
+    if isinstance(obj, list):
+        return [_without(v, keys) for v in obj]
+    return obj
 
 
 # the smoke study without its driver-side studies, one epoch, two workers: the runs the
@@ -121,7 +135,7 @@ def local_pool_runs(tmp_path_factory) -> tuple[dict[str, dict], Path]:
     with make_executor("local", n_workers=2) as executor:
         run_bench(DASK_SMOKE, root / "out", executor, progress=False, data_dir=root / "cache")
     runs = _run_files(root / "out")
-    for run in runs.values():  # the runs trained: finite scores
+    for run in (r for name, r in runs.items() if name != "bench_report.json"):  # trained
         assert all(v is not None for v in run["scores"].values())
     return runs, root / "cache"
 
@@ -133,6 +147,16 @@ def test_dask_local_cluster_matches_the_local_pool(local_pool_runs, tmp_path):
     with make_executor("dask", n_workers=2) as executor:
         run_bench(DASK_SMOKE, tmp_path / "dask", executor, progress=False, data_dir=cache)
     assert _run_files(tmp_path / "dask") == expected
+
+
+@pytest.mark.slow
+def test_a_single_process_matches_the_local_pool(local_pool_runs, tmp_path):
+    """The inline executor (the driver's own process) gives the pool's numbers bit for bit,
+    sweep and statistics included: every process runs the same pinned kernels."""
+    expected, cache = local_pool_runs
+    run_bench(DASK_SMOKE, tmp_path / "inline", InProcessExecutor(), progress=False,
+              data_dir=cache)
+    assert _run_files(tmp_path / "inline") == expected
 
 
 @pytest.mark.slow
@@ -160,4 +184,6 @@ def test_bench_cli_on_dask_matches_the_local_pool(where, local_pool_runs, tmp_pa
             # the CLI closed its client, not the cluster it was given
             assert cluster.status.name == "running"
     assert (tmp_path / "out" / "bench_report.json").is_file()
-    assert _run_files(tmp_path / "out") == expected
+    # the run files: the CLI's smoke preset also runs the mechanism study into its report
+    runs = {name: run for name, run in expected.items() if name != "bench_report.json"}
+    assert {k: v for k, v in _run_files(tmp_path / "out").items() if k in runs} == runs

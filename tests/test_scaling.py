@@ -127,3 +127,16 @@ def test_the_time_budget_bounds_a_single_measurement(monkeypatch):
 def test_lengths_beyond_memory_are_refused_before_allocating():
     with pytest.raises(ValueError, match=r"lengths 4000000000 needs at least [\d,.]+ GiB"):
         tiny(lengths=(4_000_000_000,)).validate()
+
+
+def test_a_study_resumes_its_measured_timing_and_remeasures_another_config(tmp_path):
+    """A resumed study keeps the committed timing file (a measurement is not recomputed, so
+    a clone's `make report` leaves it as committed); another configuration is measured."""
+    out = tmp_path / "scaling.json"
+    scaling.run_scaling(tiny(), progress=False, out=out)
+    before = out.read_bytes()
+    scaling.resume_or_run_scaling(tiny(), out, progress=False)
+    assert out.read_bytes() == before
+    remeasured = scaling.resume_or_run_scaling(tiny(lengths=(32,)), out, progress=False)
+    assert {r["n"] for r in remeasured["rows"]} == {32}
+    assert read_json(out)["config"]["lengths"] == [32]

@@ -86,6 +86,7 @@ from rpka.executors import InProcessExecutor, owned
 from rpka.executors import local_executor as default_executor
 from rpka.io import CHECKSUM_KEY, quarantine, unsealed_among_sealed, write_result_json
 from rpka.paths import resolve
+from rpka.seed_data import naive_baselines_of
 from rpka.tracks.cache import DEFAULT_DATA_DIR
 
 __all__ = [  # what other modules, scripts and tests import from rpka.bench
@@ -164,7 +165,7 @@ def run_bench(
     data_dir = str(resolve(data_dir or DEFAULT_DATA_DIR))
 
     track = config.task.load(config.track, data_dir)  # generates the cache once
-    naive = config.task.naive_baselines(track)
+    naive = naive_baselines_of(config, track, data_dir)  # per seed's data where each has its own
     t_data = time.perf_counter()
 
     set_aside_unsealed(runs_dir)

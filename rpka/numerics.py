@@ -1,0 +1,100 @@
+"""Pinned CPU numerics: the same float results on any x86 CPU with AVX2.
+
+PyTorch picks its vectorised kernels (ATen's ``CPU capability``), MKL its BLAS code path
+and oneDNN its instruction set from the processor it finds. A machine with AVX-512 or AMX
+and one without run different kernels, whose float sums round differently: a training
+run's scores then differ in the third or fourth digit between machines, enough to flip a
+seed on a task that learns abruptly. Pinning every library to its AVX2 path (which every
+x86 CPU since 2013 has) makes one torch wheel give the same bits everywhere.
+
+Each library reads its setting once, at its first operation (checked on torch 2.13: after
+``import torch`` but before any op the environment still takes effect; after one op it no
+longer does). So ``rpka/__init__`` calls :func:`pin` before anything imports torch or
+numba, and every process the package starts (pool and Dask workers, notebook kernels)
+inherits the environment. :func:`record` says what a process actually runs with; run files
+and timing files store it, so a result made with native numerics says so.
+
+Opt-out for speed runs: ``RPKA_NUMERICS=native`` (the libraries choose their fastest path;
+results are then reproducible on this kind of CPU only). Costs, measured: docs/reproducibility.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from typing import Any
+
+MODE_VARIABLE = "RPKA_NUMERICS"
+PINNED, NATIVE = "pinned", "native"
+MODES = (PINNED, NATIVE)
+
+# The settings that make torch 2.13's CPU wheel give the same bits on any AVX2 x86 CPU:
+# ATen's kernel dispatch, MKL's conditional numerical reproducibility branch, oneDNN's
+# instruction set, and numba's code generation target (the compiled pivot loop).
+PINNED_ENVIRONMENT = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "NUMBA_CPU_NAME": "haswell",
+}
+PINNED_CAPABILITY = "AVX2"  # what torch.backends.cpu.get_cpu_capability() then reports
+
+
+class NumericsWarning(UserWarning):
+    """CPU numerics are not what the package pinned (torch ran an op before rpka loaded)."""
+
+
+def mode() -> str:
+    """The requested mode: ``RPKA_NUMERICS`` (``pinned`` by default, or ``native``);
+    ValueError naming the variable and its allowed values for anything else."""
+    requested = os.environ.get(MODE_VARIABLE, PINNED).strip().lower() or PINNED
+    if requested not in MODES:
+        raise ValueError(
+            f"{MODE_VARIABLE}={os.environ[MODE_VARIABLE]!r}: must be one of {list(MODES)}"
+        )
+    return requested
+
+
+def pin() -> str:
+    """Set :data:`PINNED_ENVIRONMENT` in this process (and so in every process it starts)
+    unless the mode is ``native``; returns the mode. Called by ``rpka/__init__``."""
+    requested = mode()
+    if requested == PINNED:
+        os.environ.update(PINNED_ENVIRONMENT)
+    return requested
+
+
+def record() -> dict[str, Any]:
+    """What this process's numerics are, for a result file: the requested mode, torch's
+    actual kernel dispatch, the pinned variables as set, torch's version, and ``pinned``
+    (True only if the mode is pinned and torch really runs its AVX2 kernels)."""
+    torch = importlib.import_module("torch")  # not at module level: pin() runs before it
+    capability = torch.backends.cpu.get_cpu_capability()
+    requested = mode()
+    return {
+        "mode": requested,
+        "pinned": requested == PINNED and capability == PINNED_CAPABILITY,
+        "cpu_capability": capability,
+        "environment": {key: os.environ.get(key) for key in PINNED_ENVIRONMENT},
+        "torch": torch.__version__,
+    }
+
+
+def check() -> bool:
+    """True if this process runs the pinned numerics it asked for; else a
+    :class:`NumericsWarning` saying why (and False). In native mode: True, no warning."""
+    if mode() == NATIVE:
+        return True
+    state = record()
+    if not state["pinned"]:
+        warnings.warn(
+            f"CPU numerics are not pinned: torch dispatches {state['cpu_capability']} kernels "
+            f"(pinned: {PINNED_CAPABILITY}), because torch ran an operation before rpka was "
+            "imported. Import rpka first (or set the variables of "
+            "rpka.numerics.PINNED_ENVIRONMENT before starting Python) for results that "
+            "reproduce on another CPU.",
+            NumericsWarning,
+            stacklevel=2,
+        )
+    return bool(state["pinned"])

@@ -1,0 +1,56 @@
+"""The one timing protocol of the long-range study (issue 40, ``rpka.steptime``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from rpka.cli_longrange import steptime_main
+from rpka.io import CorruptFileError, read_json
+from rpka.presets_longctx import get_longctx_preset
+from rpka.steptime import MIN_REPEATS, STEPTIME_FILE, ratio_summary, run_steptime
+
+
+def test_the_ratio_interval_is_the_t_interval_of_the_per_repeat_ratios():
+    arm, base = [2.0, 3.0, 2.5, 2.2], [4.0, 5.0, 5.0, 4.0]
+    ratios = np.array(arm) / np.array(base)
+    half = stats.t.ppf(0.975, 3) * ratios.std(ddof=1) / 2
+    out = ratio_summary(arm, base)
+    assert out["mean"] == pytest.approx(ratios.mean())
+    assert (out["ci_low"], out["ci_high"]) == pytest.approx(
+        (ratios.mean() - half, ratios.mean() + half)
+    )
+    assert ratio_summary([1.0], [2.0])["ci_low"] is None
+
+
+def test_a_smoke_timing_file_is_sealed_and_complete(tmp_path):
+    config = get_longctx_preset("longrange-power-smoke", contexts=(72,))
+    result = run_steptime(config, tmp_path, repeats=MIN_REPEATS, warmup=1, arms=["rpka-r4"])
+    path = tmp_path / STEPTIME_FILE
+    stored = read_json(path)  # verifies the checksum
+    assert "sha256" in json.loads(path.read_text()) and stored["contexts"] == result["contexts"]
+    arms = stored["contexts"]["72"]
+    assert list(arms) == ["exact", "rpka-r4"]  # exact is always timed: every ratio is to it
+    for entry in arms.values():
+        assert len(entry["cpu_s"]) == len(entry["wall_s"]) == MIN_REPEATS
+        assert entry["peak_mib"] > 0 and entry["members"] == config.bench.seeds_per_job
+    assert arms["exact"]["step_ratio_cpu"]["mean"] == pytest.approx(1.0)
+    assert len(stored["load_average_start"]) == len(stored["load_average_end"]) == 3
+    path.write_text(path.read_text().replace('"repeats": 7', '"repeats": 8'))  # edited by hand
+    with pytest.raises(CorruptFileError):
+        read_json(path)
+
+
+def test_too_few_repeats_or_an_unknown_arm_are_refused(tmp_path):
+    config = get_longctx_preset("longrange-power-smoke", contexts=(72,))
+    with pytest.raises(ValueError, match="repeats"):
+        run_steptime(config, tmp_path, repeats=MIN_REPEATS - 1)
+    with pytest.raises(ValueError, match="arms"):
+        run_steptime(config, tmp_path, arms=["rpka-r999"])
+    with pytest.raises(SystemExit):
+        steptime_main(
+            ["--preset", "longrange-power-smoke", "--repeats", "3", "--out", str(tmp_path)]
+        )
