@@ -40,6 +40,7 @@ from rpka import (
     numerics,
     paths,
     pipeline,
+    results_check,
     scaling,
     study,
 )
@@ -58,17 +59,19 @@ from rpka.cli_args import (
     longctx_parser,
     make_parser,
     readable_readme,
+    refuse_committed_default,
     report_parser,
     scaling_parser,
 )
 from rpka.cli_signals import STORAGE_ERRNOS, interrupted_status, stop_on_signals
 from rpka.config import BenchConfig, LongContextConfig
 from rpka.executors import make_executor, owned
-from rpka.io import CorruptFileError, atomic_write_text, write_json
+from rpka.io import CorruptFileError, atomic_write_text, write_result_json
 from rpka.paths import resolve
 from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS, get_preset
 from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset, with_arms
 from rpka.report import readme
+from rpka.report_lock import ReportRunning, report_lock
 from rpka.swap import command as swap_command
 from rpka.tracks import get_task
 
@@ -93,7 +96,7 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
     if len(config.eval_seeds) < SEEDS_RANGE[0]:
         parser.error(f"preset {args.preset}: a paired comparison needs >= 2 evaluation seeds")
     if args.out is None:
-        _refuse_committed_default(parser, bench.default_out(config))
+        refuse_committed_default(parser, bench.default_out(config))
     args.out = resolve(args.out or bench.default_out(config))
     check_out_dir(parser, "--out", args.out)
     return config, args
@@ -120,17 +123,6 @@ def _bench_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if args.workers is not None:
         overrides["n_workers"] = args.workers
     return overrides
-
-
-def _refuse_committed_default(parser: argparse.ArgumentParser, default: str) -> None:
-    """Refuse a default output folder inside the committed study: the full preset's runs
-    would overwrite the reports git keeps. Naming the folder with ``--out`` is the ask."""
-    committed = resolve(paths.COMMITTED_RESULTS)
-    if resolve(default) == committed or committed in resolve(default).parents:
-        parser.error(
-            f"argument --out: required with this preset, whose default folder {default} "
-            f"holds the committed study (give --out {default} to rewrite it)"
-        )
 
 
 def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -266,7 +258,6 @@ def report_main(argv: Sequence[str] | None = None) -> None:
     check_out_file(parser, "--html", Path(args.html))
     if args.parallel < 1:
         parser.error(f"--parallel must be an integer >= 1, got {args.parallel}")
-    parallel = args.parallel
     if args.from_results:
         missing = study.missing_results(args.preset)
         if missing:
@@ -275,6 +266,20 @@ def report_main(argv: Sequence[str] | None = None) -> None:
                 f"missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
                 f"`python -m rpka report --preset {args.preset}` computes them"
             )
+    try:  # one report of a preset at a time: they would write the same notebooks
+        if args.from_results:  # before any notebook: each file whole, sealed, well-typed
+            unsealed = results_check.check_study(args.preset)
+            if unsealed:
+                print(results_check.unsealed_note(unsealed, args.preset), file=sys.stderr)
+        with report_lock(args.preset):
+            _run_report(args, steps)
+    except ReportRunning as err:
+        fail("report", str(err))
+
+
+def _run_report(args: argparse.Namespace, steps: list[pipeline.Step]) -> None:
+    """The checked ``report`` command, under its preset's lock: compute, run, render."""
+    parallel = args.parallel
     # A preview draws no conclusion from its timings, so its notebooks run beside the
     # stages they do not read. One torch thread per process then, as in every bench worker:
     # OpenMP's spinning threads on oversubscribed cores made the stages ~4x slower.
@@ -371,7 +376,7 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
     out = resolve(args.out or paths.decode_json(config.device))
     check_out_file(parser, "--out", out)
     result = decoding.run_decoding(config)
-    write_json(out, result)
+    write_result_json(out, result)
     print(f"{'method':>6} {'context':>8} {'ms/token':>9} {'mean':>8} {'max':>8} {'prefill ms':>11}")
     for r in result["rows"]:
         print(
@@ -408,6 +413,7 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
             f"(no {paths.bench_report(args.preset)}): `python -m rpka report --preset "
             f"{args.preset}` computes them"
         )
+    results_check.check_study(args.preset)  # every file whole, sealed, well-typed
     index = study.write_study_index(args.preset)  # study.json: where every reader starts
     print(f"study index: {paths.study_json(args.preset)} ({len(index['tracks'])} track(s))")
     block = readme.render(args.preset)

@@ -345,3 +345,14 @@ def cost_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
+
+
+def refuse_committed_default(parser: argparse.ArgumentParser, default: str) -> None:
+    """Refuse a default output folder inside the committed study: the full preset's runs
+    would overwrite the reports git keeps. Naming the folder with ``--out`` is the ask."""
+    committed = resolve(paths.COMMITTED_RESULTS)
+    if resolve(default) == committed or committed in resolve(default).parents:
+        parser.error(
+            f"argument --out: required with this preset, whose default folder {default} "
+            f"holds the committed study (give --out {default} to rewrite it)"
+        )

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from rpka import paths
 from rpka.bench import DEFAULT_DATA_DIR, job_groups
 from rpka.config import ArmConfig, BenchConfig
-from rpka.io import read_json, write_json
+from rpka.io import read_json, write_result_json
 from rpka.paths import resolve
 from rpka.presets import STUDY_TRACKS, get_preset
 from rpka.presets_longctx import get_longctx_preset
@@ -260,7 +260,7 @@ def run_cost_model(
         predicted["measured_cpu_s"] = sum(measured.values()) if measured else None
         result["benches"][label] = predicted
     result["load_average_end"] = list(os.getloadavg())
-    write_json(target, result)
+    write_result_json(target, result)
     return result
 
 

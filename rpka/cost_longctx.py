@@ -30,7 +30,7 @@ from rpka import paths
 from rpka.bench import DEFAULT_DATA_DIR, job_groups
 from rpka.config import BenchConfig, LongContextConfig
 from rpka.cost import Probe, measured_cpu_s, predict_bench, price, probe, probes_of
-from rpka.io import read_json, write_json
+from rpka.io import read_json, write_result_json
 from rpka.paths import resolve
 
 LONGCTX_COST_VERSION = 1
@@ -151,7 +151,7 @@ def price_longctx(
         "probe_cpu_s": time.process_time() - started,
     }
     result["load_average_end"] = list(os.getloadavg())
-    write_json(Path(out_file) if out_file else out / COST_FILE, result)
+    write_result_json(Path(out_file) if out_file else out / COST_FILE, result)
     return result
 
 

@@ -29,7 +29,7 @@ from torch import Tensor
 from rpka.attention import options_of
 from rpka.bench.jobs import ensure_weights
 from rpka.frontier import causal_block_of
-from rpka.io import read_json, read_run_file, write_json
+from rpka.io import read_json, read_run_file, write_result_json
 from rpka.paths import BENCH_REPORT_FILE, DROP_IN_FILE, resolve
 from rpka.quality import method_output_errors
 from rpka.spectrum import qk_norm_ratio
@@ -158,7 +158,7 @@ def drop_in(
             block = {"causal_block": causal_block} if causal_block else {}
             errors = method_output_errors(qkv, method, block, [rank], seeds=3)
             result["rows"][-1]["output_error"] = errors[0]
-    write_json(Path(out) if out is not None else bench_dir / DROP_IN_FILE, result)
+    write_result_json(Path(out) if out is not None else bench_dir / DROP_IN_FILE, result)
     return result
 
 

@@ -55,6 +55,9 @@ class InProcessExecutor(cf.Executor):
         future: cf.Future = cf.Future()
         try:
             future.set_result(fn(*args, **kwargs))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM in the job: the command stops now.
+            raise  # Kept in the future, it waited for the caller's result(): a long-context
+            # memory probe's interrupt surfaced after the whole bench (issue 43: ~1 min)
         except BaseException as err:  # delivered through the future, as a pool would
             future.set_exception(err)
         return future

@@ -221,6 +221,26 @@ def verify_payload(path: str | os.PathLike, data: dict[str, Any]) -> None:
         )
 
 
+def has_checksum(path: str | os.PathLike) -> bool:
+    """Whether the file ``path`` holds a JSON object with a :data:`CHECKSUM_KEY` (whether
+    it matches is :func:`read_json`'s check); False for one that does not parse."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and CHECKSUM_KEY in data
+
+
+def unsealed_among_sealed(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """The files of ``paths`` without a checksum (:func:`has_checksum`) when at least one
+    of them has one; none when none has (files written before checksums existed). Every
+    writer seals its results (:func:`write_result_json`), so among sealed files a missing
+    key is a deleted one: after an edit, which the checksum would have caught (issue 43)."""
+    sealed = {Path(path): has_checksum(path) for path in paths}
+    return [path for path, ok in sealed.items() if not ok] if any(sealed.values()) else []
+
+
 def write_result_json(path: str | os.PathLike, result: dict[str, Any]) -> Path:
     """Atomically write the result ``result`` (a JSON object) to ``path`` with the checksum
     of its payload (:func:`payload_sha256`, key :data:`CHECKSUM_KEY`), which every read

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -127,6 +128,15 @@ class TrackedKernelManager(AsyncKernelManager):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         TrackedKernelManager.live.add(self)
+
+    async def _async_interrupt_kernel(self) -> None:
+        """No SIGINT while shutting down: jupyter_client sends one before its shutdown
+        request, after the notebook ended, and a kernel still handling a message logged
+        "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." (issue 43: 8 of ~27
+        reports). The request alone ends it (then SIGTERM, SIGKILL: shutdown_wait_time)."""
+        if self.shutting_down:
+            return
+        await super()._async_interrupt_kernel()
 
 
 def kill_kernels() -> None:
@@ -235,6 +245,16 @@ def render_html(
     return atomic_write_text(html_path, body)
 
 
+def report_title(path: Path) -> str | None:
+    """The ``<title>`` of the report at ``path`` (None: no report there, or no title)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            found = TITLE.search(fh.read(1 << 16))  # the head: the title comes early
+    except OSError:
+        return None
+    return html.unescape(found.group(0)[len("<title>") : -len("</title>")]) if found else None
+
+
 def _relative(path: Path, start: Path) -> Path:
     try:
         return path.resolve().relative_to(start.resolve())
@@ -293,11 +313,16 @@ def run_pipeline(
             notebooks.stages_done(i)
         notebooks.stages_done(len(compute))
     outputs = [s.output for s in steps]
+    replaced = report_title(html_out)  # another preset's report there is said to go
     render_html(steps[-1].output, html_out, outputs, title)
     copy = steps[-1].output.parent / html_out.name  # reports/<preset>/: one per preset
+    written = f"report: {html_out}"
     if copy.resolve() != html_out.resolve():
         render_html(steps[-1].output, copy, outputs, title)
-    log(f"report: {html_out} (total {time.perf_counter() - total:.1f} s)")
+        written += f" (and its preset's copy {copy})"
+    if replaced is not None and title is not None and replaced != title:
+        written += f"; it replaces the report that was there: {replaced}"
+    log(f"{written} (total {time.perf_counter() - total:.1f} s)")
     for name, seconds in timings + [(s.notebook.name, s.seconds) for s in steps]:
         log(f"  {name:<24} {seconds:8.1f} s")
     return html_out
@@ -314,6 +339,18 @@ def stages_read(step: Step, compute: Sequence[Stage]) -> int:
             if any(out == path or path in out.parents or out in path.parents for path in named):
                 last = i
     return last
+
+
+BAR_REFRESH_S = 1.0  # how often the notebooks' bar is redrawn on a terminal (a log: never)
+
+
+def notebooks_bar(total: int, done: int) -> tqdm:
+    """The bar over the notebooks run side by side (their cell bars would interleave),
+    from ``done``; redrawn every second on a terminal, in a log only as notebooks end."""
+    return tqdm(
+        total=total, initial=done, desc="notebooks", unit="notebook", dynamic_ncols=True,
+        mininterval=BAR_REFRESH_S if sys.stderr.isatty() else 60.0,
+    )  # fmt: skip
 
 
 # how long an interrupted queue waits for the threads of the notebooks whose kernels it
@@ -341,6 +378,10 @@ class NotebookQueue:
     ) -> None:
         self.steps, self.parallel, self.log, self.needs = steps, parallel, log, needs
         self.bars = progress and parallel == 1  # interleaved cell bars would be unreadable
+        # side by side: one bar over the notebooks instead, once the stages' bars are done
+        self.bar: tqdm | None = None
+        self.overall = progress and parallel > 1 and len(steps) > 1
+        self.finished = 0
         self.pending = list(start_order)
         self.done, self.running, self.failures = 0, 0, []
         self.stopped = False  # interrupted: the notebooks' ends are not logged
@@ -382,6 +423,9 @@ class NotebookQueue:
                     self.log(f"{label} failed")
                 else:
                     self.log(f"{label} done in {step.seconds:.1f} s")
+                    self.finished += 1
+                    if self.bar is not None:
+                        self.bar.update()
                 self._start_ready()
             except BaseException as err:  # e.g. a closed stdout: stop here, raise it at the end
                 self.failures.append((index, err))
@@ -401,6 +445,8 @@ class NotebookQueue:
             self.stop()
             raise
         self.pool.shutdown()
+        if self.bar is not None:
+            self.bar.close()
         if self.failures and kind is None:
             raise min(self.failures, key=lambda failure: failure[0])[1]
 
@@ -412,10 +458,14 @@ class NotebookQueue:
         with self.changed:
             if stopping:
                 self.pending.clear()
+            elif self.overall and self.bar is None and (self.running or self.pending):
+                self.bar = notebooks_bar(len(self.steps), self.finished)
             while self.running or (self.pending and not self.failures):
                 if self.stopped and time.monotonic() > deadline:
                     return
-                self.changed.wait(timeout=0.1 if self.stopped else None)
+                if self.bar is not None and not self.stopped and sys.stderr.isatty():
+                    self.bar.refresh()  # its elapsed time moves while a notebook runs
+                self.changed.wait(timeout=0.1 if self.stopped else BAR_REFRESH_S)
 
     def stop(self) -> None:
         """Ctrl-C: start no notebook, kill the running ones' kernels and wait (briefly) for

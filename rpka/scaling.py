@@ -53,7 +53,7 @@ except ImportError:  # pragma: no cover - a bare GPU box with torch only: no pro
     tqdm = None
 
 from rpka.attention import build, triton_sweep
-from rpka.io import read_json, write_json
+from rpka.io import read_json, write_result_json
 from rpka.scaling_config import (
     ARM_LENGTH,  # noqa: F401 - read as scaling.ARM_LENGTH (rpka.cli)
     CONTROL,
@@ -441,7 +441,7 @@ def run_scaling(
             _add_ratios(result["rows"])
             result["elapsed_s"] = time.perf_counter() - started
             if out is not None:
-                write_json(out, result)
+                write_result_json(out, result)
         if "forward" in kinds:  # every arm's forward again, interleaved (CPU)
             _interleave_forward(config, inputs, repeats, rows, n)
             _add_ratios(result["rows"])
@@ -454,7 +454,7 @@ def run_scaling(
         result["load_warning"] = f"load average {max(loads):.2f} > {result['threads']} threads"
     result["fused_sweep"] = _fused_sweep_status(config.device)
     if out is not None:
-        write_json(out, result)
+        write_result_json(out, result)
     return result
 
 

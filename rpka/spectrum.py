@@ -34,7 +34,7 @@ from torch import Tensor
 
 from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky
 from rpka.frontier import causal_block_of
-from rpka.io import read_json, read_run_file, write_json
+from rpka.io import read_json, read_run_file, write_result_json
 from rpka.kernel_matrix import pivot_points
 from rpka.tracks import get_task
 from rpka.train import build_model, track_config_of
@@ -150,5 +150,5 @@ def bench_spectrum(
         "causal": causal,
         "heads": model_spectrum(qkv, ranks, items, draws, causal),
     }
-    write_json(bench_dir / "spectrum.json", result)
+    write_result_json(bench_dir / "spectrum.json", result)
     return result

@@ -23,7 +23,7 @@ from rpka.frontier import (
     track_frontier,
     write_frontier,
 )
-from rpka.io import read_json, read_json_checked, write_json, write_result_json
+from rpka.io import read_json, read_json_checked, write_result_json
 from rpka.paths import resolve
 from rpka.presets import RECALL_PAIRS_EPOCHS, STUDY_TRACKS
 from rpka.spectrum import bench_spectrum
@@ -313,5 +313,6 @@ def record_superseded(
             **{k: c[k] for k in ("delta_mean", "ci_low", "ci_high", "verdict") if k in c},
         }
     out = resolve(bench_dir) / paths.SUPERSEDED_FILE
-    write_json(out, {"reason": reason, "fix": fix, "metric": previous["metric"], "arms": arms})
+    superseded = {"reason": reason, "fix": fix, "metric": previous["metric"], "arms": arms}
+    write_result_json(out, superseded)
     return out

@@ -19,7 +19,7 @@ import dataclasses
 import torch
 
 from rpka.cost import predict_bench, price, probes_of
-from rpka.io import write_json
+from rpka.io import write_result_json
 from rpka.paths import resolve, results_dir
 from rpka.presets_longctx import LONGRANGE_PRESETS
 from rpka.tracks.lookup import locality
@@ -86,7 +86,7 @@ def main() -> None:
     if args.cost:
         result = cost_of(args.preset, args.steps, args.probe_eval_windows)
         print(f"total {result['predicted_cpu_s']:.0f} CPU-s")
-        write_json(out / "cost_model.json", result)
+        write_result_json(out / "cost_model.json", result)
         return
     result = locality_of(args.preset, args.windows)
     for context, entry in result["contexts"].items():
@@ -94,7 +94,7 @@ def main() -> None:
             f"{context:>5}: median {entry['median']:.0f}, p10 {entry['p10']:.0f}, p90 "
             f"{entry['p90']:.0f}, within {entry['window']}: {entry['share_within_window']:.3f}"
         )
-    write_json(out / "locality.json", result)
+    write_result_json(out / "locality.json", result)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from rpka.bench import member0_attention_inputs
 from rpka.config import BenchConfig, MechanismConfig
-from rpka.io import read_json, write_json
+from rpka.io import read_json, write_result_json
 from rpka.kernel_matrix import pivot_points
 from rpka.mechanism import trace_identity
 from rpka.stats import pooled_z
@@ -98,7 +98,7 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
     out = args.out or args.bench_dir / "mechanism_followup.json"
-    write_json(
+    write_result_json(
         out,
         {
             "what": __doc__.split("\n\n")[0],

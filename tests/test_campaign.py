@@ -4,15 +4,32 @@ committed results never moves them."""
 
 import errno
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from rpka import cli, executors, study, study_index
+from rpka import bench, checks, cli, executors, report_lock, study, study_index
 from rpka.attention import build
-from rpka.io import CorruptFileError, write_json
+from rpka.cli_signals import Interrupted
+from rpka.io import (
+    CorruptFileError,
+    has_checksum,
+    read_json,
+    write_json,
+    write_result_json,
+    write_run_file,
+)
+from rpka.presets import get_preset
 from rpka.report import readme
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _never(*args, **kwargs):
@@ -87,8 +104,33 @@ def test_an_out_name_longer_than_the_file_system_allows(main, argv, flag, tmp_pa
 
 def test_a_long_context_beyond_memory_is_refused_with_its_estimate(monkeypatch, capsys):
     monkeypatch.setattr(cli.longctx, "run_longctx", _never)
-    line = _refused(cli.longctx_main, ["--preset", "smoke", "--contexts", "50000000"], capsys)
-    assert "contexts 50000000 needs at least" in line and "GiB available" in line
+    monkeypatch.setattr(checks, "available_memory_bytes", lambda: 2**20)  # a 1 MiB machine
+    line = _refused(cli.longctx_main, ["--preset", "smoke", "--contexts", "4096"], capsys)
+    assert "contexts 4096 needs at least" in line and "GiB available" in line
+
+
+@pytest.mark.parametrize("context", ["1000000", "50000000", "16385", "7"])
+def test_a_long_context_beyond_the_range_is_refused_before_any_work(context, monkeypatch, capsys):
+    """Issue 43, finding 3: 1,000,000 tokens passed the memory check (exact attention is
+    computed in blocks) and spun in one operator that no signal stopped."""
+    monkeypatch.setattr(cli.longctx, "run_longctx", _never)
+    monkeypatch.setattr(cli.longctx, "training_step_peak_mib", _never)
+    line = _refused(cli.longctx_main, ["--preset", "smoke", "--contexts", context], capsys)
+    allowed = "contexts must be distinct integers in [8, 16384] (at least one)"
+    assert f"{allowed}, got ({context},)" in line
+
+
+def test_a_warm_start_above_every_context_is_refused(monkeypatch, capsys):
+    """Issue 43, finding 5: ``--warm-start-from 200`` with contexts 64 and 80 warm-started
+    nothing, and longctx.json's protocol said every context above 200 trained there first."""
+    monkeypatch.setattr(cli.longctx, "run_longctx", _never)
+    argv = ["--preset", "longrange-smoke", "--contexts", "64", "80"]
+    for warm in ("200", "80"):
+        line = _refused(cli.longctx_main, [*argv, "--warm-start-from", warm], capsys)
+        assert "warm_start_from must be None or an integer in [8, 79]" in line
+        assert "the contexts [64, 80]" in line and line.endswith(f"got {warm}")
+    config, _ = cli.parse_longctx([*argv, "--warm-start-from", "64"])  # 80 trains at 64 first
+    assert config.warm_start_from == 64 and config.bench_for(80).warm_start_track is not None
 
 
 def test_a_decode_context_beyond_memory_is_refused_with_its_estimate(monkeypatch, capsys):
@@ -235,3 +277,219 @@ def test_other_os_errors_still_raise(monkeypatch):
     monkeypatch.setitem(cli.COMMANDS, "bench", (other, "test"))
     with pytest.raises(OSError, match="I/O error"):
         cli.main(["bench"])
+
+
+# --------------------------------------------------------------------------- issue 43
+
+
+HOLD_LOCK = """\
+import sys, time
+from rpka.report_lock import report_lock
+with report_lock("smoke", command="python -m rpka report --preset smoke --html A.html"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_report_of_a_preset_is_refused_naming_the_running_one(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 43, finding 2: two reports of one preset at once raced on the executed
+    notebooks (one left as two JSON documents run together). The second now stops at once,
+    naming the first; the first's lock is held by its process (a flock)."""
+    monkeypatch.setattr(study.paths, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", _never)
+    env = {**os.environ, "RPKA_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert first.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        argv = ["--preset", "smoke", "--html", str(tmp_path / "B.html")]
+        line = _refused(cli.report_main, argv, capsys)
+        assert time.monotonic() - started < 5  # at once, not after the first one ends
+    finally:
+        first.kill()
+        first.wait()
+    assert f"another report of preset smoke is running in this clone (pid {first.pid}," in line
+    assert "python -m rpka report --preset smoke --html A.html" in line
+    assert not (tmp_path / "B.html").exists()
+
+
+def test_a_stale_report_lock_is_taken_over(tmp_path, monkeypatch, capsys):
+    """A report killed with SIGKILL leaves its lock file behind, naming a dead pid: the
+    next report takes it over (the lock died with its process) and removes it at its end."""
+    monkeypatch.setattr(study.paths, "REPO_ROOT", tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = report_lock.lock_path("smoke")
+    lock.parent.mkdir(parents=True)
+    lock.write_text(f"pid {dead.pid}, started 2026-12-03 10:00:00: python -m rpka report\n")
+    seen = []
+
+    def run_pipeline(steps, html, **kwargs):
+        seen.append(lock.read_text())
+
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", run_pipeline)
+    cli.report_main(["--preset", "smoke", "--html", str(tmp_path / "report.html")])
+    assert len(seen) == 1 and seen[0].startswith(f"pid {os.getpid()}, started ")
+    assert not lock.exists()
+
+
+def _standard_clone(tmp_path, monkeypatch):
+    """A copy of the committed standard study's results (and the shared scaling results)
+    in a clone rooted at ``tmp_path``; notebooks never start (``run_pipeline`` refuses)."""
+    for folder in ("data/results/standard", "data/results/scaling"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    monkeypatch.setattr(study.paths, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", _never)
+    return tmp_path / "data/results/standard"
+
+
+def _edit(path, change, keep_key=False):
+    """Edit the JSON file ``path`` by hand: ``change(data)``, its sha256 key deleted."""
+    data = json.loads(path.read_text())
+    change(data)
+    if not keep_key:
+        data.pop("sha256")
+    path.write_text(json.dumps(data, indent=2))
+
+
+def _halve_primary(data):
+    data["arms"][data["primary_arm"]]["full"]["mean"] = -123.0
+
+
+@pytest.mark.parametrize("command", ["report", "summary"])
+def test_an_edit_with_its_checksum_deleted_is_refused(command, tmp_path, monkeypatch, capsys):
+    """Issue 43, finding 1: with its key deleted, an edited bench_report.json was read as a
+    legacy file - `report --from-results` printed "test MSE -123", `summary` -123.0000."""
+    results = _standard_clone(tmp_path, monkeypatch)
+    monkeypatch.setattr(cli.study, "write_study_index", _never)
+    _edit(results / "bench_report.json", _halve_primary)
+    argv = ["--preset", "standard"]
+    if command == "report":
+        argv += ["--from-results", "--html", str(tmp_path / "r.html")]
+    assert cli.main([command, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {results / 'bench_report.json'}: has no")
+    assert "sha256 checksum though 83 other result file(s) beside it have one" in err[0]
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_legacy_study_is_read_and_its_unsealed_files_named(tmp_path, monkeypatch, capsys):
+    """A study written before checksums existed (no file has the key) is still read, and
+    `report --from-results` names what it read without a checksum."""
+    results = _standard_clone(tmp_path, monkeypatch)
+    legacy = sorted(results.rglob("*.json"))
+    for path in legacy:
+        _edit(path, lambda data: None)
+    ran = []
+    monkeypatch.setattr(cli.pipeline, "run_pipeline", lambda *a, **k: ran.append(a))
+    cli.report_main(["--preset", "standard", "--from-results", "--html", str(tmp_path / "r.html")])
+    err = capsys.readouterr().err
+    assert ran and f"note: {len(legacy)} result file(s) of preset standard carry no sha256" in err
+    assert "data/results/standard/" in err
+
+
+def test_bench_runs_again_a_run_file_whose_checksum_was_deleted(tmp_path, monkeypatch, capsys):
+    """Issue 43, finding 1: a run file with a score halved and its key deleted was resumed
+    as a legacy file (the primary arm's mean moved 0.7417 -> 0.5544, exit 0, no word). It is
+    moved aside before the bench schedules its runs, saying so, and run again."""
+    runs = tmp_path / "runs"
+    for name in ("a", "b", "c"):
+        write_run_file(runs / f"{name}.json", {"scores": {"mse": [0.74]}, "run_id": name})
+    _edit(runs / "b.json", lambda data: data["scores"].update(mse=[0.37]))
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    class Scheduler:
+        def __init__(self, config, runs_dir, *args, **kwargs):
+            seen.append(sorted(p.name for p in runs_dir.glob("*.json")))
+            raise Stop
+
+    monkeypatch.setattr(bench, "Scheduler", Scheduler)
+    with pytest.raises(Stop):
+        bench.run_bench(get_preset("smoke"), tmp_path, data_dir=tmp_path / "cache")
+    assert seen == [["a.json", "c.json"]]  # b is run again, from its configuration
+    assert len(list(runs.glob("b.json.corrupt-*"))) == 1
+    err = capsys.readouterr().err
+    assert "b.json: no sha256 checksum, though the other run files beside it have one" in err
+    legacy = tmp_path / "legacy"  # a folder written before checksums: kept as it is
+    for name in ("a", "b"):
+        write_json(legacy / f"{name}.json", {"run_id": name})
+    assert bench.set_aside_unsealed(legacy) == []
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "message"),
+    [
+        ("study.json", {"preset": "smoke", "tracks": 5},
+         "study.json: field tracks must be an object, got int 5"),
+        ("study.json", lambda data: data["tracks"]["lm"].update(bench_report=3),
+         "study.json: field tracks.lm.bench_report must be a string, got int 3"),
+        ("bench_report.json", "{not json", "bench_report.json: not valid JSON"),
+        ("bench_report.json", {"arms": []}, "bench_report.json: lacks the field config"),
+        ("lm/bench_report.json", lambda data: data["arms"]["exact"]["full"].update(mean="0.5"),
+         "lm/bench_report.json: field arms.exact.full.mean must be a number or null, got str"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_result_is_named_before_the_notebooks(
+    file, content, message, tmp_path, monkeypatch, capsys
+):
+    """Issue 43, finding 4: a mistyped study.json failed inside 06_report.ipynb
+    (AttributeError: 'int' object has no attribute 'items'), a corrupt bench_report.json
+    only through "executed copy with the traceback: .../02_sweep.ipynb". Now the file and
+    the field are named before any notebook starts - whether it is sealed or not."""
+    results = _standard_clone(tmp_path, monkeypatch)
+    path = results / file
+    if callable(content):
+        data = read_json(path)
+        content(data)
+        write_result_json(path, data)  # sealed: only the type is wrong
+    elif isinstance(content, str):
+        path.write_text(content)
+    else:
+        write_result_json(path, content)
+    argv = ["report", "--preset", "standard", "--from-results", "--html", str(tmp_path / "r.html")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and str(results) in err[0]
+
+
+def test_every_committed_result_is_sealed_and_verifies():
+    """Issue 43, finding 1: the committed studies' results - run files, longctx.json, the
+    scaling and cost results among them - carry their checksum (scripts/seal_results.py
+    added it, no value changed), so a deleted key is refused among them, not read as a
+    legacy file; each one matches its checksum."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "data/results/full", "data/results/standard", "data/results/scaling"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    files = [ROOT / name for name in tracked if name.endswith(".json")]
+    assert len(files) > 300
+    assert [path for path in files if not has_checksum(path)] == []
+    for path in files:
+        read_json(path)  # raises on a checksum that does not match
+
+
+def test_an_interrupt_in_a_memory_probe_stops_the_long_context_study_at_once(
+    tmp_path, monkeypatch
+):
+    """Issue 43, finding 3: with one worker the jobs run in-process, and SIGTERM during
+    the memory probe (queued before the bench) was kept in the probe's future: the bench
+    ran on, and the command stopped only once it ended (57 s at 16,384 tokens, measured).
+    The interrupt now stops it where it comes."""
+    config = cli.parse_longctx(["--preset", "smoke", "--out", str(tmp_path)])[0]
+
+    def interrupted(run_config):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(cli.longctx, "training_step_peak_mib", interrupted)
+    monkeypatch.setattr(cli.longctx, "run_bench", _never)
+    with pytest.raises(Interrupted):
+        cli.longctx.run_longctx(
+            config, tmp_path, executors.InProcessExecutor(), False, tmp_path / "cache"
+        )

@@ -5,7 +5,7 @@ import pytest
 
 from rpka import cli, cost
 from rpka.bench import InProcessExecutor, run_bench
-from rpka.io import read_json
+from rpka.io import has_checksum, read_json
 from rpka.presets import STANDARD_TRAINING_BUDGET_CPU_S, STUDY_TRACKS, get_preset
 from rpka.report import readme
 
@@ -112,6 +112,7 @@ def test_the_command_writes_the_predictions_of_the_benches_asked_for(tmp_path, c
         ["--preset", "smoke", "--benches", "lm", "--steps", "1", "--out", str(out), "--no-progress"]
     )
     assert read_json(out) == result
+    assert has_checksum(out)  # sealed: an edit is refused on read (issue 43)
     assert list(result["benches"]) == ["lm"]
     assert result["benches"]["lm"]["predicted_cpu_s"] > 0
     assert "`lm`" in capsys.readouterr().out  # the table is printed

@@ -12,6 +12,7 @@ from rpka.bench import InProcessExecutor
 from rpka.cli import parse_longctx
 from rpka.config import BenchConfig
 from rpka.curriculum import first_stage_config, stretched_state
+from rpka.io import has_checksum
 from rpka.presets_longctx import LONGRANGE_PRESETS, get_longctx_preset
 from rpka.run_config import make_run_config, run_id
 from rpka.train import build_model, setup_run, track_config_of, train_run
@@ -171,3 +172,4 @@ def test_the_study_names_its_curriculum(tmp_path):
     )
     assert f"trained first at {SHORT} tokens" in result["protocol"]
     assert result["config"]["warm_start_from"] == SHORT
+    assert has_checksum(tmp_path / "out" / longctx.FILE_NAME)  # sealed (issue 43)

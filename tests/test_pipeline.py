@@ -398,3 +398,31 @@ def test_a_log_that_breaks_stops_the_run_instead_of_hanging_it(plotting_notebook
     assert not thread.is_alive(), "the pipeline hung"
     assert outcome and isinstance(outcome[0], BrokenPipeError)
     assert not (tmp_path / "r.html").exists()
+
+
+def test_side_by_side_one_bar_over_the_notebooks_and_the_files_written_named(tmp_path, capsys):
+    """Issue 43, first-hour polish: side by side the notebooks showed no bar (their cell
+    bars are off: they would interleave) - now one bar over them; and the report named the
+    file it wrote but not its preset's copy, nor that it replaced another preset's report
+    (`--from-results --preset full` overwrote reports/rpka_report.html unannounced)."""
+    steps = []
+    for i in range(2):
+        nb = write_notebook(tmp_path / f"{i}.ipynb", [new_code_cell(f"print({i})")])
+        steps.append(Step(nb, tmp_path / "o" / f"{i}.ipynb", {}))
+    html_out = tmp_path / "rpka_report.html"
+    before = "RPKA study report (standard preset, commit abc1234)"
+    html_out.write_text(f"<html><head><title>{before}</title></head><body></body></html>")
+    lines = []
+    title = "RPKA study report (full preset, commit def5678)"
+    run_pipeline(steps, html_out, progress=True, log=lines.append, parallel=2, title=title)
+    bars = [line for line in capsys.readouterr().err.split("\r") if "notebooks" in line]
+    assert bars and "2/2" in bars[-1], bars
+    assert len(bars) <= 4, bars  # in a log (not a terminal): drawn as notebooks end only
+    written = next(line for line in lines if line.startswith("report: "))
+    copy = tmp_path / "o" / "rpka_report.html"
+    assert written.startswith(f"report: {html_out} (and its preset's copy {copy}); ")
+    assert f"it replaces the report that was there: {before} (total " in written
+    assert copy.exists() and title in html_out.read_text()
+    lines.clear()
+    run_pipeline(steps, html_out, progress=False, log=lines.append, parallel=2, title=title)
+    assert "replaces" not in next(line for line in lines if line.startswith("report: "))

@@ -8,6 +8,7 @@ import torch
 
 from rpka import bench
 from rpka.attention.rpcholesky import gaussian_kernel
+from rpka.io import has_checksum
 from rpka.kernel_matrix import pivot_points
 from rpka.presets import get_preset
 from rpka.spectrum import bench_spectrum, head_spectrum
@@ -53,7 +54,7 @@ def test_sharp_random_heads_have_no_kernel_structure_but_clustered_ones_do():
 def test_bench_spectrum_reads_exacts_trained_model(tmp_path):
     bench.run_bench(get_preset("smoke", "recall"), tmp_path, progress=False)
     result = bench_spectrum(tmp_path, ranks=(4, 8), items=1, draws=1)
-    assert (tmp_path / "spectrum.json").exists() and result["track"] == "recall"
+    assert has_checksum(tmp_path / "spectrum.json") and result["track"] == "recall"
     assert result["causal"]  # recall is causal: its attention matrix is masked
     head = result["heads"][0]
     assert head["ranks"] == [4, 8] and len(head["residual_rpc"]) == 2

@@ -39,6 +39,7 @@ import concurrent.futures as cf
 import os
 import time
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 from rpka import paths
@@ -83,7 +84,7 @@ from rpka.bench.studies import (
 from rpka.config import BenchConfig
 from rpka.executors import InProcessExecutor, owned
 from rpka.executors import local_executor as default_executor
-from rpka.io import write_result_json
+from rpka.io import CHECKSUM_KEY, quarantine, unsealed_among_sealed, write_result_json
 from rpka.paths import resolve
 from rpka.seed_data import naive_baselines_of
 from rpka.tracks.cache import DEFAULT_DATA_DIR
@@ -118,6 +119,7 @@ __all__ = [  # what other modules, scripts and tests import from rpka.bench
     "run_studies",
     "run_to_file",
     "seed_groups",
+    "set_aside_unsealed",
     "study_mechanism",
     "study_output_errors",
     "summary",
@@ -166,6 +168,7 @@ def run_bench(
     naive = naive_baselines_of(config, track, data_dir)  # per seed's data where each has its own
     t_data = time.perf_counter()
 
+    set_aside_unsealed(runs_dir)
     scheduler = Scheduler(config, runs_dir, data_dir, progress, started=t_data)
     if executor is None:  # the bench's own: aborted on an exception
         executor = default_executor(config.n_workers)
@@ -196,3 +199,17 @@ def run_bench(
     report["timings"] = timings(config, runs, phases, (load_start, load_average()))
     write_result_json(out / "bench_report.json", report)  # with its checksum, verified on read
     return report
+
+
+def set_aside_unsealed(runs_dir: Path) -> list[Path]:
+    """Move aside the run files in ``runs_dir`` that carry no checksum while others there
+    do (``rpka.io.unsealed_among_sealed``: a checksum deleted after an edit), saying so
+    for each; the bench runs them again. A folder of legacy files (none sealed) is kept."""
+    unsealed = unsealed_among_sealed(sorted(runs_dir.glob("*.json")))
+    for path in unsealed:
+        quarantine(
+            path,
+            f"{path}: no {CHECKSUM_KEY} checksum, though the other run files beside it have "
+            f"one (edited, and its checksum deleted?)",
+        )
+    return unsealed
