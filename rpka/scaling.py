@@ -41,7 +41,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,8 +51,9 @@ try:
 except ImportError:  # pragma: no cover - a bare GPU box with torch only: no progress bar
     tqdm = None
 
+from rpka import numerics
 from rpka.attention import build, triton_sweep
-from rpka.io import read_json, write_result_json
+from rpka.io import write_result_json
 from rpka.scaling_config import (
     ARM_LENGTH,  # noqa: F401 - read as scaling.ARM_LENGTH (rpka.cli)
     CONTROL,
@@ -327,19 +327,6 @@ def config_record(config: ScalingConfig) -> dict:
     )
 
 
-def resume_or_run_scaling(
-    config: ScalingConfig, out: str | os.PathLike, progress: bool = True, preset: str | None = None
-) -> dict:
-    """The scaling result at ``out`` if it was measured with ``config``, else
-    :func:`run_scaling`. A timing is a measurement of a machine, not a computation: a study
-    that resumes keeps its committed one (``python -m rpka scaling`` measures anew)."""
-    if Path(out).exists():
-        committed = read_json(out)
-        if committed.get("config") == config_record(config):
-            return committed
-    return run_scaling(config, progress=progress, out=out, preset=preset)
-
-
 def _header(config: ScalingConfig, preset: str | None) -> dict:
     return {
         "preset": preset,
@@ -371,6 +358,7 @@ def _header(config: ScalingConfig, preset: str | None) -> dict:
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "threads": torch.get_num_threads(),
+        "numerics": numerics.record(),  # pinned or native kernels (rpka.numerics)
         "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "rows": [],
     }

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from rpka import numerics
 from rpka.attention import build
 from rpka.io import write_json
 
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> dict:
         "harness": "rpka.scaling_timing (interleaved, CPU time beside wall time)",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "threads": torch.get_num_threads(),
+        "numerics": numerics.record(),  # pinned or native kernels (rpka.numerics)
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "shapes": f"q, k, v: (1, {args.batch_heads}, n, {args.head_dim}) float32",

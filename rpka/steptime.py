@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from scipy import stats as scipy_stats
 
+from rpka import numerics
 from rpka.bench import DEFAULT_DATA_DIR
 from rpka.checks import require
 from rpka.config import BenchConfig, LongContextConfig
@@ -168,6 +169,7 @@ def run_steptime(
         "repeats": repeats,
         "warmup": warmup,
         "torch_threads": 1,
+        "numerics": numerics.record(),  # the protocol times native kernels: rpka.numerics
         "load_average_start": load_average(),
         "contexts": {},
     }

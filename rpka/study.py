@@ -229,7 +229,7 @@ def _study_steps(
         *(bench_step(name) for name in STUDY_TRACKS),
         (
             "scaling (CPU)",
-            lambda: scaling.resume_or_run_scaling(
+            lambda: resume_or_run_scaling(
                 scaling_config.PRESETS[SCALING_PRESET[preset]],
                 resolve(paths.scaling_cpu_json(preset)),
                 progress=progress,
@@ -248,6 +248,23 @@ def _study_steps(
             (paths.study_json(preset), paths.frontier_json(preset)),
         ),
     ]
+
+
+def resume_or_run_scaling(
+    config: scaling_config.ScalingConfig,
+    out: str | os.PathLike,
+    progress: bool = True,
+    preset: str | None = None,
+) -> dict:
+    """The scaling result at ``out`` if it was measured with ``config``, else
+    :func:`rpka.scaling.run_scaling`. A timing is a measurement of a machine, not a
+    computation: a study that resumes keeps its committed one, so a clone's first `make
+    report` leaves it as committed (``python -m rpka scaling`` measures anew)."""
+    if Path(out).exists():
+        committed = read_json(out)
+        if committed.get("config") == scaling.config_record(config):
+            return committed
+    return scaling.run_scaling(config, progress=progress, out=out, preset=preset)
 
 
 def missing_results(preset: str) -> list[str]:

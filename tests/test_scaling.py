@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from rpka import cli, scaling, scaling_config
+from rpka import cli, scaling, scaling_config, study
 from rpka.io import read_json
 
 
@@ -135,8 +135,8 @@ def test_a_study_resumes_its_measured_timing_and_remeasures_another_config(tmp_p
     out = tmp_path / "scaling.json"
     scaling.run_scaling(tiny(), progress=False, out=out)
     before = out.read_bytes()
-    scaling.resume_or_run_scaling(tiny(), out, progress=False)
+    study.resume_or_run_scaling(tiny(), out, progress=False)
     assert out.read_bytes() == before
-    remeasured = scaling.resume_or_run_scaling(tiny(lengths=(32,)), out, progress=False)
+    remeasured = study.resume_or_run_scaling(tiny(lengths=(32,)), out, progress=False)
     assert {r["n"] for r in remeasured["rows"]} == {32}
     assert read_json(out)["config"]["lengths"] == [32]
