@@ -156,6 +156,7 @@ DEFAULT_OUT = {
     "cpu": paths.scaling_json("cpu"),
     "gpu": paths.GPU_SCALING_JSON,
     "tiny": paths.scaling_json("tiny"),
+    "standard": paths.scaling_cpu_json("standard"),  # the standard study's own sweep
 }
 
 

@@ -140,3 +140,9 @@ def test_a_study_resumes_its_measured_timing_and_remeasures_another_config(tmp_p
     remeasured = study.resume_or_run_scaling(tiny(lengths=(32,)), out, progress=False)
     assert {r["n"] for r in remeasured["rows"]} == {32}
     assert read_json(out)["config"]["lengths"] == [32]
+
+
+def test_every_scaling_preset_has_its_default_result_file():
+    """``python -m rpka scaling --preset P`` writes somewhere for every P it offers (the
+    standard study's sweep had none: a KeyError before any work)."""
+    assert set(scaling_config.DEFAULT_OUT) == set(scaling_config.PRESETS)
