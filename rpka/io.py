@@ -241,17 +241,39 @@ def unsealed_among_sealed(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return [path for path, ok in sealed.items() if not ok] if any(sealed.values()) else []
 
 
-def write_result_json(path: str | os.PathLike, result: dict[str, Any]) -> Path:
+# what a resumed study measures anew although its result is the same: the time and load of
+# the resume itself. A report that differs from the file only there keeps the file (and so
+# the timings of the runs that made it): a clone's `make report` leaves it as committed.
+RESUME_VOLATILE_KEYS = frozenset(
+    {"timings", "wall_s", "run_time_s", "load_average_start", "load_average_end"}
+)
+
+
+def without_keys(obj: Any, keys: frozenset[str]) -> Any:
+    """``obj`` with the dict entries named in ``keys`` removed at every depth."""
+    if isinstance(obj, dict):
+        return {k: without_keys(v, keys) for k, v in obj.items() if k not in keys}
+    if isinstance(obj, list):
+        return [without_keys(v, keys) for v in obj]
+    return obj
+
+
+def write_result_json(
+    path: str | os.PathLike, result: dict[str, Any], volatile: frozenset[str] = frozenset()
+) -> Path:
     """Atomically write the result ``result`` (a JSON object) to ``path`` with the checksum
     of its payload (:func:`payload_sha256`, key :data:`CHECKSUM_KEY`), which every read
     (:func:`read_json`, :func:`read_json_checked`) verifies. NaN/inf are written as null,
     as :func:`write_json` does; ``result`` itself is not changed. A file at ``path`` that
-    already holds this payload is left as it is: writing the study index again over
-    committed results written before checksums existed changes no committed byte."""
+    already holds this payload - apart from the keys in ``volatile``, at any depth (e.g.
+    :data:`RESUME_VOLATILE_KEYS`) - is left as it is: writing the study index again over
+    committed results changes no committed byte."""
     payload = json.loads(json.dumps(_finite(result)))  # exactly what will be read back
     payload.pop(CHECKSUM_KEY, None)
     try:
-        if Path(path).exists() and read_json(path) == payload:
+        if Path(path).exists() and without_keys(read_json(path), volatile) == without_keys(
+            payload, volatile
+        ):
             return Path(path)
     except (OSError, ValueError):  # unreadable or corrupt (CorruptFileError): written anew
         pass

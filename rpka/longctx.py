@@ -53,7 +53,7 @@ from rpka.bench import (
 from rpka.checks import require_memory
 from rpka.config import BenchConfig, LongContextConfig
 from rpka.executors import owned
-from rpka.io import read_json, write_result_json
+from rpka.io import RESUME_VOLATILE_KEYS, read_json, write_result_json
 from rpka.paths import resolve
 from rpka.run_config import make_run_config
 from rpka.scaling import peak_memory_mib
@@ -186,10 +186,11 @@ def run_longctx(
             result["rows"] += context_rows(bench, report, memory)
             result["per_context"][str(context)] = context_entry(report, bench_dir, out)
             result["wall_s"] = time.perf_counter() - started
-            write_result_json(out / FILE_NAME, result)
+            write_result_json(out / FILE_NAME, result, RESUME_VOLATILE_KEYS)
     result["load_average_end"] = _load_average()
     result["wall_s"] = time.perf_counter() - started
-    return read_json(write_result_json(out / FILE_NAME, result))  # as saved: NaN/inf null
+    # as saved (NaN/inf null); a resumed study keeps the file its runs wrote
+    return read_json(write_result_json(out / FILE_NAME, result, RESUME_VOLATILE_KEYS))
 
 
 def header(config: LongContextConfig) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from rpka.frontier import (
     track_frontier,
     write_frontier,
 )
-from rpka.io import read_json, read_json_checked, write_result_json
+from rpka.io import RESUME_VOLATILE_KEYS, read_json, read_json_checked, write_result_json
 from rpka.paths import resolve
 from rpka.presets import RECALL_PAIRS_EPOCHS, STUDY_TRACKS
 from rpka.spectrum import bench_spectrum
@@ -105,7 +105,7 @@ def write_study_index(
         "preset": preset, "tracks": entries, "missing": missing, "longctx": longctx,
         paths.LONGRANGE: longrange, "extensions": extensions,
     }  # fmt: skip
-    write_result_json(out / paths.STUDY_FILE, index)
+    write_result_json(out / paths.STUDY_FILE, index, RESUME_VOLATILE_KEYS)
     # the rank frontier of the tracks that need attention (a gap to recover needs a gate)
     gated = {
         name: out / entry["bench_report"]

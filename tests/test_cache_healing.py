@@ -11,6 +11,7 @@ from rpka import report
 from rpka.bench import ensure_weights, run_bench
 from rpka.executors import InProcessExecutor
 from rpka.io import (
+    RESUME_VOLATILE_KEYS,
     CorruptFileError,
     config_hash,
     file_sha256,
@@ -362,6 +363,24 @@ def test_result_json_round_trip(tmp_path):
     assert path.read_bytes() == legacy  # over committed results): the file is left as it is
     write_result_json(path, {**expected, "n": [3]})  # a new result: written, with a checksum
     assert read_json(path)["n"] == [3] and "sha256" in json.loads(path.read_text())
+
+
+def test_a_resumed_report_keeps_the_file_its_runs_wrote(tmp_path):
+    """Only the resume's own timings differ (RESUME_VOLATILE_KEYS, at any depth): the file
+    and its original timings stay, so a clone's `make report` leaves it as committed; a
+    changed score is written."""
+    path = tmp_path / "bench_report.json"
+    first = {"arms": {"exact": {"mean": 0.5, "wall_s": 90.0}}, "timings": {"total_s": 600.0}}
+    write_result_json(path, first, RESUME_VOLATILE_KEYS)
+    before = path.read_bytes()
+    resumed = {"arms": {"exact": {"mean": 0.5, "wall_s": 0.1}}, "timings": {"total_s": 0.2}}
+    write_result_json(path, resumed, RESUME_VOLATILE_KEYS)
+    assert path.read_bytes() == before
+    write_result_json(path, resumed)  # without volatile keys every difference counts
+    assert read_json(path)["timings"] == {"total_s": 0.2}
+    moved = {**resumed, "arms": {"exact": {"mean": 0.6, "wall_s": 0.1}}}
+    write_result_json(path, moved, RESUME_VOLATILE_KEYS)
+    assert read_json(path)["arms"]["exact"]["mean"] == 0.6
 
 
 @pytest.mark.parametrize("name", ["mechanism.json", "study.json", "frontier.json"])

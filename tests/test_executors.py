@@ -16,6 +16,7 @@ import rpka.bench as bench
 from rpka import cli
 from rpka.bench import run_bench
 from rpka.executors import EXECUTOR_KINDS, InProcessExecutor, local_executor, make_executor
+from rpka.io import without_keys
 from rpka.presets import get_preset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,17 +108,8 @@ def _run_files(out: Path) -> dict[str, dict]:
         for f in files
     }
     report = json.loads((out / "bench_report.json").read_text())
-    runs["bench_report.json"] = _without(report, VARYING_KEYS | {"timings"})
+    runs["bench_report.json"] = without_keys(report, frozenset(VARYING_KEYS | {"timings"}))
     return runs
-
-
-def _without(obj: object, keys: set[str]) -> object:
-    """``obj`` with the dict entries named in ``keys`` removed at every depth."""
-    if isinstance(obj, dict):
-        return {k: _without(v, keys) for k, v in obj.items() if k not in keys}
-    if isinstance(obj, list):
-        return [_without(v, keys) for v in obj]
-    return obj
 
 
 # the smoke study without its driver-side studies, one epoch, two workers: the runs the

@@ -84,7 +84,13 @@ from rpka.bench.studies import (
 from rpka.config import BenchConfig
 from rpka.executors import InProcessExecutor, owned
 from rpka.executors import local_executor as default_executor
-from rpka.io import CHECKSUM_KEY, quarantine, unsealed_among_sealed, write_result_json
+from rpka.io import (
+    CHECKSUM_KEY,
+    RESUME_VOLATILE_KEYS,
+    quarantine,
+    unsealed_among_sealed,
+    write_result_json,
+)
 from rpka.paths import resolve
 from rpka.seed_data import naive_baselines_of
 from rpka.tracks.cache import DEFAULT_DATA_DIR
@@ -197,7 +203,8 @@ def run_bench(
         "total_s": t_end - t_start,
     }
     report["timings"] = timings(config, runs, phases, (load_start, load_average()))
-    write_result_json(out / "bench_report.json", report)  # with its checksum, verified on read
+    # with its checksum, verified on read; a resumed bench keeps the timings of its runs
+    write_result_json(out / "bench_report.json", report, RESUME_VOLATILE_KEYS)
     return report
 
 
