@@ -188,7 +188,9 @@ def test_bad_inputs_name_the_parameter(name):
         attn(q, bad, v)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+# float32 only: float64 keeps the old single chunk (rpka.attention.nystrom: under pinned
+# numerics MKL's float64 GEMM rounds differently with the chunk's row count)
+@pytest.mark.parametrize("dtype", [torch.float32])
 def test_inference_chunks_are_bitwise_the_old_single_chunk(monkeypatch, dtype):
     """Issue 39: the chunked (inference) estimate streams in the training path's cache-sized
     chunks on a CPU; at 2,048 tokens, B*H = 8, d = 64 the old 32 MiB budget held the whole
