@@ -134,3 +134,20 @@ def test_the_layout_names_every_module():
     assert not unnamed, f"modules without a line in docs/layout.md: {unnamed}"
     stale = [n for n in names if not n.endswith("/") and not fnmatch.filter(modules, n)]
     assert not stale, f"docs/layout.md lines naming no module: {stale}"
+
+
+def _generated_block() -> str:
+    return README[README.index("<!-- BEGIN rpka summary") : README.index("<!-- END rpka summary")]
+
+
+def test_the_readmes_hand_written_numbers_are_the_generated_blocks():
+    """The few numbers outside the generated block (issue 43: findings once, numbers from the
+    results) are the block's own: the full study's recorded training CPU-s (its cost table's
+    total) and the length from which the attention op is faster (its targets table)."""
+    block, outside = _generated_block(), README.replace(_generated_block(), "")
+    total = re.search(r"^\| total\s*\|\s*\d+\s*\|\s*(\d+)\s*\|\s*(\d+)", block, re.M)
+    assert total, "the block's cost table has no total row"
+    cpu_s, minutes = int(total.group(1)), int(total.group(2))
+    assert f"{cpu_s:,} CPU-s of training runs, ~{round(minutes / 60)} h on 2 cores" in outside
+    faster = re.search(r"faster than exact from n = ([\d,]+) on\s*\|[^|]*\|\s*met", block)
+    assert faster and f"from about {faster.group(1)} tokens" in outside
