@@ -20,7 +20,7 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 .PHONY: setup test report lab lint clean-results help
 
 help:
-	@echo "make report [PRESET=smoke|quick|standard|full]   run the study (default standard: ~30 min) and render reports/<preset>/rpka_report.html"
+	@echo "make report [PRESET=smoke|quick|standard|full]   run the study (default standard: a fresh clone resumes the committed runs, ~4 min; ~30 min from scratch) and render reports/<preset>/rpka_report.html"
 	@echo "make test                               the whole test suite (pytest + nbval + ruff)"
 	@echo "make lab                                open the notebooks in JupyterLab (kernel: Python (rpka))"
 	@echo "make setup TORCH_SPEC='torch==2.13.0'   (re)install with another torch (e.g. a CUDA build)"

@@ -1,5 +1,6 @@
-"""The README a new user reads first: every command's options, licence and citation, and no
-path that a clone does not have (issue 17 item 8)."""
+"""The README a new user reads first: at most 250 lines, licence and citation, links that
+resolve, and no path that a clone does not have (issue 17 item 8, issue 43 item 2); every
+command's options in docs/cli.md and every module in docs/layout.md, where they moved."""
 
 import fnmatch
 import re
@@ -12,11 +13,13 @@ from rpka import cli
 from rpka.paths import REPO_ROOT
 
 README = (REPO_ROOT / "README.md").read_text()
+CLI_DOC = (REPO_ROOT / "docs" / "cli.md").read_text()
 
 
 def _command_line_section() -> str:
-    start = README.index("\n## Command line\n")
-    return README[start : README.index("\n## ", start + 1)]
+    """docs/cli.md's "## Command line" section (moved there from the README, issue 43)."""
+    start = CLI_DOC.index("\n## Command line\n")
+    return CLI_DOC[start : CLI_DOC.index("\n## ", start + 1)]
 
 
 @pytest.mark.parametrize("command", cli.COMMANDS)
@@ -33,7 +36,7 @@ def test_the_readme_lists_every_option_of_every_command(command, capsys):
     # optional in brackets; a required one (bench's --preset) first, without
     listed = rf"(\[|^python -m rpka {command}\s+)"
     missing = sorted(o for o in options if not re.search(listed + rf"{o}\b", "\n".join(block)))
-    assert block and not missing, f"README's `{command}` lacks {missing}"
+    assert block and not missing, f"docs/cli.md's `{command}` lacks {missing}"
 
 
 def test_licence_and_citation_exist_and_agree():
@@ -51,6 +54,51 @@ def test_the_licence_is_an_spdx_string():
 
 def test_usage_comes_before_the_generated_results():
     assert README.index("## Command line") < README.index("<!-- BEGIN rpka summary")
+    assert "[`docs/cli.md`](docs/cli.md)" in README
+
+
+def test_the_readme_has_at_most_250_lines():
+    """The first screen stays the answer and the two commands; details live in docs/."""
+    assert len(README.splitlines()) <= 250
+
+
+def test_the_first_screen_gives_the_two_commands():
+    assert README.index("make report") < README.index("\n## ")
+    assert README.index("make test") < README.index("\n## ")
+
+
+def _tracked() -> set[str]:
+    out = subprocess.run(
+        ["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    return set(out.splitlines())
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/cli.md", "docs/layout.md", "docs/study.md"])
+def test_every_relative_link_points_to_a_tracked_file(doc):
+    """A link a reader follows from a clone: the file exists and is committed."""
+    text = (REPO_ROOT / doc).read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    relative = [t for t in targets if "://" not in t and not t.startswith("mailto:")]
+    assert relative
+    base = (REPO_ROOT / doc).parent
+    resolved = {t: str((base / t).resolve().relative_to(REPO_ROOT)) for t in relative}
+    tracked = _tracked()
+    if not tracked:  # not a git checkout: the files at least
+        missing = [t for t, p in resolved.items() if not (REPO_ROOT / p).exists()]
+    else:
+        missing = [t for t, p in resolved.items() if p not in tracked]
+    assert not missing, f"{doc} links to files a clone lacks: {missing}"
+
+
+def test_make_help_names_the_readmes_default_preset():
+    """`make help` and the README agree on what `make report` runs by default."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    (line,) = [x for x in makefile.splitlines() if "make report [PRESET=" in x]
+    assert "default standard" in line
+    assert "the **standard study** (the default preset, `PRESET=standard`" in README
+    for phrase in ("resumes the committed runs", "from scratch"):
+        assert phrase in line and phrase in README
 
 
 def test_no_tracked_file_points_outside_the_clone():
@@ -76,13 +124,30 @@ def test_no_tracked_file_points_outside_the_clone():
 
 
 def test_the_layout_names_every_module():
-    """Every module of the package has its line in the README's layout block (a name or a
+    """Every module of the package has its line in docs/layout.md's block (a name or a
     pattern such as ``rpka/report/figures_*.py``), and every line names an existing one."""
-    readme = (REPO_ROOT / "README.md").read_text()
-    block = readme[readme.index("## Layout") : readme.index("## Licence")]
+    layout = (REPO_ROOT / "docs" / "layout.md").read_text()
+    block = layout[layout.index("## Layout") :]
     names = [line.split()[0] for line in block.splitlines() if line.startswith("rpka/")]
     modules = [str(p.relative_to(REPO_ROOT)) for p in sorted((REPO_ROOT / "rpka").rglob("*.py"))]
     unnamed = [m for m in modules if not any(fnmatch.fnmatch(m, n) for n in names)]
-    assert not unnamed, f"modules without a line in the README's layout: {unnamed}"
+    assert not unnamed, f"modules without a line in docs/layout.md: {unnamed}"
     stale = [n for n in names if not n.endswith("/") and not fnmatch.filter(modules, n)]
-    assert not stale, f"README layout lines naming no module: {stale}"
+    assert not stale, f"docs/layout.md lines naming no module: {stale}"
+
+
+def _generated_block() -> str:
+    return README[README.index("<!-- BEGIN rpka summary") : README.index("<!-- END rpka summary")]
+
+
+def test_the_readmes_hand_written_numbers_are_the_generated_blocks():
+    """The few numbers outside the generated block (issue 43: findings once, numbers from the
+    results) are the block's own: the full study's recorded training CPU-s (its cost table's
+    total) and the length from which the attention op is faster (its targets table)."""
+    block, outside = _generated_block(), README.replace(_generated_block(), "")
+    total = re.search(r"^\| total\s*\|\s*\d+\s*\|\s*(\d+)\s*\|\s*(\d+)", block, re.M)
+    assert total, "the block's cost table has no total row"
+    cpu_s, minutes = int(total.group(1)), int(total.group(2))
+    assert f"{cpu_s:,} CPU-s of training runs, ~{round(minutes / 60)} h on 2 cores" in outside
+    faster = re.search(r"faster than exact from n = ([\d,]+) on\s*\|[^|]*\|\s*met", block)
+    assert faster and f"from about {faster.group(1)} tokens" in outside

@@ -130,13 +130,15 @@ def test_readme_block_matches_the_committed_full_study():
     )
 
 
-def test_readme_python_example_runs():
-    """The README's usage example is code a reader will paste: it must run as written."""
-    readme_md = resolve("README.md").read_text()
-    blocks = [b.split("```", 1)[0] for b in readme_md.split("```python\n")[1:]]
-    assert blocks, "README has no python example"
+@pytest.mark.parametrize("doc", ["README.md", "docs/cli.md"])
+def test_readme_python_example_runs(doc):
+    """The README's usage example (and docs/cli.md's, moved there from the README) is code a
+    reader will paste: it must run as written."""
+    text = resolve(doc).read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert blocks, f"{doc} has no python example"
     for block in blocks:
-        exec(compile(block, "README.md", "exec"), {})
+        exec(compile(block, doc, "exec"), {})
 
 
 # ------------------------------------------------------------------ the report's prose and tables
