@@ -210,28 +210,35 @@ LONGRANGE_CONTEXTS = (512, 1024, 2048)
 # The positive control: a rank >= the 2n joint points at every length of the study (RPKA is
 # softmax attention there by Nystrom's identity, without a draw: rpka.attention.rpka)
 LONGRANGE_FULL_RANK = 2 * max(LONGRANGE_CONTEXTS)
+# the long-range studies' structure in seconds (tests): a short context, a narrow window,
+# the curriculum from 64 tokens and the positive control
+LONGRANGE_SMOKE: dict[str, Any] = {
+    "train_windows": 16,
+    "eval_windows": 8,
+    "ranks": (4, 8, 160),
+    "window": 8,
+    "track": dataclasses.replace(LONGRANGE_TRACK, min_distance=24, n_copies=2),
+    "warm_start_from": 64,
+    "model": dataclasses.replace(
+        LONGCTX_MODEL, d_model=8, n_heads=1, d_ff=16, embed_kernel=5
+    ),
+    "train": TrainConfig(epochs=1, batch_size=8, warmup_steps=0),
+    "primary_arm": "rpka-r8",
+    "positive_control_arm": "rpka-r160",
+    "learning_rates": (1e-2,),
+    "sweep_seeds": (0,),
+    "n_workers": 1,
+    "seeds_per_job": 2,
+}
 LONGRANGE_PRESETS: dict[str, LongContextConfig] = {
     # the study's structure in seconds (tests): a short context, a narrow window, the
     # curriculum from the first context and the positive control
     "longrange-smoke": _longrange(
         "longrange-smoke",
         contexts=(64, 80),
-        train_windows=16,
-        eval_windows=8,
-        ranks=(4, 8, 160),
         peers=(peer_arm("nystrom-uniform", 8),),
-        window=8,
-        track=dataclasses.replace(LONGRANGE_TRACK, min_distance=24, n_copies=2),
-        warm_start_from=64,
-        model=dataclasses.replace(LONGCTX_MODEL, d_model=8, n_heads=1, d_ff=16, embed_kernel=5),
-        train=TrainConfig(epochs=1, batch_size=8, warmup_steps=0),
-        primary_arm="rpka-r8",
-        positive_control_arm="rpka-r160",
-        learning_rates=(1e-2,),
-        sweep_seeds=(0,),
         eval_seeds=(100, 101),
-        n_workers=1,
-        seeds_per_job=2,
+        **LONGRANGE_SMOKE,
     ),
     # The study (issue 27): 512, 1,024 and 2,048 tokens, the same model and training at
     # every length (500 steps of batch 8; above 512 after the same 500 at 512), 8 evaluation
@@ -304,23 +311,10 @@ def _power_arms(ranks: tuple[int, ...]) -> tuple[ArmConfig, ...]:
 LONGRANGE_PRESETS["longrange-power-smoke"] = _longrange(  # its structure in seconds (tests)
     "longrange-power-smoke",
     contexts=(72, 80),
-    train_windows=16,
-    eval_windows=8,
-    ranks=(4, 8, 160),
     peers=_power_arms((4, 8)),
-    window=8,
-    track=dataclasses.replace(LONGRANGE_TRACK, min_distance=24, n_copies=2),
-    warm_start_from=64,
-    model=dataclasses.replace(LONGCTX_MODEL, d_model=8, n_heads=1, d_ff=16, embed_kernel=5),
-    train=TrainConfig(epochs=1, batch_size=8, warmup_steps=0),
-    primary_arm="rpka-r8",
-    positive_control_arm="rpka-r160",
-    learning_rates=(1e-2,),
-    sweep_seeds=(0,),
     eval_seeds=(100, 101, 102),
     data_per_seed=True,
-    n_workers=1,
-    seeds_per_job=2,
+    **LONGRANGE_SMOKE,
 )
 LONGRANGE_PRESETS["longrange-power"] = _longrange(
     "longrange-power",
