@@ -272,6 +272,7 @@ def missing_results(preset: str) -> list[str]:
         paths.mechanism_json(preset, get_task(MECHANISM_TRACK).out_dir),
         paths.scaling_cpu_json(preset),
         paths.long_context_json(preset, long_range(preset)),
+        paths.swap_audit_json(preset),  # committed for standard and full
     ]
     needed += [os.path.relpath(f, paths.REPO_ROOT) for f in demo_run_files(preset)]
     return [path for path in needed if not resolve(path).exists()]
