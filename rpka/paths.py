@@ -61,6 +61,7 @@ LONGCTX_FILE = "longctx.json"  # in a long-context study's folder
 STEPTIME_FILE = "steptime.json"  # beside it: every arm's step timed (rpka.steptime)
 POSITIVE_CONTROL = "positive_control"  # in a long-range folder: a positive control's own study
 SCALING_CPU_FILE = "scaling_cpu.json"  # in a study's results folder: its latency sweep
+SWAP_AUDIT_FILE = "swap_audit.json"  # in a study's results folder: rpka.swap's audit
 
 
 def results_dir(preset: str) -> str:
@@ -158,6 +159,12 @@ def decode_json(device: str = "cpu") -> str:
 
 GPU_SCALING_JSON = f"{SCALING_RESULTS}/gpu_h200.json"
 ARMS_LATENCY_JSON = f"{SCALING_RESULTS}/arms_full_cpu.json"
+
+
+def swap_audit_json(preset: str) -> str:
+    """The ``rpka.swap`` audit of the example model (notebook 07, issue 42):
+    ``data/results/<preset>/swap_audit.json``."""
+    return f"{results_dir(preset)}/{SWAP_AUDIT_FILE}"
 
 
 def figures_dir(preset: str) -> str:

@@ -34,6 +34,7 @@ from rpka.study_index import (
     LONGRANGE_TRACK,  # noqa: F401 - read from rpka.study (rpka.report)
     write_study_index,
 )
+from rpka.swap.stage import resume_or_run_audit
 from rpka.tracks import get_task
 from rpka.trained import load_trained
 
@@ -46,6 +47,7 @@ NOTEBOOKS = (
     "03_deltas.ipynb",
     "04_mechanism.ipynb",
     "05_scaling.ipynb",
+    "07_your_model.ipynb",  # before the report: the pipeline renders the last notebook
     "06_report.ipynb",
 )
 
@@ -76,6 +78,11 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "longctx_json": paths.long_context_json(preset, long_range(preset)),
             "figures_dir": figures,
         },
+        "07_your_model.ipynb": {
+            "preset": preset,
+            "swap_audit_json": paths.swap_audit_json(preset),
+            "figures_dir": figures,
+        },
         "06_report.ipynb": {
             "preset": preset,
             "results_dir": results,
@@ -90,6 +97,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "decode_json": paths.decode_json("cpu"),
             "scaling_gpu_json": paths.GPU_SCALING_JSON,
             "arms_latency_json": paths.ARMS_LATENCY_JSON,
+            "swap_audit_json": paths.swap_audit_json(preset),
             "figures_dir": figures,
         },
     }
@@ -109,6 +117,7 @@ SCALING_PRESET = {"smoke": "tiny", "quick": "tiny", "standard": "standard", "ful
 
 
 DEMO_STEP = "demo training (01_train)"
+SWAP_STEP = "swap audit (07_your_model)"
 INDEX_STEP = "study index"
 
 
@@ -226,6 +235,11 @@ def _study_steps(
             lambda: train_demo(preset, paths.demo_run_dir(preset), progress=progress),
             (paths.demo_run_dir(preset),),  # run files named by their configuration's hash
         ),
+        (  # early and short (~20 s): 07_your_model then starts beside the benches
+            SWAP_STEP,
+            lambda: resume_or_run_audit(resolve(paths.swap_audit_json(preset))),
+            (paths.swap_audit_json(preset),),
+        ),
         *(bench_step(name) for name in STUDY_TRACKS),
         (
             "scaling (CPU)",
@@ -275,6 +289,7 @@ def missing_results(preset: str) -> list[str]:
         paths.mechanism_json(preset, get_task(MECHANISM_TRACK).out_dir),
         paths.scaling_cpu_json(preset),
         paths.long_context_json(preset, long_range(preset)),
+        paths.swap_audit_json(preset),  # committed for standard and full
     ]
     needed += [os.path.relpath(f, paths.REPO_ROOT) for f in demo_run_files(preset)]
     return [path for path in needed if not resolve(path).exists()]

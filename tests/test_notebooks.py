@@ -102,6 +102,7 @@ READS = {
     "03_deltas.ipynb": "bench",  # the primary track's bench report
     "04_mechanism.ipynb": "bench (forecast-motif)",  # the motif bench's mechanism check
     "05_scaling.ipynb": "long-context training",  # the scaling sweep, then long context
+    "07_your_model.ipynb": "swap audit (07_your_model)",  # rpka.swap's audit of its model
     "06_report.ipynb": "study index",  # everything
 }
 

@@ -353,7 +353,8 @@ def test_notebook_07_committed_clean_and_runs_under_papermill(tmp_path):
         assert line.startswith("#") or re.fullmatch(r"\w+ = .+", line), line
     papermill.execute_notebook(
         str(path), str(tmp_path / "out.ipynb"), kernel_name="python3", progress_bar=False,
-        parameters={"train_seconds": 3.0, "ranks": [4, 64], "figures_dir": str(tmp_path)},
+        parameters={"swap_audit_json": str(tmp_path / "swap_audit.json"),
+                    "figures_dir": str(tmp_path)},
         cwd=str(REPO_ROOT),
     )  # fmt: skip
     assert (tmp_path / "07_your_model_errors.png").stat().st_size > 0
