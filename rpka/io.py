@@ -295,10 +295,17 @@ def seal_result_json(path: str | os.PathLike) -> bool:
     return True
 
 
+# a run retrained only for its weights (they are not committed) gives the same scores and
+# weights bit for bit under pinned numerics, in another time: its file is kept as it was
+RUN_VOLATILE_KEYS = RESUME_VOLATILE_KEYS | {"cpu_s", "step_ms_median", "torch_threads"}
+
+
 def write_run_file(path: str | os.PathLike, result: dict[str, Any]) -> Path:
     """Atomically write a run's ``result`` to ``path`` with the checksum of its payload
-    (:func:`write_result_json`), which :func:`read_run_file` verifies."""
-    return write_result_json(path, result)
+    (:func:`write_result_json`), which :func:`read_run_file` verifies; a file there that
+    differs only in the run's timings (:data:`RUN_VOLATILE_KEYS`) is kept, so a clone that
+    retrains a run for its weights leaves the committed file as it was."""
+    return write_result_json(path, result, RUN_VOLATILE_KEYS)
 
 
 def read_run_file(path: str | os.PathLike) -> dict[str, Any]:

@@ -450,3 +450,20 @@ def test_sealing_a_legacy_result_adds_its_checksum_and_nothing_else(tmp_path):
     path.write_text(json.dumps(sealed))
     with pytest.raises(CorruptFileError, match="bench_report.json"):
         read_json(path)
+
+
+def test_a_run_retrained_for_its_weights_keeps_its_committed_file(tmp_path):
+    """Same scores and weights, other timings (a clone retrains the runs whose weights a
+    later stage reads): the committed run file stays byte for byte; another score is
+    written."""
+    path = tmp_path / "run.json"
+    run = {"scores": {"mse": [0.25]}, "wall_s": 85.1, "cpu_s": 56.7, "step_ms_median": 137.9,
+           "warm_start": {"wall_s": 3.0, "cpu_s": 2.0}}  # fmt: skip
+    write_run_file(path, run)
+    before = path.read_bytes()
+    slower = {**run, "wall_s": 145.2, "cpu_s": 103.8, "step_ms_median": 439.8,
+              "warm_start": {"wall_s": 9.0, "cpu_s": 7.0}}  # fmt: skip
+    write_run_file(path, slower)
+    assert path.read_bytes() == before
+    write_run_file(path, {**slower, "scores": {"mse": [0.26]}})
+    assert read_json(path)["scores"] == {"mse": [0.26]}
