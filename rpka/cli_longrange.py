@@ -13,17 +13,25 @@ import torch
 
 from rpka import cost_longctx, paths, steptime
 from rpka.cli_args import check_out_dir, check_out_file, make_parser, path_arg
+from rpka.config import LongContextConfig
 from rpka.paths import resolve
 from rpka.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
 
 
-def longctx_cost_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    """``cost --longctx PRESET``: price a long-context study per length (rpka.cost_longctx)."""
+def _preset_or_exit(
+    parser: argparse.ArgumentParser, name: str, contexts: Sequence[int] | None
+) -> LongContextConfig:
+    """The long-context preset ``name`` at ``contexts`` (all of its own if None), or the
+    parser's one-line error naming what is wrong."""
     try:
-        overrides = {"contexts": args.contexts} if args.contexts else {}
-        config = get_longctx_preset(args.longctx, **overrides)
+        return get_longctx_preset(name, **({"contexts": contexts} if contexts else {}))
     except ValueError as err:
         parser.error(str(err))
+
+
+def longctx_cost_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """``cost --longctx PRESET``: price a long-context study per length (rpka.cost_longctx)."""
+    config = _preset_or_exit(parser, args.longctx, args.contexts)
     results = resolve(args.results or paths.results_dir(config.preset))
     if args.out is not None:
         check_out_file(parser, "--out", args.out)
@@ -62,11 +70,7 @@ def steptime_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """``python -m rpka steptime``: time every arm's step (rpka.steptime)."""
     parser = steptime_parser()
     args = parser.parse_args(argv)
-    try:
-        overrides = {"contexts": args.contexts} if args.contexts else {}
-        config = get_longctx_preset(args.preset, **overrides)
-    except ValueError as err:
-        parser.error(str(err))
+    config = _preset_or_exit(parser, args.preset, args.contexts)
     out = resolve(args.out or paths.results_dir(config.preset))
     check_out_dir(parser, "--out", out)
     try:

@@ -39,6 +39,7 @@ from scipy import stats as scipy_stats
 
 from rpka import numerics
 from rpka.bench import DEFAULT_DATA_DIR
+from rpka.bench.report import load_average
 from rpka.checks import require
 from rpka.config import BenchConfig, LongContextConfig
 from rpka.curriculum import WARM_START_KEY
@@ -52,11 +53,6 @@ STEPTIME_VERSION = 1
 MIN_REPEATS = 7  # the protocol's floor of timed repeats per arm
 CONFIDENCE = 0.95  # the step ratio's interval
 CLOCKS = ("cpu", "wall")
-
-
-def load_average() -> list[float]:
-    """The 1, 5 and 15 minute load averages, to two decimals."""
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def ratio_summary(arm_s: list[float], baseline_s: list[float]) -> dict[str, float | None]:
