@@ -46,6 +46,7 @@ from rpka.config_parts import (
 )
 from rpka.model import ModelConfig
 from rpka.tracks import Task, get_task
+from rpka.tracks.cache import track_fields
 
 # the concerns of a study, by their field in BenchConfig
 CONCERNS: dict[str, type] = {
@@ -203,6 +204,10 @@ class BenchConfig:
         values = {"preset": self.preset}
         for name in CONCERNS:
             values |= dataclasses.asdict(getattr(self, name))
+        # tracks store their fields as run ids hash them (later knobs at default left out)
+        values["track"] = track_fields(self.track)
+        if self.warm_start_track is not None:
+            values["warm_start_track"] = track_fields(self.warm_start_track)
         return {name: values[name] for name in FLAT_FIELDS}
 
     @classmethod

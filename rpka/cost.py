@@ -46,6 +46,7 @@ from rpka.presets_longctx import get_longctx_preset
 from rpka.run_config import make_run_config
 from rpka.seed_data import run_splits
 from rpka.tracks import get_task
+from rpka.tracks.cache import track_fields
 from rpka.train import Members, member_batches, setup_run, train_step
 
 COST_VERSION = 1
@@ -115,7 +116,7 @@ def shape_signature(config: BenchConfig) -> str:
     :func:`price` counts. Stored probes price a configuration only with the same
     signature: a resized track or model is re-probed, never priced with stale times."""
     shape = {
-        "track": dataclasses.asdict(config.track),
+        "track": track_fields(config.track),
         "model": dataclasses.asdict(config.model),
         "batch_size": config.train.batch_size,
         "eval_batch_size": config.train.eval_batch_size,

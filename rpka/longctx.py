@@ -33,7 +33,6 @@ interrupted study resumes run by run.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import os
 import time
 from contextlib import nullcontext
@@ -59,7 +58,7 @@ from rpka.run_config import make_run_config
 from rpka.scaling import peak_memory_mib
 from rpka.seed_data import data_per_seed, member_batch, n_windows, run_splits, tracks_to_cache
 from rpka.tracks import get_task
-from rpka.tracks.cache import DEFAULT_DATA_DIR
+from rpka.tracks.cache import DEFAULT_DATA_DIR, track_fields
 from rpka.train import build_model, track_config_of
 
 LONGCTX_VERSION = "1.0"
@@ -233,7 +232,7 @@ def protocol(config: LongContextConfig) -> str:
     """The reduced protocol in words: track, model, data, training, seeds, the gate."""
     bench = config.bench
     model, train = bench.model, bench.train
-    tracks = [dataclasses.asdict(config.bench_for(c).track) for c in config.contexts]
+    tracks = [track_fields(config.bench_for(c).track) for c in config.contexts]
     shared = {  # the track's settings every context shares (its context, sizes vary)
         k: v for k, v in tracks[0].items() if k != "name" and all(t[k] == v for t in tracks)
     }

@@ -37,7 +37,7 @@ from rpka.tracks.regimes import RegimesConfig
 LONGCTX_RESIDUAL_SOLVE = "inverse"
 
 
-def _long_preset(
+def long_preset(
     preset: str,
     contexts: tuple[int, ...],
     train_windows: int,
@@ -83,7 +83,7 @@ def _longctx(
         *(rpka_arm(r, residual_solve=LONGCTX_RESIDUAL_SOLVE) for r in ranks),
         MEAN_CONTROL,
     )
-    return _long_preset(preset, contexts, train_windows, eval_windows, track, arms, **bench)
+    return long_preset(preset, contexts, train_windows, eval_windows, track, arms, **bench)
 
 
 # The long-context form of forecast-regimes (issue 14): the regime the window returns to
@@ -191,7 +191,7 @@ def _longrange(
         MEAN_CONTROL,
         local_arm(window),
     )
-    return _long_preset(
+    return long_preset(
         preset, contexts, train_windows, eval_windows, track, arms, warm_start_from,
         gate_needs_local=True, **bench,
     )  # fmt: skip

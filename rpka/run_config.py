@@ -16,6 +16,7 @@ import torch
 from rpka.config import ArmConfig, BenchConfig
 from rpka.curriculum import WARM_START_KEY
 from rpka.io import config_hash
+from rpka.tracks.cache import track_fields
 
 SCORE_SPLITS = ("val", "test")
 # keys of a run configuration that do not change its result (not hashed)
@@ -55,7 +56,7 @@ def make_run_config(
         "lr": float(lr),
         "seeds": [int(s) for s in seeds],
         "split": split,
-        "track": _asdict(config.track),
+        "track": track_fields(config.track),
         "model": _asdict(config.model),
         "train": _asdict(config.train),
         "device": config.device,
@@ -63,7 +64,7 @@ def make_run_config(
         "progress": progress or {"enable": False},
     }
     if warm_start is not None:  # absent otherwise: cold runs keep their run ids
-        run_config[WARM_START_KEY] = {"track": _asdict(warm_start)}
+        run_config[WARM_START_KEY] = {"track": track_fields(warm_start)}
     if config.data_per_seed:  # absent otherwise: shared-data runs keep their run ids
         run_config[DATA_PER_SEED_KEY] = True
     return run_config

@@ -7,7 +7,7 @@ of it and a later call with the same configuration reads it back instead of rege
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,23 @@ from rpka.paths import DATA_CACHE
 DEFAULT_DATA_DIR = Path(DATA_CACHE)
 
 
+def track_fields(config: Any) -> dict[str, Any]:
+    """A track configuration's fields as a dict (``asdict``), without the fields its class
+    added later (``later_fields``) where they hold their default: what the track cache,
+    run ids and bench reports hash and store, so adding a knob keeps every existing run id,
+    cached file and committed report as it was."""
+    later = {
+        f.name: f.default
+        for f in fields(config)
+        if f.name in getattr(config, "later_fields", ()) and f.default is not MISSING
+    }
+    return {k: v for k, v in asdict(config).items() if not (k in later and v == later[k])}
+
+
 def cache_path(config: Any, data_dir: str | Path | None = None) -> Path:
     """``<data_dir>/<config.name>-<hash of the config>.npz``."""
     folder = Path(DEFAULT_DATA_DIR if data_dir is None else data_dir)
-    return folder / f"{config.name}-{config_hash(asdict(config))}.npz"
+    return folder / f"{config.name}-{config_hash(track_fields(config))}.npz"
 
 
 def cached_arrays(

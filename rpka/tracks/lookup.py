@@ -26,7 +26,14 @@ distance from the context's last step back to the queried payload's last step (i
 nearest step): median, 10th / 90th percentiles, and the share within a window of w steps
 (0 by construction for w <= ``min_distance``). With ``n_copies`` > 1 each pair
 occurs that many times (all far back: "rarely") and the distance is to its nearest
-occurrence. Per window ``cue_start`` and ``pair_of`` (N, n_pairs x n_copies),
+occurrence.
+
+The background (issue 41): ``background="noise"`` is the N(0, 1) above; ``"patterns"`` is
+a low-diversity background of ``n_patterns`` fixed patterns of ``pattern_length`` steps
+(N(0, 1), drawn once from ``seed`` like the cues), tiled in random order - many
+near-duplicate points, the case where landmarks drawn uniformly spend their rank on
+repeats and residual pivoting should not. The pairs, the query and the observation noise
+are as with noise. Per window ``cue_start`` and ``pair_of`` (N, n_pairs x n_copies),
 ``cue`` (N, n_pairs), ``query`` (N,), ``payload_start`` and ``distance`` (N,) are stored
 for the tests.
 """
@@ -34,7 +41,7 @@ for the tests.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -47,6 +54,7 @@ from rpka.tracks.windows import WindowForecastTask, generated_arrays, window_loa
 # forecast-regimes; the linear forecast cannot route a payload from a varying position)
 LOOKUP_LINEAR_RATIO = 0.5
 LOCALITY_QUANTILES = (0.1, 0.5, 0.9)  # locality(): 10th percentile, median, 90th
+BACKGROUNDS = ("noise", "patterns")  # the background between the pairs (module docstring)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,12 @@ class LookupConfig:
     n_val: int = 256
     n_test: int = 256
     seed: int = 0
+    background: str = "noise"  # one of BACKGROUNDS
+    n_patterns: int = 4  # "patterns": the background's distinct patterns
+    pattern_length: int = 16  # "patterns": steps of one pattern
+    # knobs added after studies were committed: left out of run ids and cache names at their
+    # defaults (rpka.tracks.cache.track_fields), so those studies keep theirs
+    later_fields: ClassVar[tuple[str, ...]] = ("background", "n_patterns", "pattern_length")
 
     @property
     def pair_length(self) -> int:
@@ -103,6 +117,12 @@ class LookupConfig:
             low_ok = value > 0 if field == "cue_scale" else value >= 0
             bound = "> 0" if field == "cue_scale" else ">= 0"
             require(is_number(value) and low_ok, f"{self.name}.{field}", bound, value)
+        require(
+            self.background in BACKGROUNDS, f"{self.name}.background", f"one of {BACKGROUNDS}",
+            self.background,
+        )  # fmt: skip
+        require_int(self, "n_patterns", 1)
+        require_int(self, "pattern_length", 1)
         for split in SPLITS:
             require_int(self, f"n_{split}", 1)
         require_int(self, "seed", 0)
@@ -142,12 +162,30 @@ def codebook(config: LookupConfig) -> np.ndarray:
     return config.cue_scale * rng.choice((-1.0, 1.0), (config.n_cues, config.cue_length))
 
 
+def background_patterns(config: LookupConfig) -> np.ndarray:
+    """The low-diversity background's fixed patterns (n_patterns, pattern_length): N(0, 1)
+    from ``config.seed``'s own stream (apart from the cues' and the splits'), shared by every
+    window."""
+    rng = np.random.default_rng(np.random.SeedSequence([config.seed, 1]))
+    return rng.standard_normal((config.n_patterns, config.pattern_length))
+
+
+def background(config: LookupConfig, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n windows' background (N, context + horizon): N(0, 1) noise, or ``"patterns"``: the
+    fixed patterns tiled in an order drawn per tile."""
+    total = config.context + config.horizon
+    if config.background == "noise":
+        return rng.standard_normal((n, total))
+    tiles = -(-total // config.pattern_length)  # ceil
+    order = rng.integers(0, config.n_patterns, (n, tiles))
+    return background_patterns(config)[order].reshape(n, -1)[:, :total].copy()
+
+
 def generate(config: LookupConfig, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """n raw windows ``raw`` (N, context + horizon), their layout (:func:`layout`) and the
     codebook entry of each pair ``cue`` (N, n_pairs)."""
     where = layout(config, n, rng)
-    total = config.context + config.horizon
-    raw = rng.standard_normal((n, total))
+    raw = background(config, n, rng)
     # n_pairs distinct codebook entries per window: the first n_pairs of a random order
     cue = np.argsort(rng.random((n, config.n_cues)), axis=1)[:, : config.n_pairs]
     cues = codebook(config)[cue]  # (N, n_pairs, cue_length)
