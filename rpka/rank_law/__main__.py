@@ -3,6 +3,7 @@
     python -m rpka.rank_law price  [--cells NAME ...]   # CPU-s per cell, before running
     python -m rpka.rank_law train  [--cells NAME ...]   # exact + control per cell (resumes)
     python -m rpka.rank_law dropin [--cells NAME ...]   # the drop-in reading per cell
+    python -m rpka.rank_law predict --cells NAME        # the held-out cell's predicted r*
     python -m rpka.rank_law index                       # the fit and rank_law.json
 
 ``--cells`` defaults to the grid (``rpka.rank_law.grid.grid_cells``); a cell outside it
@@ -18,13 +19,15 @@ from rpka.cost_longctx import price_lines, price_longctx
 from rpka.longctx import run_longctx
 from rpka.rank_law.dropin import cell_dropin
 from rpka.rank_law.grid import RANK_LAW_RESULTS, cell_config, cell_dir, grid_cells, parse_cell
-from rpka.rank_law.law import write_index
+from rpka.rank_law.law import predict, write_index
 
-STAGES = ("price", "train", "dropin", "index")
+STAGES = ("price", "train", "dropin", "predict", "index")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rpka.rank_law", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rpka.rank_law", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("stage", choices=STAGES)
     parser.add_argument("--cells", nargs="+", help="cell names (default: the grid)")
     parser.add_argument("--results", default=RANK_LAW_RESULTS, help="default %(default)s")
@@ -40,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     progress = not args.no_progress
     if args.stage == "index":
         write_index(args.results, log=print)
+        return 0
+    if args.stage == "predict":
+        if not args.cells or len(args.cells) != 1:
+            parser.error("predict needs exactly one --cells NAME (the held-out cell)")
+        held_out = predict(args.results, args.cells[0])
+        print(f"{held_out['cell']}: predicted r* {held_out['predicted_r_star']:.1f}")
         return 0
     for cell in cells:
         out = cell_dir(cell, args.results)

@@ -140,20 +140,23 @@ def parse_cell(name: str) -> Cell:
 
 
 def cell_config(
-    cell: Cell, seeds: tuple[int, ...] = GRID_SEEDS, workers: int = 1
+    cell: Cell, seeds: tuple[int, ...] = GRID_SEEDS, workers: int = 1, **scale: Any
 ) -> LongContextConfig:
-    """The cell's study: exact and the control at ``cell.n`` tokens (after 512 above it)."""
+    """The cell's study: exact and the control at ``cell.n`` tokens (after the curriculum's
+    first length below it). ``scale`` replaces the windows (``train_windows``,
+    ``eval_windows``) or the bench's ``model`` / ``train`` (tests run a cell in seconds)."""
     cell.validate()
+    windows = {"train_windows": TRAIN_WINDOWS, "eval_windows": EVAL_WINDOWS}
+    windows |= {k: scale.pop(k) for k in list(scale) if k in windows}
+    bench = {"model": cell.model(), "train": LONGRANGE_TRAIN} | scale
     return long_preset(
         f"rank-law-{cell.name}",
         (cell.n,),
-        TRAIN_WINDOWS,
-        EVAL_WINDOWS,
+        windows["train_windows"],
+        windows["eval_windows"],
         cell.track(),
         (EXACT, MEAN_CONTROL),
         cell.warm_start,
-        model=cell.model(),
-        train=LONGRANGE_TRAIN,
         primary_arm=MEAN_CONTROL.name,
         learning_rates=(1e-2,),
         sweep_seeds=(0,),
@@ -161,6 +164,7 @@ def cell_config(
         data_per_seed=True,
         seeds_per_job=len(seeds),
         n_workers=workers,
+        **bench,
     )
 
 
