@@ -175,8 +175,7 @@ def paired_scores(report: Mapping[str, Any], track: str, arms: Sequence[str]) ->
         values = arm["full"]["per_seed"]
         if len(values) != len(arm_seeds):
             raise ValueError(
-                f"track {track!r}: arm {name!r} has {len(values)} scores for "
-                f"{len(arm_seeds)} seeds"
+                f"track {track!r}: arm {name!r} has {len(values)} scores for {len(arm_seeds)} seeds"
             )
         if seeds is None:
             seeds, first = arm_seeds, name
@@ -316,7 +315,10 @@ def tau_grid(gaps: Sequence[np.ndarray], step: float = PROFILE_STEP) -> np.ndarr
 
 
 def _profile_curve(
-    family: str, label: str, runs: Sequence[tuple[str, str, np.ndarray]], taus: np.ndarray,
+    family: str,
+    label: str,
+    runs: Sequence[tuple[str, str, np.ndarray]],
+    taus: np.ndarray,
     **kw: Any,
 ) -> dict[str, Any]:
     """One arm family's profile with its stratified-bootstrap band; ``runs``: (track, arm,
@@ -417,8 +419,11 @@ def aggregate_lines(aggregate: Mapping[str, Any]) -> list[str]:
         at = [int(np.argmin(np.abs(taus - tau))) for tau in (0.0, 0.5, 0.9, 0.95, 1.0)]
         for panel in profiles["panels"]:
             for c in panel["curves"]:
-                values = ", ".join(f"g > {taus[i]:g}: {c['profile'][i]:.3f} "
-                                   f"[{c['ci_low'][i]:.3f}, {c['ci_high'][i]:.3f}]" for i in at)
+                values = ", ".join(
+                    f"g > {taus[i]:g}: {c['profile'][i]:.3f} "
+                    f"[{c['ci_low'][i]:.3f}, {c['ci_high'][i]:.3f}]"
+                    for i in at
+                )
                 lines.append(f"profile, {panel['title']}, {c['label']}: {values}")
     return lines
 

@@ -39,7 +39,6 @@ def attention_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict
     return control_gate(config, arms, config.control)
 
 
-
 def local_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The local gate (issue 27): :func:`control_gate` of the local-window control, the same
     fields as :func:`attention_gate`'s."""

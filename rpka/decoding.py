@@ -233,4 +233,3 @@ def summarise(rows: list[dict], target_ratio: float) -> dict:
         "met": growth <= target_ratio,
     }
     return summary
-

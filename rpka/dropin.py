@@ -58,14 +58,19 @@ def swapped_model(
     rank: int,
     dtype: torch.dtype,
     causal_block: int | None = None,
+    pivot_method: str | None = None,
 ):
     """Exact's trained weights in a model whose attention is ``method`` at ``rank``
     (on a causal track with the trained RPKA arms' ``causal_block``: without it RPKA's
-    default block of 64 would compute a 64-token sequence exactly at any rank)."""
+    default block of 64 would compute a 64-token sequence exactly at any rank).
+    ``pivot_method``: RPKA's pivot sampler (None: the plain one above rank 64, below
+    it the default)."""
     options = {"rank": rank} if "rank" in options_of(method) else {}
     if causal_block is not None and "causal_block" in options_of(method):
         options["causal_block"] = causal_block
-    if "pivot_method" in options_of(method) and rank > 64:
+    if "pivot_method" in options_of(method) and pivot_method is not None:
+        options["pivot_method"] = pivot_method
+    elif "pivot_method" in options_of(method) and rank > 64:
         # the accelerated sampler's rejection rounds stall as the residual runs out (near
         # full rank: 12 CPU-min for one rank-192 evaluation); same pivot law, one per step
         options["pivot_method"] = "plain"

@@ -67,6 +67,14 @@ def ladder(method: str, n_tokens: int) -> list[int]:
     return [2**i for i in range(1, 64) if FIRST_RANK <= 2**i <= top]
 
 
+def pivot_method(n_tokens: int, rank: int) -> str:
+    """RPKA's sampler: the accelerated one (block + rejection) up to a quarter of the 2n
+    joint points - at n = 2,048 and rank 128 about 5x faster than the plain loop - and the
+    plain one above, where the accelerated one's rejection rounds stall (``rpka.dropin``).
+    The same pivot law either way."""
+    return "accelerated" if 4 * rank <= 2 * n_tokens else "plain"
+
+
 def effective_rank(values: Tensor, residual: float) -> int:
     """The smallest r whose tail ``sum(values[r:]) / sum(values)`` is at most ``residual``:
     values descending and non-negative (eigenvalues, or squared singular values)."""
@@ -147,7 +155,8 @@ def cell_dropin(
     control_scores = per_seed(report, MEAN_CONTROL.name, seeds)
 
     def score(method: str, rank: int) -> list[float]:
-        model = swapped_model(run_config, state, method, rank, torch.float32)
+        model = swapped_model(run_config, state, method, rank, torch.float32,
+                              pivot_method=pivot_method(cell.n, rank))  # fmt: skip
         return evaluate(model, task, x, y, EVAL_BATCH, per_member=True)[METRIC].tolist()
 
     exact = score("exact", 1)

@@ -115,9 +115,9 @@ def aggregate_caption(aggregate: Mapping[str, Any]) -> str:
     first = aggregate["primary_gap_iqm"]
     return (
         "**An aggregate view across the gated tracks; the per-track rule above decides.** "
-        "Rows \"exact vs ...\": the probability that an exact-attention run beats a run of "
+        'Rows "exact vs ...": the probability that an exact-attention run beats a run of '
         "the RPKA arm on the same track (0.5 = no difference), averaged over the tracks it "
-        "ran on; \"RPKA vs ...\": the probability that RPKA beats the peer at the same "
+        'ran on; "RPKA vs ...": the probability that RPKA beats the peer at the same '
         "rank; both on each track's own metric, ties counted half. Last row: the "
         "interquartile mean of the primary RPKA arm's gap recovered over every seed of "
         "every track (1 = exact, 0 = the no-attention control). Intervals: stratified "
@@ -325,8 +325,11 @@ def unread_clause(mqar: Mapping[str, Any]) -> str:
     unread = sorted(unread_pairs(mqar))
     if not unread:
         return ""
-    return ("; not drawn: " + ", ".join(f"{p} pairs" for p in unread)
-            + ", where exact attention missed its learnability bar (nothing there is read)")
+    return (
+        "; not drawn: "
+        + ", ".join(f"{p} pairs" for p in unread)
+        + ", where exact attention missed its learnability bar (nothing there is read)"
+    )
 
 
 def mqar_caption(mqar: Mapping[str, Any]) -> tuple[str, str]:
@@ -337,7 +340,8 @@ def mqar_caption(mqar: Mapping[str, Any]) -> tuple[str, str]:
         "and at 2x and 4x that length, one line per RPKA rank across the pair counts; each "
         "point the mean over " + "/".join(map(str, seeds)) + " evaluation seeds with its "
         "95 % t interval. Training epochs per pair count (exact must learn each): "
-        + ", ".join(f"{p} pairs {e}" for p, e in epochs) + unread_clause(mqar)
+        + ", ".join(f"{p} pairs {e}" for p, e in epochs)
+        + unread_clause(mqar)
         + ". Dashed: exact attention's "
         "lowest and the no-attention control's highest accuracy over the pair counts. A rank "
         "trained at one pair count only has no line; the table below has every arm."

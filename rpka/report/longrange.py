@@ -150,10 +150,7 @@ def setup_text(
     (``locality.json``), lengths, arms, seeds, the gate rule."""
     contexts = [c for c, _ in _contexts(index)]
     if not contexts:
-        return (
-            "The long-range study was not run in this study "
-            "(no `longrange/longctx.json`)."
-        )
+        return "The long-range study was not run in this study (no `longrange/longctx.json`)."
     bench = ((longctx_file or {}).get("config") or {}).get("bench") or {}
     task = (bench.get("track") or {}).get("name", NA)
     arms = [a.get("name", NA) for a in bench.get("arms", [])]
@@ -265,8 +262,11 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
     if peers:
         text += (
             " Cheaper and non-inferior without residual pivoting: "
-            + ", ".join(f"`{esc(p['arm'])}` at {p['context']:,} tokens ({_ratio(p['step_ratio'])}, "
-                        f"{_gap(p)})" for p in peers)  # fmt: skip
+            + ", ".join(
+                f"`{esc(p['arm'])}` at {p['context']:,} tokens ({_ratio(p['step_ratio'])}, "
+                f"{_gap(p)})"
+                for p in peers
+            )  # fmt: skip
             + "."
         )
     return text
