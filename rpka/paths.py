@@ -62,6 +62,10 @@ STEPTIME_FILE = "steptime.json"  # beside it: every arm's step timed (rpka.stept
 POSITIVE_CONTROL = "positive_control"  # in a long-range folder: a positive control's own study
 SCALING_CPU_FILE = "scaling_cpu.json"  # in a study's results folder: its latency sweep
 SWAP_AUDIT_FILE = "swap_audit.json"  # in a study's results folder: rpka.swap's audit
+# the rank-law study (issue 41): run once, into the committed results; every preset's report
+# reads it (docs/rank_law.md)
+RANK_LAW_RESULTS = f"{COMMITTED_RESULTS}/rank_law"
+RANK_LAW_JSON = f"{RANK_LAW_RESULTS}/rank_law.json"
 
 
 def results_dir(preset: str) -> str:

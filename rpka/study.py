@@ -97,6 +97,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             "decode_json": paths.decode_json("cpu"),
             "scaling_gpu_json": paths.GPU_SCALING_JSON,
             "arms_latency_json": paths.ARMS_LATENCY_JSON,
+            "rank_law_json": paths.RANK_LAW_JSON,
             "swap_audit_json": paths.swap_audit_json(preset),
             "figures_dir": figures,
         },

@@ -30,6 +30,7 @@ from typing import Any
 from rpka.checks import require
 from rpka.config import LongContextConfig
 from rpka.model import ModelConfig
+from rpka.paths import RANK_LAW_RESULTS
 from rpka.presets_longctx import (
     LONGCTX_MODEL,
     LONGRANGE_TRACK,
@@ -40,7 +41,6 @@ from rpka.presets_longctx import (
 from rpka.presets_tracks import EXACT, MEAN_CONTROL
 from rpka.tracks.lookup import BACKGROUNDS, LookupConfig
 
-RANK_LAW_RESULTS = "data/results/full/rank_law"
 GRID_SEEDS = (300, 301, 302, 303)  # evaluation seeds no other study used, own data each
 GRID_PAIRS = (1, 4, 16, 64)
 GRID_LENGTHS = (512, 2048)

@@ -1,0 +1,186 @@
+"""The report's section "What sets the rank" (issue 41): the rank-law grid's cells and their
+drop-in r*, the fitted law, the held-out prediction and where residual pivoting pays, read
+from ``rank_law.json`` (``python -m rpka.rank_law index``; docs/rank_law.md). Without the
+file, one line says the study was not run. Every number comes from the file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from IPython.display import Markdown
+
+from rpka.report.palette import method_colour
+
+METHODS = {"rpka": "RPKA", "nystrom-uniform": "uniform", "keys-coreset": "key coreset"}
+TERMS = {"p": "pairs p", "n": "length n", "d_head": "head dimension d", "patterns": "patterns"}
+CAP_NOTE = "> {cap}"  # a ladder that never reached the margin (censored r*)
+PIVOT_CI = ("prob_ci_low", "prob_ci_high")
+
+
+def _r_star(value: int | None, learnable: bool, cap: int) -> str:
+    if not learnable:
+        return "not learnable"
+    return CAP_NOTE.format(cap=cap) if value is None else str(value)
+
+
+def cells_table(index: Mapping[str, Any], cap: int) -> pd.DataFrame:
+    """One row per cell: its coordinates, r* per method, the effective ranks."""
+    rows = []
+    for cell in index["cells"]:
+        learnable = bool(cell["learnable"])
+        row = {"cell": cell["cell"], "p": cell["p"], "n": cell["n"], "d": cell["d_head"],
+               "background": cell["background"]}  # fmt: skip
+        for method, label in METHODS.items():
+            row[f"r* {label}"] = _r_star(cell["r_star_dropin"][method], learnable, cap)
+        row["effective rank (kernel)"] = f"{cell['effective_rank']['kernel']:.0f}"
+        row["effective rank (P)"] = f"{cell['effective_rank']['attention']:.0f}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def law_text(index: Mapping[str, Any]) -> str:
+    """The fitted exponents per method with their 95 % intervals, or why there is no fit."""
+    lines = []
+    for method, label in METHODS.items():
+        fit = index["fit"][method]
+        if not fit["exponents"]:
+            lines.append(f"- **{label}**: no fit ({len(fit['cells'])} cells with an r*; "
+                         f"{len(fit['censored'])} censored).")  # fmt: skip
+            continue
+        parts = []
+        for term, name in TERMS.items():
+            value, ci = fit["exponents"][term], (fit["ci"] or {}).get(term)
+            if value is not None:
+                interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+                parts.append(f"{name} {value:+.2f}{interval}")
+        r2 = fit["r_squared"]
+        lines.append(
+            f"- **{label}** (log2 r\\* on {', '.join(parts) or 'a constant'}; "
+            f"{len(fit['cells'])} cells, {len(fit['censored'])} censored, "
+            f"R² {'n/a' if r2 is None else format(r2, '.2f')})."
+        )
+    return "\n".join(lines)
+
+
+def held_out_text(held_out: Mapping[str, Any] | None) -> str:
+    """The pre-registered prediction and its outcome."""
+    if not held_out:
+        return "The held-out prediction has not been made yet (docs/rank_law.md)."
+    head = (f"Held-out cell `{held_out['cell']}`: the grid's law predicted RPKA's r\\* = "
+            f"{held_out['predicted_r_star']:.0f} before the cell ran")  # fmt: skip
+    if held_out["observed_r_star"] is None:
+        return head + "; the cell has not been read yet."
+    word = "held" if held_out["held"] else "did not hold"
+    return (f"{head}; observed {held_out['observed_r_star']}: the prediction **{word}** "
+            f"({held_out['held_if']}).")  # fmt: skip
+
+
+def pivoting_rows(index: Mapping[str, Any]) -> pd.DataFrame:
+    """P(RPKA better than uniform) per learnable cell and rank, with its interval."""
+    rows = [
+        {"cell": c["cell"], "p": c["p"], "background": c["background"], "rank": r["rank"],
+         "P": r["prob_improvement"], "low": r[PIVOT_CI[0]], "high": r[PIVOT_CI[1]]}
+        for c in index["cells"] if c["learnable"] for r in c["pivoting"]
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=["cell", "p", "background", "rank", "P", "low", "high"])
+
+
+def pivoting_sentence(rows: pd.DataFrame) -> str:
+    """Where pivoting pays: the (cell, rank) readings whose interval lies above 0.5 (RPKA
+    better), below it (uniform better), and how many read no difference."""
+    if rows.empty:
+        return "No cell has been read for pivoting yet."
+    wins = rows[rows["low"] > 0.5]
+    losses = rows[rows["high"] < 0.5]
+
+    def where(part: pd.DataFrame) -> str:
+        cells = sorted(set(part["cell"]))
+        return ", ".join(f"`{c}`" for c in cells) if cells else "none"
+
+    return (
+        f"Residual pivoting against uniform landmarks, over {len(rows)} (cell, rank) "
+        f"readings: RPKA better (the interval of P above 0.5) in {len(wins)} - cells "
+        f"{where(wins)}; uniform better in {len(losses)} - cells {where(losses)}; no "
+        f"difference shown in the other {len(rows) - len(wins) - len(losses)}."
+    )
+
+
+def plot_pivoting(rows: pd.DataFrame) -> plt.Figure:
+    """P(RPKA better than uniform) against rank, one line per cell, one panel per
+    background; 0.5 = no difference."""
+    backgrounds = sorted(set(rows["background"])) or ["noise"]
+    fig, axes = plt.subplots(1, len(backgrounds), figsize=(5 * len(backgrounds), 3.6),
+                             sharey=True, squeeze=False)  # fmt: skip
+    for ax, background in zip(axes[0], backgrounds, strict=True):
+        part = rows[rows["background"] == background]
+        for cell, line in part.groupby("cell"):
+            line = line.sort_values("rank")
+            ax.plot(line["rank"], line["P"], marker="o", label=cell)
+            ax.fill_between(line["rank"], line["low"], line["high"], alpha=0.12)
+        ax.axhline(0.5, color="0.4", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("rank (drop-in)")
+        ax.set_title(f"background: {background}")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("P(RPKA better than uniform)")
+    axes[0][0].set_ylim(0, 1)
+    fig.tight_layout()
+    return fig
+
+
+def plot_gap_by_rank(index: Mapping[str, Any]) -> plt.Figure:
+    """Mean gap recovered against rank ÷ pairs, RPKA and uniform, every learnable cell."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for cell in index["cells"]:
+        if not cell["learnable"]:
+            continue
+        for method, style in (("rpka", "-"), ("nystrom-uniform", ":")):
+            curve = sorted((int(r), g) for r, g in cell["gap_by_rank"][method].items())
+            ax.plot([r / cell["p"] for r, _ in curve], [g for _, g in curve], ls=style,
+                    color=method_colour(method), alpha=0.6, marker=".")  # fmt: skip
+    ax.axhline(0.95, color="0.4", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.2, 1.05)
+    ax.set_xlabel("rank ÷ pairs p")
+    ax.set_ylabel("gap recovered (drop-in, mean of seeds)")
+    ax.plot([], [], color=method_colour("rpka"), label="RPKA")
+    ax.plot([], [], color=method_colour("nystrom-uniform"), ls=":", label="uniform")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def rank_law_section(
+    index: Mapping[str, Any] | None, figs: Any, path: str | os.PathLike, cap: int = 256
+) -> list[Any]:
+    """The section's items (Markdown and figures), or one line when the file is missing."""
+    if not index:
+        return [Markdown(f"The rank-law study was not run for this study (`{path}` is not "
+                         "there).")]  # fmt: skip
+    rows = pivoting_rows(index)
+    items: list[Any] = [
+        Markdown(cells_table(index, cap).to_markdown(index=False)),
+        Markdown(
+            "**The law**, r\\* ≈ c · p^a · n^b · d^e (OLS on log2, 95 % t intervals):\n\n"
+            + law_text(index)
+        ),  # fmt: skip
+        Markdown(held_out_text(index.get("held_out"))),
+        figs.show(
+            plot_gap_by_rank(index),
+            "Gap recovered by the drop-in against rank ÷ pairs, every learnable cell "
+            "(solid RPKA, dotted uniform landmarks); dashed: the margin 0.95.",
+            "Drop-in gap recovered against rank over pairs",
+            name="rank_law_gap",
+        ),  # fmt: skip
+        Markdown(pivoting_sentence(rows)),
+    ]
+    if not rows.empty:
+        caption = ("P(RPKA's test MSE below uniform landmarks') per cell and rank, with its "
+                   "95 % bootstrap interval; 0.5: no difference.")  # fmt: skip
+        items.append(figs.show(plot_pivoting(rows), caption, "Pivoting advantage against rank",
+                               name="rank_law_pivoting"))  # fmt: skip
+    return items

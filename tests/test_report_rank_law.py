@@ -1,0 +1,72 @@
+"""The report's "What sets the rank" section (rpka.report.rank_law) on an index built by
+the study's own code from drop-in files, and without the file."""
+
+from __future__ import annotations
+
+import pytest
+
+from rpka.io import write_result_json
+from rpka.rank_law import law
+from rpka.rank_law.dropin import DROPIN_FILE, METHODS
+from rpka.rank_law.grid import Cell
+from rpka.report import Figures
+from rpka.report import rank_law as section
+
+CELLS = [Cell(1, 512), Cell(4, 512), Cell(16, 512), Cell(4, 512, 16, "patterns")]
+
+
+def _dropin(cell: Cell, r_star: int | None, learnable: bool = True) -> dict:
+    """A drop-in file: RPKA reaches r* (or not: censored); uniform one rung later."""
+    rows, pivoting = [], []
+    for method in METHODS:
+        own = r_star if method == "rpka" else (None if r_star is None else 2 * r_star)
+        for rank in (2, 4, 8, 16, 32):
+            g = 0.99 if own is not None and rank >= own else 0.5
+            verdict = "non-inferior" if g > 0.95 else "not shown"
+            rows.append({"method": method, "rank": rank, "mse": [0.1, 0.1], "g": [g, g],
+                         "gap": {"mean": g, "verdict": verdict}})  # fmt: skip
+    for rank in (2, 4, 8):
+        low, p, high = (0.8, 1.0, 1.0) if cell.background == "patterns" else (0.2, 0.5, 0.8)
+        pivoting.append({"rank": rank, "prob_improvement": p, "prob_ci_low": low,
+                         "prob_ci_high": high})  # fmt: skip
+    first = {m: next((r["rank"] for r in rows if r["method"] == m and min(r["g"]) >= 0.95), None)
+             for m in METHODS}  # fmt: skip
+    return {"learnable": learnable, "rows": rows, "pivoting": pivoting,
+            "r_star": {m: {"every_seed": first[m], "mean_non_inferior": first[m]} for m in METHODS},
+            "effective_rank": [{"kernel": 900.0, "attention": 12.0}]}  # fmt: skip
+
+
+@pytest.fixture
+def index(tmp_path):
+    for cell, r in zip(CELLS, (2, 8, None, 4), strict=True):
+        write_result_json(tmp_path / cell.name / DROPIN_FILE, _dropin(cell, r))
+    return law.write_index(tmp_path, log=None)
+
+
+def test_table_marks_censored_and_reads_every_cell(index):
+    table = section.cells_table(index, cap=32)
+    assert list(table["cell"]) == [c.name for c in CELLS if c.name in set(table["cell"])]
+    assert "> 32" in set(table["r* RPKA"]) and "2" in set(table["r* RPKA"])
+    assert set(table["effective rank (kernel)"]) == {"900"}
+
+
+def test_law_and_pivoting_words_follow_the_file(index):
+    text = section.law_text(index)
+    assert "pairs p" in text and "censored" in text
+    rows = section.pivoting_rows(index)
+    sentence = section.pivoting_sentence(rows)
+    assert "RPKA better (the interval of P above 0.5) in 3" in sentence
+    assert "p4-n512-d16-patterns" in sentence
+    assert section.held_out_text(None).startswith("The held-out prediction has not been made")
+    held = {"cell": "p32-n1024-d16-noise", "predicted_r_star": 10.0, "observed_r_star": 16,
+            "held": True, "held_if": "within a factor 2"}  # fmt: skip
+    assert "**held**" in section.held_out_text(held)
+    assert "**did not hold**" in section.held_out_text({**held, "held": False})
+
+
+def test_section_renders_figures_or_says_it_was_not_run(index, tmp_path):
+    figs = Figures(figures_dir=tmp_path / "figures")
+    items = section.rank_law_section(index, figs, "rank_law.json", cap=32)
+    assert figs.count == 2 and len(items) == 6
+    missing = section.rank_law_section(None, figs, "somewhere/rank_law.json")
+    assert "was not run" in missing[0].data
