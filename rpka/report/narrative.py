@@ -13,6 +13,7 @@ import numpy as np
 from rpka import stats
 from rpka.report.figures import metric_label
 from rpka.report.tables import NEAR_ZERO_FRACTION, relative_is_meaningful, verdict_word
+from rpka.robustness import signflip_interval
 from rpka.tracks import get_task
 
 
@@ -80,14 +81,34 @@ def headline(report: Mapping) -> str:
         f"**{report['primary_arm']} vs {report['baseline_arm']}:** test {metric} "
         f"{_fmt(idea['full']['mean'])} ± {_fmt(idea['full']['std'])} against "
         f"{_fmt(base['full']['mean'])} ± {_fmt(base['full']['std'])} (mean ± sd over "
-        f"{c['n_pairs']} seeds). Paired delta {c['delta_mean']:+.4f}, 95 % CI "
-        f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]; the idea wins {c['idea_wins']}/"
+        f"{c['n_pairs']} seeds). Paired delta {c['delta_mean']:+.4f}, "
+        f"{interval_text(c)}; the idea wins {c['idea_wins']}/"
         f"{c['n_pairs']} seeds; sign-flip p = {c['p_value']:.3g} ({c['p_value_method']}), "
         f"Holm-adjusted p = {c['p_adjusted']:.3g}. **Verdict: {c['verdict']}.** "
         f"With {c['n_pairs']} pairs the minimum detectable effect at α = 0.05 and 80 % power "
         f"is {mde_text(c)}; the CI half-width is "
         f"{c['ci_halfwidth']:.4f}.{margin_text(c)}"
     )
+
+
+def interval_text(c: Mapping) -> str:
+    """The paired t interval and, beside it, the interval that inverts the sign-flip test
+    the verdict comes from (``rpka.robustness.signflip_interval``), so the verdict has an
+    interval that agrees with it; where the t interval contains 0 and the test rejects (or
+    the reverse), the words say the two disagree and which rule decides (issue 40)."""
+    t = f"95 % t interval [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]"
+    diffs = c.get("per_seed_diffs")
+    if not diffs:
+        return t
+    flip = signflip_interval(diffs, c.get("alpha", 0.05))
+    low, high = ("-inf" if flip["low"] is None else f"{flip['low']:+.4f}",
+                 "+inf" if flip["high"] is None else f"{flip['high']:+.4f}")  # fmt: skip
+    text = f"{t}, sign-flip interval [{low}, {high}] (the test inverted; it decides)"
+    t_has_zero = c["ci_low"] <= 0 <= c["ci_high"]
+    if t_has_zero == (c["p_value"] < c.get("alpha", 0.05)):
+        text += (" - the t interval and the sign-flip test disagree (a seed far from the "
+                 "others widens the t interval); the sign-flip test is the rule")  # fmt: skip
+    return text
 
 
 def margin_text(c: Mapping) -> str:
