@@ -70,3 +70,9 @@ def test_section_renders_figures_or_says_it_was_not_run(index, tmp_path):
     assert figs.count == 2 and len(items) == 6
     missing = section.rank_law_section(None, figs, "somewhere/rank_law.json")
     assert "was not run" in missing[0].data
+
+
+def test_summary_sentence_reads_the_index(index):
+    sentence = section.summary_sentence(index)
+    assert "Over 4 learnable cells" in sentence and "is 2-8" in sentence
+    assert "(1 censored above the ladder)" in sentence and "pairs p" in sentence

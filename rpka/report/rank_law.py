@@ -79,6 +79,28 @@ def held_out_text(held_out: Mapping[str, Any] | None) -> str:
             f"({held_out['held_if']}).")  # fmt: skip
 
 
+def summary_sentence(index: Mapping[str, Any]) -> str:
+    """One sentence for the Summary and the README: RPKA's drop-in r* over the learnable
+    cells, the fitted exponents, the held-out outcome, where pivoting paid."""
+    learnable = [c for c in index["cells"] if c["learnable"]]
+    reached = [c["r_star_dropin"]["rpka"] for c in learnable if c["r_star_dropin"]["rpka"]]
+    if not learnable:
+        return "The rank-law grid has no learnable cell read yet."
+    fit = index["fit"]["rpka"]
+    exponents = fit.get("exponents") or {}
+    law = ", ".join(
+        f"{TERMS[t]} {exponents[t]:+.2f}" for t in TERMS if exponents.get(t) is not None
+    )
+    span = f"{min(reached)}-{max(reached)}" if reached else "not reached"
+    return (
+        rf"Over {len(learnable)} learnable cells of the rank-law grid, RPKA's drop-in r\* "
+        f"(every seed within 0.95 of the gap) is {span} "
+        f"({len(learnable) - len(reached)} censored above the ladder); "
+        rf"log2 r\* against log2 of each term: {law or 'no fit'}. "
+        f"{held_out_text(index.get('held_out'))} {pivoting_sentence(pivoting_rows(index))}"
+    )
+
+
 def pivoting_rows(index: Mapping[str, Any]) -> pd.DataFrame:
     """P(RPKA better than uniform) per learnable cell and rank, with its interval."""
     rows = [

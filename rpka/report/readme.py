@@ -23,7 +23,7 @@ from rpka.cost import cost_model_json, measured_cpu_s
 from rpka.io import read_json_checked
 from rpka.paths import resolve
 from rpka.presets import MECHANISM_TRACK, STUDY_TRACKS
-from rpka.report import narrative, tables
+from rpka.report import narrative, rank_law, tables
 from rpka.tracks import get_task
 
 BEGIN = "<!-- BEGIN rpka summary (python -m rpka summary --preset full --readme README.md) -->"
@@ -57,6 +57,7 @@ def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
         "longctx": _load(paths.longctx_json(preset)),
         "decode": _load(DECODE_JSON),
         "scaling_gpu": _load(GPU_JSON),
+        "rank_law": _load(paths.RANK_LAW_JSON),
     }
 
 
@@ -355,6 +356,9 @@ def render(preset: str = "full") -> str:
         parts += narrative.mechanism_limitation(results["mechanism"], results["mechanism_followup"])
     if results["scaling_cpu"]:
         parts.append("**Scaling.** " + narrative.scaling_summary(results["scaling_cpu"]))
+    if results["rank_law"]:
+        parts.append("**What sets the rank** (docs/rank_law.md). "
+                     + rank_law.summary_sentence(results["rank_law"]))  # fmt: skip
     cost = cost_table(preset, results)
     parts += [
         "**Verdicts.**\n\n" + narrative.verdicts(*(results[name] for name in present)),
