@@ -15,7 +15,15 @@ from rpka.longctx import run_longctx
 from rpka.presets_longctx import LONGRANGE_TRACK
 from rpka.rank_law import dropin as rank_dropin
 from rpka.rank_law import law
-from rpka.rank_law.grid import Cell, cell_config, cell_dir, grid_cells, parse_cell
+from rpka.rank_law.grid import (
+    Cell,
+    cell_config,
+    cell_dir,
+    confirmation_config,
+    confirmation_dir,
+    grid_cells,
+    parse_cell,
+)
 from rpka.spectrum import head_spectrum
 from rpka.tracks.cache import cache_path, track_fields
 from rpka.tracks.lookup import LookupConfig, background_patterns, generate
@@ -146,11 +154,10 @@ def test_one_cell_end_to_end(tmp_path):
     """A cell trained in seconds, read by the drop-in: exact's model scores what the bench
     recorded, every rung has a gap per seed, the file and the index are written."""
     cell = Cell(1, 288)
-    config = cell_config(
-        cell, seeds=(300, 301), train_windows=16, eval_windows=8,
-        model=dataclasses.replace(cell.model(), d_model=8, n_heads=1, d_ff=16, embed_kernel=5),
-        train=TrainConfig(epochs=1, batch_size=8, warmup_steps=0),
-    )  # fmt: skip
+    tiny = {"train_windows": 16, "eval_windows": 8, "train": TrainConfig(1, 8, warmup_steps=0),
+            "model": dataclasses.replace(cell.model(), d_model=8, n_heads=1, d_ff=16,
+                                         embed_kernel=5)}  # fmt: skip
+    config = cell_config(cell, seeds=(300, 301), **tiny)
     run_longctx(config, cell_dir(cell, tmp_path), progress=False, data_dir=tmp_path / "cache")
     result = rank_dropin.cell_dropin(cell, tmp_path, log=None)
     assert result["exact"] == pytest.approx(result["exact_in_bench"], rel=1e-5)
@@ -159,3 +166,20 @@ def test_one_cell_end_to_end(tmp_path):
     assert (cell_dir(cell, tmp_path) / rank_dropin.DROPIN_FILE).exists()
     rows = law.cell_rows(tmp_path, [cell])
     assert rows[0]["cell"] == cell.name and rows[0]["effective_rank"]["kernel"] >= 1
+    # the trained confirmation at rank 4 (and 2): RPKA and uniform, 8 seeds, read by the index
+    confirm = confirmation_config(cell, 4, **tiny)
+    assert [a.name for a in confirm.bench.arms][2:] == [
+        "rpka-r4", "nystrom-uniform-r4", "rpka-r2", "nystrom-uniform-r2"]  # fmt: skip
+    run_longctx(confirm, confirmation_dir(cell, 4, tmp_path), progress=False,
+                data_dir=tmp_path / "cache")  # fmt: skip
+    trained = law.trained_rows(tmp_path)
+    assert {(r["arm"], r["trained_at"]) for r in trained} == {
+        (a, "trained-r4")
+        for a in ("rpka-r4", "nystrom-uniform-r4", "rpka-r2", "nystrom-uniform-r2")
+    }
+    assert all(len(r["gap"]["per_seed"]) == 8 for r in trained)
+
+
+def test_confirmation_needs_an_even_rank():
+    with pytest.raises(ValueError, match="rank"):
+        confirmation_config(Cell(4, 512), 3)

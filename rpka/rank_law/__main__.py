@@ -4,6 +4,7 @@
     python -m rpka.rank_law train  [--cells NAME ...]   # exact + control per cell (resumes)
     python -m rpka.rank_law dropin [--cells NAME ...]   # the drop-in reading per cell
     python -m rpka.rank_law predict --cells NAME        # the held-out cell's predicted r*
+    python -m rpka.rank_law confirm --cells NAME --rank R  # RPKA, uniform trained at R, R/2
     python -m rpka.rank_law index                       # the fit and rank_law.json
 
 ``--cells`` defaults to the grid (``rpka.rank_law.grid.grid_cells``); a cell outside it
@@ -18,10 +19,18 @@ import sys
 from rpka.cost_longctx import price_lines, price_longctx
 from rpka.longctx import run_longctx
 from rpka.rank_law.dropin import cell_dropin
-from rpka.rank_law.grid import RANK_LAW_RESULTS, cell_config, cell_dir, grid_cells, parse_cell
+from rpka.rank_law.grid import (
+    RANK_LAW_RESULTS,
+    cell_config,
+    cell_dir,
+    confirmation_config,
+    confirmation_dir,
+    grid_cells,
+    parse_cell,
+)
 from rpka.rank_law.law import predict, write_index
 
-STAGES = ("price", "train", "dropin", "predict", "index")
+STAGES = ("price", "train", "dropin", "predict", "confirm", "index")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stage", choices=STAGES)
     parser.add_argument("--cells", nargs="+", help="cell names (default: the grid)")
     parser.add_argument("--results", default=RANK_LAW_RESULTS, help="default %(default)s")
+    parser.add_argument("--rank", type=int, help="confirm: the drop-in r* to train at")
     parser.add_argument("--workers", type=int, default=1, help="training processes, 1-2")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -49,6 +59,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("predict needs exactly one --cells NAME (the held-out cell)")
         held_out = predict(args.results, args.cells[0])
         print(f"{held_out['cell']}: predicted r* {held_out['predicted_r_star']:.1f}")
+        return 0
+    if args.stage == "confirm":
+        if not args.cells or len(args.cells) != 1 or args.rank is None:
+            parser.error("confirm needs one --cells NAME and --rank R (the cell's drop-in r*)")
+        try:
+            config = confirmation_config(cells[0], args.rank, args.workers)
+        except ValueError as err:
+            parser.error(str(err))
+        run_longctx(config, confirmation_dir(cells[0], args.rank, args.results), progress=progress)
         return 0
     for cell in cells:
         out = cell_dir(cell, args.results)

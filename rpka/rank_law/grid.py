@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpka.checks import require
+from rpka.checks import is_int, require
 from rpka.config import LongContextConfig
+from rpka.config_parts import peer_arm, rpka_arm
 from rpka.model import ModelConfig
 from rpka.paths import RANK_LAW_RESULTS
 from rpka.presets_longctx import (
     LONGCTX_MODEL,
+    LONGCTX_RESIDUAL_SOLVE,
     LONGRANGE_TRACK,
     LONGRANGE_TRAIN,
     LONGRANGE_WARM_START,
@@ -42,6 +44,8 @@ from rpka.presets_tracks import EXACT, MEAN_CONTROL
 from rpka.tracks.lookup import BACKGROUNDS, LookupConfig
 
 GRID_SEEDS = (300, 301, 302, 303)  # evaluation seeds no other study used, own data each
+CONFIRM_SEEDS = tuple(range(300, 308))  # the trained confirmation's 8 (the grid's 4 first)
+CONFIRM_SEEDS_PER_JOB = 4
 GRID_PAIRS = (1, 4, 16, 64)
 GRID_LENGTHS = (512, 2048)
 HEAD_DIM_PAIRS = (1, 16)  # the head-dimension cells: d 64 at 512 tokens, noise
@@ -168,9 +172,40 @@ def cell_config(
     )
 
 
+def confirmation_config(cell: Cell, rank: int, workers: int = 1, **scale: Any) -> LongContextConfig:
+    """The trained confirmation of a cell (issue 41 item 4): RPKA and uniform landmarks
+    trained at ``rank`` (the drop-in r*) and at half of it beside exact and the control,
+    :data:`CONFIRM_SEEDS` (each its own data), the long-range study's rate and steps; the
+    primary is RPKA at ``rank``; ``scale`` as :func:`cell_config`'s."""
+    require(is_int(rank) and rank >= 2 and rank % 2 == 0, "rank", "an even integer >= 2", rank)
+    arms = [
+        arm
+        for r in (rank, rank // 2)
+        for arm in (
+            rpka_arm(r, residual_solve=LONGCTX_RESIDUAL_SOLVE),
+            peer_arm("nystrom-uniform", r),
+        )
+    ]
+    base = cell_config(cell, CONFIRM_SEEDS, workers, **scale)
+    bench = base.bench.replace(
+        preset=f"rank-law-confirm-{cell.name}-r{rank}",
+        arms=(*base.bench.arms, *arms),
+        primary_arm=arms[0].name,
+        seeds_per_job=CONFIRM_SEEDS_PER_JOB,
+    )
+    config = dataclasses.replace(base, preset=bench.preset, bench=bench)
+    config.validate()
+    return config
+
+
 def cell_dir(cell: Cell, results: str | Path = RANK_LAW_RESULTS) -> Path:
     """Where a cell's study lives: ``<results>/<cell name>/``."""
     return Path(results) / cell.name
+
+
+def confirmation_dir(cell: Cell, rank: int, results: str | Path = RANK_LAW_RESULTS) -> Path:
+    """Where a cell's trained confirmation at ``rank`` lives: ``<cell dir>/trained-r<rank>``."""
+    return cell_dir(cell, results) / f"trained-r{rank}"
 
 
 def describe(cell: Cell) -> dict[str, Any]:

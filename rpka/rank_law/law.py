@@ -24,9 +24,12 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from rpka.frontier import gap_recovered, per_seed_gap
 from rpka.io import read_json, write_result_json
-from rpka.rank_law.dropin import DROPIN_FILE, METHODS
+from rpka.presets_tracks import MEAN_CONTROL
+from rpka.rank_law.dropin import DROPIN_FILE, METHODS, per_seed
 from rpka.rank_law.grid import Cell, describe, grid_cells, parse_cell
+from rpka.robustness import arm_robustness
 
 INDEX_FILE = "rank_law.json"
 HELD_OUT_FILE = "held_out.json"
@@ -144,6 +147,30 @@ def held_out_outcome(results: str | Path) -> dict[str, Any] | None:
             "held": held, "held_if": held_out["held_if"]}  # fmt: skip
 
 
+def trained_rows(results: str | Path) -> list[dict[str, Any]]:
+    """The trained confirmations (``<cell>/trained-r<rank>/``): per low-rank arm, the gap
+    recovered per seed against the control, the frontier's verdict and its leave-one-seed-
+    out robustness (``rpka.robustness.arm_robustness``)."""
+    rows = []
+    for path in sorted(Path(results).glob("*/trained-r*/longctx/context-*/bench_report.json")):
+        report = read_json(path)
+        seeds = report["arms"]["exact"]["seeds"]
+        exact = per_seed(report, "exact", seeds)
+        control = per_seed(report, MEAN_CONTROL.name, seeds)
+        for name, arm in report["arms"].items():
+            method = arm["method"]
+            if method not in ("rpka", "nystrom-uniform"):
+                continue
+            scores = per_seed(report, name, seeds)
+            g = per_seed_gap(control, exact, scores, "lower")
+            diffs = [a - e for a, e in zip(scores, exact, strict=True)]
+            robust = arm_robustness(g.tolist(), diffs, seeds, gap_recovered)
+            rows.append({"cell": path.parts[-5], "trained_at": path.parts[-4], "arm": name,
+                         "method": method, "gap": gap_recovered(g), "robust": robust["robust"],
+                         "rests_on_seeds": robust["rests_on_seeds"]})  # fmt: skip
+    return rows
+
+
 def write_index(results: str | Path, log: Callable[[str], None] | None = print) -> dict[str, Any]:
     """``<results>/rank_law.json``: cells, the fit per method, the held-out outcome."""
     rows = cell_rows(results, grid_cells())
@@ -153,7 +180,7 @@ def write_index(results: str | Path, log: Callable[[str], None] | None = print) 
         "cells": rows,
         "fit": {m: fit_law(rows, m) for m in METHODS},
         "held_out": held_out_outcome(results),
-        "trained": [],
+        "trained": trained_rows(results),
     }
     write_result_json(Path(results) / INDEX_FILE, index)
     if log is not None:
