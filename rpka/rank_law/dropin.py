@@ -144,6 +144,14 @@ def cell_dropin(
     """The drop-in reading of ``cell`` (module docstring), written and returned."""
     bench_dir = Path(results) / cell.name / paths.longctx_context_dir(cell.n)
     report = read_json(bench_dir / BENCH_REPORT_FILE)
+    learnable = bool(report["learnability"]["met"])
+    if not learnable:  # no gap to recover: the cell is reported, not read (docs/rank_law.md)
+        result = {"what": (__doc__ or "").split("\n\n")[0], **describe(cell),
+                  "learnable": False, "learnability": report["learnability"], "rows": [],
+                  "r_star": {m: r_star([], m) for m in METHODS}, "pivoting": [],
+                  "effective_rank": []}  # fmt: skip
+        write_result_json(cell_dir(cell, results) / DROPIN_FILE, result)
+        return result
     run_file = bench_dir / "runs" / f"{report['arms']['exact']['run_ids'][0]}.json"
     run = read_run_file(run_file)
     run_config = {**run["config"], "device": "cpu"}
@@ -183,7 +191,7 @@ def cell_dropin(
         "exact": exact,
         "exact_in_bench": per_seed(report, "exact", seeds),
         "control": control_scores,
-        "learnable": report.get("learnability", {}).get("met"),
+        "learnable": learnable,
         "rows": rows,
         "r_star": {m: r_star(rows, m) for m in METHODS},
         "pivoting": pivoting(rows),

@@ -49,14 +49,15 @@ def cell_rows(results: str | Path, cells: list[Cell]) -> list[dict[str, Any]]:
         dropin = read_json(path)
         gap_by_rank = {m: {str(r["rank"]): r["gap"]["mean"] for r in dropin["rows"]
                            if r["method"] == m} for m in METHODS}  # fmt: skip
-        heads = dropin["effective_rank"]
+        heads = dropin["effective_rank"] or [{"kernel": None, "attention": None}]
         rows.append({
             **describe(cell),
             "learnable": dropin["learnable"],
             "r_star_dropin": {m: dropin["r_star"][m]["every_seed"] for m in METHODS},
             "r_star_mean_rule": {m: dropin["r_star"][m]["mean_non_inferior"] for m in METHODS},
             "gap_by_rank": gap_by_rank,
-            "effective_rank": {key: max(h[key] for h in heads) for key in ("kernel", "attention")},
+            "effective_rank": {key: max((h[key] for h in heads if h[key] is not None),
+                                        default=None) for key in ("kernel", "attention")},
             "pivoting": dropin["pivoting"],
         })  # fmt: skip
     return rows

@@ -36,8 +36,9 @@ def cells_table(index: Mapping[str, Any], cap: int) -> pd.DataFrame:
                "background": cell["background"]}  # fmt: skip
         for method, label in METHODS.items():
             row[f"r* {label}"] = _r_star(cell["r_star_dropin"][method], learnable, cap)
-        row["effective rank (kernel)"] = f"{cell['effective_rank']['kernel']:.0f}"
-        row["effective rank (P)"] = f"{cell['effective_rank']['attention']:.0f}"
+        for key, label in (("kernel", "kernel"), ("attention", "P")):
+            value = cell["effective_rank"][key]
+            row[f"effective rank ({label})"] = "-" if value is None else f"{value:.0f}"
         rows.append(row)
     return pd.DataFrame(rows)
 
