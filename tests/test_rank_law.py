@@ -159,7 +159,9 @@ def test_one_cell_end_to_end(tmp_path):
                                          embed_kernel=5)}  # fmt: skip
     config = cell_config(cell, seeds=(300, 301), **tiny)
     run_longctx(config, cell_dir(cell, tmp_path), progress=False, data_dir=tmp_path / "cache")
-    result = rank_dropin.cell_dropin(cell, tmp_path, log=None)
+    skipped = rank_dropin.cell_dropin(cell, tmp_path, log=None)  # seconds of training: not
+    assert skipped["learnable"] is False and skipped["rows"] == []  # learnable, not read
+    result = rank_dropin.cell_dropin(cell, tmp_path, log=None, require_learnable=False)
     assert result["exact"] == pytest.approx(result["exact_in_bench"], rel=1e-5)
     assert {r["method"] for r in result["rows"]} == set(rank_dropin.METHODS)
     assert all(len(r["g"]) == 2 for r in result["rows"])
