@@ -27,7 +27,7 @@ from scipy import stats
 from rpka.frontier import gap_recovered, per_seed_gap
 from rpka.io import read_json, write_result_json
 from rpka.presets_tracks import MEAN_CONTROL
-from rpka.rank_law.dropin import DROPIN_FILE, METHODS, per_seed
+from rpka.rank_law.dropin import DROPIN_FILE, METHODS, per_seed, r_star
 from rpka.rank_law.grid import Cell, describe, grid_cells, parse_cell
 from rpka.robustness import arm_robustness
 
@@ -53,8 +53,9 @@ def cell_rows(results: str | Path, cells: list[Cell]) -> list[dict[str, Any]]:
         rows.append({
             **describe(cell),
             "learnable": dropin["learnable"],
-            "r_star_dropin": {m: dropin["r_star"][m]["every_seed"] for m in METHODS},
-            "r_star_mean_rule": {m: dropin["r_star"][m]["mean_non_inferior"] for m in METHODS},
+            "r_star_dropin": {m: r_star(dropin["rows"], m)["every_seed"] for m in METHODS},
+            "r_star_mean_rule": {m: r_star(dropin["rows"], m)["mean_non_inferior"]
+                                 for m in METHODS},
             "gap_by_rank": gap_by_rank,
             "effective_rank": {key: max((h[key] for h in heads if h[key] is not None),
                                         default=None) for key in ("kernel", "attention")},
