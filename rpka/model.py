@@ -84,7 +84,7 @@ class ModelConfig:
         final position. The flatten head has L x d_model x horizon weights: at long context
         that is more features than a short run has training windows (at 512 tokens and
         d_model 16, 8,192 per horizon step against 4,000 windows), and its regression does
-        not find the last token's answer (rpka.presets, long context); the last-token
+        not find the last token's answer (rpka.config.presets, long context); the last-token
         head's size does not grow with L, and everything it reads came through attention.
     """
 
@@ -123,25 +123,20 @@ class ModelConfig:
             "in [0, 1)",
             self.dropout,
         )
-        require(
-            isinstance(self.linear_skip, bool), "model.linear_skip", "a bool", self.linear_skip
-        )
+        require(isinstance(self.linear_skip, bool), "model.linear_skip", "a bool", self.linear_skip)
         require(
             is_number(self.head_init_std) and self.head_init_std >= 0,
             "model.head_init_std",
             ">= 0",
             self.head_init_std,
         )
-        require(
-            self.readout in READOUTS, "model.readout", f"one of {READOUTS}", self.readout
-        )
+        require(self.readout in READOUTS, "model.readout", f"one of {READOUTS}", self.readout)
         require(
             is_int(self.previous_tokens) and 0 <= self.previous_tokens <= 16,
             "model.previous_tokens",
             "an integer in [0, 16]",
             self.previous_tokens,
         )
-
 
 
 # standard deviation of the initial positional embeddings (GPT-2 style; the output head's is

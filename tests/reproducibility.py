@@ -23,8 +23,8 @@ import rpka  # noqa: F401  (pins the CPU numerics: before any torch op runs)
 from rpka import numerics
 from rpka.attention import build
 from rpka.bench import InProcessExecutor, run_bench
+from rpka.config.presets import get_preset
 from rpka.io import read_run_file, write_json
-from rpka.presets import get_preset
 
 REFERENCE = Path(__file__).parent / "data" / "reproducibility.json"
 
@@ -72,8 +72,13 @@ def bench_reference() -> dict[str, Any]:
         "smoke", train={"epochs": 1}, mechanism=None, output_error_ranks=(), n_workers=1
     )
     with tempfile.TemporaryDirectory() as root:
-        run_bench(preset, Path(root) / "out", InProcessExecutor(), progress=False,
-                  data_dir=Path(root) / "cache")
+        run_bench(
+            preset,
+            Path(root) / "out",
+            InProcessExecutor(),
+            progress=False,
+            data_dir=Path(root) / "cache",
+        )
         runs = [read_run_file(f) for f in sorted((Path(root) / "out" / "runs").glob("*.json"))]
     return {
         f"{run['arm']} lr={run['lr']} {run['split']}": run["scores"]

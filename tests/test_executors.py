@@ -13,11 +13,11 @@ import psutil
 import pytest
 
 import rpka.bench as bench
-from rpka import cli
 from rpka.bench import run_bench
-from rpka.executors import EXECUTOR_KINDS, InProcessExecutor, local_executor, make_executor
+from rpka.cli import commands as cli
+from rpka.config.presets import get_preset
 from rpka.io import without_keys
-from rpka.presets import get_preset
+from rpka.training.executors import EXECUTOR_KINDS, InProcessExecutor, local_executor, make_executor
 
 ROOT = Path(__file__).resolve().parent.parent
 # a driver that starts a pool of two workers, waits until both have run a job (so both
@@ -146,8 +146,7 @@ def test_a_single_process_matches_the_local_pool(local_pool_runs, tmp_path):
     """The inline executor (the driver's own process) gives the pool's numbers bit for bit,
     sweep and statistics included: every process runs the same pinned kernels."""
     expected, cache = local_pool_runs
-    run_bench(DASK_SMOKE, tmp_path / "inline", InProcessExecutor(), progress=False,
-              data_dir=cache)
+    run_bench(DASK_SMOKE, tmp_path / "inline", InProcessExecutor(), progress=False, data_dir=cache)
     assert _run_files(tmp_path / "inline") == expected
 
 

@@ -1,11 +1,12 @@
-"""The rank frontier (rpka.frontier): gap recovered, non-inferiority, r*, the positive
+"""The rank frontier (rpka.verdict.frontier): gap recovered, non-inferiority, r*, the positive
 control, pivoting - against values computed here from the definitions and scipy."""
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from rpka.frontier import (
+from rpka.io import read_json, write_json
+from rpka.verdict.frontier import (
     add_positive_control,
     cost_at_lengths,
     drop_in_curve,
@@ -17,7 +18,6 @@ from rpka.frontier import (
     track_frontier,
     write_frontier,
 )
-from rpka.io import read_json, write_json
 
 CONTROL = [0.80, 0.82, 0.79, 0.81, 0.80, 0.83, 0.78]
 EXACT = [0.00, 0.01, 0.00, 0.00, 0.02, 0.00, 0.01]
@@ -150,9 +150,12 @@ def test_track_frontier_finds_r_star_and_reads_the_positive_control(tmp_path):
 
 
 def test_cost_at_lengths_reads_the_sweep_row_of_that_rank_only():
-    sweep = {"rows": [{"method": "nystrom-uniform", "rank": 16, "n": 2048,
-                       "speedup_vs_exact": 2.0},
-                      {"method": "rpka", "rank": 16, "n": 2048, "speedup_vs_exact": 1.5}]}
+    sweep = {
+        "rows": [
+            {"method": "nystrom-uniform", "rank": 16, "n": 2048, "speedup_vs_exact": 2.0},
+            {"method": "rpka", "rank": 16, "n": 2048, "speedup_vs_exact": 1.5},
+        ]
+    }
     cost = cost_at_lengths(sweep, 16, lengths=(2048,))
     assert cost["lengths"]["2048"]["forward_speedup"] == 1.5
     assert cost["lengths"]["2048"]["memory_ratio"] is None
@@ -241,7 +244,7 @@ def test_the_spectrum_text_states_the_heads_sharpness_and_q_k_ratio():
 
 
 def test_the_positive_control_is_outside_the_holm_family_and_checked():
-    from rpka.presets import get_preset
+    from rpka.config.presets import get_preset
 
     config = get_preset("full", "recall")
     assert config.positive_control_arm == "rpka-r96"
@@ -254,20 +257,27 @@ def test_the_positive_control_is_outside_the_holm_family_and_checked():
 
 def _recall_report(pairs: int, errors: dict[str, list[float]]) -> dict:
     """A recall bench report with the same error at every length factor."""
+
     def scored(per_seed):
         m = float(np.mean(per_seed))
         return {"mean": m, "ci_low": m - 0.01, "ci_high": m + 0.01, "n": len(per_seed)}
+
     arms = {name: {"method": name.split("-r")[0] if "-r" in name else name,
                    "rank": int(name.split("-r")[1]) if "-r" in name else None,
                    "full_by_metric": {k: scored(v) for k in ("error", "error_x2", "error_x4")}}
             for name, v in errors.items()}  # fmt: skip
-    return {"config": {"track": {"n_pairs": pairs}, "train": {"epochs": 2}}, "arms": arms,
-            "data": {"length_factors": [2, 4]}}
+    return {
+        "config": {"track": {"n_pairs": pairs}, "train": {"epochs": 2}},
+        "arms": arms,
+        "data": {"length_factors": [2, 4]},
+    }
 
 
 def test_the_mqar_curve_is_accuracy_against_rank_over_pairs_per_length(tmp_path):
-    reports = [_recall_report(4, {"exact": [0.0, 0.0], "rpka-r8": [0.1, 0.3]}),
-               _recall_report(16, {"exact": [0.0, 0.02], "rpka-r8": [0.5, 0.7]})]
+    reports = [
+        _recall_report(4, {"exact": [0.0, 0.0], "rpka-r8": [0.1, 0.3]}),
+        _recall_report(16, {"exact": [0.0, 0.02], "rpka-r8": [0.5, 0.7]}),
+    ]
     rows = mqar_curve(reports)
     assert len(rows) == 2 * 2 * 3  # benches x arms x length factors
     r8 = [r for r in rows if r["arm"] == "rpka-r8" and r["length_factor"] == 1]

@@ -2,6 +2,9 @@
 
 >>> attn = build("rpka", rank=32)
 >>> out = attn(q, k, v)          # q, k, v: (B, H, n, d) -> (B, H, n, d)
+
+May import: the root modules io, paths, checks and numerics only; every other stage
+imports it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The rank frontier figure: gap recovered against rank / n, one panel per track.
 
-Reads ``frontier.json`` as :func:`rpka.frontier.write_frontier` writes it (keys in
+Reads ``frontier.json`` as :func:`rpka.verdict.frontier.write_frontier` writes it (keys in
 docs/statistics.md, section 8). Returns the matplotlib ``Figure`` and with ``save_dir``
 also writes ``<save_dir>/<name>.png``.
 """
@@ -121,7 +121,7 @@ def plot_performance_profiles(
     save_dir: str | os.PathLike | None = None,
     name: str = "performance_profiles",
 ) -> Figure:
-    """rliable's performance profiles (:func:`rpka.aggregate.performance_profiles`): per
+    """rliable's performance profiles (:func:`rpka.verdict.aggregate.performance_profiles`): per
     panel, the fraction of runs with gap recovered above tau against tau, per arm family,
     with its 95 % stratified-bootstrap band; exact (g = 1) and the control (g = 0) drawn
     as reference steps. One legend under the panels."""
@@ -153,7 +153,7 @@ def plot_spectrum(
     save_dir: str | os.PathLike | None = None,
     name: str = "kernel_spectrum",
 ) -> Figure:
-    """One panel per track (``spectra``: track -> spectrum.json of :mod:`rpka.spectrum`):
+    """One panel per track (``spectra``: track -> spectrum.json of :mod:`rpka.kernel.spectrum`):
     the curves averaged over the trained heads against r / N, the heads' logit spread in
     the title."""
     fig, axes = panel_grid(len(spectra), 4.6, 4.0)

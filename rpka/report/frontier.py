@@ -1,6 +1,6 @@
 """The report's frontier section: at which rank each track's RPKA stops losing, at what cost.
 
-Text, table and figure from ``frontier.json`` (:func:`rpka.frontier.write_frontier`); the
+Text, table and figure from ``frontier.json`` (:func:`rpka.verdict.frontier.write_frontier`); the
 rule is docs/statistics.md, section 8. Every number comes from the file.
 """
 
@@ -15,8 +15,6 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown
 
-from rpka.aggregate import study_aggregate
-from rpka.frontier import unread_pairs
 from rpka.io import read_json
 from rpka.report.figures_frontier import (
     plot_frontier,
@@ -26,6 +24,8 @@ from rpka.report.figures_frontier import (
 from rpka.report.figures_recall import plot_mqar
 from rpka.report.text import esc
 from rpka.tracks import get_task
+from rpka.verdict.aggregate import study_aggregate
+from rpka.verdict.frontier import unread_pairs
 
 RULE = (
     "Gap recovered g = (control - arm) / (control - exact) per evaluation seed: 1 is exact "
@@ -89,13 +89,14 @@ def _interval(row: Mapping[str, Any]) -> str:
 
 
 def load_aggregate(results_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The aggregate statistics of a study's gated tracks (:func:`rpka.aggregate.study_aggregate`),
+    """The aggregate statistics of a study's gated tracks
+    (:func:`rpka.verdict.aggregate.study_aggregate`),
     or None without a study index or a gated track."""
     return study_aggregate(results_dir)
 
 
 def aggregate_table(aggregate: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per aggregate (:mod:`rpka.aggregate`): the comparison, the tracks with their
+    """One row per aggregate (:mod:`rpka.verdict.aggregate`): the comparison, the tracks with their
     seeds, the estimate [95 % stratified-bootstrap CI]."""
     rows = [*aggregate["exact_vs_rpka"], *aggregate["rpka_vs_peers"], aggregate["primary_gap_iqm"]]
     return pd.DataFrame([
@@ -115,9 +116,9 @@ def aggregate_caption(aggregate: Mapping[str, Any]) -> str:
     first = aggregate["primary_gap_iqm"]
     return (
         "**An aggregate view across the gated tracks; the per-track rule above decides.** "
-        "Rows \"exact vs ...\": the probability that an exact-attention run beats a run of "
+        'Rows "exact vs ...": the probability that an exact-attention run beats a run of '
         "the RPKA arm on the same track (0.5 = no difference), averaged over the tracks it "
-        "ran on; \"RPKA vs ...\": the probability that RPKA beats the peer at the same "
+        'ran on; "RPKA vs ...": the probability that RPKA beats the peer at the same '
         "rank; both on each track's own metric, ties counted half. Last row: the "
         "interquartile mean of the primary RPKA arm's gap recovered over every seed of "
         "every track (1 = exact, 0 = the no-attention control). Intervals: stratified "
@@ -241,7 +242,7 @@ def frontier_caption(frontier: Mapping[str, Any]) -> tuple[str, str]:
 def load_spectra(
     frontier: Mapping[str, Any] | None, results_dir: str | os.PathLike
 ) -> dict[str, dict[str, Any]]:
-    """The ``spectrum.json`` of each frontier track that has one (:mod:`rpka.spectrum`);
+    """The ``spectrum.json`` of each frontier track that has one (:mod:`rpka.kernel.spectrum`);
     a track that is not a registered one (``longrange-<n>``) has none."""
     spectra = {}
     for track in (frontier or {}).get("tracks", {}):
@@ -325,8 +326,11 @@ def unread_clause(mqar: Mapping[str, Any]) -> str:
     unread = sorted(unread_pairs(mqar))
     if not unread:
         return ""
-    return ("; not drawn: " + ", ".join(f"{p} pairs" for p in unread)
-            + ", where exact attention missed its learnability bar (nothing there is read)")
+    return (
+        "; not drawn: "
+        + ", ".join(f"{p} pairs" for p in unread)
+        + ", where exact attention missed its learnability bar (nothing there is read)"
+    )
 
 
 def mqar_caption(mqar: Mapping[str, Any]) -> tuple[str, str]:
@@ -337,7 +341,8 @@ def mqar_caption(mqar: Mapping[str, Any]) -> tuple[str, str]:
         "and at 2x and 4x that length, one line per RPKA rank across the pair counts; each "
         "point the mean over " + "/".join(map(str, seeds)) + " evaluation seeds with its "
         "95 % t interval. Training epochs per pair count (exact must learn each): "
-        + ", ".join(f"{p} pairs {e}" for p, e in epochs) + unread_clause(mqar)
+        + ", ".join(f"{p} pairs {e}" for p, e in epochs)
+        + unread_clause(mqar)
         + ". Dashed: exact attention's "
         "lowest and the no-attention control's highest accuracy over the pair counts. A rank "
         "trained at one pair count only has no line; the table below has every arm."

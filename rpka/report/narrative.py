@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from rpka import stats
 from rpka.report.figures import metric_label
 from rpka.report.tables import NEAR_ZERO_FRACTION, relative_is_meaningful, verdict_word
 from rpka.tracks import get_task
+from rpka.verdict import stats
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -324,7 +324,7 @@ def mechanism_limitation(mechanism: Mapping, followup: Mapping | None = None) ->
     """The trace identity's caveat, if any (a list of at most one bullet).
 
     Files from the pooled rule (``pooled``: the z-scores of several Monte Carlo seeds,
-    ``rpka.stats.pooled_z``) are read by that decision, and by ``followup``
+    ``rpka.verdict.stats.pooled_z``) are read by that decision, and by ``followup``
     (scripts/mechanism_followup.py: more seeds and draws on the same heads) when there is
     one; older single-seed files by the chi-square of their z-scores, which one seed
     cannot tell from a fluctuation.
