@@ -16,13 +16,14 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, NullFormatter
 
+from rpka.attention import LANDMARK_METHODS, METHOD_INFO
 from rpka.io import save_figure
 from rpka.report import palette
 from rpka.report.figures import legend_entries, panel_grid
 
 # one colour per method, the same in every panel
-METHOD_COLOURS = {m: palette.method_colour(m) for m in ("rpka", "nystrom-uniform", "keys-coreset")}
-METHOD_MARKERS = {"rpka": "o", "nystrom-uniform": "s", "keys-coreset": "^"}
+METHOD_COLOURS = {m: palette.method_colour(m) for m in LANDMARK_METHODS}
+METHOD_MARKERS = {m: METHOD_INFO[m].marker for m in LANDMARK_METHODS}
 LABEL_OFFSETS = {"rpka": (5, -4), "nystrom-uniform": (5, 14), "keys-coreset": (-40, -4)}
 RANK_TICKS = (1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
 

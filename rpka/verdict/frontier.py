@@ -38,14 +38,16 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from rpka.attention import LANDMARK_METHODS, METHOD_INFO
 from rpka.io import read_json, write_result_json
 from rpka.paths import DROP_IN_FILE
 from rpka.verdict.robustness import arm_robustness, longrange_answer, step_ratio_of
 from rpka.verdict.stats import ALPHA, paired_comparison, summarize
 
 MARGIN_GAP = 0.95  # non-inferior: mean gap recovered above 0.95 (one-sided, alpha 0.05)
-LOW_RANK_METHODS = ("rpka", "nystrom-uniform", "keys-coreset")
-PIVOTING_PEERS = ("nystrom-uniform", "keys-coreset")
+# the methods on the frontier: those that draw landmarks (rpka.attention.METHOD_INFO)
+LOW_RANK_METHODS = LANDMARK_METHODS
+PIVOTING_PEERS = tuple(m for m in LANDMARK_METHODS if METHOD_INFO[m].family == "peer")
 # the lengths the cost at r* is read at besides the track's own (issue 26, item 3)
 COST_LENGTHS = (2048, 8192)
 
