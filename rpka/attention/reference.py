@@ -34,7 +34,10 @@ import math
 import torch
 from torch import Tensor
 
-from rpka.attention.rpka import KEYS_RATIO
+# Standalone on purpose: nothing from the fast code. The balance ratio of keys-only pivots,
+# WildCat's rho (microsoft/wildcat, compress_kv.py RHO_2), typed again here; it equals
+# ``rpka.attention.rpka.KEYS_RATIO`` (tests/test_reference.py checks both).
+KEYS_RATIO = 3.94582
 
 
 def gaussian(x: Tensor, y: Tensor) -> Tensor:
