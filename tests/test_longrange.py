@@ -40,7 +40,10 @@ def two_control_gate(exact, control, local, **changes):
     bench = bench.replace(eval_seeds=tuple(range(100, 108)), **changes)
     assert bench.gate_needs_local
     arms = arms_of(bench, {"exact": exact, "mean-attention": control, "local-w8": local})
-    uniform, window = decision.attention_gate(bench, arms), decision.local_gate(bench, arms)
+    uniform, window = (
+        decision.control_gate(bench, arms, bench.control),
+        decision.local_gate(bench, arms),
+    )
     applied = decision.verdict_gate(bench, uniform, window)
     return {"passed": applied["passed"], "attention_gate": uniform, "local_gate": window}
 

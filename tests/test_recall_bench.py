@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rpka.bench import InProcessExecutor, run_bench
-from rpka.config.presets import RECALL_PRESETS, get_preset
+from rpka.config.presets import PRESETS_BY_TRACK, get_preset
 from rpka.io import atomic_save_npz
 from rpka.model import ModelConfig, TransformerLM
 from rpka.report.figures_recall import accuracy_points, plot_recall_accuracy_vs_rank, reference_arms
@@ -32,7 +32,7 @@ SMALL = RecallConfig(
 )
 
 
-@pytest.mark.parametrize("preset", sorted(RECALL_PRESETS))
+@pytest.mark.parametrize("preset", sorted(PRESETS_BY_TRACK["recall"]))
 def test_recall_presets_validate_and_embed_the_previous_token(preset):
     config = get_preset(preset, "recall")  # validated
     assert config.model.previous_tokens == 1

@@ -127,19 +127,8 @@ STANDARD_PRESETS: dict[str, BenchConfig] = {
         train=TrainConfig(epochs=8, batch_size=64),
     ),
 }
-# every study preset, by track: ``get_preset(name, track_name)`` looks it up here
-PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {
-    "forecast": PRESETS,
-    "lm": LM_PRESETS,
-    "forecast-motif": MOTIF_PRESETS,
-    "forecast-regimes": REGIMES_PRESETS,
-    "forecast-real": REAL_PRESETS,
-    "recall": RECALL_PRESETS,
-}
-for _track, _config in STANDARD_PRESETS.items():
-    PRESETS_BY_TRACK[_track]["standard"] = _config
 # The motif track's rank frontier at 64 tokens (issue 26; why these arms: docs/frontier.md)
-MOTIF_PRESETS["frontier"] = STANDARD_PRESETS["forecast-motif"].replace(
+MOTIF_FRONTIER = STANDARD_PRESETS["forecast-motif"].replace(
     preset="frontier",
     arms=(EXACT, MEAN_CONTROL, *(rpka_arm(r) for r in (16, 32, 64, 128))),
     eval_seeds=tuple(range(100, 108)),
@@ -149,14 +138,34 @@ MOTIF_PRESETS["frontier"] = STANDARD_PRESETS["forecast-motif"].replace(
 # MQAR as Zoology reports it (issue 26, docs/frontier.md): 4, 16, 24 pairs at 64 tokens,
 # at the epochs exact needs to learn each (docs/presets.md, "recall")
 RECALL_PAIRS_EPOCHS: dict[int, int] = {4: 2, 16: 6, 24: 6}
-for _pairs, _epochs in RECALL_PAIRS_EPOCHS.items():
-    RECALL_PRESETS[f"pairs-{_pairs}"] = RECALL_PRESETS["full"].replace(
-        preset=f"pairs-{_pairs}", primary_arm="rpka-r16",
+RECALL_PAIRS_PRESETS: dict[str, BenchConfig] = {
+    f"pairs-{_pairs}": RECALL_PRESETS["full"].replace(
+        preset=f"pairs-{_pairs}",
+        primary_arm="rpka-r16",
         track=dataclasses.replace(RECALL_TRACK, n_pairs=_pairs),
         train=dataclasses.replace(RECALL_TRAIN, epochs=_epochs),
         arms=(EXACT, MEAN_CONTROL, *(lm_rpka_arm(r) for r in (8, 16, 32))),
-        learning_rates=(3e-3,), eval_seeds=(100, 101, 102), positive_control_arm=None,
-    )  # fmt: skip
+        learning_rates=(3e-3,),
+        eval_seeds=(100, 101, 102),
+        positive_control_arm=None,
+    )
+    for _pairs, _epochs in RECALL_PAIRS_EPOCHS.items()
+}
+# every study preset, by track: ``get_preset(name, track_name)`` looks it up here. Plain
+# values built from each track's presets (``rpka.config.presets_tracks``, left as they are:
+# nothing here changes another module's dicts) and the standard study's.
+PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {
+    "forecast": {**PRESETS, "standard": STANDARD_PRESETS["forecast"]},
+    "lm": {**LM_PRESETS, "standard": STANDARD_PRESETS["lm"]},
+    "forecast-motif": {
+        **MOTIF_PRESETS,
+        "standard": STANDARD_PRESETS["forecast-motif"],
+        "frontier": MOTIF_FRONTIER,
+    },
+    "forecast-regimes": dict(REGIMES_PRESETS),
+    "forecast-real": {**REAL_PRESETS, "standard": STANDARD_PRESETS["forecast-real"]},
+    "recall": {**RECALL_PRESETS, "standard": STANDARD_PRESETS["recall"], **RECALL_PAIRS_PRESETS},
+}
 # the tracks a study runs (each with the study's preset name); the report puts those that
 # pass their attention gate first. forecast-regimes runs as the long-context study
 # (LONGCTX_PRESETS); its 96-step form is available as `bench --track forecast-regimes`.

@@ -26,11 +26,12 @@ from rpka.report.text import esc
 from rpka.tracks import get_task
 from rpka.verdict.aggregate import study_aggregate
 from rpka.verdict.frontier import unread_pairs
+from rpka.verdict.stats import ALPHA
 
 RULE = (
     "Gap recovered g = (control - arm) / (control - exact) per evaluation seed: 1 is exact "
     "attention, 0 the no-attention control. An arm is *non-inferior* when the one-sided "
-    "t-test of mean g > {margin} rejects at 0.05; r\\* is the smallest such RPKA rank. The "
+    "t-test of mean g > {margin} rejects at {alpha:g}; r\\* is the smallest such RPKA rank. The "
     "positive control is the arm whose rank is exact by construction; it must read "
     "non-inferior, or the pipeline is wrong."
 )
@@ -232,8 +233,8 @@ def frontier_caption(frontier: Mapping[str, Any]) -> tuple[str, str]:
         "Rank frontier per track: mean gap recovered with its 95 % t interval against rank "
         "over the points pivoted (log axis); shaded: the non-inferior zone; each point "
         "labelled with its rank and its training step's ratio to exact attention's (same "
-        "track, same length). " + RULE.format(margin=next(iter(frontier["tracks"].values()))
-                                              ["margin_gap"])
+        "track, same length). " + RULE.format(alpha=ALPHA, margin=next(iter(
+            frontier["tracks"].values()))["margin_gap"])
     )  # fmt: skip
     alt = f"Gap recovered against relative rank for the tracks {tracks}, with r* marked."
     return caption, alt

@@ -26,6 +26,7 @@ from rpka.report import narrative, tables
 from rpka.study import steps as study
 from rpka.study.cost import cost_model_json, measured_cpu_s
 from rpka.tracks import get_task
+from rpka.verdict.stats import ALPHA
 
 BEGIN = "<!-- BEGIN rpka summary (python -m rpka summary --preset full --readme README.md) -->"
 END = "<!-- END rpka summary -->"
@@ -150,7 +151,7 @@ def mechanism_targets(mechanism: Mapping[str, Any] | None) -> list[Target]:
     pooled = sig.get("pooled")
     if pooled:  # the pooled rule (docs/statistics.md section 7)
         return [(
-            "trace identity: pooled z-scores calibrated (χ² and Σz, α = 0.05 over both)",
+            f"trace identity: pooled z-scores calibrated (χ² and Σz, α = {ALPHA:g} over both)",
             f"{pooled['n_seeds']} Monte Carlo seeds, {pooled['count']} z: χ² p "
             f"{pooled['chi2_p']:.3g}, Σz p {pooled['stouffer_p']:.3g}",
             pooled["confirmed"],

@@ -23,6 +23,7 @@ from rpka.report.text import esc, num
 from rpka.study.steps import FRONTIER_EXTENSIONS, LONGRANGE_TRACK
 from rpka.tracks import get_task
 from rpka.verdict.frontier import MARGIN_GAP, gap_recovered, per_seed_gap
+from rpka.verdict.stats import ALPHA
 
 NA = "n/a"
 
@@ -125,8 +126,8 @@ def answer_sentence(frontier: Mapping[str, Any] | None) -> str:
         control.append(f"was not trained on {', '.join(untested)}")
     return (
         "**When does RPKA stop losing, at what cost?** It ties with exact attention (mean gap "
-        f"recovered non-inferior to {num(margin, '.2f')}, one-sided t-test at 0.05; 1 is exact "
-        f"attention, 0 no attention) {_join(clauses)}. The positive control (a rank exact by "
+        f"recovered non-inferior to {num(margin, '.2f')}, one-sided t-test at {ALPHA:g}; 1 is "
+        f"exact attention, 0 no attention) {_join(clauses)}. The positive control (a rank exact by "
         f"construction) {'; it '.join(control)}."
     )
 

@@ -363,7 +363,7 @@ def trace_identity_caption(mechanism: Mapping[str, Any]) -> tuple[str, str]:
     decision = (
         f"decided over {pooled['n_seeds']} Monte Carlo seeds and {pooled['count']} z-scores: "
         f"χ² p = {num(pooled.get('chi2_p'), '.3g')}, Stouffer p = "
-        f"{num(pooled.get('stouffer_p'), '.3g')} (each at α = {pooled.get('alpha', 0.05) / 2:g})"
+        f"{num(pooled.get('stouffer_p'), '.3g')} (each at α = {pooled.get('alpha', ALPHA) / 2:g})"
         if pooled
         else "one Monte Carlo seed"
     )

@@ -68,6 +68,7 @@ from rpka.training.seed_data import (
     tracks_to_cache,
 )
 from rpka.training.train import build_model, track_config_of
+from rpka.verdict.stats import ALPHA
 
 LONGCTX_VERSION = "1.0"
 FILE_NAME = "longctx.json"
@@ -248,7 +249,7 @@ def protocol(config: LongContextConfig) -> str:
     gate = (
         f"attention gate: the control {bench.control} must be at least "
         f"{bench.gate_min_rel:.0%} worse than {bench.baseline_arm} (one-sided paired "
-        "sign-flip p < 0.05)"
+        f"sign-flip p < {ALPHA:g})"
         if bench.control
         else "no control arm, so no attention gate"
     )

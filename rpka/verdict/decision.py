@@ -21,8 +21,10 @@ METRIC_DIRECTION = "lower"  # every metric (MSE, MAE, perplexity, NLL, error): l
 def control_gate(
     config: BenchConfig, arms: dict[str, dict[str, Any]], control: str | None
 ) -> dict[str, Any] | None:
-    """``rpka.verdict.stats.attention_gate`` of one control arm: does ``control`` lose to the
-    baseline by ``config.gate_min_rel``? None when the study has no such arm."""
+    """The gate of one control arm, the one gate function ``rpka.verdict.stats.attention_gate``
+    applied to it: does ``control`` lose to the baseline by ``config.gate_min_rel``? The
+    attention gate is that of ``config.control``, the local gate (:func:`local_gate`) that of
+    ``config.local_control``. None when the study has no such arm."""
     if control is None or control not in arms:
         return None
     gate = stats.attention_gate(
@@ -34,14 +36,9 @@ def control_gate(
     return {"control_arm": control, **gate}
 
 
-def attention_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The track's attention gate: :func:`control_gate` of the no-attention control."""
-    return control_gate(config, arms, config.control)
-
-
 def local_gate(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The local gate (issue 27): :func:`control_gate` of the local-window control, the same
-    fields as :func:`attention_gate`'s."""
+    fields as the attention gate's (``control_gate(config, arms, config.control)``)."""
     return control_gate(config, arms, config.local_control)
 
 
@@ -105,7 +102,7 @@ def compare_arms(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[s
         for name, entry in arms.items()
         if name != config.baseline_arm
     }
-    gate = attention_gate(config, arms)
+    gate = control_gate(config, arms, config.control)  # the attention gate
     decide(config, comparisons, gate, local_gate(config, arms))
     for name, entry in arms.items():
         entry["comparison"] = comparisons.get(name)
