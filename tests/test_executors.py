@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DRIVER = textwrap.dedent(
     """
     import os, sys, time
-    from rpka import executors
+    from rpka.training import executors
 
     def pid_after(seconds):
         time.sleep(seconds)

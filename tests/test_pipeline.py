@@ -126,7 +126,10 @@ FAILING_REPORT = """
 import sys
 from pathlib import Path
 
-from rpka import cli, cost, pipeline, study
+from rpka.cli import commands as cli
+from rpka.cli import pipeline
+from rpka.study import cost
+from rpka.study import steps as study
 
 bad, out = Path(sys.argv[1]), Path(sys.argv[2])
 pipeline.preset_steps = lambda preset, from_results=False: [pipeline.Step(bad, out, {"x": 3})]
