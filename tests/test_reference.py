@@ -19,7 +19,7 @@ from scipy import stats
 from softmax_reference import softmax_attention
 
 from rpka.attention import build, pivot_kernel, reference
-from rpka.attention import rpka as fast
+from rpka.attention import frame as fast
 from rpka.attention.accelerated import accelerated_pivots
 from rpka.attention.nystrom import gather_points, nystrom_softmax, nystrom_softmax_chunked
 from rpka.attention.pivot_state import PointSet

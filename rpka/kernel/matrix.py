@@ -12,8 +12,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from rpka.attention.frame import KEYS_RATIO, balanced_frame
 from rpka.attention.rpcholesky import gaussian_kernel, weighting_power
-from rpka.attention.rpka import KEYS_RATIO, PIVOT_SETS, balanced_frame
+from rpka.attention.rpka import PIVOT_SETS
 
 
 def pivot_points(q: Tensor, k: Tensor, pivot_set: str = "joint") -> Tensor:
@@ -21,7 +22,7 @@ def pivot_points(q: Tensor, k: Tensor, pivot_set: str = "joint") -> Tensor:
 
     Mirrors :meth:`RPKAttention.attend`: ``q~ = q d^{-1/4} alpha``, keys scaled by
     ``d^{-1/4} / alpha`` and centred by their mean (guard 1), with the q/k balance alpha of
-    :func:`rpka.attention.rpka.balanced_frame`; joint set ``[q~; k~]`` (N = n + m) or keys
+    :func:`rpka.attention.frame.balanced_frame`; joint set ``[q~; k~]`` (N = n + m) or keys
     only (N = m).
     """
     if pivot_set not in PIVOT_SETS:
