@@ -123,20 +123,25 @@ class ModelConfig:
             "in [0, 1)",
             self.dropout,
         )
-        require(isinstance(self.linear_skip, bool), "model.linear_skip", "a bool", self.linear_skip)
+        require(
+            isinstance(self.linear_skip, bool), "model.linear_skip", "a bool", self.linear_skip
+        )
         require(
             is_number(self.head_init_std) and self.head_init_std >= 0,
             "model.head_init_std",
             ">= 0",
             self.head_init_std,
         )
-        require(self.readout in READOUTS, "model.readout", f"one of {READOUTS}", self.readout)
+        require(
+            self.readout in READOUTS, "model.readout", f"one of {READOUTS}", self.readout
+        )
         require(
             is_int(self.previous_tokens) and 0 <= self.previous_tokens <= 16,
             "model.previous_tokens",
             "an integer in [0, 16]",
             self.previous_tokens,
         )
+
 
 
 # standard deviation of the initial positional embeddings (GPT-2 style; the output head's is

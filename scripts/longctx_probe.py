@@ -1,11 +1,10 @@
 """Does a long-context configuration learn, and what does a training step cost? (issue 14)
 
-The measurements behind ``rpka.config.presets_longctx.LONGCTX_PRESETS``: one bench run per arm (the
-study's own ``rpka.training.train.train_run``: its data, model, loss and schedule) on the
-long-context
-preset's track and model at one context, with fields replaced from the command line, and
-its test MSE beside the naive forecasts; or (``--step-time``) the CPU time of one training
-step of every arm of the preset at each of its contexts.
+The measurements behind ``rpka.config.presets_longctx.LONGCTX_PRESETS``: one bench run per
+arm (the study's own ``rpka.training.train.train_run``: its data, model, loss and schedule)
+on the long-context preset's track and model at one context, with fields replaced from the
+command line, and its test MSE beside the naive forecasts; or (``--step-time``) the CPU time
+of one training step of every arm of the preset at each of its contexts.
 
     python scripts/longctx_probe.py --context 512 --arms exact mean-attention
     python scripts/longctx_probe.py --context 128 --track '{"period_max": 16}' \\
@@ -117,12 +116,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=None, help="default: the preset's first")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--step-time", action="store_true", help="only time one step per arm")
-    parser.add_argument(
-        "--warm-start-from",
-        type=int,
-        default=None,
-        help="train each arm at this context first, then continue at --context",
-    )
+    parser.add_argument("--warm-start-from", type=int, default=None,
+                        help="train each arm at this context first, then continue at --context")
     args = parser.parse_args()
     preset = LONGCTX_PRESETS[args.preset]
     if args.train_windows is None:

@@ -153,7 +153,9 @@ def main() -> None:
     entry["baselines"] = baselines(args.track, track)
     print(args.track, entry["baselines"], flush=True)
     for method in args.arms:
-        arm = train_arm(args.track, config, model_config(args.track, args), splits, args, method)
+        arm = train_arm(
+            args.track, config, model_config(args.track, args), splits, args, method
+        )
         arm.update(
             lr=args.lr,
             batch=args.batch,

@@ -72,13 +72,8 @@ def bench_reference() -> dict[str, Any]:
         "smoke", train={"epochs": 1}, mechanism=None, output_error_ranks=(), n_workers=1
     )
     with tempfile.TemporaryDirectory() as root:
-        run_bench(
-            preset,
-            Path(root) / "out",
-            InProcessExecutor(),
-            progress=False,
-            data_dir=Path(root) / "cache",
-        )
+        run_bench(preset, Path(root) / "out", InProcessExecutor(), progress=False,
+                  data_dir=Path(root) / "cache")
         runs = [read_run_file(f) for f in sorted((Path(root) / "out" / "runs").glob("*.json"))]
     return {
         f"{run['arm']} lr={run['lr']} {run['split']}": run["scores"]

@@ -107,13 +107,8 @@ def _report(**arms):
 
 
 def test_a_track_with_mismatched_seeds_is_an_error_naming_it():
-    report = _report(
-        **{
-            "nystrom-uniform-r16": _arm(
-                "nystrom-uniform", [0.4] * 5, 16, seeds=[100, 101, 102, 103, 999]
-            )
-        }
-    )
+    report = _report(**{"nystrom-uniform-r16": _arm("nystrom-uniform", [0.4] * 5, 16,
+                                                    seeds=[100, 101, 102, 103, 999])})
     with pytest.raises(ValueError, match="track 'motif'.*do not share their seeds"):
         rpka_vs_peers({"motif": report})
     short = _report()
@@ -131,9 +126,8 @@ def test_rows_on_hand_made_reports():
     assert rows[0]["tracks"] == ["a", "b"] and rows[0]["estimate"] == 1.0  # exact always wins
     assert [r["comparison"] for r in rows][1:] == ["exact vs rpka-r16"]
     (vs_uniform,) = rpka_vs_peers(reports, n_resamples=500)
-    assert vs_uniform["tracks"] == ["a"] and vs_uniform["pairs"] == [
-        ("rpka-r16", "nystrom-uniform-r16")
-    ]
+    assert vs_uniform["tracks"] == ["a"] and vs_uniform["pairs"] == [("rpka-r16",
+                                                                       "nystrom-uniform-r16")]
     x, y = reports["a"]["arms"]["rpka-r16"], peer["nystrom-uniform-r16"]
     expected = _brute_poi([[-v for v in x["full"]["per_seed"]]],
                           [[-v for v in y["full"]["per_seed"]]])  # fmt: skip
@@ -262,8 +256,7 @@ def test_the_profile_band_equals_a_brute_force_bootstrap():
     one = stratified_bootstrap_curve(strata, lambda s: iqm(s)[..., None], seed=2)
     scalar = stratified_bootstrap(strata, iqm, seed=2)
     assert (one["estimate"][0], one["ci_low"][0], one["ci_high"][0]) == pytest.approx(
-        (scalar["estimate"], scalar["ci_low"], scalar["ci_high"])
-    )
+        (scalar["estimate"], scalar["ci_low"], scalar["ci_high"]))
 
 
 def test_tau_grid_brackets_the_gaps_exact_and_the_control():

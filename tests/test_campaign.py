@@ -481,7 +481,9 @@ def test_every_committed_result_is_sealed_and_verifies():
         read_json(path)  # raises on a checksum that does not match
 
 
-def test_an_interrupt_in_a_memory_probe_stops_the_long_context_study_at_once(tmp_path, monkeypatch):
+def test_an_interrupt_in_a_memory_probe_stops_the_long_context_study_at_once(
+    tmp_path, monkeypatch
+):
     """Issue 43, finding 3: with one worker the jobs run in-process, and SIGTERM during
     the memory probe (queued before the bench) was kept in the probe's future: the bench
     ran on, and the command stopped only once it ended (57 s at 16,384 tokens, measured).

@@ -48,7 +48,8 @@ def test_price_sums_eq_1_over_the_jobs_of_each_phase():
     config = SMOKE_STUDY
     groups = cost.job_groups(config)
     probes = {
-        (g.arm, g.members): cost.Probe(g.members, 5, 0.0, 0.1 * g.members, 1.0, 2.0) for g in groups
+        (g.arm, g.members): cost.Probe(g.members, 5, 0.0, 0.1 * g.members, 1.0, 2.0)
+        for g in groups
     }
     result = cost.price(config, probes)
     epochs = config.train.epochs

@@ -146,7 +146,8 @@ def test_a_single_process_matches_the_local_pool(local_pool_runs, tmp_path):
     """The inline executor (the driver's own process) gives the pool's numbers bit for bit,
     sweep and statistics included: every process runs the same pinned kernels."""
     expected, cache = local_pool_runs
-    run_bench(DASK_SMOKE, tmp_path / "inline", InProcessExecutor(), progress=False, data_dir=cache)
+    run_bench(DASK_SMOKE, tmp_path / "inline", InProcessExecutor(), progress=False,
+              data_dir=cache)
     assert _run_files(tmp_path / "inline") == expected
 
 

@@ -150,12 +150,9 @@ def test_track_frontier_finds_r_star_and_reads_the_positive_control(tmp_path):
 
 
 def test_cost_at_lengths_reads_the_sweep_row_of_that_rank_only():
-    sweep = {
-        "rows": [
-            {"method": "nystrom-uniform", "rank": 16, "n": 2048, "speedup_vs_exact": 2.0},
-            {"method": "rpka", "rank": 16, "n": 2048, "speedup_vs_exact": 1.5},
-        ]
-    }
+    sweep = {"rows": [{"method": "nystrom-uniform", "rank": 16, "n": 2048,
+                       "speedup_vs_exact": 2.0},
+                      {"method": "rpka", "rank": 16, "n": 2048, "speedup_vs_exact": 1.5}]}
     cost = cost_at_lengths(sweep, 16, lengths=(2048,))
     assert cost["lengths"]["2048"]["forward_speedup"] == 1.5
     assert cost["lengths"]["2048"]["memory_ratio"] is None
@@ -257,27 +254,20 @@ def test_the_positive_control_is_outside_the_holm_family_and_checked():
 
 def _recall_report(pairs: int, errors: dict[str, list[float]]) -> dict:
     """A recall bench report with the same error at every length factor."""
-
     def scored(per_seed):
         m = float(np.mean(per_seed))
         return {"mean": m, "ci_low": m - 0.01, "ci_high": m + 0.01, "n": len(per_seed)}
-
     arms = {name: {"method": name.split("-r")[0] if "-r" in name else name,
                    "rank": int(name.split("-r")[1]) if "-r" in name else None,
                    "full_by_metric": {k: scored(v) for k in ("error", "error_x2", "error_x4")}}
             for name, v in errors.items()}  # fmt: skip
-    return {
-        "config": {"track": {"n_pairs": pairs}, "train": {"epochs": 2}},
-        "arms": arms,
-        "data": {"length_factors": [2, 4]},
-    }
+    return {"config": {"track": {"n_pairs": pairs}, "train": {"epochs": 2}}, "arms": arms,
+            "data": {"length_factors": [2, 4]}}
 
 
 def test_the_mqar_curve_is_accuracy_against_rank_over_pairs_per_length(tmp_path):
-    reports = [
-        _recall_report(4, {"exact": [0.0, 0.0], "rpka-r8": [0.1, 0.3]}),
-        _recall_report(16, {"exact": [0.0, 0.02], "rpka-r8": [0.5, 0.7]}),
-    ]
+    reports = [_recall_report(4, {"exact": [0.0, 0.0], "rpka-r8": [0.1, 0.3]}),
+               _recall_report(16, {"exact": [0.0, 0.02], "rpka-r8": [0.5, 0.7]})]
     rows = mqar_curve(reports)
     assert len(rows) == 2 * 2 * 3  # benches x arms x length factors
     r8 = [r for r in rows if r["arm"] == "rpka-r8" and r["length_factor"] == 1]

@@ -327,13 +327,8 @@ def test_with_overlap_a_notebook_runs_beside_the_stages_it_does_not_read(
     ]
     lines = []
     run_pipeline(
-        steps,
-        tmp_path / "r.html",
-        progress=False,
-        log=lines.append,
-        compute=compute,
-        parallel=parallel,
-        overlap=overlap,
+        steps, tmp_path / "r.html", progress=False, log=lines.append, compute=compute,
+        parallel=parallel, overlap=overlap,
     )
     position = {line.split(" in ")[0]: i for i, line in enumerate(lines)}
     assert position["[compute 2/2] second done"] < position["[2/2] report.ipynb ..."]
@@ -367,11 +362,7 @@ def test_a_failing_notebook_stops_the_stages_and_a_failing_stage_the_notebooks(t
     ]
     with pytest.raises(PipelineError, match="bad.ipynb failed in cell"):
         run_pipeline(
-            steps,
-            tmp_path / "r.html",
-            progress=False,
-            log=lines.append,
-            compute=compute,
+            steps, tmp_path / "r.html", progress=False, log=lines.append, compute=compute,
             overlap=True,
         )
     assert not ran and not (tmp_path / "o" / "report.ipynb").exists()
@@ -382,11 +373,7 @@ def test_a_failing_notebook_stops_the_stages_and_a_failing_stage_the_notebooks(t
     compute = [("first", broken, (str(out),))]
     with pytest.raises(RuntimeError, match="a stage broke"):
         run_pipeline(
-            steps,
-            tmp_path / "r2.html",
-            progress=False,
-            log=lines.append,
-            compute=compute,
+            steps, tmp_path / "r2.html", progress=False, log=lines.append, compute=compute,
             overlap=True,
         )
     assert not (tmp_path / "r2.html").exists()

@@ -134,11 +134,8 @@ def drawn():
     runs = report.load_study(p["study_json"], "full", compute=False)
     frontier = report.optional_json(p["frontier_json"])
     figs.section = "summary"
-    rows = summary.headline_rows(
-        runs,
-        summary.longctx_reports(runs, p["results_dir"]),
-        summary.longctx_reports(runs, p["results_dir"], key="longrange"),
-    )
+    rows = summary.headline_rows(runs, summary.longctx_reports(runs, p["results_dir"]),
+                                 summary.longctx_reports(runs, p["results_dir"], key="longrange"))
     figs.show(figures_headline.plot_headline(rows), *summary.headline_caption(rows))
     figs.section = "frontier"
     report.frontier.frontier_section(
@@ -227,7 +224,7 @@ def test_the_long_context_section_shows_its_training_figure(drawn):
 
 @pytest.mark.parametrize("preset", list(PAGES))
 def test_what_lost_is_science_only_and_the_targets_have_their_own_section(preset):
-    """ "What failed" once mixed the science with the `make report` budget."""
+    """"What failed" once mixed the science with the `make report` budget."""
     text = _text(preset)
     lost = text[text.index("What lost.") : text.index("Main limitation.")]
     assert not re.search(r"budget|make report|target|CPU-s", lost), lost

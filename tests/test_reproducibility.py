@@ -64,11 +64,8 @@ def test_smoke_bench_scores_are_bit_identical(pinned):
     torch.set_num_threads(1)
     actual = reproducibility.bench_reference()
     assert actual.keys() == REFERENCE["bench"].keys()
-    moved = {
-        run: (REFERENCE["bench"][run], s)
-        for run, s in actual.items()
-        if s != REFERENCE["bench"][run]
-    }
+    moved = {run: (REFERENCE["bench"][run], s) for run, s in actual.items()
+             if s != REFERENCE["bench"][run]}
     assert not moved, f"per-seed scores moved {moved}. Likely cause: {_likely_cause()}"
 
 
@@ -77,20 +74,11 @@ def test_native_mode_opts_out_and_says_so():
     refused naming the variable and the allowed values."""
     code = "import rpka, json; from rpka import numerics; print(json.dumps(numerics.record()))"
     env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED_ENVIRONMENT}
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**env, "RPKA_NUMERICS": "native"},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "RPKA_NUMERICS": "native"},
+                         capture_output=True, text=True, check=True).stdout
     assert '"mode": "native"' in out and '"pinned": false' in out
-    bad = subprocess.run(
-        [sys.executable, "-c", "import rpka"],
-        env={**env, "RPKA_NUMERICS": "fast"},
-        capture_output=True,
-        text=True,
-    )
+    bad = subprocess.run([sys.executable, "-c", "import rpka"],
+                         env={**env, "RPKA_NUMERICS": "fast"}, capture_output=True, text=True)
     assert bad.returncode != 0
     assert "RPKA_NUMERICS='fast': must be one of ['pinned', 'native']" in bad.stderr
 
@@ -106,11 +94,7 @@ def test_an_op_before_rpka_is_warned_about():
     probe = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     capability = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+        env=env, capture_output=True, text=True, check=True).stdout.strip()
     if capability == numerics.PINNED_CAPABILITY:
         pytest.skip("this CPU's native kernels are the pinned ones: nothing to warn about")
     assert probe.returncode != 0 and "NumericsWarning" in probe.stderr

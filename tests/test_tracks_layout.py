@@ -30,3 +30,4 @@ def test_no_track_module_imports_another():
             if name.split("_")[0] != track:
                 offenders.append(f"{path.name} imports rpka.tracks.{name}")
     assert not offenders, offenders
+

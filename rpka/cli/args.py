@@ -189,6 +189,7 @@ def check_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
                      f"got {args.epochs}")  # fmt: skip
 
 
+
 def longctx_parser() -> argparse.ArgumentParser:
     """``python -m rpka longctx``'s options."""
     parser = make_parser("longctx", longctx.__doc__.split("\n\n")[0])

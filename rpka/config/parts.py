@@ -239,3 +239,4 @@ class MechanismConfig:
 
     def to_dict(self) -> dict[str, object]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+

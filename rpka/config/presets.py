@@ -92,12 +92,7 @@ STANDARD_PRESETS: dict[str, BenchConfig] = {
         (EXACT, MEAN_CONTROL, rpka_arm(ABLATION_RANK)),
         3e-3,
         track=MotifConfig(
-            context=64,
-            cue_length=8,
-            n_motifs=3,
-            gap_max=4,
-            n_train=16_000,
-            n_val=1_000,
+            context=64, cue_length=8, n_motifs=3, gap_max=4, n_train=16_000, n_val=1_000,
             n_test=1_000,
         ),  # fmt: skip
         model=dataclasses.replace(_MOTIF_FULL.model, n_layers=1),

@@ -219,7 +219,9 @@ LONGRANGE_SMOKE: dict[str, Any] = {
     "window": 8,
     "track": dataclasses.replace(LONGRANGE_TRACK, min_distance=24, n_copies=2),
     "warm_start_from": 64,
-    "model": dataclasses.replace(LONGCTX_MODEL, d_model=8, n_heads=1, d_ff=16, embed_kernel=5),
+    "model": dataclasses.replace(
+        LONGCTX_MODEL, d_model=8, n_heads=1, d_ff=16, embed_kernel=5
+    ),
     "train": TrainConfig(epochs=1, batch_size=8, warmup_steps=0),
     "primary_arm": "rpka-r8",
     "positive_control_arm": "rpka-r160",

@@ -111,8 +111,6 @@ QUICK_MECHANISM = {"rank": 16, "draws": 200, "quality_ranks": [4, 16], "quality_
 # The quick preset of every track previews the pipeline in minutes (issue 16): the full
 # study's arms on 2 evaluation seeds, the least a paired comparison takes (no verdict)
 QUICK_EVAL_SEEDS = (100, 101)
-
-
 def _quick() -> BenchConfig:
     return BenchConfig.of(
         preset="quick",

@@ -55,11 +55,7 @@ def qk_norm_ratio(q: Tensor, k: Tensor) -> Tensor:
 
 
 def head_spectrum(
-    q: Tensor,
-    k: Tensor,
-    ranks: Sequence[int],
-    draws: int = 4,
-    seed: int = 0,
+    q: Tensor, k: Tensor, ranks: Sequence[int], draws: int = 4, seed: int = 0,
     causal: bool = False,
 ) -> dict[str, Any]:
     """The curves of the module docstring for one head: q (n, d), k (m, d) -> dict of lists
@@ -94,7 +90,9 @@ def head_spectrum(
         out[f"residual_{rule}"] = [float(mean[r]) for r in ranks]
     out["residual_optimal"] = [float(tail[r]) / total if r < n_points else 0.0 for r in ranks]
     out["no_structure"] = [1 - r / n_points for r in ranks]
-    out["attention_error"] = [float(sv_tail[r] / sv_tail[0]) if r < len(sv) else 0.0 for r in ranks]
+    out["attention_error"] = [
+        float(sv_tail[r] / sv_tail[0]) if r < len(sv) else 0.0 for r in ranks
+    ]
     return out
 
 

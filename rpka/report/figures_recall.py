@@ -130,6 +130,7 @@ def plot_recall_accuracy_vs_rank(
     return fig
 
 
+
 def _mqar_panel(ax: plt.Axes, rows: list[Mapping], ranked: list[str], colors: Mapping) -> None:
     """One length's panel of :func:`plot_mqar`: a line per ranked arm, exact and control."""
     for arm, marker in zip(ranked, "osD^v<>", strict=False):

@@ -28,8 +28,8 @@ from rpka.speed.analysis import (
 )
 
 # --------------------------------------------------------------------------- scaling
-# Attention latency and memory against sequence length (``rpka.speed.scaling`` JSON, CPU or
-# GPU), decoding latency (``rpka.speed.decoding`` JSON). The numbers come from
+# Attention latency and memory against sequence length (``rpka.speed.scaling`` JSON, CPU
+# or GPU), decoding latency (``rpka.speed.decoding`` JSON). The numbers come from
 # ``rpka.report.tables``.
 
 EXACT_COLOUR = palette.EXACT

@@ -327,11 +327,8 @@ def unread_clause(mqar: Mapping[str, Any]) -> str:
     unread = sorted(unread_pairs(mqar))
     if not unread:
         return ""
-    return (
-        "; not drawn: "
-        + ", ".join(f"{p} pairs" for p in unread)
-        + ", where exact attention missed its learnability bar (nothing there is read)"
-    )
+    return ("; not drawn: " + ", ".join(f"{p} pairs" for p in unread)
+            + ", where exact attention missed its learnability bar (nothing there is read)")
 
 
 def mqar_caption(mqar: Mapping[str, Any]) -> tuple[str, str]:
@@ -342,8 +339,7 @@ def mqar_caption(mqar: Mapping[str, Any]) -> tuple[str, str]:
         "and at 2x and 4x that length, one line per RPKA rank across the pair counts; each "
         "point the mean over " + "/".join(map(str, seeds)) + " evaluation seeds with its "
         "95 % t interval. Training epochs per pair count (exact must learn each): "
-        + ", ".join(f"{p} pairs {e}" for p, e in epochs)
-        + unread_clause(mqar)
+        + ", ".join(f"{p} pairs {e}" for p, e in epochs) + unread_clause(mqar)
         + ". Dashed: exact attention's "
         "lowest and the no-attention control's highest accuracy over the pair counts. A rank "
         "trained at one pair count only has no line; the table below has every arm."

@@ -262,11 +262,8 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
     if peers:
         text += (
             " Cheaper and non-inferior without residual pivoting: "
-            + ", ".join(
-                f"`{esc(p['arm'])}` at {p['context']:,} tokens ({_ratio(p['step_ratio'])}, "
-                f"{_gap(p)})"
-                for p in peers
-            )  # fmt: skip
+            + ", ".join(f"`{esc(p['arm'])}` at {p['context']:,} tokens ({_ratio(p['step_ratio'])}, "
+                        f"{_gap(p)})" for p in peers)  # fmt: skip
             + "."
         )
     return text

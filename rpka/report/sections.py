@@ -205,3 +205,4 @@ def longctx_section(
         fig = plot_longctx(longctx_file, figures_dir, "report_longctx_training")  # 05 draws its own
         items.append(figs.show(fig, *longctx_caption(longctx_file)))
     return items
+

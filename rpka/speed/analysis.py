@@ -248,3 +248,5 @@ def _frame(scaling: Mapping[str, Any] | pd.DataFrame) -> pd.DataFrame:
 def _check_measure(measure: str) -> None:
     if measure not in SCALING_MEASURES:
         raise ValueError(f"measure must be one of {sorted(SCALING_MEASURES)}, got {measure!r}")
+
+

@@ -233,3 +233,4 @@ def summarise(rows: list[dict], target_ratio: float) -> dict:
         "met": growth <= target_ratio,
     }
     return summary
+

@@ -4,16 +4,15 @@
         [--ranks 16 64 128] [--seeds N] [--workers N] [--no-progress]
 
 The study is the bench (:func:`rpka.bench.run_bench`) run once per context length on the
-preset's template (``rpka.config.presets_longctx.LONGCTX_PRESETS``), its track resized to each
-context by
-the track's own ``Task.at_context`` (same window counts, hence the same training steps, at
-every context): the same protocol - learning rates chosen on validation with the sweep
-seeds, fresh evaluation seeds scored on test, each RPKA arm compared seed by seed with
-``exact`` under the bench's decision rule - at the shapes this study can afford. The
-presets train on ``forecast-regimes``, where the forecast needs the earlier occurrences of
-the regime the window returns to, and carry the control ``mean-attention``: each context
-reports its attention gate (``rpka.verdict.stats.attention_gate``, the control against exact),
-without which its verdicts read "uninformative". Per context and arm it reports:
+preset's template (``rpka.config.presets_longctx.LONGCTX_PRESETS``), its track resized to
+each context by the track's own ``Task.at_context`` (same window counts, hence the same
+training steps, at every context): the same protocol - learning rates chosen on validation
+with the sweep seeds, fresh evaluation seeds scored on test, each RPKA arm compared seed by
+seed with ``exact`` under the bench's decision rule - at the shapes this study can afford.
+The presets train on ``forecast-regimes``, where the forecast needs the earlier occurrences
+of the regime the window returns to, and carry the control ``mean-attention``: each context
+reports its attention gate (``rpka.verdict.stats.attention_gate``, the control against
+exact), without which its verdicts read "uninformative". Per context and arm it reports:
 
 * ``step_ms``: median wall time of a training step (forward, backward, Adam update) of the
   evaluation runs after their warm-up steps, as the bench measures it (``step_members``

@@ -132,7 +132,9 @@ def check_bench_report(path: Path, content: Any) -> None:
         check_fields(path, arm["full"], SCORE_FIELDS, f"arms.{name}.full")
 
 
-def check_fields(path: Path, content: Any, fields: Mapping[str, Check], where: str = "") -> None:
+def check_fields(
+    path: Path, content: Any, fields: Mapping[str, Check], where: str = ""
+) -> None:
     """``CorruptFileError`` naming ``path`` and the field (dotted from ``where``) unless
     ``content`` is an object with every one of ``fields``, each of its type."""
     prefix = f"{where}." if where else ""

@@ -3,12 +3,12 @@ the track, so that a study's intervals cover the draw of the data, not only trai
 
 In the default mode every member of every run reads one data set, the track as configured
 (its ``seed``: the committed studies). With ``data_per_seed`` on (``Design.data_per_seed``;
-the run configuration's :data:`DATA_PER_SEED_KEY`, present only then, so the mode is part
-of the run id and existing run ids are unchanged), member s of a run reads the track with
-``seed = data_seed(seeds[s])`` - :func:`rpka.training.run_config.derive_seed` of the member's seed
-on its own stream (:data:`rpka.training.run_config.STREAM_TRACK_DATA`), one generator stream per
-seed. The data seed depends on the member's seed alone, not on the arm, the learning rate,
-the context or the seeds it is stacked with, so:
+the run configuration's :data:`DATA_PER_SEED_KEY`, present only then, so the mode is part of
+the run id and existing run ids are unchanged), member s of a run reads the track with
+``seed = data_seed(seeds[s])`` - :func:`rpka.training.run_config.derive_seed` of the
+member's seed on its own stream (:data:`rpka.training.run_config.STREAM_TRACK_DATA`), one
+generator stream per seed. The data seed depends on the member's seed alone, not on the arm,
+the learning rate, the context or the seeds it is stacked with, so:
 
 * arms with the same evaluation seed see the same windows (the comparison stays paired);
 * a seed stacked with others in one model (``seeds_per_job``) trains on its own windows,

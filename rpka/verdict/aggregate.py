@@ -315,10 +315,7 @@ def tau_grid(gaps: Sequence[np.ndarray], step: float = PROFILE_STEP) -> np.ndarr
 
 
 def _profile_curve(
-    family: str,
-    label: str,
-    runs: Sequence[tuple[str, str, np.ndarray]],
-    taus: np.ndarray,
+    family: str, label: str, runs: Sequence[tuple[str, str, np.ndarray]], taus: np.ndarray,
     **kw: Any,
 ) -> dict[str, Any]:
     """One arm family's profile with its stratified-bootstrap band; ``runs``: (track, arm,
@@ -419,11 +416,8 @@ def aggregate_lines(aggregate: Mapping[str, Any]) -> list[str]:
         at = [int(np.argmin(np.abs(taus - tau))) for tau in (0.0, 0.5, 0.9, 0.95, 1.0)]
         for panel in profiles["panels"]:
             for c in panel["curves"]:
-                values = ", ".join(
-                    f"g > {taus[i]:g}: {c['profile'][i]:.3f} "
-                    f"[{c['ci_low'][i]:.3f}, {c['ci_high'][i]:.3f}]"
-                    for i in at
-                )
+                values = ", ".join(f"g > {taus[i]:g}: {c['profile'][i]:.3f} "
+                                   f"[{c['ci_low'][i]:.3f}, {c['ci_high'][i]:.3f}]" for i in at)
                 lines.append(f"profile, {panel['title']}, {c['label']}: {values}")
     return lines
 
