@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from rpka import stats
 from rpka.report.figures import metric_label
 from rpka.report.tables import NEAR_ZERO_FRACTION, relative_is_meaningful, verdict_word
 from rpka.tracks import get_task
+from rpka.verdict import stats
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -84,8 +84,8 @@ def headline(report: Mapping) -> str:
         f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]; the idea wins {c['idea_wins']}/"
         f"{c['n_pairs']} seeds; sign-flip p = {c['p_value']:.3g} ({c['p_value_method']}), "
         f"Holm-adjusted p = {c['p_adjusted']:.3g}. **Verdict: {c['verdict']}.** "
-        f"With {c['n_pairs']} pairs the minimum detectable effect at α = 0.05 and 80 % power "
-        f"is {mde_text(c)}; the CI half-width is "
+        f"With {c['n_pairs']} pairs the minimum detectable effect at α = {stats.ALPHA:g} and "
+        f"80 % power is {mde_text(c)}; the CI half-width is "
         f"{c['ci_halfwidth']:.4f}.{margin_text(c)}"
     )
 
@@ -324,7 +324,7 @@ def mechanism_limitation(mechanism: Mapping, followup: Mapping | None = None) ->
     """The trace identity's caveat, if any (a list of at most one bullet).
 
     Files from the pooled rule (``pooled``: the z-scores of several Monte Carlo seeds,
-    ``rpka.stats.pooled_z``) are read by that decision, and by ``followup``
+    ``rpka.verdict.stats.pooled_z``) are read by that decision, and by ``followup``
     (scripts/mechanism_followup.py: more seeds and draws on the same heads) when there is
     one; older single-seed files by the chi-square of their z-scores, which one seed
     cannot tell from a fluctuation.
@@ -343,7 +343,7 @@ def mechanism_limitation(mechanism: Mapping, followup: Mapping | None = None) ->
         if followup:
             text += " " + followup_sentence(followup)
         return [text]
-    if sig["chi2_p_value"] is None or sig["chi2_p_value"] >= 0.05:
+    if sig["chi2_p_value"] is None or sig["chi2_p_value"] >= stats.ALPHA:
         return []
     return [
         f"The trace identity passes its rule at every step, but its {sig['n_tests']} "
