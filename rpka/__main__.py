@@ -1,11 +1,11 @@
-"""``python -m rpka COMMAND [options]``: see ``rpka.cli``."""
+"""``python -m rpka COMMAND [options]``: see ``rpka.cli.commands``."""
 
 import os
 import sys
 
 # c10 logs "Memory block of unknown size was allocated before the profiling started" each
 # time a profiled training step frees a tensor made before it (the long-context memory
-# probe, rpka.scaling.peak_memory_mib): harmless for the peak measured, noise in a log.
+# probe, rpka.speed.scaling.peak_memory_mib): harmless for the peak measured, noise in a log.
 # c10 reads its log level once, when torch loads, so it is set before any import of torch;
 # workers and notebook kernels inherit it, and a level the user set wins.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -16,7 +16,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 # schema uses. Marked absent in this process only (jsonschema then skips that one checker).
 sys.modules.setdefault("rfc3987_syntax", None)
 
-from rpka.cli import main  # noqa: E402  (after the log level)
+from rpka.cli.commands import main  # noqa: E402  (after the log level)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -84,7 +84,7 @@ class ModelConfig:
         final position. The flatten head has L x d_model x horizon weights: at long context
         that is more features than a short run has training windows (at 512 tokens and
         d_model 16, 8,192 per horizon step against 4,000 windows), and its regression does
-        not find the last token's answer (rpka.presets, long context); the last-token
+        not find the last token's answer (rpka.config.presets, long context); the last-token
         head's size does not grow with L, and everything it reads came through attention.
     """
 

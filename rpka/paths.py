@@ -34,7 +34,7 @@ def resolve(path: str | os.PathLike) -> Path:
 
 # --------------------------------------------------------------------------- the layout
 # Every result, figure and report path of the study comes from here (relative to the root;
-# ``resolve`` makes them absolute). Notebooks get theirs as parameters (rpka.study).
+# ``resolve`` makes them absolute). Notebooks get theirs as parameters (rpka.study.steps).
 
 DATA_CACHE = "data/cache"  # the tracks' generated data
 RESULTS = "data/results"
@@ -52,13 +52,13 @@ COMMITTED_RESULTS = f"{RESULTS}/full"
 # a bench's folder, a test's temporary one); the functions below place them for a preset
 BENCH_REPORT_FILE = "bench_report.json"  # in a bench's folder
 MECHANISM_FILE = "mechanism.json"  # beside a bench's report
-SPECTRUM_FILE = "spectrum.json"  # beside a bench's report (rpka.spectrum)
+SPECTRUM_FILE = "spectrum.json"  # beside a bench's report (rpka.kernel.spectrum)
 SUPERSEDED_FILE = "superseded.json"  # beside a bench's report: what a rerun replaced
-DROP_IN_FILE = "drop_in.json"  # beside a bench's report (rpka.dropin)
+DROP_IN_FILE = "drop_in.json"  # beside a bench's report (rpka.study.dropin)
 STUDY_FILE = "study.json"  # in a study's results folder
 FRONTIER_FILE = "frontier.json"  # in a study's results folder
 LONGCTX_FILE = "longctx.json"  # in a long-context study's folder
-STEPTIME_FILE = "steptime.json"  # beside it: every arm's step timed (rpka.steptime)
+STEPTIME_FILE = "steptime.json"  # beside it: every arm's step timed (rpka.study.steptime)
 POSITIVE_CONTROL = "positive_control"  # in a long-range folder: a positive control's own study
 SCALING_CPU_FILE = "scaling_cpu.json"  # in a study's results folder: its latency sweep
 SWAP_AUDIT_FILE = "swap_audit.json"  # in a study's results folder: rpka.swap's audit
@@ -85,7 +85,7 @@ def bench_report(preset: str, track_dir: str = "") -> str:
 
 
 def frontier_json(preset: str) -> str:
-    """The rank frontier of the study's gated tracks (``rpka.frontier``):
+    """The rank frontier of the study's gated tracks (``rpka.verdict.frontier``):
     ``data/results/<preset>/frontier.json``."""
     return f"{results_dir(preset)}/{FRONTIER_FILE}"
 
@@ -152,7 +152,7 @@ SHORT_SCALING_JSON = f"{SCALING_RESULTS}/short_cpu.json"  # the short tracks' ow
 
 
 def scaling_json(name: str) -> str:
-    """A latency sweep of ``rpka.scaling``'s preset ``name``:
+    """A latency sweep of ``rpka.speed.scaling``'s preset ``name``:
     ``data/results/scaling/<name>.json``."""
     return f"{SCALING_RESULTS}/{name}.json"
 

@@ -2,13 +2,13 @@
 
 One training step of the study's stacked model (``rpka.model.TransformerTiny``): forward
 on S members x B windows, the summed per-member MSE, backward, one Adam update, gradients
-freed - the step ``rpka.longctx.training_step_peak_mib`` probes. Two shapes:
+freed - the step ``rpka.study.longctx.training_step_peak_mib`` probes. Two shapes:
 
 * ``forecast``: the main study's model (``ModelConfig()``: d_model 32, 2 layers, 2 heads)
   at 96 tokens, 8 members x batch 32 (the bench's evaluation job);
 * ``longctx``: the long-context study's model (d_model 16, 1 layer, 1 head, no linear
   skip) at 512 / 2,048 / 8,192 tokens, 4 members x batch 16;
-* ``lm``: the lm track's causal decoder (``rpka.presets.LM_MODEL``, ``TransformerLM``) at
+* ``lm``: the lm track's causal decoder (``rpka.config.presets.LM_MODEL``, ``TransformerLM``) at
   64 tokens, 8 members x batch 32, cross-entropy over the tokens; RPKA arms run causal
   with the track's block (``LM_CAUSAL_BLOCK``).
 
@@ -24,7 +24,7 @@ reference) instead of compiled (the default, issue 28).
   a core; with one thread (``OMP_NUM_THREADS=1``) the CPU time is close to
   the step's time on an idle core, so the ratios are taken of it;
 * ``peak_mib``: peak memory of one step above what was held before it (weights, Adam
-  state, batch), ``rpka.scaling.peak_memory_mib``: on the CPU the running sum of the tensor
+  state, batch), ``rpka.speed.scaling.peak_memory_mib``: on the CPU the running sum of the tensor
   allocations ``torch.profiler`` records - PyTorch tensors only, a lower bound of RSS.
 
 The machine's load average is recorded before and after: on a shared machine the times
@@ -54,10 +54,10 @@ import torch
 import torch.nn.functional as F
 
 from rpka import paths
+from rpka.config.presets import LM_CAUSAL_BLOCK, LM_MODEL, LM_TRACK
 from rpka.io import write_json
 from rpka.model import ModelConfig, TransformerLM, TransformerTiny
-from rpka.presets import LM_CAUSAL_BLOCK, LM_MODEL, LM_TRACK
-from rpka.scaling import peak_memory_mib
+from rpka.speed.scaling import peak_memory_mib
 
 DEFAULT_OUTPUT = f"{paths.SCALING_RESULTS}/training_step_cpu.json"
 HORIZON = 24  # the forecast track's horizon (rpka.tracks.forecast.TrackConfig)
@@ -84,7 +84,7 @@ ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     # the reference differentiable path (nystrom_softmax under autograd), before issue 16
     "rpka-r64-autograd": ("rpka", {"rank": 64, "grad_path": "autograd"}),
 }
-# the long-context study's model (rpka.presets._LONGCTX_MODEL)
+# the long-context study's model (rpka.config.presets._LONGCTX_MODEL)
 LONGCTX_MODEL = ModelConfig(
     d_model=16, n_layers=1, n_heads=1, d_ff=32, head_init_std=0.0, linear_skip=False
 )
@@ -260,7 +260,7 @@ def run(
     return {
         "what": "one Adam training step of TransformerTiny (forward, summed MSE, backward, "
         "update), median wall time; peak memory above the state held before the step",
-        "memory_definition": "rpka.scaling.peak_memory_mib: "
+        "memory_definition": "rpka.speed.scaling.peak_memory_mib: "
         + (
             "torch.cuda.max_memory_allocated above the memory allocated before the step"
             if device == "cuda"

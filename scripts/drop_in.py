@@ -1,5 +1,5 @@
 """Drop-in reading (issue 14 item 6) and trained-model exactness (issue 13 item 4): the
-command line of ``rpka.dropin.drop_in`` (see that module for what it measures).
+command line of ``rpka.study.dropin.drop_in`` (see that module for what it measures).
 
 Exact's trained model of a finished bench with its attention swapped for another method
 at inference, scored per seed on the test split; written to ``<bench-dir>/drop_in.json``.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from rpka.dropin import DEFAULT_METHODS, DEFAULT_RANKS, drop_in
+from rpka.study.dropin import DEFAULT_METHODS, DEFAULT_RANKS, drop_in
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ import argparse
 import tempfile
 
 from rpka.bench import InProcessExecutor, run_bench
+from rpka.config.presets import EXACT, MEAN_CONTROL, get_preset
 from rpka.io import write_json
-from rpka.presets import EXACT, MEAN_CONTROL, get_preset
 
 
 def main() -> None:

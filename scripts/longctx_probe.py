@@ -1,10 +1,10 @@
 """Does a long-context configuration learn, and what does a training step cost? (issue 14)
 
-The measurements behind ``rpka.presets_longctx.LONGCTX_PRESETS``: one bench run per arm (the
-study's own ``rpka.train.train_run``: its data, model, loss and schedule) on the long-context
-preset's track and model at one context, with fields replaced from the command line, and
-its test MSE beside the naive forecasts; or (``--step-time``) the CPU time of one training
-step of every arm of the preset at each of its contexts.
+The measurements behind ``rpka.config.presets_longctx.LONGCTX_PRESETS``: one bench run per
+arm (the study's own ``rpka.training.train.train_run``: its data, model, loss and schedule)
+on the long-context preset's track and model at one context, with fields replaced from the
+command line, and its test MSE beside the naive forecasts; or (``--step-time``) the CPU time
+of one training step of every arm of the preset at each of its contexts.
 
     python scripts/longctx_probe.py --context 512 --arms exact mean-attention
     python scripts/longctx_probe.py --context 128 --track '{"period_max": 16}' \\
@@ -18,7 +18,7 @@ step of every arm of the preset at each of its contexts.
 ``--warm-start-from C`` (a curriculum probe, issue 27): each arm is first trained at context
 C, then at ``--context`` starting from those weights, its learned positions stretched to the
 longer context by linear interpolation - the long-range study's own warm start
-(``rpka.curriculum``).
+(``rpka.training.curriculum``).
 
 Fields: ``--track`` / ``--model`` / ``--train`` are JSON objects replacing fields of the
 ``--preset``'s template (default ``full``; track resized to ``--context`` with
@@ -35,16 +35,17 @@ import time
 
 import torch
 
-from rpka.presets_longctx import LONGCTX_PRESETS
-from rpka.run_config import make_run_config
-from rpka.train import build_model, track_config_of, train_run
+from rpka.config.presets_longctx import LONGCTX_PRESETS
+from rpka.training.run_config import make_run_config
+from rpka.training.train import build_model, track_config_of, train_run
 
 DATA_DIR = "data/cache"
 
 
 def probe_bench(args: argparse.Namespace):
     """The preset's bench at ``args.context`` with the command line's fields replaced (and
-    ``--warm-start-from``'s first stage: ``Design.warm_start_track``, ``rpka.curriculum``)."""
+    ``--warm-start-from``'s first stage: ``Design.warm_start_track``,
+    ``rpka.training.curriculum``)."""
     bench = LONGCTX_PRESETS[args.preset].bench
     task = bench.task
     track = dataclasses.replace(bench.track, **json.loads(args.track))

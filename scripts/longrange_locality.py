@@ -7,7 +7,7 @@ Writes ``<out>/locality.json`` (default ``data/results/<preset>/``): per context
 preset, ``rpka.tracks.lookup.locality`` of its ``forecast-lookup`` track at the local
 control's window - the distance from the context's last step back to the queried payload's
 last step (median, 10th / 90th percentile, mean, min, max) and the share within the window.
-``--cost`` prices every context's bench with the cost model (``rpka.cost.predict_bench``:
+``--cost`` prices every context's bench with the cost model (``rpka.study.cost.predict_bench``:
 a few timed steps per arm and stacked-seed count) and writes ``<out>/cost_model.json``.
 """
 
@@ -18,10 +18,10 @@ import dataclasses
 
 import torch
 
-from rpka.cost import predict_bench, price, probes_of
+from rpka.config.presets_longctx import LONGRANGE_PRESETS
 from rpka.io import write_result_json
 from rpka.paths import resolve, results_dir
-from rpka.presets_longctx import LONGRANGE_PRESETS
+from rpka.study.cost import predict_bench, price, probes_of
 from rpka.tracks.lookup import locality
 
 

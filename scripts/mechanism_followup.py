@@ -6,8 +6,8 @@ Monte Carlo seeds; its chi-square can reject because the z-scores are over-dispe
 rather than biased. This script reruns the same check on the same trained heads (the
 primary arm's first evaluation seed, the same test windows) with more seeds and more
 draws per step, and records per setting the mean z^2 (1 if z ~ N(0, 1)), the mean z, the
-pooled chi-square and Stouffer p (``rpka.stats.pooled_z``), and the same for ``z_null``,
-whose standard error is the exact one of the one-step law (``rpka.mechanism``). A
+pooled chi-square and Stouffer p (``rpka.verdict.stats.pooled_z``), and the same for ``z_null``,
+whose standard error is the exact one of the one-step law (``rpka.kernel.mechanism``). A
 sampler whose law is off by b standard errors at D draws is off by b sqrt(D'/D) at D'
 draws: its z-scores grow with the draws. Skewness of the one-step decrease (the sample
 standard error then misjudges the spread) does not grow, and z_null is immune to it.
@@ -27,13 +27,13 @@ import torch
 from tqdm import tqdm
 
 from rpka.bench import member0_attention_inputs
-from rpka.config import BenchConfig, MechanismConfig
+from rpka.config.bench import BenchConfig, MechanismConfig
 from rpka.io import read_json, write_result_json
-from rpka.kernel_matrix import pivot_points
-from rpka.mechanism import trace_identity
-from rpka.stats import pooled_z
-from rpka.train import track_config_of
-from rpka.trained import load_trained
+from rpka.kernel.matrix import pivot_points
+from rpka.kernel.mechanism import trace_identity
+from rpka.training.train import track_config_of
+from rpka.training.trained import load_trained
+from rpka.verdict.stats import pooled_z
 
 
 def summary(z: np.ndarray) -> dict:

@@ -14,16 +14,16 @@ import argparse
 import torch
 
 from rpka import paths
-from rpka.dropin import swapped_model
-from rpka.frontier import per_seed_gap
+from rpka.config.presets_tracks import MEAN_CONTROL
 from rpka.io import read_json, read_run_file
-from rpka.presets_tracks import MEAN_CONTROL
-from rpka.rank_law.dropin import EVAL_BATCH, METRIC, per_seed
-from rpka.rank_law.grid import cell_dir, parse_cell
-from rpka.seed_data import run_splits
+from rpka.study.dropin import swapped_model
+from rpka.study.rank_law.dropin import EVAL_BATCH, METRIC, per_seed
+from rpka.study.rank_law.grid import cell_dir, parse_cell
 from rpka.tracks import get_task
-from rpka.train import evaluate, track_config_of
-from rpka.trained import load_run_state
+from rpka.training.seed_data import run_splits
+from rpka.training.train import evaluate, track_config_of
+from rpka.training.trained import load_run_state
+from rpka.verdict.frontier import per_seed_gap
 
 
 def main() -> None:

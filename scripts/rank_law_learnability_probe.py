@@ -1,6 +1,6 @@
 """Does a rank-law cell learn with more training? (docs/rank_law.md, "Multi-pair cells")
 
-Trains one cell's exact attention and control (``rpka.rank_law.grid.cell_config``) on two
+Trains one cell's exact attention and control (``rpka.study.rank_law.grid.cell_config``) on two
 seeds with ``--epochs`` epochs and learning rate ``--lr`` into ``--out`` (not the committed
 results) and prints both arms' test MSE per seed: exact learns the cell when its MSE is
 well below the control's.
@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 from rpka import paths
-from rpka.config import TrainConfig
+from rpka.config.bench import TrainConfig
+from rpka.config.presets_longctx import LONGRANGE_TRAIN
+from rpka.config.presets_tracks import MEAN_CONTROL
 from rpka.io import read_json
-from rpka.longctx import run_longctx
-from rpka.presets_longctx import LONGRANGE_TRAIN
-from rpka.presets_tracks import MEAN_CONTROL
-from rpka.rank_law.grid import cell_config, parse_cell
+from rpka.study.longctx import run_longctx
+from rpka.study.rank_law.grid import cell_config, parse_cell
 
 PROBE_SEEDS = (300, 301)
 

@@ -1,5 +1,5 @@
 """Size the recall (MQAR) presets: train one arm of the ``gate`` preset with overrides through
-the bench's own loop (``rpka.train.train_run``: epochs, Adam, cosine, per-member clipping,
+the bench's own loop (``rpka.training.train.train_run``: epochs, Adam, cosine, per-member clipping,
 validation every epoch) and record its test query accuracy at the training length and at
 2x / 4x, its validation error per epoch, and its CPU seconds.
 
@@ -7,7 +7,7 @@ validation every epoch) and record its test query accuracy at the training lengt
         --epochs 2 --n-train 10000 --batch 64 --n-eval 250 --seeds 100 101
 
 Each run is appended to ``--out`` (default data/results/recall_sizes.json) under ``runs``
-with the command; the presets' comment in ``rpka/presets.py`` quotes these runs.
+with the command; the presets' comment in ``rpka/config/presets.py`` quotes these runs.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
+from rpka.config.presets import get_preset
 from rpka.io import read_json, write_json
-from rpka.presets import get_preset
-from rpka.run_config import make_run_config
-from rpka.train import train_run
+from rpka.training.run_config import make_run_config
+from rpka.training.train import train_run
 
 DEFAULT_OUT = Path("data/results/recall_sizes.json")
 

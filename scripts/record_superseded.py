@@ -4,7 +4,7 @@
         --bench-dir data/results/full/lm --reason "what was wrong" --fix "commit / issue"
 
 Copy the old ``bench_report.json`` aside before the rerun overwrites it, rerun the bench,
-then run this: it writes ``<bench-dir>/superseded.json`` (``rpka.study_index.record_superseded``),
+then run this: it writes ``<bench-dir>/superseded.json`` (``rpka.study.index.record_superseded``),
 which the report's track section reads.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from rpka.study_index import record_superseded
+from rpka.study.index import record_superseded
 
 
 def main(argv: list[str] | None = None) -> None:

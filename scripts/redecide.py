@@ -3,7 +3,7 @@
     PYTHONPATH=. python scripts/redecide.py data/results/full/bench_report.json
 
 Recomputes every comparison, the attention gate and ``decision`` from the report's own
-per-seed test metrics with ``rpka.decision.redecide``, using the report's configuration
+per-seed test metrics with ``rpka.verdict.decision.redecide``, using the report's configuration
 with the margin and control of today's preset of the same name and track; marks the file
 with ``redecided``; writes it back atomically.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rpka.config import BenchConfig
-from rpka.decision import redecide
+from rpka.config.bench import BenchConfig
+from rpka.config.presets import get_preset
 from rpka.io import read_json, write_result_json
-from rpka.presets import get_preset
+from rpka.verdict.decision import redecide
 
 
 def main() -> None:

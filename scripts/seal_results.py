@@ -5,7 +5,7 @@
 ``rpka.io.seal_result_json`` adds the ``sha256`` key of each JSON object's payload as it
 stands and changes nothing else (each file is read back and compared with what it held).
 Once every result file of a study carries the key, a file without it among them is
-refused (``rpka.results_check``, ``rpka.bench.set_aside_unsealed``): a deleted key is no
+refused (``rpka.study.results_check``, ``rpka.bench.set_aside_unsealed``): a deleted key is no
 longer read as a legacy file. Files already sealed are checked, not rewritten; a file whose
 checksum does not match is refused. Run on 2026-12-03 over data/results/{full,standard,
 scaling}; a second run changes nothing.

@@ -5,8 +5,8 @@ Tracks: ``forecast-motif`` and ``forecast-regimes`` (short form) with the encode
 ``TransformerTiny`` (flatten head + linear skip), ``recall`` (MQAR) with the causal
 ``TransformerLM``; model, loss and metrics are the registered tasks' (``rpka.tracks``;
 recall's loss and error are taken at the query positions only). The seeds of an arm
-train as one stacked model. The loop is ``rpka.learnability.train_arm``, not
-``rpka.train.train_run``, because it counts optimiser *steps* on fresh random batches
+train as one stacked model. The loop is ``rpka.study.learnability.train_arm``, not
+``rpka.training.train.train_run``, because it counts optimiser *steps* on fresh random batches
 (the learnability question is "does it learn in N steps"), where the bench counts epochs:
 AdamW, linear warm-up over 5 % of the steps then a half-cosine decay, gradients clipped
 per member to norm 1.
@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from rpka.io import read_json, write_json
-from rpka.learnability import train_arm
 from rpka.model import ModelConfig
+from rpka.study.learnability import train_arm
 from rpka.tracks import get_task
 from rpka.tracks.motif import MotifConfig
 from rpka.tracks.recall import RecallConfig

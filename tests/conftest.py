@@ -10,7 +10,7 @@ import torch
 
 import rpka  # noqa: F401  (pins the CPU numerics: before any torch op runs)
 from rpka.bench import InProcessExecutor, run_bench
-from rpka.presets import get_preset
+from rpka.config.presets import get_preset
 
 torch.set_num_threads(1)
 

@@ -23,8 +23,8 @@ import rpka  # noqa: F401  (pins the CPU numerics: before any torch op runs)
 from rpka import numerics
 from rpka.attention import build
 from rpka.bench import InProcessExecutor, run_bench
+from rpka.config.presets import get_preset
 from rpka.io import read_run_file, write_json
-from rpka.presets import get_preset
 
 REFERENCE = Path(__file__).parent / "data" / "reproducibility.json"
 

@@ -1,4 +1,4 @@
-"""Aggregate statistics across tracks (rpka.aggregate, rliable's definitions) against
+"""Aggregate statistics across tracks (rpka.verdict.aggregate, rliable's definitions) against
 references computed here: a brute-force double loop, scipy's trim_mean, scipy's own
 bootstrap on one stratum, and hand-made bench reports."""
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rpka.aggregate import (
+from rpka.io import write_json
+from rpka.verdict.aggregate import (
     PRIMARY_LABEL,
     exact_vs_rpka,
     gated_tracks,
@@ -23,7 +24,6 @@ from rpka.aggregate import (
     study_aggregate,
     tau_grid,
 )
-from rpka.io import write_json
 
 SEEDS = [100, 101, 102, 103, 104]
 

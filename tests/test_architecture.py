@@ -2,8 +2,8 @@
 pyproject.toml's ``[tool.importlinter]``, no import cycles, no imports hidden in functions,
 no module over 500 lines, no function over 80, no reference outside the repository, no
 track name outside ``rpka/tracks``, every top-level module in the contract and in
-docs/design.md section 8, no path built outside ``rpka.paths`` by ``rpka.study`` or
-``rpka.study_index``, no ``nonlocal``."""
+docs/design.md section 8, no path built outside ``rpka.paths`` by ``rpka.study.steps`` or
+``rpka.study.index``, no ``nonlocal``."""
 
 import ast
 import os
@@ -115,7 +115,7 @@ def test_no_reference_outside_the_repository():
 
 def test_no_branch_on_a_track_name_outside_tracks():
     """A track's name appears as a literal only in rpka/tracks and in the registries of
-    presets (rpka/presets.py maps track names to their presets)."""
+    presets (rpka/config/presets.py maps track names to their presets)."""
     from rpka.tracks import TRACKS
 
     names = "|".join(re.escape(n) for n in TRACKS)
@@ -131,10 +131,12 @@ def test_no_branch_on_a_track_name_outside_tracks():
 
 
 def test_paths_are_owned_by_rpka_paths_alone():
-    """``rpka.paths`` is the one owner of the layout: ``rpka.study`` and
-    ``rpka.study_index`` build no path of their own - no function named like a path and
+    """``rpka.paths`` is the one owner of the layout: ``rpka.study.steps`` and
+    ``rpka.study.index`` build no path of their own - no function named like a path and
     none sharing a name with ``rpka.paths``; no result file named by a literal."""
-    from rpka import paths, study, study_index
+    from rpka import paths
+    from rpka.study import index as study_index
+    from rpka.study import steps as study
 
     def functions(module: object) -> set[str]:
         return {

@@ -9,15 +9,15 @@ import pytest
 from doc_keys import key_paths
 
 import rpka.bench as bench
-from rpka import cli
 from rpka.bench import InProcessExecutor, best_learning_rate, run_bench
-from rpka.config import BenchConfig
+from rpka.cli import commands as cli
+from rpka.config.bench import BenchConfig
+from rpka.config.presets import get_preset
 from rpka.io import read_json
-from rpka.presets import get_preset
 from rpka.report import tables
-from rpka.stats import VERDICTS
 from rpka.tracks.lm_source import MarkovCopySource
 from rpka.tracks.lm_text import LM_NAMES
+from rpka.verdict.stats import VERDICTS
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bench_report.md"
 SMOKE = get_preset("smoke", train={"epochs": 1})

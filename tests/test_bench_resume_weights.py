@@ -8,11 +8,11 @@ import shutil
 import pytest
 
 from rpka.bench import keeps_weights, make_jobs, run_bench, weight_readers
-from rpka.executors import InProcessExecutor
+from rpka.config.presets import get_preset
 from rpka.io import CorruptFileError, read_json
-from rpka.presets import get_preset
-from rpka.run_config import run_id
-from rpka.trained import load_trained
+from rpka.training.executors import InProcessExecutor
+from rpka.training.run_config import run_id
+from rpka.training.trained import load_trained
 
 # the smoke study (mechanism and output-error studies on), one seed per job: two evaluation
 # groups per arm, of which only the first may keep weights

@@ -9,7 +9,7 @@ import torch
 
 from rpka import report
 from rpka.bench import ensure_weights, run_bench
-from rpka.executors import InProcessExecutor
+from rpka.config.presets import get_preset
 from rpka.io import (
     RESUME_VOLATILE_KEYS,
     CorruptFileError,
@@ -27,8 +27,8 @@ from rpka.io import (
     write_run_file,
 )
 from rpka.paths import resolve
-from rpka.presets import get_preset
-from rpka.trained import load_run_state, load_trained
+from rpka.training.executors import InProcessExecutor
+from rpka.training.trained import load_run_state, load_trained
 
 # the smoke study without its mechanism and output-error studies: four one-epoch runs
 CONFIG = get_preset("smoke", train={"epochs": 1}, mechanism=None, output_error_ranks=())

@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rpka import bench, checks, cli, executors, report_lock, study, study_index
+from rpka import bench, checks
 from rpka.attention import build
-from rpka.cli_signals import Interrupted
+from rpka.cli import commands as cli
+from rpka.cli import report_lock
+from rpka.cli.signals import Interrupted
+from rpka.config.presets import get_preset
 from rpka.io import (
     CorruptFileError,
     has_checksum,
@@ -26,8 +29,10 @@ from rpka.io import (
     write_result_json,
     write_run_file,
 )
-from rpka.presets import get_preset
 from rpka.report import readme
+from rpka.study import index as study_index
+from rpka.study import steps as study
+from rpka.training import executors
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -284,7 +289,7 @@ def test_other_os_errors_still_raise(monkeypatch):
 
 HOLD_LOCK = """\
 import sys, time
-from rpka.report_lock import report_lock
+from rpka.cli.report_lock import report_lock
 with report_lock("smoke", command="python -m rpka report --preset smoke --html A.html"):
     print("held", flush=True)
     time.sleep(60)

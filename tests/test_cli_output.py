@@ -1,10 +1,10 @@
 """What `python -m rpka bench` prints when training fails: the word, not "nan +- nan"
 (issue 17 item 4)."""
 
-from rpka import cli
 from rpka.bench import run_bench
-from rpka.executors import InProcessExecutor
-from rpka.presets import get_preset
+from rpka.cli import commands as cli
+from rpka.config.presets import get_preset
+from rpka.training.executors import InProcessExecutor
 
 
 def test_a_bench_whose_every_seed_diverged_says_so(tmp_path, capsys):

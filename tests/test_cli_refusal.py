@@ -3,7 +3,7 @@ parameter (issue 17 item 1)."""
 
 import pytest
 
-from rpka import cli
+from rpka.cli import commands as cli
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rpka.config import (
+from rpka.config.bench import (
     CONCERNS,
     FLAT_FIELDS,
     BenchConfig,
@@ -14,8 +14,8 @@ from rpka.config import (
     Execution,
     Studies,
 )
-from rpka.presets import PRESETS_BY_TRACK, get_preset
-from rpka.presets_longctx import LONGCTX_PRESETS
+from rpka.config.presets import PRESETS_BY_TRACK, get_preset
+from rpka.config.presets_longctx import LONGCTX_PRESETS
 
 SMOKE = get_preset("smoke")
 

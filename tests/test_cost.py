@@ -1,13 +1,14 @@
-"""The cost model (rpka.cost): the jobs it counts, eq. (1), a prediction against a real
+"""The cost model (rpka.study.cost): the jobs it counts, eq. (1), a prediction against a real
 bench's recorded CPU time, and the command's errors."""
 
 import pytest
 
-from rpka import cli, cost
 from rpka.bench import InProcessExecutor, run_bench
+from rpka.cli import commands as cli
+from rpka.config.presets import STANDARD_TRAINING_BUDGET_CPU_S, STUDY_TRACKS, get_preset
 from rpka.io import has_checksum, read_json
-from rpka.presets import STANDARD_TRAINING_BUDGET_CPU_S, STUDY_TRACKS, get_preset
 from rpka.report import readme
+from rpka.study import cost
 
 SMOKE_STUDY = get_preset("smoke-study", train={"epochs": 1})  # the conftest fixture's bench
 
@@ -121,8 +122,8 @@ def test_the_command_writes_the_predictions_of_the_benches_asked_for(tmp_path, c
 def test_the_stored_prediction_prices_the_study_from_committed_probes_without_timing():
     """`make report PRESET=full` prints this before it starts: the committed probes priced
     against the configuration as it is now; arms without a stored probe are named."""
-    from rpka.cost import cost_model_json, prediction_line, stored_prediction
     from rpka.io import read_json
+    from rpka.study.cost import cost_model_json, prediction_line, stored_prediction
 
     prediction = stored_prediction("full", cores=2)
     stored = read_json(cost_model_json("full"))["benches"]

@@ -1,14 +1,14 @@
 """The price of a long-context study per length, the curriculum's first stages included
-(issue 40, ``rpka.cost_longctx``)."""
+(issue 40, ``rpka.study.cost_longctx``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from rpka.bench import job_groups
-from rpka.cost import Probe
-from rpka.cost_longctx import first_stage_s, price_context, price_longctx
-from rpka.presets_longctx import LONGCTX_PRESETS
+from rpka.config.presets_longctx import LONGCTX_PRESETS
+from rpka.study.cost import Probe
+from rpka.study.cost_longctx import first_stage_s, price_context, price_longctx
 
 SMOKE = LONGCTX_PRESETS["longrange-power-smoke"]
 

@@ -1,4 +1,4 @@
-"""The curriculum over context lengths (issue 27, ``rpka.curriculum``): a warm-started run
+"""The curriculum over context lengths (issue 27, ``rpka.training.curriculum``): a warm-started run
 trains at a shorter context first - exactly the run the short context's own bench trains -
 then at its own, from those weights, its learned positions stretched."""
 
@@ -7,15 +7,15 @@ import dataclasses
 import pytest
 import torch
 
-from rpka import longctx
 from rpka.bench import InProcessExecutor
-from rpka.cli import parse_longctx
-from rpka.config import BenchConfig
-from rpka.curriculum import first_stage_config, stretched_state
+from rpka.cli.commands import parse_longctx
+from rpka.config.bench import BenchConfig
+from rpka.config.presets_longctx import LONGRANGE_PRESETS, get_longctx_preset
 from rpka.io import has_checksum
-from rpka.presets_longctx import LONGRANGE_PRESETS, get_longctx_preset
-from rpka.run_config import make_run_config, run_id
-from rpka.train import build_model, setup_run, track_config_of, train_run
+from rpka.study import longctx
+from rpka.training.curriculum import first_stage_config, stretched_state
+from rpka.training.run_config import make_run_config, run_id
+from rpka.training.train import build_model, setup_run, track_config_of, train_run
 
 SMOKE = get_longctx_preset("longrange-smoke")
 SHORT, LONG = SMOKE.contexts

@@ -2,8 +2,9 @@
 
 import pytest
 
-from rpka import cli, decoding
+from rpka.cli import commands as cli
 from rpka.io import read_json
+from rpka.speed import decoding
 
 TINY = {
     "contexts": [16, 40],

@@ -1,4 +1,4 @@
-"""rpka.dropin: exact's trained model with another method swapped in (scripts/drop_in.py is
+"""rpka.study.dropin: exact's trained model with another method swapped in (scripts/drop_in.py is
 its command line); on a clone without weights it retrains exact's run first, same numbers."""
 
 import shutil
@@ -6,9 +6,9 @@ import shutil
 import pytest
 
 from rpka.bench import run_bench
-from rpka.dropin import drop_in, full_rank
-from rpka.executors import InProcessExecutor
-from rpka.presets import get_preset
+from rpka.config.presets import get_preset
+from rpka.study.dropin import drop_in, full_rank
+from rpka.training.executors import InProcessExecutor
 
 CONFIG = get_preset("smoke", train={"epochs": 1}, seeds_per_job=1)
 

@@ -13,11 +13,11 @@ import psutil
 import pytest
 
 import rpka.bench as bench
-from rpka import cli
 from rpka.bench import run_bench
-from rpka.executors import EXECUTOR_KINDS, InProcessExecutor, local_executor, make_executor
+from rpka.cli import commands as cli
+from rpka.config.presets import get_preset
 from rpka.io import without_keys
-from rpka.presets import get_preset
+from rpka.training.executors import EXECUTOR_KINDS, InProcessExecutor, local_executor, make_executor
 
 ROOT = Path(__file__).resolve().parent.parent
 # a driver that starts a pool of two workers, waits until both have run a job (so both
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DRIVER = textwrap.dedent(
     """
     import os, sys, time
-    from rpka import executors
+    from rpka.training import executors
 
     def pid_after(seconds):
         time.sleep(seconds)

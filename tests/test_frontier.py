@@ -1,11 +1,12 @@
-"""The rank frontier (rpka.frontier): gap recovered, non-inferiority, r*, the positive
+"""The rank frontier (rpka.verdict.frontier): gap recovered, non-inferiority, r*, the positive
 control, pivoting - against values computed here from the definitions and scipy."""
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from rpka.frontier import (
+from rpka.io import read_json, write_json
+from rpka.verdict.frontier import (
     add_positive_control,
     cost_at_lengths,
     drop_in_curve,
@@ -17,7 +18,6 @@ from rpka.frontier import (
     track_frontier,
     write_frontier,
 )
-from rpka.io import read_json, write_json
 
 CONTROL = [0.80, 0.82, 0.79, 0.81, 0.80, 0.83, 0.78]
 EXACT = [0.00, 0.01, 0.00, 0.00, 0.02, 0.00, 0.01]
@@ -241,7 +241,7 @@ def test_the_spectrum_text_states_the_heads_sharpness_and_q_k_ratio():
 
 
 def test_the_positive_control_is_outside_the_holm_family_and_checked():
-    from rpka.presets import get_preset
+    from rpka.config.presets import get_preset
 
     config = get_preset("full", "recall")
     assert config.positive_control_arm == "rpka-r96"

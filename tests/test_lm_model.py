@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from rpka import paths, study
+from rpka import paths
 from rpka.bench import default_out
-from rpka.cli import parse_bench
-from rpka.config import BenchConfig
-from rpka.leakage import LeakageConfig, leakage_check
+from rpka.cli.commands import parse_bench
+from rpka.config.bench import BenchConfig
+from rpka.config.presets import get_preset
+from rpka.kernel.leakage import LeakageConfig, leakage_check
 from rpka.model import ModelConfig, TransformerLM
-from rpka.presets import get_preset
+from rpka.study import steps as study
 from rpka.tracks import get_task
 from rpka.tracks.lm import LMConfig
-from rpka.train import evaluate
+from rpka.training.train import evaluate
 
 CFG = ModelConfig(d_model=16, n_layers=2, n_heads=2, d_ff=32, embed_kernel=1, linear_skip=False)
 V, N = 11, 24  # vocabulary, tokens read

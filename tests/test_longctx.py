@@ -9,18 +9,20 @@ import pytest
 import torch
 from doc_keys import key_paths
 
-from rpka import cli, longctx, stats
 from rpka.bench import InProcessExecutor
-from rpka.config import LongContextConfig
+from rpka.cli import commands as cli
+from rpka.config.bench import LongContextConfig
+from rpka.config.presets_longctx import LONGCTX_PRESETS, LONGRANGE_PRESETS, get_longctx_preset
 from rpka.io import read_json
 from rpka.model import ModelConfig, TransformerTiny
-from rpka.presets_longctx import LONGCTX_PRESETS, LONGRANGE_PRESETS, get_longctx_preset
+from rpka.study import longctx
 from rpka.tracks import get_task
 from rpka.tracks.forecast import TrackConfig, sized_track, split_bounds, window_starts
 from rpka.tracks.lm import LMConfig
 from rpka.tracks.motif import MotifConfig
 from rpka.tracks.real import RealConfig
 from rpka.tracks.regimes import RegimesConfig
+from rpka.verdict import stats
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "longctx.md"
 SMOKE = get_longctx_preset("smoke")
@@ -93,7 +95,7 @@ def test_smoke_content(smoke_result):
 
 def test_smoke_reports_the_attention_gate_of_every_context(smoke_result):
     """The gate is the control against exact on the same evaluation seeds, as
-    rpka.stats.attention_gate computes it, and the bench report's own."""
+    rpka.verdict.stats.attention_gate computes it, and the bench report's own."""
     result, root = smoke_result
     control = SMOKE.bench.control
     assert control == "mean-attention"

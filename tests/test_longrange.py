@@ -7,17 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-from rpka import decision, longctx, stats
 from rpka.bench import InProcessExecutor
-from rpka.config import local_arm
-from rpka.presets import get_preset
-from rpka.presets_longctx import (
+from rpka.config.bench import local_arm
+from rpka.config.presets import get_preset
+from rpka.config.presets_longctx import (
     LOCAL_WINDOW,
     LONGRANGE_PRESETS,
     get_longctx_preset,
 )
+from rpka.study import longctx
 from rpka.tracks import get_task
 from rpka.tracks.lookup import LookupConfig, codebook, generate, layout, locality
+from rpka.verdict import decision, stats
 
 SMOKE = get_longctx_preset("longrange-smoke")
 EXACT = [1.0, 1.1, 0.9, 1.05, 0.95, 1.02, 0.98, 1.0]  # 8 seeds: one-sided floor 1/256
@@ -33,12 +34,16 @@ def worse(by: float) -> list[float]:
 
 def two_control_gate(exact, control, local, **changes):
     """The long-context gate as the bench applies it (``gate_needs_local``): each control's
-    :func:`rpka.decision.control_gate`, obeyed through :func:`rpka.decision.verdict_gate`."""
+    :func:`rpka.verdict.decision.control_gate`, obeyed through
+    :func:`rpka.verdict.decision.verdict_gate`."""
     bench = SMOKE.bench_for(SMOKE.contexts[0])
     bench = bench.replace(eval_seeds=tuple(range(100, 108)), **changes)
     assert bench.gate_needs_local
     arms = arms_of(bench, {"exact": exact, "mean-attention": control, "local-w8": local})
-    uniform, window = decision.attention_gate(bench, arms), decision.local_gate(bench, arms)
+    uniform, window = (
+        decision.control_gate(bench, arms, bench.control),
+        decision.local_gate(bench, arms),
+    )
     applied = decision.verdict_gate(bench, uniform, window)
     return {"passed": applied["passed"], "attention_gate": uniform, "local_gate": window}
 

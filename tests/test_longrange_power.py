@@ -1,12 +1,12 @@
 """The pre-registered long-range study's preset (issue 40, ``longrange-power``) and the
-arm-by-arm invocation (``rpka.presets_longctx.with_arms``, ``longctx --arms``)."""
+arm-by-arm invocation (``rpka.config.presets_longctx.with_arms``, ``longctx --arms``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rpka.cli import parse_longctx
-from rpka.presets_longctx import LONGCTX_PRESETS, with_arms
+from rpka.cli.commands import parse_longctx
+from rpka.config.presets_longctx import LONGCTX_PRESETS, with_arms
 
 POWER = LONGCTX_PRESETS["longrange-power"]
 

@@ -1,4 +1,4 @@
-"""rpka.mechanism and rpka.report.figures against independent references (numpy, SVD, brute
+"""rpka.kernel.mechanism and rpka.report.figures against independent references (numpy, SVD, brute
 force)."""
 
 import itertools
@@ -13,9 +13,9 @@ from rpka.attention import build, nystrom_softmax, rpcholesky
 from rpka.attention.nystrom import gather_points
 from rpka.attention.rpka import KEYS_RATIO, balanced_frame
 from rpka.io import read_json, write_json
-from rpka.kernel_matrix import optimal_trace_error, pivot_points, pivoted_matrix
-from rpka.mechanism import MechanismConfig, trace_identity
-from rpka.quality import (
+from rpka.kernel.matrix import optimal_trace_error, pivot_points, pivoted_matrix
+from rpka.kernel.mechanism import MechanismConfig, trace_identity
+from rpka.kernel.quality import (
     approximation_quality,
     compare_models,
     mechanism_study,

@@ -1,11 +1,13 @@
-"""The notebooks' parameters (rpka.notebook_params): paths derived from the preset unless
+"""The notebooks' parameters (rpka.study.notebook_params): paths derived from the preset unless
 passed, and a mistyped name or value stopped at once with one line (issue 31 item 4)."""
 
 import nbformat
 import papermill
 import pytest
 
-from rpka.notebook_params import (
+from rpka.cli.pipeline import PipelineError, check_parameters, declared_parameters
+from rpka.paths import REPO_ROOT
+from rpka.study.notebook_params import (
     FLAGS,
     NUMBERS,
     ParameterError,
@@ -14,9 +16,7 @@ from rpka.notebook_params import (
     declared,
     settle,
 )
-from rpka.paths import REPO_ROOT
-from rpka.pipeline import PipelineError, check_parameters, declared_parameters
-from rpka.study import NOTEBOOKS, notebook_parameters
+from rpka.study.steps import NOTEBOOKS, notebook_parameters
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 T = "01_train.ipynb"
@@ -145,7 +145,7 @@ def test_papermill_with_a_mistyped_parameter_stops_in_the_first_cell_with_one_li
 
 def test_02_says_it_computes_a_missing_bench(tmp_path, monkeypatch, capsys):
     """02_sweep on a fresh state computed the bench without the line the README promises."""
-    from rpka import study
+    from rpka.study import steps as study
 
     monkeypatch.setattr(study.bench, "run_bench", lambda *a, **kw: {"ran": True})
     assert study.load_or_run_bench("smoke", tmp_path) == {"ran": True}

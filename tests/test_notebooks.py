@@ -17,9 +17,7 @@ import nbformat
 import pytest
 
 import rpka
-from rpka.notebook_params import check
-from rpka.paths import REPO_ROOT
-from rpka.pipeline import (
+from rpka.cli.pipeline import (
     Step,
     declared_parameters,
     preset_steps,
@@ -27,8 +25,10 @@ from rpka.pipeline import (
     run_notebook,
     run_pipeline,
 )
+from rpka.paths import REPO_ROOT
 from rpka.report import provenance
-from rpka.study import NOTEBOOKS, load_result, notebook_parameters
+from rpka.study.notebook_params import check
+from rpka.study.steps import NOTEBOOKS, load_result, notebook_parameters
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
@@ -51,7 +51,7 @@ def test_committed_without_outputs_with_one_parameters_cell(name):
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_defaults_are_the_smoke_parameters(name):
     """The parameters cell names the smoke preset and leaves every path None: the first
-    cell derives them (rpka.notebook_params), the same as the pipeline passes."""
+    cell derives them (rpka.study.notebook_params), the same as the pipeline passes."""
     declared = {k: v["default"] for k, v in declared_parameters(NOTEBOOK_DIR / name).items()}
     assert declared["preset"] == "'smoke'"
     defaults = {k: ast.literal_eval(v) for k, v in declared.items()}
@@ -74,7 +74,7 @@ def smoke_report(tmp_path_factory):
     steps = preset_steps("smoke")
     for step in steps:  # executed copies go to the temporary folder
         step.output = out / step.notebook.name
-    from rpka.study import compute_steps
+    from rpka.study.steps import compute_steps
 
     lines = []
     run_pipeline(

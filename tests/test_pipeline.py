@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from rpka.pipeline import (
+from rpka.cli.pipeline import (
     PipelineError,
     Step,
     check_parameters,
@@ -126,7 +126,10 @@ FAILING_REPORT = """
 import sys
 from pathlib import Path
 
-from rpka import cli, cost, pipeline, study
+from rpka.cli import commands as cli
+from rpka.cli import pipeline
+from rpka.study import cost
+from rpka.study import steps as study
 
 bad, out = Path(sys.argv[1]), Path(sys.argv[2])
 pipeline.preset_steps = lambda preset, from_results=False: [pipeline.Step(bad, out, {"x": 3})]
@@ -292,8 +295,9 @@ def test_with_overlap_a_notebook_runs_beside_the_stages_it_does_not_read(
         tmp_path / "early.ipynb",
         [
             params_cell("data = ''\nmarker = ''"),
-            new_code_cell("import pathlib\nassert pathlib.Path(data).exists()\n"
-                          "pathlib.Path(marker).touch()"),
+            new_code_cell(
+                "import pathlib\nassert pathlib.Path(data).exists()\npathlib.Path(marker).touch()"
+            ),
         ],
     )
     last = write_notebook(

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from rpka.config import TrainConfig
-from rpka.longctx import run_longctx
-from rpka.presets_longctx import LONGRANGE_TRACK
-from rpka.rank_law import dropin as rank_dropin
-from rpka.rank_law import law
-from rpka.rank_law.grid import (
+from rpka.config.bench import TrainConfig
+from rpka.config.presets_longctx import LONGRANGE_TRACK
+from rpka.kernel.spectrum import head_spectrum
+from rpka.study.longctx import run_longctx
+from rpka.study.rank_law import dropin as rank_dropin
+from rpka.study.rank_law import law
+from rpka.study.rank_law.grid import (
     Cell,
     cell_config,
     cell_dir,
@@ -24,7 +25,6 @@ from rpka.rank_law.grid import (
     grid_cells,
     parse_cell,
 )
-from rpka.spectrum import head_spectrum
 from rpka.tracks.cache import cache_path, track_fields
 from rpka.tracks.lookup import LookupConfig, background_patterns, generate
 
@@ -102,7 +102,7 @@ def test_ladder_stops_at_the_cap_or_full_rank():
 
 
 def test_effective_rank_matches_the_spectrum_module():
-    """The kernel's effective rank is where rpka.spectrum's residual_optimal first drops to
+    """The kernel's effective rank is where rpka.kernel.spectrum's residual_optimal first drops to
     5 % (an independent computation of the same eigenvalue tail)."""
     generator = torch.Generator().manual_seed(0)
     q, k = (torch.randn(40, 4, generator=generator, dtype=torch.float64) for _ in range(2))

@@ -9,7 +9,7 @@ import tomllib
 
 import pytest
 
-from rpka import cli
+from rpka.cli import commands as cli
 from rpka.paths import REPO_ROOT
 
 README = (REPO_ROOT / "README.md").read_text()

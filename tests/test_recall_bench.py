@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from rpka.bench import InProcessExecutor, run_bench
+from rpka.config.presets import PRESETS_BY_TRACK, get_preset
 from rpka.io import atomic_save_npz
 from rpka.model import ModelConfig, TransformerLM
-from rpka.presets import RECALL_PRESETS, get_preset
 from rpka.report.figures_recall import accuracy_points, plot_recall_accuracy_vs_rank, reference_arms
 from rpka.tracks import get_task
 from rpka.tracks.cache import cache_path
@@ -32,7 +32,7 @@ SMALL = RecallConfig(
 )
 
 
-@pytest.mark.parametrize("preset", sorted(RECALL_PRESETS))
+@pytest.mark.parametrize("preset", sorted(PRESETS_BY_TRACK["recall"]))
 def test_recall_presets_validate_and_embed_the_previous_token(preset):
     config = get_preset(preset, "recall")  # validated
     assert config.model.previous_tokens == 1

@@ -9,13 +9,17 @@
     the reference follow ``P(s) = r_s / sum r`` (chi-square, 4000 draws).
 """
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 from softmax_reference import softmax_attention
 
-from rpka.attention import build, pivot_kernel
+from rpka.attention import build, pivot_kernel, reference
+from rpka.attention import frame as fast
 from rpka.attention.accelerated import accelerated_pivots
 from rpka.attention.nystrom import gather_points, nystrom_softmax, nystrom_softmax_chunked
 from rpka.attention.pivot_state import PointSet
@@ -363,3 +367,17 @@ def test_reference_follows_the_residual_law():
     u = draw_uniforms(torch.Generator().manual_seed(7), 2, (DRAWS,), len(z))
     pivots = torch.stack([rpcholesky_reference(z, 2, u[:, b])[0] for b in range(DRAWS)])
     assert_follows(pair_counts(pivots[:, 0], pivots[:, 1], len(z)), law)
+
+
+def test_the_reference_is_standalone():
+    """reference.py imports nothing of the package (issue 44, item 4): its one constant is
+    typed again there, equal to the fast code's."""
+    tree = ast.parse(Path(reference.__file__).read_text())
+    imported = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    ]
+    assert not [m for m in imported if m and m.split(".")[0] == "rpka"], imported
+    assert reference.KEYS_RATIO == fast.KEYS_RATIO

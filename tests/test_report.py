@@ -1,5 +1,5 @@
 """The report page (rpka.report, rpka.report.text, rpka.report.figures_headline) on a study index
-built from a real smoke bench, decided by rpka.stats' rule (primary unadjusted, Holm over
+built from a real smoke bench, decided by rpka.verdict.stats' rule (primary unadjusted, Holm over
 the rest, TOST at a margin, the attention gate), as the bench writes it."""
 
 import base64
@@ -15,16 +15,19 @@ import pytest
 from IPython.core.formatters import DisplayFormatter
 from IPython.display import Markdown
 
-from rpka import paths, report, stats, study, study_index
+from rpka import paths, report
+from rpka.cli.pipeline import offline
 from rpka.io import FIGURE_DPI, figure_png, save_figure
 from rpka.paths import REPO_ROOT as ROOT
-from rpka.pipeline import offline
 from rpka.report import figures, figures_cost, figures_headline, narrative, text, text_track
 from rpka.report.tables import arm_group
+from rpka.study import index as study_index
+from rpka.study import steps as study
+from rpka.verdict import stats
 
 
 def decided(bench: dict, margin: float, min_rel: float, passed: bool | None = None) -> dict:
-    """``bench`` with the keys of the current rule, computed by rpka.stats from its
+    """``bench`` with the keys of the current rule, computed by rpka.verdict.stats from its
     per-seed scores (what rpka.bench writes); ``passed`` overrides the gate (a smoke
     bench has too few seeds to pass it)."""
     bench = copy.deepcopy(bench)
@@ -331,7 +334,7 @@ def test_a_rerun_after_a_fix_shows_each_moved_arm_before_and_now(smoke_study_rep
 def test_the_ablation_rule_keeps_its_key_paths_in_markdown():
     """The rule names ``arms.<arm>.sweep``: unescaped, Markdown's HTML ate ``<arm>`` and the
     report read "arms..sweep[]"."""
-    from rpka.ablations import RULE
+    from rpka.verdict.ablations import RULE
 
     report = {
         "ablation_choice": {

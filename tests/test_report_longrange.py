@@ -1,5 +1,5 @@
 """The long-range study (issue 27) in the study index, the frontier, the answer figure and
-the report (rpka.study_index.longrange_entry, rpka.report.longrange,
+the report (rpka.study.index.longrange_entry, rpka.report.longrange,
 rpka.report.figures_frontier), on the ``longrange-smoke`` preset's output: as run (both
 gates fail at smoke size) and with its gates made to pass (the control losing on every
 seed), and with files missing."""
@@ -10,12 +10,13 @@ import shutil
 import pytest
 from matplotlib.figure import Figure
 
-from rpka import longctx, study_index
-from rpka.executors import InProcessExecutor
+from rpka.config.presets_longctx import get_longctx_preset
 from rpka.io import read_json, write_result_json
-from rpka.presets_longctx import get_longctx_preset
 from rpka.report import longrange, summary
 from rpka.report.figures_frontier import plot_longrange_answer
+from rpka.study import index as study_index
+from rpka.study import longctx
+from rpka.training.executors import InProcessExecutor
 
 SMOKE = get_longctx_preset("longrange-smoke")
 CONTROL_LOSS = 1.0  # added to exact's per-seed MSE: a control that loses on every seed

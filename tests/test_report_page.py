@@ -11,8 +11,8 @@ import pytest
 
 from rpka import paths, report
 from rpka.io import read_json
-from rpka.notebook_params import check
 from rpka.report import figures, figures_headline, longrange, sections, summary
+from rpka.study.notebook_params import check
 
 matplotlib.use("Agg")
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from rpka.io import write_result_json
-from rpka.rank_law import law
-from rpka.rank_law.dropin import DROPIN_FILE, METHODS
-from rpka.rank_law.grid import Cell
 from rpka.report import Figures
 from rpka.report import rank_law as section
+from rpka.study.rank_law import law
+from rpka.study.rank_law.dropin import DROPIN_FILE, METHODS
+from rpka.study.rank_law.grid import Cell
 
 CELLS = [Cell(1, 512), Cell(4, 512), Cell(16, 512), Cell(4, 512, 16, "patterns")]
 

@@ -1,15 +1,16 @@
 """Leave-one-seed-out robustness, the sign-flip interval and the long-range answer
-(issue 40, ``rpka.robustness``; wired into ``frontier.json`` and ``study.json``)."""
+(issue 40, ``rpka.verdict.robustness``; wired into ``frontier.json`` and ``study.json``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rpka.frontier import LongRangeTiming, gap_recovered
 from rpka.io import read_json
 from rpka.paths import resolve
-from rpka.robustness import (
+from rpka.study.index import longrange_robustness
+from rpka.verdict.frontier import LongRangeTiming, gap_recovered
+from rpka.verdict.robustness import (
     CHEAPER_RATIO_MAX,
     CHEAPER_UPPER_MAX,
     arm_robustness,
@@ -18,8 +19,7 @@ from rpka.robustness import (
     one_sided_lower,
     signflip_interval,
 )
-from rpka.significance import sign_flip_pvalue
-from rpka.study_index import longrange_robustness
+from rpka.verdict.significance import sign_flip_pvalue
 
 COMMITTED = "data/results/full/longrange/longctx/context-{}/bench_report.json"
 

@@ -10,7 +10,7 @@ from scipy import stats
 from rpka.attention.accelerated import rpcholesky_accelerated
 from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky, weighting_power
 from rpka.attention.rpka import RPKAttention
-from rpka.config import MechanismConfig
+from rpka.config.bench import MechanismConfig
 
 
 def qk_points(n: int = 12, d: int = 4, seed: int = 0, scale: float = 1.0) -> torch.Tensor:

@@ -4,8 +4,11 @@ import dataclasses
 
 import pytest
 
-from rpka import cli, scaling, scaling_config, study
+from rpka.cli import commands as cli
+from rpka.config import scaling as scaling_config
 from rpka.io import read_json
+from rpka.speed import scaling
+from rpka.study import steps as study
 
 
 def tiny(**changes) -> scaling_config.ScalingConfig:

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from rpka import scaling_analysis
 from rpka.io import read_json
 from rpka.report import figures, tables
 from rpka.report import figures_scaling as sp
+from rpka.speed import analysis as scaling_analysis
 
 RESULTS = Path(__file__).resolve().parent.parent / "data" / "results" / "scaling"
 CPU_JSON = RESULTS / "cpu.json"
@@ -22,7 +22,7 @@ LENGTHS = [256, 512, 1024, 2048, 4096, 8192]
 
 
 def scaling_result(curves: dict[tuple[str, int | None], list[float]], device="cuda") -> dict:
-    """A result in the schema rpka.scaling writes, forward latencies from ``curves``."""
+    """A result in the schema rpka.speed.scaling writes, forward latencies from ``curves``."""
     rows = [
         {"method": method, "rank": rank, "n": n, "forward_ms": ms, "forward_status": "ok"}
         for (method, rank), values in curves.items()
@@ -123,7 +123,7 @@ def test_crossover_table_and_speedups_on_a_synthetic_run():
 
 
 def test_speedups_match_the_ratios_the_benchmark_wrote():
-    """rpka.scaling writes speedup_vs_exact itself: the table recomputes it independently."""
+    """rpka.speed.scaling writes speedup_vs_exact itself: the table recomputes it independently."""
     result = read_json(CPU_JSON)
     frame = scaling_analysis.speedup_frame(result)
     written = {
@@ -218,7 +218,7 @@ def test_scaling_figures_take_the_gpu_schema(tmp_path):
 
 
 def decode_result() -> dict:
-    """The schema of rpka.decoding's JSON (branch causal), with made-up latencies."""
+    """The schema of rpka.speed.decoding's JSON (branch causal), with made-up latencies."""
     contexts = [1024, 2048, 4096, 8192]
     rows = []
     for n in contexts:

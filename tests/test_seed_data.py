@@ -1,4 +1,4 @@
-"""Data per seed (issue 40, ``rpka.seed_data``): each evaluation seed its own draw of the
+"""Data per seed (issue 40, ``rpka.training.seed_data``): each evaluation seed its own draw of the
 track, the same draw for every arm, also when seeds train stacked; the committed studies
 keep their data and their run ids."""
 
@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 import torch
 
+from rpka.config.presets_longctx import get_longctx_preset
 from rpka.io import read_json
 from rpka.paths import resolve
-from rpka.presets_longctx import get_longctx_preset
-from rpka.run_config import DATA_PER_SEED_KEY, hashed_config, make_run_config, run_id
-from rpka.seed_data import (
+from rpka.training.run_config import DATA_PER_SEED_KEY, hashed_config, make_run_config, run_id
+from rpka.training.seed_data import (
     data_seed,
     member_track,
     naive_baselines_of,
     run_splits,
     tracks_to_cache,
 )
-from rpka.train import train_run
+from rpka.training.train import train_run
 
 COMMITTED = "data/results/full/longrange/longctx/context-1024/runs/*.json"
 

@@ -1,4 +1,4 @@
-"""Why RPKA needs a high rank (rpka.spectrum): residual traces of the pivoted kernel against
+"""Why RPKA needs a high rank (rpka.kernel.spectrum): residual traces of the pivoted kernel against
 the optimum and the no-structure line, and the best rank-r error of the attention matrix -
 checked against numpy's own eigen- and singular values."""
 
@@ -8,10 +8,10 @@ import torch
 
 from rpka import bench
 from rpka.attention.rpcholesky import gaussian_kernel
+from rpka.config.presets import get_preset
 from rpka.io import has_checksum
-from rpka.kernel_matrix import pivot_points
-from rpka.presets import get_preset
-from rpka.spectrum import bench_spectrum, head_spectrum
+from rpka.kernel.matrix import pivot_points
+from rpka.kernel.spectrum import bench_spectrum, head_spectrum
 
 
 def qk(n=48, d=16, std=6.5, seed=0):

@@ -9,7 +9,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
-from rpka.significance import (
+from rpka.verdict.significance import (
     FLIP_CHUNK_ENTRIES,
     holm,
     minimum_detectable_effect,
@@ -18,7 +18,7 @@ from rpka.significance import (
     rule_mde,
     sign_flip_pvalue,
 )
-from rpka.stats import (
+from rpka.verdict.stats import (
     VERDICTS,
     apply_gate,
     apply_holm,
@@ -418,7 +418,7 @@ def test_pooled_z_catches_a_bias_the_per_step_rule_passes():
 
 
 def test_seeds_for_margin_is_the_rules_own_sample_size():
-    from rpka.significance import seeds_for_margin
+    from rpka.verdict.significance import seeds_for_margin
 
     needed = seeds_for_margin(0.05, 0.02, 0.05)
     assert needed == n_pairs_for_mde(0.05, 0.02)
@@ -435,7 +435,7 @@ def test_seeds_for_margin_is_the_rules_own_sample_size():
 def test_overflowing_pairs_count_as_diverged_and_bad_values_are_named():
     """Hostile inputs: differences that overflow (+-1e308) are diverged pairs, never a p of
     0 or a verdict; non-numbers name the argument."""
-    from rpka.stats import paired_comparison
+    from rpka.verdict.stats import paired_comparison
 
     base = [1e308, -1e308, 1.0, 1.1, 0.9, 1.0]
     idea = [-1e308, 1e308, 1.2, 1.3, 1.1, 1.2]

@@ -1,4 +1,4 @@
-"""The one timing protocol of the long-range study (issue 40, ``rpka.steptime``)."""
+"""The one timing protocol of the long-range study (issue 40, ``rpka.study.steptime``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rpka.cli_longrange import steptime_main
+from rpka.cli.longrange import steptime_main
+from rpka.config.presets_longctx import get_longctx_preset
 from rpka.io import CorruptFileError, read_json
-from rpka.presets_longctx import get_longctx_preset
-from rpka.steptime import MIN_REPEATS, STEPTIME_FILE, ratio_summary, run_steptime
+from rpka.study.steptime import MIN_REPEATS, STEPTIME_FILE, ratio_summary, run_steptime
 
 
 def test_the_ratio_interval_is_the_t_interval_of_the_per_repeat_ratios():

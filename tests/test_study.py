@@ -13,22 +13,27 @@ import torch
 
 matplotlib.use("Agg")
 
-from rpka import cli, paths, scaling, scaling_config, study, study_index  # noqa: E402
-from rpka.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
+from rpka import paths  # noqa: E402
 from rpka.attention import REGISTRY, options_of  # noqa: E402
-from rpka.config import BenchConfig  # noqa: E402
-from rpka.io import CorruptFileError, read_json  # noqa: E402
-from rpka.presets import (  # noqa: E402
+from rpka.cli import commands as cli
+from rpka.config import scaling as scaling_config
+from rpka.config.bench import BenchConfig  # noqa: E402
+from rpka.config.presets import (  # noqa: E402
     ABLATION_RANK,
     PEERS,
-    PRESETS,
+    PRESETS_BY_TRACK,
     STUDY_TRACKS,
     get_preset,
 )
-from rpka.quality import method_output_errors  # noqa: E402
+from rpka.io import CorruptFileError, read_json  # noqa: E402
+from rpka.kernel.quality import method_output_errors  # noqa: E402
 from rpka.report import figures, figures_cost, tables  # noqa: E402
-from rpka.run_config import make_run_config  # noqa: E402
-from rpka.train import train_run  # noqa: E402
+from rpka.speed import scaling
+from rpka.study import index as study_index
+from rpka.study import steps as study
+from rpka.training.run_config import make_run_config  # noqa: E402
+from rpka.training.train import train_run  # noqa: E402
+from rpka.verdict.ablations import FACTORS, choose_default, rpka_configuration  # noqa: E402
 
 FULL = get_preset("full")
 
@@ -37,7 +42,7 @@ FULL = get_preset("full")
 
 
 def test_every_preset_validates_and_round_trips():
-    for name in PRESETS:
+    for name in PRESETS_BY_TRACK["forecast"]:
         config = get_preset(name)
         assert BenchConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
@@ -78,7 +83,7 @@ def test_ranks_override_keeps_the_ablations_and_their_reference():
 
 def test_other_studies_keep_only_a_rank_sweep_and_the_control():
     from rpka.attention.rpka import IMPLEMENTATION_OPTIONS
-    from rpka.presets_longctx import LONGCTX_PRESETS, LONGCTX_RESIDUAL_SOLVE
+    from rpka.config.presets_longctx import LONGCTX_PRESETS, LONGCTX_RESIDUAL_SOLVE
 
     for name, longctx in LONGCTX_PRESETS.items():
         bench = longctx.bench

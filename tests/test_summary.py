@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rpka import cli
+from rpka.cli import commands as cli
 from rpka.paths import resolve
 from rpka.report import readme
 
@@ -201,7 +201,7 @@ def test_z_variance_and_the_overdispersion_caveat():
 
 def test_the_pooled_mechanism_decision_drives_its_caveat():
     from rpka.report import narrative
-    from rpka.stats import pooled_z
+    from rpka.verdict.stats import pooled_z
 
     rng = np.random.default_rng(1)
     for scale, shown in ((1.0, False), (1.5, True)):  # calibrated z vs over-dispersed z

@@ -14,19 +14,19 @@ from torch import nn
 
 from rpka.attention import build
 from rpka.bench import run_bench
-from rpka.dropin import drop_in, swapped_model
-from rpka.executors import InProcessExecutor
+from rpka.config.presets import get_preset
 from rpka.io import read_json, read_run_file
 from rpka.paths import REPO_ROOT
-from rpka.presets import get_preset
-from rpka.run_config import STREAM_PIVOTS, derive_seed
+from rpka.study.dropin import drop_in, swapped_model
 from rpka.swap import SwapRefused, audit, plot_errors, swap
 from rpka.swap import command as swap_command
 from rpka.swap.example import EncoderLM, encoder_lm, next_token_loss
 from rpka.swap.sdpa import causal_mask_kind
 from rpka.tracks import get_task
-from rpka.train import track_config_of
-from rpka.trained import load_run_state
+from rpka.training.executors import InProcessExecutor
+from rpka.training.run_config import STREAM_PIVOTS, derive_seed
+from rpka.training.train import track_config_of
+from rpka.training.trained import load_run_state
 
 SDPA = F.scaled_dot_product_attention
 TOL = {torch.float32: 2e-5, torch.float64: 1e-11}

@@ -12,7 +12,7 @@ from rpka.io import CHECKSUM_KEY, read_json_checked
 from rpka.paths import REPO_ROOT
 from rpka.report import Figures
 from rpka.report.swap_audit import swap_section
-from rpka.study import NOTEBOOKS, SWAP_STEP, compute_steps, render_steps
+from rpka.study.steps import NOTEBOOKS, SWAP_STEP, compute_steps, render_steps
 from rpka.swap import stage
 
 SMALL = {**stage.AUDIT_CONFIG, "train_steps": 5, "ranks": [4, 64], "eval_sequences": 4}

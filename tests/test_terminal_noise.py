@@ -8,10 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+from rpka.config.presets import get_preset
 from rpka.io import has_checksum
-from rpka.presets import get_preset
-from rpka.run_config import make_run_config
-from rpka.train import train_run
+from rpka.training.run_config import make_run_config
+from rpka.training.train import train_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = get_preset("smoke", train={"epochs": 1})
@@ -34,7 +34,7 @@ def test_a_nested_bar_is_not_drawn_into_a_log(tmp_path, capsys):
 PROFILE = textwrap.dedent(
     """
     import torch
-    from rpka.scaling import peak_memory_mib
+    from rpka.speed.scaling import peak_memory_mib
 
     x = torch.randn(64, 64)
     print(peak_memory_mib(lambda: x @ x, "cpu") > 0)
@@ -59,7 +59,7 @@ FREE_DURING_PROFILE = textwrap.dedent(
     """
     {prelude}
     import torch
-    from rpka.scaling import peak_memory_mib
+    from rpka.speed.scaling import peak_memory_mib
 
     held = [torch.zeros(256, 256)]  # allocated before the profile, freed inside it
     peak_memory_mib(lambda: held.pop(), "cpu")
@@ -91,8 +91,8 @@ def test_the_trace_identity_draws_one_bar_into_a_log(capsys):
     Now one bar over every seed's steps, redrawn once a minute there."""
     import torch
 
-    from rpka.config import MechanismConfig
-    from rpka.mechanism import trace_identity_study
+    from rpka.config.bench import MechanismConfig
+    from rpka.kernel.mechanism import trace_identity_study
 
     generator = torch.Generator().manual_seed(0)
     qkv = [tuple(torch.randn(1, 2, 12, 4, generator=generator) for _ in range(3))]
@@ -120,7 +120,7 @@ def test_a_notebook_kernel_is_shut_down_without_an_interrupt(tmp_path):
     kernel here records every SIGINT it gets (the race made deterministic): none comes."""
     import nbformat
 
-    from rpka import pipeline
+    from rpka.cli import pipeline
 
     mark = tmp_path / "sigint.txt"
     notebook = nbformat.v4.new_notebook()
@@ -137,8 +137,9 @@ def test_the_study_stages_that_take_seconds_draw_a_bar(tmp_path, capsys):
     weights are not committed) with no bar. The demo stage draws one per model it trains
     - also where its run files are there and only the weights are missing - and the
     scaling stage one over its measurements."""
-    from rpka import scaling, study
-    from rpka.scaling_config import PRESETS
+    from rpka.config.scaling import PRESETS
+    from rpka.speed import scaling
+    from rpka.study import steps as study
 
     study.train_demo("smoke", tmp_path / "train", progress=True)
     capsys.readouterr()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rpka.bench import InProcessExecutor, run_bench
-from rpka.config import ArmConfig, BenchConfig, TrainConfig, rpka_arm
+from rpka.config.bench import ArmConfig, BenchConfig, TrainConfig, rpka_arm
 from rpka.model import ModelConfig
 from rpka.report import figures, narrative, tables
 from rpka.tracks import TRACKS, get_task

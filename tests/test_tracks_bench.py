@@ -7,9 +7,9 @@ import math
 import pytest
 
 from rpka.bench import InProcessExecutor, run_bench
-from rpka.presets import STUDY_TRACKS, get_preset
-from rpka.significance import ALPHA, rule_mde, sign_flip_floor
+from rpka.config.presets import STUDY_TRACKS, get_preset
 from rpka.tracks import get_task
+from rpka.verdict.significance import ALPHA, rule_mde, sign_flip_floor
 
 NEW_TRACKS = ("forecast-motif", "forecast-regimes", "forecast-real", "recall")
 

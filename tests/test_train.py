@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
+from rpka.config.presets import get_preset
 from rpka.model import TransformerTiny
-from rpka.presets import get_preset
-from rpka.run_config import derive_seed, make_run_config, run_id
-from rpka.train import member_batches, train_run
+from rpka.training.run_config import derive_seed, make_run_config, run_id
+from rpka.training.train import member_batches, train_run
 
 SMOKE = get_preset("smoke", train={"epochs": 2})
 

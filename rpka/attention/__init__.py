@@ -2,11 +2,15 @@
 
 >>> attn = build("rpka", rank=32)
 >>> out = attn(q, k, v)          # q, k, v: (B, H, n, d) -> (B, H, n, d)
+
+May import: the root modules io, paths, checks and numerics only; every other stage
+imports it.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -35,6 +39,49 @@ REGISTRY: dict[str, type[AttentionMethod]] = {
     # a control: softmax over a sliding window of keys, how far back a track looks
     "local": LocalAttention,
 }
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """What the study and its report know of a method beside its class: the report and
+    the studies read these instead of lists of names (a new method is one entry here).
+
+    ``family``: ``exact``, ``rpka``, ``peer`` (an approximation from the literature) or
+    ``control`` (a method that answers how much a track needs attention, or how far back).
+    ``colour``: the anchor of its colour in every figure (``rpka.report.palette``; None:
+    a colour picked by a hash of the name). ``has_rank``: it takes a ``rank`` option (its
+    arms are named ``<method>-r<k>``). ``landmarks``: the point set its landmarks are
+    drawn from - ``joint`` (queries and keys, 2n points), ``keys`` (n) - or None where it
+    draws none (``draws_landmarks``). ``marker``: its marker in the frontier figures."""
+
+    family: str
+    colour: str | None = None
+    has_rank: bool = False
+    landmarks: str | None = None
+    marker: str | None = None
+
+    @property
+    def draws_landmarks(self) -> bool:
+        return self.landmarks is not None
+
+
+METHOD_INFO: dict[str, MethodInfo] = {
+    "exact": MethodInfo("exact", colour="#000000"),
+    "rpka": MethodInfo("rpka", colour="#de8f05", has_rank=True, landmarks="joint", marker="o"),
+    "nystrom-uniform": MethodInfo(
+        "peer", colour="#0173b2", has_rank=True, landmarks="joint", marker="s"
+    ),
+    "keys-coreset": MethodInfo(
+        "peer", colour="#6a3d9a", has_rank=True, landmarks="keys", marker="^"
+    ),
+    "nystromformer": MethodInfo("peer", colour="#e7298a", has_rank=True),
+    "performer": MethodInfo("peer", colour="#999933", has_rank=True),
+    "mean": MethodInfo("control", colour="#949494"),
+    "local": MethodInfo("control"),
+}
+
+# the methods that draw landmarks (RPKA and the peers that pick points), in REGISTRY order
+LANDMARK_METHODS: tuple[str, ...] = tuple(n for n in REGISTRY if METHOD_INFO[n].draws_landmarks)
 
 
 def options_of(name: str) -> dict[str, object]:
@@ -66,6 +113,8 @@ def build(name: str, **options: object) -> nn.Module:
 
 
 __all__ = [
+    "LANDMARK_METHODS",
+    "METHOD_INFO",
     "REGISTRY",
     "AttentionMethod",
     "CholeskyResult",
@@ -73,6 +122,7 @@ __all__ = [
     "KeysCoresetAttention",
     "LocalAttention",
     "MeanAttention",
+    "MethodInfo",
     "NystromUniformAttention",
     "NystromformerAttention",
     "PerformerAttention",

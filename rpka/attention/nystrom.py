@@ -315,7 +315,7 @@ def nystrom_softmax_chunked(
         state: pivots of the scaled points (batch flattened to B*H), from
             :func:`accelerated_pivots` on ``[q * q_scale; k * k_scale - key_shift]`` or keys.
         q_scale, k_scale: the scales of queries and keys, numbers or (B, H, 1, 1) tensors
-            (``d^{-1/4}`` times the q/k balance of :func:`rpka.attention.rpka.balanced_frame`);
+            (``d^{-1/4}`` times the q/k balance of :func:`rpka.attention.frame.balanced_frame`);
         key_shift: (B, H, 1, d) the mean of the scaled keys.
 
     Returns:

@@ -34,7 +34,10 @@ import math
 import torch
 from torch import Tensor
 
-from rpka.attention.rpka import KEYS_RATIO
+# Standalone on purpose: nothing from the fast code. The balance ratio of keys-only pivots,
+# WildCat's rho (microsoft/wildcat, compress_kv.py RHO_2), typed again here; it equals
+# ``rpka.attention.frame.KEYS_RATIO`` (tests/test_reference.py checks both).
+KEYS_RATIO = 3.94582
 
 
 def gaussian(x: Tensor, y: Tensor) -> Tensor:
@@ -48,7 +51,7 @@ def pivoted_points(
     """``(q~, k~, Z)`` of eq. (P): q (n, d), k (m, d) -> (n, d), (m, d), Z (n + m or m, d).
 
     ``alpha^2 = ratio * max_j |k~_j| / max_i |q~_i|`` before balancing (ratio 1 for the
-    joint set, ``KEYS_RATIO`` for keys only), as ``rpka.balanced_frame``; ``balance=False``
+    joint set, ``KEYS_RATIO`` for keys only), as ``frame.balanced_frame``; ``balance=False``
     gives alpha = 1.
     """
     q, k = q.double() * q.shape[-1] ** -0.25, k.double() * k.shape[-1] ** -0.25

@@ -14,8 +14,8 @@ Protocol (docs/design.md section 5): for every arm, each learning rate trains th
 and is scored on validation; the best learning rate (lowest mean validation metric; a
 configuration with a diverged seed loses) trains the evaluation seeds - disjoint from the
 sweep seeds - and is scored on test. Each non-baseline arm is compared with the baseline
-(``exact``) seed by seed (``rpka.stats.paired_comparison``) and decided by the rule of
-``rpka.decision`` (pre-registered primary, Holm over the secondary arms, TOST, the gate).
+(``exact``) seed by seed (``rpka.verdict.stats.paired_comparison``) and decided by the rule of
+``rpka.verdict.decision`` (pre-registered primary, Holm over the secondary arms, TOST, the gate).
 An arm with ``lr_from`` does not sweep: it takes the learning rate chosen for that arm
 (the ablations take their reference's) and trains only it with the sweep seeds, which
 still score it on validation.
@@ -31,6 +31,10 @@ A bench is three stages, one module each, that :func:`run_bench` calls in turn:
   error).
 
 The report's keys are documented in ``docs/bench_report.md``.
+
+May import: ``rpka.kernel``, ``rpka.training``, ``rpka.verdict``, ``rpka.speed``,
+``rpka.swap`` and every stage below them (config, tracks, model, attention, the root
+modules); never the study, the report or the command line.
 """
 
 from __future__ import annotations
@@ -81,9 +85,7 @@ from rpka.bench.studies import (
     study_output_errors,
     trained_model,
 )
-from rpka.config import BenchConfig
-from rpka.executors import InProcessExecutor, owned
-from rpka.executors import local_executor as default_executor
+from rpka.config.bench import BenchConfig
 from rpka.io import (
     CHECKSUM_KEY,
     RESUME_VOLATILE_KEYS,
@@ -92,8 +94,10 @@ from rpka.io import (
     write_result_json,
 )
 from rpka.paths import resolve
-from rpka.seed_data import naive_baselines_of
 from rpka.tracks.cache import DEFAULT_DATA_DIR
+from rpka.training.executors import InProcessExecutor, owned
+from rpka.training.executors import local_executor as default_executor
+from rpka.training.seed_data import naive_baselines_of
 
 __all__ = [  # what other modules, scripts and tests import from rpka.bench
     "BENCH_VERSION",
@@ -153,13 +157,13 @@ def run_bench(
     """Run (or resume) the study ``config``; write and return ``bench_report.json``.
 
     Args:
-        config: the study (``rpka.presets.get_preset``).
+        config: the study (``rpka.config.presets.get_preset``).
         out_dir: results folder (default ``data/results/<preset>``); run files go to
             ``<out_dir>/runs/``.
         executor: where jobs run (``concurrent.futures`` interface); default
             :func:`default_executor` with ``config.n_workers``. A given executor is not
             shut down (on an exception, this bench's queued jobs in it are cancelled);
-            the bench's own is aborted on one (``rpka.executors.owned``).
+            the bench's own is aborted on one (``rpka.training.executors.owned``).
         progress: tqdm bars (the bench's, and one per running job).
         data_dir: the track cache (default ``data/cache``).
     """

@@ -26,7 +26,7 @@ import numpy as np
 from tqdm import tqdm  # plain text bars: no ipywidgets needed in notebooks
 
 from rpka.attention import options_of
-from rpka.config import ArmConfig, BenchConfig
+from rpka.config.bench import ArmConfig, BenchConfig
 from rpka.io import (
     CorruptFileError,
     quarantine,
@@ -35,15 +35,16 @@ from rpka.io import (
     verify_state_file,
     write_run_file,
 )
-from rpka.run_config import make_run_config, run_id
-from rpka.train import train_run
-from rpka.trained import load_state
+from rpka.training.run_config import make_run_config, run_id
+from rpka.training.train import train_run
+from rpka.training.trained import load_state
 
 # --------------------------------------------------------------------------- one job
 
 
 def run_to_file(run_config: dict[str, Any], path: str) -> str:
-    """Train one job (``rpka.train.train_run``) and write its result to ``path`` atomically,
+    """Train one job (``rpka.training.train.train_run``) and write its result to ``path``
+    atomically,
     with the checksum :func:`rpka.io.read_run_file` verifies (:func:`rpka.io.write_run_file`)."""
     write_run_file(path, train_run(run_config))
     return path
@@ -52,7 +53,7 @@ def run_to_file(run_config: dict[str, Any], path: str) -> str:
 def weight_readers(config: BenchConfig) -> dict[str, tuple[str, ...]]:
     """Per arm, the later stages that read its first evaluation run's weights: the
     mechanism study (the primary arm), the output-error study (exact and every arm with a
-    rank), and after the bench ``rpka.spectrum.bench_spectrum`` and ``rpka.dropin``
+    rank), and after the bench ``rpka.kernel.spectrum.bench_spectrum`` and ``rpka.study.dropin``
     (exact). No other run's weights are read, so no other run keeps them."""
     readers: dict[str, list[str]] = {config.baseline_arm: ["spectrum", "drop_in"]}
     if config.mechanism is not None:

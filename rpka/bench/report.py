@@ -19,18 +19,19 @@ import scipy
 import torch
 
 import rpka
-from rpka import stats
-from rpka.ablations import choose_default, rpka_configuration
 from rpka.attention.guards import guard_shares
 from rpka.bench.jobs import RunResults, sweep_score
-from rpka.config import ArmConfig, BenchConfig
-from rpka.decision import METRIC_DIRECTION, compare_arms, decision_of, local_gate
+from rpka.config.bench import ArmConfig, BenchConfig
+from rpka.verdict import stats
+from rpka.verdict.ablations import choose_default, rpka_configuration
+from rpka.verdict.decision import METRIC_DIRECTION, compare_arms, decision_of, local_gate
 
 BENCH_VERSION = "2.0"
 
 
 def summary(values: Sequence[float | None]) -> dict[str, Any]:
-    """``rpka.stats.summarize`` plus the earlier check's keys: mean, std (ddof=1), per_seed, n."""
+    """``rpka.verdict.stats.summarize`` plus the earlier check's keys: mean, std (ddof=1),
+    per_seed, n."""
     per_seed = [math.nan if v is None else float(v) for v in values]
     s = stats.summarize(per_seed)
     rest = {k: v for k, v in s.items() if k not in ("mean", "sd", "n")}

@@ -9,7 +9,7 @@
 from its earlier output when that was made on the same runs, and reads weights only when
 it computes; a run whose weights are missing (they are not committed) is then retrained
 (``rpka.bench.jobs.ensure_weights``). (The drop-in study, each method in place of exact's
-trained attention, is ``rpka.dropin``, run by ``scripts/drop_in.py``.)
+trained attention, is ``rpka.study.dropin``, run by ``scripts/drop_in.py``.)
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from torch import Tensor
 
 from rpka.attention import options_of
 from rpka.bench.jobs import ensure_weights
-from rpka.config import BenchConfig
+from rpka.config.bench import BenchConfig
 from rpka.io import read_json_or_heal, read_run_file, write_result_json
+from rpka.kernel.quality import mechanism_study, method_output_errors
 from rpka.paths import resolve
-from rpka.quality import mechanism_study, method_output_errors
 from rpka.tracks.cache import DEFAULT_DATA_DIR
-from rpka.train import build_model, track_config_of
-from rpka.trained import load_trained
+from rpka.training.train import build_model, track_config_of
+from rpka.training.trained import load_trained
 
 OUTPUT_ERROR_SEEDS = 5  # pivot / feature draws per method and rank in the output-error study
 OUTPUT_ERROR_DEFINITION = (
@@ -67,7 +67,8 @@ class Weights:
     retrained: set[str] = field(default_factory=set)
 
     def load(self, run_id: str) -> tuple[Any, dict[str, Any]]:
-        """The trained model of run ``run_id`` and its result (``rpka.trained.load_trained``)."""
+        """The trained model of run ``run_id`` and its result
+        (``rpka.training.trained.load_trained``)."""
         run_file = self.runs_dir / f"{run_id}.json"
         if ensure_weights(run_file, self.data_dir, self.progress):
             self.retrained.add(run_id)

@@ -15,6 +15,10 @@
 
 ``from rpka import report`` gives the page's functions (``report.load_study``,
 ``report.Figures``, ...) and each section as ``report.<section>``.
+
+May import: every stage but the command line (the study's result files and their
+readers: ``rpka.study``, ``rpka.verdict``, ``rpka.speed``, ``rpka.config``, ``rpka.tracks``,
+...); nothing below it imports it (a forbidden contract).
 """
 
 from rpka.report import (

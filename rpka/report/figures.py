@@ -239,7 +239,7 @@ def plot_train_curves(
     name: str = "train_curves",
 ) -> Figure:
     """Learning curves of single training runs: ``results`` maps a label to a run result
-    (``rpka.train.train_run``); its first member's curves are drawn."""
+    (``rpka.training.train.train_run``); its first member's curves are drawn."""
     fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
     for i, (label, result) in enumerate(results.items()):
         member = result["members"][0]

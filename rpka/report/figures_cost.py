@@ -115,7 +115,7 @@ def plot_error_vs_time(
     The error is each arm's paired test-metric difference from the baseline (mean over
     seeds, unadjusted 95 % CI bars; the baseline sits at 0). Columns: the arm's median
     training step on this track at its length (``timings.step_ms_median``); with
-    ``latency_ms`` (:func:`rpka.scaling.forward_latency`), also the attention's forward
+    ``latency_ms`` (:func:`rpka.speed.scaling.forward_latency`), also the attention's forward
     latency at ``latency_length`` tokens, its title naming that length and the track's
     (it is another benchmark's length, not the track's). Rows: :func:`arm_panels`. The
     front (no arm both faster and better, through exact and the arms whose CI excludes 0,

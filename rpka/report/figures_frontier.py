@@ -1,6 +1,6 @@
 """The rank frontier figure: gap recovered against rank / n, one panel per track.
 
-Reads ``frontier.json`` as :func:`rpka.frontier.write_frontier` writes it (keys in
+Reads ``frontier.json`` as :func:`rpka.verdict.frontier.write_frontier` writes it (keys in
 docs/statistics.md, section 8). Returns the matplotlib ``Figure`` and with ``save_dir``
 also writes ``<save_dir>/<name>.png``.
 """
@@ -16,13 +16,14 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, NullFormatter
 
+from rpka.attention import LANDMARK_METHODS, METHOD_INFO
 from rpka.io import save_figure
 from rpka.report import palette
 from rpka.report.figures import legend_entries, panel_grid
 
 # one colour per method, the same in every panel
-METHOD_COLOURS = {m: palette.method_colour(m) for m in ("rpka", "nystrom-uniform", "keys-coreset")}
-METHOD_MARKERS = {"rpka": "o", "nystrom-uniform": "s", "keys-coreset": "^"}
+METHOD_COLOURS = {m: palette.method_colour(m) for m in LANDMARK_METHODS}
+METHOD_MARKERS = {m: METHOD_INFO[m].marker for m in LANDMARK_METHODS}
 LABEL_OFFSETS = {"rpka": (5, -4), "nystrom-uniform": (5, 14), "keys-coreset": (-40, -4)}
 RANK_TICKS = (1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
 
@@ -121,7 +122,7 @@ def plot_performance_profiles(
     save_dir: str | os.PathLike | None = None,
     name: str = "performance_profiles",
 ) -> Figure:
-    """rliable's performance profiles (:func:`rpka.aggregate.performance_profiles`): per
+    """rliable's performance profiles (:func:`rpka.verdict.aggregate.performance_profiles`): per
     panel, the fraction of runs with gap recovered above tau against tau, per arm family,
     with its 95 % stratified-bootstrap band; exact (g = 1) and the control (g = 0) drawn
     as reference steps. One legend under the panels."""
@@ -153,7 +154,7 @@ def plot_spectrum(
     save_dir: str | os.PathLike | None = None,
     name: str = "kernel_spectrum",
 ) -> Figure:
-    """One panel per track (``spectra``: track -> spectrum.json of :mod:`rpka.spectrum`):
+    """One panel per track (``spectra``: track -> spectrum.json of :mod:`rpka.kernel.spectrum`):
     the curves averaged over the trained heads against r / N, the heads' logit spread in
     the title."""
     fig, axes = panel_grid(len(spectra), 4.6, 4.0)

@@ -61,7 +61,7 @@ def plot_headline(
     name: str = "report_headline",
 ) -> Figure:
     """One row per track (and long-context length): the primary arm's **gap recovered**
-    (1 = exact attention, 0 = the no-attention control; ``rpka.frontier``), mean and 95 %
+    (1 = exact attention, 0 = the no-attention control; ``rpka.verdict.frontier``), mean and 95 %
     t interval over the evaluation seeds, one scale for every metric; shaded: the
     non-inferior zone above the frontier's margin. A track without a gap to recover (its
     control ties exact: the attention gate failed) is drawn hollow and grey at 0 and says so.

@@ -1,8 +1,8 @@
-"""The mechanism study's figures (``mechanism.json``, :mod:`rpka.mechanism`): the trace
+"""The mechanism study's figures (``mechanism.json``, :mod:`rpka.kernel.mechanism`): the trace
 identity, the residual trace and output error against rank, the spectra, trained against
 initial weights.
 
-Every function takes result dicts as :mod:`rpka.mechanism` returns them (or as read back
+Every function takes result dicts as :mod:`rpka.kernel.mechanism` returns them (or as read back
 from JSON), returns the matplotlib ``Figure``, and with ``save_dir`` also writes
 ``<save_dir>/<name>.png`` under a stable default name (the style:
 :func:`rpka.report.figures.set_style`).

@@ -19,10 +19,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from rpka.frontier import unread_pairs
 from rpka.io import save_figure
 from rpka.report.figures import _arm_colors
 from rpka.tracks.recall import RecallTask
+from rpka.verdict.frontier import unread_pairs
 
 
 def accuracy_points(report: Mapping, metric: str) -> dict[str, list[dict[str, float]]]:
@@ -160,7 +160,7 @@ def plot_mqar(
     """MQAR as Zoology reports it: test query accuracy against rank / pairs, one line per
     RPKA rank across the pair counts, one panel per evaluation length.
 
-    Reads ``frontier.json``'s ``mqar`` (:func:`rpka.frontier.mqar_curve`): each point is
+    Reads ``frontier.json``'s ``mqar`` (:func:`rpka.verdict.frontier.mqar_curve`): each point is
     the mean over the evaluation seeds with its 95 % t interval. Exact attention and the
     control have no rank: drawn as the lowest (exact) and highest (control) accuracy over
     the pair counts, dashed. A pair count whose exact arm missed its learnability bar is

@@ -1,6 +1,7 @@
 """Figures of the speed and long-context studies: latency, memory and speed-up against
-length (``rpka.scaling``), decoding latency (``rpka.decoding``) and long-context training
-(``rpka.longctx``), each from its result file; the shared styling is ``rpka.report.figures``'."""
+length (``rpka.speed.scaling``), decoding latency (``rpka.speed.decoding``) and long-context
+training (``rpka.study.longctx``), each from its result file; the shared styling is
+``rpka.report.figures``'."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from rpka.io import save_figure
 from rpka.report import palette
 from rpka.report.figures import figure
 from rpka.report.tables import longctx_table
-from rpka.scaling_analysis import (
+from rpka.speed.analysis import (
     SCALING_MEASURES,
     crossover_table,
     decode_frame,
@@ -27,8 +28,9 @@ from rpka.scaling_analysis import (
 )
 
 # --------------------------------------------------------------------------- scaling
-# Attention latency and memory against sequence length (``rpka.scaling`` JSON, CPU or
-# GPU), decoding latency (``rpka.decoding`` JSON). The numbers come from ``rpka.report.tables``.
+# Attention latency and memory against sequence length (``rpka.speed.scaling`` JSON, CPU
+# or GPU), decoding latency (``rpka.speed.decoding`` JSON). The numbers come from
+# ``rpka.report.tables``.
 
 EXACT_COLOUR = palette.EXACT
 
@@ -113,7 +115,7 @@ def plot_scaling_latency(
     """Latency against n on log-log axes, one line per method and rank, per measure.
 
     Dashed: the least-squares power law over the larger half of the lengths
-    (``rpka.scaling_analysis.fit_loglog_slope``); the legend gives its slope (2: quadratic, 1:
+    (``rpka.speed.analysis.fit_loglog_slope``); the legend gives its slope (2: quadratic, 1:
     linear). ``methods=None`` adds every method in the result (the uniform-landmark
     control dotted). Default name ``scaling_latency_<cpu|gpu>``.
     """
@@ -148,7 +150,7 @@ def plot_speedup(
     """Speed-up against exact (exact's latency / the arm's, same run) against n.
 
     Above the line at 1 the arm is faster. Each arm's crossover length
-    (``rpka.scaling_analysis.crossover_table``: interpolated on log-log between the measured points
+    (``rpka.speed.analysis.crossover_table``: interpolated on log-log between the measured points
     around it) is marked with a vertical tick and given in the legend. Default name
     ``scaling_speedup_<cpu|gpu>`` (``_<measure>`` appended for another measure).
     """
@@ -195,7 +197,7 @@ def plot_decode_latency(
     name: str | None = None,
     ax: plt.Axes | None = None,
 ) -> Figure:
-    """Per-token decoding latency against context length, log-log (``rpka.decoding`` JSON).
+    """Per-token decoding latency against context length, log-log (``rpka.speed.decoding`` JSON).
 
     Exact attention with a KV cache reads every cached key per token (slope ~1 once the
     context outgrows launch and cache overheads); causal RPKA updates running landmark
@@ -253,7 +255,7 @@ def plot_longctx(
     save_dir: str | os.PathLike | None = None,
     name: str = "longctx_training",
 ) -> Figure:
-    """Training at long context (``rpka.longctx`` JSON), per context and arm: the median
+    """Training at long context (``rpka.study.longctx`` JSON), per context and arm: the median
     training step time, the peak memory of a step, the test MSE (mean +/- sd over the
     evaluation seeds) and its paired difference from exact (mean, 95 % t interval); the
     primary arm (``config.bench.primary_arm``) marked in the legend. Data from

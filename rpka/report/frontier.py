@@ -1,6 +1,6 @@
 """The report's frontier section: at which rank each track's RPKA stops losing, at what cost.
 
-Text, table and figure from ``frontier.json`` (:func:`rpka.frontier.write_frontier`); the
+Text, table and figure from ``frontier.json`` (:func:`rpka.verdict.frontier.write_frontier`); the
 rule is docs/statistics.md, section 8. Every number comes from the file.
 """
 
@@ -15,8 +15,6 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown
 
-from rpka.aggregate import study_aggregate
-from rpka.frontier import unread_pairs
 from rpka.io import read_json
 from rpka.report.figures_frontier import (
     plot_frontier,
@@ -26,11 +24,14 @@ from rpka.report.figures_frontier import (
 from rpka.report.figures_recall import plot_mqar
 from rpka.report.text import esc
 from rpka.tracks import get_task
+from rpka.verdict.aggregate import study_aggregate
+from rpka.verdict.frontier import unread_pairs
+from rpka.verdict.stats import ALPHA
 
 RULE = (
     "Gap recovered g = (control - arm) / (control - exact) per evaluation seed: 1 is exact "
     "attention, 0 the no-attention control. An arm is *non-inferior* when the one-sided "
-    "t-test of mean g > {margin} rejects at 0.05; r\\* is the smallest such RPKA rank. The "
+    "t-test of mean g > {margin} rejects at {alpha:g}; r\\* is the smallest such RPKA rank. The "
     "positive control is the arm whose rank is exact by construction; it must read "
     "non-inferior, or the pipeline is wrong."
 )
@@ -89,13 +90,14 @@ def _interval(row: Mapping[str, Any]) -> str:
 
 
 def load_aggregate(results_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The aggregate statistics of a study's gated tracks (:func:`rpka.aggregate.study_aggregate`),
+    """The aggregate statistics of a study's gated tracks
+    (:func:`rpka.verdict.aggregate.study_aggregate`),
     or None without a study index or a gated track."""
     return study_aggregate(results_dir)
 
 
 def aggregate_table(aggregate: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per aggregate (:mod:`rpka.aggregate`): the comparison, the tracks with their
+    """One row per aggregate (:mod:`rpka.verdict.aggregate`): the comparison, the tracks with their
     seeds, the estimate [95 % stratified-bootstrap CI]."""
     rows = [*aggregate["exact_vs_rpka"], *aggregate["rpka_vs_peers"], aggregate["primary_gap_iqm"]]
     return pd.DataFrame([
@@ -231,8 +233,8 @@ def frontier_caption(frontier: Mapping[str, Any]) -> tuple[str, str]:
         "Rank frontier per track: mean gap recovered with its 95 % t interval against rank "
         "over the points pivoted (log axis); shaded: the non-inferior zone; each point "
         "labelled with its rank and its training step's ratio to exact attention's (same "
-        "track, same length). " + RULE.format(margin=next(iter(frontier["tracks"].values()))
-                                              ["margin_gap"])
+        "track, same length). " + RULE.format(alpha=ALPHA, margin=next(iter(
+            frontier["tracks"].values()))["margin_gap"])
     )  # fmt: skip
     alt = f"Gap recovered against relative rank for the tracks {tracks}, with r* marked."
     return caption, alt
@@ -241,7 +243,7 @@ def frontier_caption(frontier: Mapping[str, Any]) -> tuple[str, str]:
 def load_spectra(
     frontier: Mapping[str, Any] | None, results_dir: str | os.PathLike
 ) -> dict[str, dict[str, Any]]:
-    """The ``spectrum.json`` of each frontier track that has one (:mod:`rpka.spectrum`);
+    """The ``spectrum.json`` of each frontier track that has one (:mod:`rpka.kernel.spectrum`);
     a track that is not a registered one (``longrange-<n>``) has none."""
     spectra = {}
     for track in (frontier or {}).get("tracks", {}):

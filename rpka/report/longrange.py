@@ -1,7 +1,7 @@
 """The report's long-range study (issue 27): a task whose answer lies far back, exact
 attention against two controls (no attention, a local window), RPKA per length and rank.
 
-Reads the study index's ``longrange`` (:func:`rpka.study.longrange_entry`: both gates, the
+Reads the study index's ``longrange`` (:func:`rpka.study.steps.longrange_entry`: both gates, the
 learnability bar and every arm's verdict per length), ``frontier.json``'s
 ``longrange-<n>`` tracks (the gap recovered of each gated length), the study's own
 ``longctx.json`` (step and peak-memory ratios per arm, the set-up) and ``locality.json``
@@ -20,16 +20,16 @@ from IPython.display import Markdown
 
 from rpka import paths
 from rpka.io import read_json_checked
-from rpka.longctx import FILE_NAME as LONGCTX_FILE
 from rpka.report.figures_frontier import NON_INFERIOR_GAP, STEP_TIE, plot_longrange_answer
 from rpka.report.tables import verdict_word
 from rpka.report.text import esc, num
-from rpka.study import LONGRANGE_TRACK
+from rpka.study.longctx import FILE_NAME as LONGCTX_FILE
+from rpka.study.steps import LONGRANGE_TRACK
 
 NA = "n/a"
 NOT_RUN = "not run"
-NON_INFERIOR = "non-inferior"  # the frontier's verdict on the gap scale (rpka.frontier)
-STEP_SOURCE_TIMING = "steptime"  # a step ratio from the timing file (rpka.steptime)
+NON_INFERIOR = "non-inferior"  # the frontier's verdict on the gap scale (rpka.verdict.frontier)
+STEP_SOURCE_TIMING = "steptime"  # a step ratio from the timing file (rpka.study.steptime)
 STEP_SOURCE_RUNS = "training wall time"  # one from the runs' recorded medians
 LOCALITY_FILE = "locality.json"  # scripts/longrange_locality.py, beside longctx.json
 
@@ -325,7 +325,7 @@ def gates_table(index: Mapping[str, Any] | None) -> pd.DataFrame:
 
 def robust_answer_text(frontier: Mapping[str, Any] | None) -> str:
     """The answer by the pre-registered rule (``frontier.json``'s ``longrange_answer``,
-    ``rpka.robustness``): per length the cheapest robustly non-inferior arm and its CPU
+    ``rpka.verdict.robustness``): per length the cheapest robustly non-inferior arm and its CPU
     step ratio, and n* for RPKA and uniform landmarks; empty without it."""
     answer = (frontier or {}).get("longrange_answer")
     if not answer:

@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from rpka import stats
 from rpka.report.figures import metric_label
 from rpka.report.tables import NEAR_ZERO_FRACTION, relative_is_meaningful, verdict_word
-from rpka.robustness import signflip_interval
 from rpka.tracks import get_task
+from rpka.verdict import stats
+from rpka.verdict.robustness import signflip_interval
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -85,8 +85,8 @@ def headline(report: Mapping) -> str:
         f"{interval_text(c)}; the idea wins {c['idea_wins']}/"
         f"{c['n_pairs']} seeds; sign-flip p = {c['p_value']:.3g} ({c['p_value_method']}), "
         f"Holm-adjusted p = {c['p_adjusted']:.3g}. **Verdict: {c['verdict']}.** "
-        f"With {c['n_pairs']} pairs the minimum detectable effect at α = 0.05 and 80 % power "
-        f"is {mde_text(c)}; the CI half-width is "
+        f"With {c['n_pairs']} pairs the minimum detectable effect at α = {stats.ALPHA:g} and "
+        f"80 % power is {mde_text(c)}; the CI half-width is "
         f"{c['ci_halfwidth']:.4f}.{margin_text(c)}"
     )
 
@@ -100,12 +100,12 @@ def interval_text(c: Mapping) -> str:
     diffs = c.get("per_seed_diffs")
     if not diffs:
         return t
-    flip = signflip_interval(diffs, c.get("alpha", 0.05))
+    flip = signflip_interval(diffs, c.get("alpha", stats.ALPHA))
     low, high = ("-inf" if flip["low"] is None else f"{flip['low']:+.4f}",
                  "+inf" if flip["high"] is None else f"{flip['high']:+.4f}")  # fmt: skip
     text = f"{t}, sign-flip interval [{low}, {high}] (the test inverted; it decides)"
     t_has_zero = c["ci_low"] <= 0 <= c["ci_high"]
-    if t_has_zero == (c["p_value"] < c.get("alpha", 0.05)):
+    if t_has_zero == (c["p_value"] < c.get("alpha", stats.ALPHA)):
         text += (" - the t interval and the sign-flip test disagree (a seed far from the "
                  "others widens the t interval); the sign-flip test is the rule")  # fmt: skip
     return text
@@ -345,7 +345,7 @@ def mechanism_limitation(mechanism: Mapping, followup: Mapping | None = None) ->
     """The trace identity's caveat, if any (a list of at most one bullet).
 
     Files from the pooled rule (``pooled``: the z-scores of several Monte Carlo seeds,
-    ``rpka.stats.pooled_z``) are read by that decision, and by ``followup``
+    ``rpka.verdict.stats.pooled_z``) are read by that decision, and by ``followup``
     (scripts/mechanism_followup.py: more seeds and draws on the same heads) when there is
     one; older single-seed files by the chi-square of their z-scores, which one seed
     cannot tell from a fluctuation.
@@ -364,7 +364,7 @@ def mechanism_limitation(mechanism: Mapping, followup: Mapping | None = None) ->
         if followup:
             text += " " + followup_sentence(followup)
         return [text]
-    if sig["chi2_p_value"] is None or sig["chi2_p_value"] >= 0.05:
+    if sig["chi2_p_value"] is None or sig["chi2_p_value"] >= stats.ALPHA:
         return []
     return [
         f"The trace identity passes its rule at every step, but its {sig['n_tests']} "

@@ -25,12 +25,14 @@ import pandas as pd
 from IPython.display import HTML
 from matplotlib.figure import Figure
 
-from rpka import paths, stats, study
+from rpka import paths
+from rpka.config.presets import PREVIEW_PRESETS, STUDY_TRACKS
 from rpka.io import figure_png, read_json_checked, save_figure, saved_path
-from rpka.presets import PREVIEW_PRESETS, STUDY_TRACKS
 from rpka.report import readme
 from rpka.report.figures_headline import primary_comparison
+from rpka.study import steps as study
 from rpka.tracks import get_task
+from rpka.verdict import stats
 
 # --------------------------------------------------------------------------- page
 

@@ -23,18 +23,13 @@ import zlib
 import matplotlib
 import numpy as np
 
-EXACT = "#000000"
-CONTROL = "#949494"
-PRIMARY = "#de8f05"  # the pre-registered primary arm where a figure marks it by colour alone
-METHODS = {
-    "exact": EXACT,
-    "mean": CONTROL,
-    "rpka": PRIMARY,
-    "nystrom-uniform": "#0173b2",
-    "keys-coreset": "#6a3d9a",
-    "nystromformer": "#e7298a",
-    "performer": "#999933",
-}
+from rpka.attention import METHOD_INFO
+
+# each method's colour: its anchor in the registry (rpka.attention.METHOD_INFO)
+METHODS = {name: info.colour for name, info in METHOD_INFO.items() if info.colour is not None}
+EXACT = METHODS["exact"]
+CONTROL = METHODS["mean"]  # the no-attention control
+PRIMARY = METHODS["rpka"]  # the pre-registered primary arm where a figure marks it by colour alone
 VARIANTS = {  # RPKA's ablations: rpka-r<k>-<variant>
     "exp": "#029e73",
     "tempered": "#56b4e9",

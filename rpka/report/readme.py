@@ -18,13 +18,15 @@ from typing import Any
 
 import pandas as pd
 
-from rpka import paths, study
-from rpka.cost import cost_model_json, measured_cpu_s
+from rpka import paths
+from rpka.config.presets import MECHANISM_TRACK, STUDY_TRACKS
 from rpka.io import read_json_checked
 from rpka.paths import resolve
-from rpka.presets import MECHANISM_TRACK, STUDY_TRACKS
 from rpka.report import narrative, rank_law, tables
+from rpka.study import steps as study
+from rpka.study.cost import cost_model_json, measured_cpu_s
 from rpka.tracks import get_task
+from rpka.verdict.stats import ALPHA
 
 BEGIN = "<!-- BEGIN rpka summary (python -m rpka summary --preset full --readme README.md) -->"
 END = "<!-- END rpka summary -->"
@@ -150,7 +152,7 @@ def mechanism_targets(mechanism: Mapping[str, Any] | None) -> list[Target]:
     pooled = sig.get("pooled")
     if pooled:  # the pooled rule (docs/statistics.md section 7)
         return [(
-            "trace identity: pooled z-scores calibrated (χ² and Σz, α = 0.05 over both)",
+            f"trace identity: pooled z-scores calibrated (χ² and Σz, α = {ALPHA:g} over both)",
             f"{pooled['n_seeds']} Monte Carlo seeds, {pooled['count']} z: χ² p "
             f"{pooled['chi2_p']:.3g}, Σz p {pooled['stouffer_p']:.3g}",
             pooled["confirmed"],
@@ -293,7 +295,7 @@ def cost_table(preset: str, results: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def cost_model_table(result: Mapping[str, Any]) -> pd.DataFrame:
-    """The cost model's predictions (``rpka.cost``, ``cost_model.json``) beside the CPU
+    """The cost model's predictions (``rpka.study.cost``, ``cost_model.json``) beside the CPU
     seconds each bench recorded: one row per bench and a total of the benches with both."""
     rows = [
         (f"`{label}`", bench["n_jobs"], bench["predicted_cpu_s"], bench["measured_cpu_s"])
@@ -366,7 +368,7 @@ def render(preset: str = "full") -> str:
         targets_table(results, cost).to_markdown(index=False),
         "**Training cost** (the runs behind these results; `timings.run_cpu_s` of each bench "
         "report, one thread per run; the notebooks and the scaling sweep come on top; "
-        f"predicted: `python -m rpka cost --preset {preset}`, `rpka/cost.py`, each job's "
+        f"predicted: `python -m rpka cost --preset {preset}`, `rpka/study/cost.py`, each job's "
         "set-up, epochs of steps and validation passes and its test pass, timed by probes "
         "of a few steps per arm and seed count):",
         cost.to_markdown(index=False),

@@ -1,7 +1,7 @@
 """The top of the report: the answer in one sentence and one table of every track.
 
 The question the study asks is *when does RPKA stop losing to exact attention, and at what
-cost*. The answer is read from ``frontier.json`` (:mod:`rpka.frontier`: r* per track, the
+cost*. The answer is read from ``frontier.json`` (:mod:`rpka.verdict.frontier`: r* per track, the
 gap recovered there with its 95 % interval, the training-step ratio, the positive control)
 and the study index ``study.json`` (each track's gate and primary verdict, the long-context
 contexts). Every number comes from those files; a key an older file lacks reads "n/a".
@@ -17,12 +17,13 @@ from typing import Any
 import pandas as pd
 
 from rpka import paths
-from rpka.frontier import MARGIN_GAP, gap_recovered, per_seed_gap
 from rpka.io import read_json_checked
 from rpka.report.tables import verdict_word
 from rpka.report.text import esc, num
-from rpka.study import FRONTIER_EXTENSIONS, LONGRANGE_TRACK
+from rpka.study.steps import FRONTIER_EXTENSIONS, LONGRANGE_TRACK
 from rpka.tracks import get_task
+from rpka.verdict.frontier import MARGIN_GAP, gap_recovered, per_seed_gap
+from rpka.verdict.stats import ALPHA
 
 NA = "n/a"
 
@@ -125,8 +126,8 @@ def answer_sentence(frontier: Mapping[str, Any] | None) -> str:
         control.append(f"was not trained on {', '.join(untested)}")
     return (
         "**When does RPKA stop losing, at what cost?** It ties with exact attention (mean gap "
-        f"recovered non-inferior to {num(margin, '.2f')}, one-sided t-test at 0.05; 1 is exact "
-        f"attention, 0 no attention) {_join(clauses)}. The positive control (a rank exact by "
+        f"recovered non-inferior to {num(margin, '.2f')}, one-sided t-test at {ALPHA:g}; 1 is "
+        f"exact attention, 0 no attention) {_join(clauses)}. The positive control (a rank exact by "
         f"construction) {'; it '.join(control)}."
     )
 
@@ -265,8 +266,8 @@ def all_tracks_note() -> str:
 
 def primary_gap(report: Mapping[str, Any]) -> dict[str, Any] | None:
     """The primary arm's gap recovered against exact and the track's control
-    (:func:`rpka.frontier.per_seed_gap`, :func:`rpka.frontier.gap_recovered`): mean, 95 %
-    t interval, verdict; None without a control arm, or where a seed has no gap."""
+    (:func:`rpka.verdict.frontier.per_seed_gap`, :func:`rpka.verdict.frontier.gap_recovered`):
+    mean, 95 % t interval, verdict; None without a control arm, or where a seed has no gap."""
     arms = report["arms"]
     control = (report.get("attention_gate") or {}).get("control_arm")
     if control not in arms or report["primary_arm"] not in arms:

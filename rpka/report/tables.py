@@ -5,9 +5,9 @@ returns a DataFrame ready to display; numbers are rounded only by the caller's d
 :mod:`rpka.report.figures` draws from the same functions, so a table and its figure never disagree.
 
 Sections: bench; scaling (captions and latency tables); display; scaling analysis
-(``rpka.scaling`` JSON of a CPU or a GPU - same schema, the device named in it - and
-``rpka.decoding`` JSON: log-log slopes, speed-ups, crossover lengths, per-token decoding);
-long-context training (``rpka.longctx`` JSON); ablations and peers (``bench_report.json``'s
+(``rpka.speed.scaling`` JSON of a CPU or a GPU - same schema, the device named in it - and
+``rpka.speed.decoding`` JSON: log-log slopes, speed-ups, crossover lengths, per-token decoding);
+long-context training (``rpka.study.longctx`` JSON); ablations and peers (``bench_report.json``'s
 ``ablation_choice`` and ``output_error``). :func:`save_table` writes any table as CSV and as a
 PNG rendering under a stable name.
 """
@@ -24,10 +24,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from rpka import stats
 from rpka.io import save_figure
-from rpka.scaling_analysis import EXACT
+from rpka.speed.analysis import EXACT
 from rpka.tracks import get_task
+from rpka.verdict import stats
 
 # --------------------------------------------------------------------------- bench
 
@@ -203,7 +203,7 @@ def styled(frame: pd.DataFrame, precision: int = 4):
 
 
 # --------------------------------------------------------------------------- long-context training
-# (issue 6: rpka.longctx)
+# (issue 6: rpka.study.longctx)
 
 
 def longctx_table(longctx: Mapping[str, Any], confidence_level: float = 0.95) -> pd.DataFrame:
@@ -214,7 +214,7 @@ def longctx_table(longctx: Mapping[str, Any], confidence_level: float = 0.95) ->
     ``test_mse_mean`` and ``test_mse_sd`` (ddof=1) over the evaluation seeds, ``n_seeds``,
     and against exact at the same context, seed by seed: the comparison of that context's
     bench (its decision rule: primary unadjusted, Holm over the secondary family, the
-    control read by the attention gate; ``rpka.decision``), recomputed Holm across the arms
+    control read by the attention gate; ``rpka.verdict.decision``), recomputed Holm across the arms
     only for an older file whose rows lack it - ``delta`` (arm - exact, mean),
     ``delta_ci_low`` / ``delta_ci_high`` (t interval), ``p_holm`` (the p the verdict
     used, adjusted as its rule says) and ``verdict``. Exact's own row has NaN there.

@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from rpka.presets import MECHANISM_TRACK
+from rpka.config.presets import MECHANISM_TRACK
 from rpka.report.figures import metric_label
 from rpka.report.figures_headline import relative_interval
 from rpka.report.narrative import mde_text, relative_text
 from rpka.report.tables import arm_group, relative_is_meaningful, verdict_word
-from rpka.scaling_analysis import crossover_table
-from rpka.stats import ALPHA, rule_can_reject
+from rpka.speed.analysis import crossover_table
 from rpka.tracks import get_task
+from rpka.verdict.stats import ALPHA, rule_can_reject
 
 SPEED_RANK = 64  # the rank the speed targets are stated at (rpka.report.readme)
 
@@ -124,7 +124,7 @@ def speed_numbers(scaling: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 def decode_numbers(decode: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Per-token decoding at the longest and shortest context, with the amortised landmark
-    redraw, and the prefill, against exact (``rpka.decoding`` JSON)."""
+    redraw, and the prefill, against exact (``rpka.speed.decoding`` JSON)."""
     if not decode:
         return None
     rows = {(r["method"], r["context"]): r for r in decode["rows"]}
@@ -363,7 +363,7 @@ def trace_identity_caption(mechanism: Mapping[str, Any]) -> tuple[str, str]:
     decision = (
         f"decided over {pooled['n_seeds']} Monte Carlo seeds and {pooled['count']} z-scores: "
         f"χ² p = {num(pooled.get('chi2_p'), '.3g')}, Stouffer p = "
-        f"{num(pooled.get('stouffer_p'), '.3g')} (each at α = {pooled.get('alpha', 0.05) / 2:g})"
+        f"{num(pooled.get('stouffer_p'), '.3g')} (each at α = {pooled.get('alpha', ALPHA) / 2:g})"
         if pooled
         else "one Monte Carlo seed"
     )

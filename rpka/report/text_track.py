@@ -13,6 +13,7 @@ import pandas as pd
 from rpka.report.narrative import control_arms, readable_options
 from rpka.report.tables import arm_group, verdict_word
 from rpka.report.text import ci_text, esc, gate_text, loso_can_reject, num
+from rpka.verdict.stats import ALPHA
 
 GUARD_SHARE_NOTE = 0.01  # docs/numerics.md: a guard firing on > 1 % of rows is reported
 
@@ -233,7 +234,7 @@ def selection_rules(track: Mapping[str, Any]) -> str:
         lines.append(
             f"**Decision.** Primary arm `{decision.get('primary_arm', track['primary_arm'])}`, "
             f"unadjusted; secondary family (Holm): {family or 'none'}; equivalence margin "
-            f"{num(decision.get('margin'), '.4g')} (TOST); α = {decision.get('alpha', 0.05)}. "
+            f"{num(decision.get('margin'), '.4g')} (TOST); α = {decision.get('alpha', ALPHA)}. "
             f"{esc(decision.get('rule', ''))}"
         )
     else:

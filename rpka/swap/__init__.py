@@ -8,6 +8,9 @@
 ``rpka.swap.sdpa`` holds the context manager, ``rpka.swap.measure`` the per-call-site
 measurement, ``rpka.swap.command`` the command line (``python -m rpka swap``). See
 docs/swap.md.
+
+May import: ``rpka.tracks`` (the example model's source), ``rpka.attention`` and the root
+modules; nothing from config, training, verdict, kernel, bench, study, report or cli.
 """
 
 from rpka.swap.measure import audit, plot_errors

@@ -7,7 +7,7 @@ forward made the SDPA call (forward hooks on every submodule), or ``call <i>`` -
 
 * ``output_error``: each swapped call's output against exact SDPA on the *same* inputs
   (float64), ``|O_hat - O|_F / |O|_F`` per (batch item, head), averaged over items, heads
-  and the site's calls - the number ``rpka.dropin`` reports as ``output_error``;
+  and the site's calls - the number ``rpka.study.dropin`` reports as ``output_error``;
 * ``swapped``: the share of the site's calls the method served (the rest ran exact
   attention, ``fallback="exact"``);
 * ``logit_std``: the spread of the exact run's logits ``scale * q.k`` at the site (first

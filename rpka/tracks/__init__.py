@@ -4,6 +4,9 @@ Adding a track is one module beside this file (its config class, data and ``Task
 one line in ``TRACKS``. ``get_task(name)`` returns a track's task, ``get_text(name)`` its
 words for the report (``rpka.tracks.text``; the defaults when it has none of its own),
 ``get_track(name, config, data_dir)`` its data.
+
+May import: ``rpka.model``, ``rpka.attention`` and the root modules (io, paths, checks,
+numerics); nothing from config or any stage above it. No track imports another.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``Task`` interface: what the study computes for one track - data, model and loss,
 metrics, baselines - in one narrow class; its words are a separate part (``Task.text``).
 
-The training loop (``rpka.train``), the bench (``rpka.bench``) and the report package
+The training loop (``rpka.training.train``), the bench (``rpka.bench``) and the report package
 (``rpka.report``) are the same for every track; whatever differs is asked of the track's
 :class:`Task`, looked up by name in ``rpka.tracks.TRACKS`` (the report carries the name
 under ``"track"``). No code outside ``rpka/tracks/`` branches on a track's name.
@@ -12,7 +12,7 @@ A task has three groups of members:
   task's name, ``validate()`` and the property ``attention_tokens``), :meth:`load` (the
   track's data for a config), :meth:`inputs_targets` (model inputs and targets of a split),
   :meth:`data_summary` (the report's ``data`` block), ``sample_unit`` ("windows"),
-  :meth:`at_context` (the config resized for the long-context study, ``rpka.longctx``),
+  :meth:`at_context` (the config resized for the long-context study, ``rpka.study.longctx``),
   ``out_dir`` (the bench's results folder below ``data/results/<preset>``; "" for the
   primary track);
 * **model, loss and metrics** - :meth:`build_model` (the stacked model of S seeds),
@@ -32,7 +32,7 @@ summary's rows - are the task's ``text``, a :class:`~rpka.tracks.text.TrackText`
 
 Adding a track is one module beside this one (a ``Task`` subclass, its config class and
 data), one line in ``rpka/tracks/__init__.py`` and, optionally, its words; its presets go
-to ``rpka.presets``. Shared code is in ``rpka.tracks.common`` (splits, standardisation, the
+to ``rpka.config.presets``. Shared code is in ``rpka.tracks.common`` (splits, standardisation, the
 cached loader, :class:`~rpka.tracks.common.SeriesTask`: the forecast model, loss and naive
 forecasts) and ``rpka.tracks.windows`` (tracks of one window per example: a
 ``WindowForecastTask`` sets only ``build_arrays``); a causal token task subclasses
@@ -75,7 +75,7 @@ class Task:
         raise NotImplementedError
 
     def at_context(self, config: Any, context: int, train_windows: int, eval_windows: int) -> Any:
-        """``config`` resized for the long-context study (``rpka.longctx``): ``context``
+        """``config`` resized for the long-context study (``rpka.study.longctx``): ``context``
         tokens, ``train_windows`` training and ``eval_windows`` validation and test windows
         (per series on a track cut from series), validated. A track without a long-context
         form raises ``ValueError``."""

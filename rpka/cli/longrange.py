@@ -1,0 +1,84 @@
+"""The long-range study's commands beside ``rpka.cli.commands`` (issue 40): its price per length
+(``python -m rpka cost --longctx PRESET``) and its one timing protocol
+(``python -m rpka steptime``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rpka import paths
+from rpka.cli.args import check_out_dir, check_out_file, make_parser, path_arg
+from rpka.config.bench import LongContextConfig
+from rpka.config.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
+from rpka.paths import resolve
+from rpka.study import cost_longctx, steptime
+
+
+def _preset_or_exit(
+    parser: argparse.ArgumentParser, name: str, contexts: Sequence[int] | None
+) -> LongContextConfig:
+    """The long-context preset ``name`` at ``contexts`` (all of its own if None), or the
+    parser's one-line error naming what is wrong."""
+    try:
+        return get_longctx_preset(name, **({"contexts": contexts} if contexts else {}))
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def longctx_cost_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """``cost --longctx PRESET``: price a long-context study per length
+    (rpka.study.cost_longctx)."""
+    config = _preset_or_exit(parser, args.longctx, args.contexts)
+    results = resolve(args.results or paths.results_dir(config.preset))
+    if args.out is not None:
+        check_out_file(parser, "--out", args.out)
+    torch.set_num_threads(1)  # as each bench job runs: the costs are one thread's
+    try:
+        result = cost_longctx.price_longctx(
+            config, results, args.steps, args.probe_eval_windows or None, args.out,
+            progress=not args.no_progress,
+        )  # fmt: skip
+    except ValueError as err:
+        parser.error(str(err))
+    print("\n".join(cost_longctx.price_lines(result)))
+    print(f"written to {args.out or results / cost_longctx.COST_FILE}")
+    return result
+
+
+def steptime_parser() -> argparse.ArgumentParser:
+    """``python -m rpka steptime``'s options."""
+    parser = make_parser("steptime", steptime.__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(LONGCTX_PRESETS), default="longrange-power")
+    parser.add_argument(
+        "--out", type=path_arg, help="the study's folder (steptime.json goes there; "
+        "default data/results/<preset>)",
+    )  # fmt: skip
+    parser.add_argument("--contexts", type=int, nargs="+", help="these lengths only")
+    parser.add_argument("--arms", nargs="+", help="these arms only (exact is always timed)")
+    parser.add_argument(
+        "--repeats", type=int, default=steptime.MIN_REPEATS,
+        help=f"timed repeats, >= {steptime.MIN_REPEATS} (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument("--warmup", type=int, default=2, help="untimed repeats first, >= 1")
+    return parser
+
+
+def steptime_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """``python -m rpka steptime``: time every arm's step (rpka.study.steptime)."""
+    parser = steptime_parser()
+    args = parser.parse_args(argv)
+    config = _preset_or_exit(parser, args.preset, args.contexts)
+    out = resolve(args.out or paths.results_dir(config.preset))
+    check_out_dir(parser, "--out", out)
+    try:
+        result = steptime.run_steptime(config, out, args.repeats, args.warmup, args.arms)
+    except ValueError as err:
+        parser.error(str(err))
+    print("\n".join(steptime.steptime_lines(result)), file=sys.stdout)
+    print(f"written to {out / steptime.STEPTIME_FILE}")
+    return result

@@ -1,0 +1,235 @@
+"""Autoregressive decoding latency per token against context length (docs/design.md section 7).
+
+For each context length n: prefill n tokens, take ``warmup`` steps, then time ``steps``
+single-token steps one by one - ``exact`` with a KV cache (SDPA over every cached key,
+O(n d) per token) against causal ``rpka`` (running landmark sums, O(r d + b d) per token).
+The timed steps cross one block boundary, so the per-block fold is inside them; landmark
+redraws happen when the context doubles, so none falls in the timed steps - their cost is
+reported separately (``redraw_ms``; amortised, it is ``redraw_ms / n`` per token).
+CPU timing uses ``time.perf_counter``, CUDA timing CUDA events after warm-up. One JSON
+file, with the device, dtype and shapes stated.
+
+    python -m rpka decode --contexts 1024 4096 16384 --out /tmp/decode.json
+
+The committed ``data/results/scaling/decode_cpu.json`` (3 minutes on 2 cores) is this
+command with ``--out`` set to that path::
+
+    python -m rpka decode --contexts 1024 2048 4096 8192 16384 32768 65536
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from rpka.attention import build
+from rpka.attention.causal import LandmarkSet, sampler_of
+from rpka.checks import require_memory
+from rpka.speed.scaling import DTYPES, device_name
+
+METHODS = ("exact", "rpka")
+
+
+@dataclass
+class DecodeConfig:
+    """One decoding sweep: every method at every context length."""
+
+    contexts: Sequence[int] = (1024, 2048, 4096, 8192, 16384)
+    batch_heads: int = 16
+    head_dim: int = 64
+    rank: int = 64
+    block_size: int = 64
+    pivot_set: str = "joint"
+    device: str = "cpu"
+    dtype: str = "float32"
+    warmup: int = 4
+    steps: int = 64
+    seed: int = 0
+    target_ratio: float = 1.2  # issue 7: rpka per token at the longest context <= 1.2 x at 1k
+
+    def validate(self) -> None:
+        if not self.contexts or any(int(n) < 1 for n in self.contexts):
+            raise ValueError(f"contexts must be positive integers, got {list(self.contexts)}")
+        for name, value, low in (
+            ("batch_heads", self.batch_heads, 1),
+            ("head_dim", self.head_dim, 1),
+            ("rank", self.rank, 1),
+            ("block_size", self.block_size, 1),
+            ("warmup", self.warmup, 0),
+            ("steps", self.steps, 1),
+        ):
+            if int(value) < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        short = [int(n) for n in self.contexts if int(n) < int(self.block_size)]
+        if short:  # no full block yet: no landmarks, nothing for RPKA's redraw to time
+            raise ValueError(
+                f"contexts must be >= block_size {self.block_size} (RPKA's landmarks come "
+                f"from full blocks), got {short}"
+            )
+        if self.pivot_set not in ("joint", "keys"):
+            raise ValueError(f"pivot_set must be 'joint' or 'keys', got {self.pivot_set!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' requested but CUDA is not available")
+        if not self.target_ratio > 0:
+            raise ValueError(f"target_ratio must be > 0, got {self.target_ratio}")
+        require_memory(
+            "contexts", max(int(n) for n in self.contexts), self.memory_bytes(),
+            "q, k, v of the longest context and both methods' caches",
+        )  # fmt: skip
+
+    def sequence_length(self) -> int:
+        """Tokens of q, k, v the sweep draws: the longest context or the untimed warm-up
+        run (two blocks), whichever is longer, then its warm-up and timed steps."""
+        longest = max(max(int(n) for n in self.contexts), 2 * int(self.block_size))
+        return longest + int(self.warmup) + int(self.steps)
+
+    def memory_bytes(self) -> float:
+        """A lower estimate of the sweep's peak memory: q, k, v (3 tensors), the exact
+        cache (k, v) and RPKA's state (k, v and the queries) at the longest length."""
+        item = torch.empty((), dtype=DTYPES[self.dtype]).element_size()
+        return 8.0 * self.batch_heads * self.sequence_length() * self.head_dim * item
+
+
+def timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
+    """``fn()`` and its wall time in milliseconds (CUDA events on a GPU)."""
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = fn()
+        end.record()
+        torch.cuda.synchronize()
+        return result, start.elapsed_time(end)
+    t0 = time.perf_counter()
+    result = fn()
+    return result, (time.perf_counter() - t0) * 1e3
+
+
+def build_method(name: str, config: DecodeConfig) -> torch.nn.Module:
+    if name == "exact":
+        return build("exact", causal=True, check_inputs=False)
+    generator = torch.Generator(device=config.device).manual_seed(config.seed)
+    return build(
+        "rpka",
+        causal=True,
+        check_inputs=False,
+        rank=config.rank,
+        causal_block=config.block_size,
+        pivot_set=config.pivot_set,
+        generator=generator,
+    )
+
+
+def decode_once(name: str, n: int, config: DecodeConfig, qkv: list[torch.Tensor]) -> dict:
+    """Prefill ``n`` tokens of q, k, v, then time single steps; one result row."""
+    attn = build_method(name, config).to(config.device)
+    total = n + config.warmup + config.steps
+    if config.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    prompt = [x[..., :n, :] for x in qkv]
+    (_, state), prefill_ms = timed(lambda: attn.prefill(*prompt, capacity=total), config.device)
+    times = []
+    for t in range(n, total):
+        token = [x[..., t : t + 1, :] for x in qkv]
+        (_, state), ms = timed(
+            lambda token=token, state=state: attn.step(*token, state), config.device
+        )
+        if t >= n + config.warmup:
+            times.append(ms)
+    row = {
+        "method": name,
+        "context": n,
+        "prefill_ms": prefill_ms,
+        "per_token_ms": statistics.median(times),
+        "per_token_mean_ms": statistics.fmean(times),
+        "per_token_max_ms": max(times),
+        "per_token_ms_all": times,
+        # CUDA only: peak memory of prefill + steps beyond the inputs already allocated
+        "peak_mib": (torch.cuda.max_memory_allocated() - before) / 2**20
+        if config.device == "cuda"
+        else None,
+    }
+    if name == "rpka":
+        row["redraw_ms"] = redraw_ms(attn, state, config.device)
+        row["amortised_redraw_ms_per_token"] = row["redraw_ms"] / n
+        row["guard_counts"] = attn.guard_counts
+    return row
+
+
+@torch.no_grad()
+def redraw_ms(attn: torch.nn.Module, state: Any, device: str) -> float:
+    """Time of one landmark redraw (RPCholesky + moments) over the state's whole context."""
+    queries = state.queries.view() if state.queries is not None else None
+    keys = state.keys.view() - state.centre
+    values = state.values.view()
+
+    def redraw() -> None:
+        LandmarkSet.draw(sampler_of(attn), queries, keys).moments(keys, values)
+
+    return timed(redraw, device)[1]
+
+
+def run_decoding(config: DecodeConfig, progress: bool = True) -> dict:
+    """Per-token decode latency of each method at each context length."""
+    config.validate()
+    load_start = os.getloadavg()  # CPU timings mean little on a busy machine: record it
+    dtype = DTYPES[config.dtype]
+    gen = torch.Generator(device=config.device).manual_seed(config.seed)
+    # the warm-up run prefills two blocks: with a shorter context (--contexts 8 --rank 64,
+    # --contexts 24 --block-size 16) its steps read past q, k, v ("step takes one token")
+    shape = (1, config.batch_heads, config.sequence_length(), config.head_dim)
+    qkv = [torch.randn(shape, generator=gen, device=config.device).to(dtype) for _ in range(3)]
+    decode_once("rpka", 2 * config.block_size, config, qkv)  # untimed: lazy init, kernels
+    decode_once("exact", 2 * config.block_size, config, qkv)
+    jobs = [(n, name) for n in config.contexts for name in METHODS]
+    rows = [decode_once(name, int(n), config, qkv) for n, name in tqdm(jobs, disable=not progress)]
+    return {
+        "config": asdict(config) | {"contexts": [int(n) for n in config.contexts]},
+        "device": device_name(config.device),
+        "torch": torch.__version__,
+        "dtype": config.dtype,
+        "shape": (
+            f"B=1, H={config.batch_heads}, d={config.head_dim}, {config.dtype} inputs; rpka "
+            f"rank={config.rank}, block_size={config.block_size}, pivot_set={config.pivot_set}, "
+            "computing in float32"
+        ),
+        "host_loadavg_1_5_15min": {"start": load_start, "end": os.getloadavg()},
+        "rows": rows,
+        "summary": summarise(rows, config.target_ratio),
+    }
+
+
+def summarise(rows: list[dict], target_ratio: float) -> dict:
+    """Per method: median ms per token by context, growth longest/shortest, vs exact."""
+    summary: dict[str, Any] = {}
+    for name in METHODS:
+        by_n = {r["context"]: r["per_token_ms"] for r in rows if r["method"] == name}
+        shortest, longest = min(by_n), max(by_n)
+        summary[name] = {
+            "per_token_ms": {str(n): ms for n, ms in sorted(by_n.items())},
+            "growth_longest_vs_shortest": by_n[longest] / by_n[shortest],
+        }
+    exact = summary["exact"]["per_token_ms"]
+    summary["rpka"]["speedup_vs_exact"] = {
+        n: exact[n] / ms for n, ms in summary["rpka"]["per_token_ms"].items()
+    }
+    growth = summary["rpka"]["growth_longest_vs_shortest"]
+    summary["target"] = {
+        "statement": f"rpka per-token time at the longest context <= {target_ratio} x at the "
+        "shortest",
+        "ratio": growth,
+        "met": growth <= target_ratio,
+    }
+    return summary

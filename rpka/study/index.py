@@ -1,0 +1,318 @@
+"""The study index: ``study.json``, where the report and the README start, written from
+the bench reports a study's results folder holds (each track's gate, primary arm and
+verdicts; the long-context and long-range studies; the frontier extensions), and the rank
+frontier (``frontier.json``) of the tracks whose attention gate passed.
+
+Every location comes from ``rpka.paths``: the file names (``paths.BENCH_REPORT_FILE``,
+``paths.STUDY_FILE``, ...) inside the folder given, which is a preset's results folder
+(``paths.results_dir``) or a test's own. Also here: ``record_superseded``, what a bench's
+rerun after a fix replaced, which the report shows beside the new result.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rpka import paths
+from rpka.config.presets import RECALL_PAIRS_EPOCHS, STUDY_TRACKS
+from rpka.io import RESUME_VOLATILE_KEYS, read_json, read_json_checked, write_result_json
+from rpka.kernel.spectrum import bench_spectrum
+from rpka.paths import resolve
+from rpka.tracks import get_task
+from rpka.verdict.frontier import (
+    ROBUSTNESS_KEYS,
+    LongRangeTiming,
+    add_robustness,
+    track_frontier,
+    write_frontier,
+)
+
+
+def track_entry(report: dict[str, Any], report_path: Path, index_dir: Path) -> dict[str, Any]:
+    """One track's line in ``study.json``: where its report is, its gate, its verdicts."""
+    primary = report["arms"][report["primary_arm"]]["comparison"]
+    return {
+        "bench_report": os.path.relpath(report_path, index_dir),
+        "preset": report["config"]["preset"],
+        "metric": report["metric"],
+        "attention_gate": report.get("attention_gate"),
+        "local_gate": report.get("local_gate"),
+        "primary_arm": report["primary_arm"],
+        "primary": {
+            k: primary.get(k)
+            for k in ("verdict", "delta_mean", "ci_low", "ci_high", "p_value", "margin", "mde")
+        },
+        "verdicts": {
+            name: arm["comparison"]["verdict"]
+            for name, arm in report["arms"].items()
+            if arm.get("comparison")
+        },
+        "run_time_s": report["timings"]["phases"]["total_s"],
+        "learnability_met": report["learnability"].get("met"),
+    }
+
+
+# Benches that extend a study's rank frontier beyond its tracks' own arms (issue 26), read
+# where they are: frontier name (also its folder in the study's results) -> title. They
+# are not study tracks: `make report` does not run them (each one's preset says how).
+FRONTIER_EXTENSIONS: dict[str, str] = {
+    "forecast-motif-64": "Motif forecast track at 64 tokens (rank sweep)",
+}
+
+
+# MQAR against rank / pairs (issue 26): the recall track's bench and its pair-count
+# variants (rpka.config.presets.RECALL_PAIRS_EPOCHS), read where they are in a study's results
+MQAR_BENCHES: tuple[str, ...] = ("recall", *(f"recall-pairs-{p}" for p in RECALL_PAIRS_EPOCHS))
+
+
+def extension_entries(out: Path) -> dict[str, dict[str, Any]]:
+    """The :data:`FRONTIER_EXTENSIONS` benches found in the results folder ``out``: a
+    :func:`track_entry` each, with ``title`` and ``attention_tokens`` (the primary arm's)."""
+    entries = {}
+    for name, title in FRONTIER_EXTENSIONS.items():
+        path = out / name / paths.BENCH_REPORT_FILE
+        report = read_if_there(path, INDEX_KEYS)
+        if report is not None:
+            tokens = report["arms"][report["primary_arm"]].get("attention_tokens")
+            entries[name] = {**track_entry(report, path, out), "title": title,
+                             "attention_tokens": tokens}  # fmt: skip
+    return entries
+
+
+def write_study_index(
+    preset: str, tracks: tuple[str, ...] = STUDY_TRACKS, out_dir: str | Path | None = None
+) -> dict[str, Any]:
+    """Write ``study.json`` in ``out_dir`` (default ``data/results/<preset>``,
+    ``rpka.paths.study_json``) from the tracks' bench reports and the long-context result
+    found there, and return it.
+
+    Keys: ``preset``, ``tracks`` (``{<track>: track_entry}`` in the study's order; a track
+    without a report yet is left out and named in ``missing``) and ``longctx`` (per
+    context: a ``track_entry`` of its bench, or null without a long-context result) and
+    ``longrange`` (:func:`longrange_entry`, from ``<out>/longrange/``, or null). The frontier
+    (``frontier.json``) takes the tracks whose attention gate passed and the long-range
+    lengths whose two-control gate passed (``longrange-<n>``), and the frontier extensions
+    found there (``extensions``, :func:`extension_entries`) whose gate passed.
+    """
+    out = resolve(out_dir or paths.results_dir(preset))
+    entries, missing = track_entries(out, tracks)
+    longctx = longctx_entry(out)
+    longrange = longrange_entry(out / paths.LONGRANGE, out)
+    extensions = extension_entries(out)
+    index = {
+        "preset": preset, "tracks": entries, "missing": missing, "longctx": longctx,
+        paths.LONGRANGE: longrange, "extensions": extensions,
+    }  # fmt: skip
+    write_result_json(out / paths.STUDY_FILE, index, RESUME_VOLATILE_KEYS)
+    # the rank frontier of the tracks that need attention (a gap to recover needs a gate)
+    gated = {
+        name: out / entry["bench_report"]
+        for name, entry in (entries | extensions).items()
+        if (entry.get("attention_gate") or {}).get("passed")
+    }
+    for report_path in gated.values():  # why: the kernel's spectrum on exact's trained heads
+        spectrum_of(report_path.parent)
+    # MQAR against rank / pairs: a curve needs the benches of two pair counts or more
+    mqar = [p for name in MQAR_BENCHES if (p := out / name / paths.BENCH_REPORT_FILE).exists()]
+    write_frontier(gated | longrange_gated(longrange, out), out / paths.FRONTIER_FILE,
+                   latency_sweep(out),
+                   mqar if len(mqar) > 1 else (),
+                   longrange_positive_controls(longrange, out),
+                   longrange_timings(longrange, out / paths.LONGRANGE, out))  # fmt: skip
+    return index
+
+
+def track_entries(
+    out: Path, tracks: tuple[str, ...]
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Each of ``tracks``' :func:`track_entry` from its bench report in the results folder
+    ``out``, in order, and the tracks without a report yet."""
+    entries, missing = {}, []
+    for name in tracks:
+        path = out / get_task(name).out_dir / paths.BENCH_REPORT_FILE
+        report = read_if_there(path, INDEX_KEYS)
+        if report is None:
+            missing.append(name)
+            continue
+        entries[name] = track_entry(report, path, out)
+    return entries, missing
+
+
+def longctx_entry(out: Path) -> dict[str, Any] | None:
+    """The long-context study in the results folder ``out``: per context a
+    :func:`track_entry` of its bench; None without its ``longctx.json``."""
+    longctx = read_if_there(out / paths.LONGCTX_FILE, ("per_context",))
+    if longctx is None:
+        return None
+    contexts = {}
+    for context, entry in longctx["per_context"].items():
+        report = read_if_there(out / entry["bench_report"], INDEX_KEYS)
+        if report is not None:
+            contexts[context] = track_entry(report, out / entry["bench_report"], out)
+    return {"contexts": contexts}
+
+
+LONGRANGE_TRACK = "longrange-{context}"  # a long-range length's name in frontier.json
+
+
+def longrange_entry(folder: Path, index_dir: Path) -> dict[str, Any] | None:
+    """The long-range study's line in ``study.json`` (issue 27), from ``folder``'s own
+    ``longctx.json`` (``python -m rpka longctx --preset longrange --out <folder>``): per
+    context a :func:`track_entry` of its bench (both gates, every arm's verdict) with
+    ``gate_passed`` (both gates) and ``learnability`` (exact against the linear naive
+    forecast), ``robustness`` per arm (issue 40: leave-one-seed-out, the CPU step ratio
+    of ``steptime.json`` beside the study and that file's name, :func:`longrange_robustness`),
+    and ``longctx_json`` (its path). None without the file, never an error."""
+    result = read_if_there(folder / paths.LONGCTX_FILE, ("per_context",))
+    if result is None:
+        return None
+    timing = read_if_there(folder / paths.STEPTIME_FILE)
+    timing_file = os.path.relpath(folder / paths.STEPTIME_FILE, index_dir) if timing else None
+    contexts = {}
+    for context, entry in result["per_context"].items():
+        path = folder / entry["bench_report"]
+        report = read_if_there(path, INDEX_KEYS)
+        if report is None:
+            continue
+        line = track_entry(report, path, index_dir)
+        gates = (line.get("attention_gate"), line.get("local_gate"))
+        line["gate_passed"] = all((g or {}).get("passed") for g in gates)
+        line["learnability"] = {
+            k: report["learnability"].get(k)
+            for k in ("ratio_to_linear", "linear_ratio_required", "meets_linear", "met")
+        }
+        line["timing_file"] = timing_file
+        line["robustness"] = longrange_robustness(
+            report, LongRangeTiming(int(context), timing, timing_file)
+        )
+        contexts[context] = line
+    return {
+        "longctx_json": os.path.relpath(folder / paths.LONGCTX_FILE, index_dir),
+        "preset": result.get("preset"),
+        "contexts": contexts,
+    }
+
+
+def longrange_robustness(report: dict[str, Any], timing: LongRangeTiming) -> dict[str, Any]:
+    """Per low-rank arm of a long-range length (its frontier rows): ``verdict`` (gap
+    recovered), the robustness keys (``rpka.verdict.frontier.ROBUSTNESS_KEYS``), ``step_ratio_cpu``
+    and ``timing_file``; empty without a control arm to measure the gap from."""
+    try:
+        entry = track_frontier(report)
+    except ValueError:  # no control arm: no gap, no verdict to test
+        return {}
+    add_robustness(entry, report, timing)
+    keys = ("verdict", *ROBUSTNESS_KEYS, "step_ratio_cpu", "timing_file")
+    return {row["arm"]: {k: row[k] for k in keys} for row in entry["rows"]}
+
+
+def longrange_timings(
+    longrange: dict[str, Any] | None, folder: Path, index_dir: Path
+) -> dict[str, LongRangeTiming]:
+    """The gated long-range lengths' timings for the frontier (``longrange-<n>`` ->
+    :class:`rpka.verdict.frontier.LongRangeTiming`, from ``steptime.json`` beside the study)."""
+    timing = read_if_there(folder / paths.STEPTIME_FILE)
+    contexts = (longrange or {}).get("contexts") or {}
+    return {
+        LONGRANGE_TRACK.format(context=context): LongRangeTiming(
+            int(context), timing, entry.get("timing_file")
+        )
+        for context, entry in contexts.items()
+        if entry.get("gate_passed")
+    }
+
+
+def latency_sweep(out: Path) -> dict[str, Any] | None:
+    """The latency sweep the cost at r* is read from: the study's own
+    (``<out>/scaling_cpu.json``, 256 or 512 tokens and up) with the rows of the short-length
+    sweep (``paths.SHORT_SCALING_JSON``: the short tracks' own lengths, 64 and 96 tokens)
+    at lengths the study's does not measure; None without the study's own."""
+    own = out / paths.SCALING_CPU_FILE
+    if not own.exists():
+        return None
+    sweep = read_json(own)
+    short = paths.resolve(paths.SHORT_SCALING_JSON)
+    if short.exists():
+        measured = {row["n"] for row in sweep["rows"]}
+        sweep["rows"] += [row for row in read_json(short)["rows"] if row["n"] not in measured]
+    return sweep
+
+
+def longrange_positive_controls(longrange: dict[str, Any] | None, out: Path) -> dict[str, Path]:
+    """The long-range lengths whose positive control ran as a study of its own
+    (``<out>/longrange/positive_control/``, docs/longctx.md) where both that study's and
+    the rank sweep's gates passed and the rank sweep has no positive control of its own
+    (the ``longrange`` preset trains ``rpka-r4096`` beside its ranks): ``longrange-<n>`` ->
+    its bench report."""
+    folder = out / paths.LONGRANGE / paths.POSITIVE_CONTROL
+    gated = longrange_gated(longrange, out)
+    own = longrange_gated(longrange_entry(folder, out), out)
+    return {
+        track: path
+        for track, path in own.items()
+        if track in gated and not read_json(gated[track])["config"].get("positive_control_arm")
+    }
+
+
+def longrange_gated(longrange: dict[str, Any] | None, index_dir: Path) -> dict[str, Path]:
+    """The long-range lengths whose two-control gate passed, as frontier tracks
+    (``longrange-<n>`` -> bench report path)."""
+    contexts = (longrange or {}).get("contexts") or {}
+    return {
+        LONGRANGE_TRACK.format(context=context): index_dir / entry["bench_report"]
+        for context, entry in sorted(contexts.items(), key=lambda kv: int(kv[0]))
+        if entry.get("gate_passed")
+    }
+
+
+# what a study index entry reads of a bench report (a report without one of them is
+# named, CorruptFileError, instead of a KeyError deep in track_entry)
+INDEX_KEYS = ("config", "metric", "arms", "primary_arm", "timings", "learnability")
+
+
+def read_if_there(path: Path, required: tuple[str, ...] = ()) -> Any | None:
+    """``path``'s JSON checked for ``required`` keys, or None where it is missing. A bad
+    file raises ``CorruptFileError`` naming it and stays where it is: the study index is
+    written from committed results too, and a reader of those never moves them."""
+    return read_json_checked(path, required) if path.exists() else None
+
+
+def spectrum_of(bench_out: Path) -> dict[str, Any] | None:
+    """``spectrum.json`` of a bench (:func:`rpka.kernel.spectrum.bench_spectrum`): read when it is
+    there, computed when exact's trained weights are (seconds), else None."""
+    done = read_if_there(bench_out / paths.SPECTRUM_FILE, ("heads",))
+    if done is not None:
+        return done
+    try:
+        return bench_spectrum(bench_out)
+    except FileNotFoundError:  # results without weights (e.g. a clone of the committed study)
+        return None
+
+
+def record_superseded(
+    previous_report: str | Path, bench_dir: str | Path, reason: str, fix: str
+) -> Path:
+    """Keep what a rerun replaced, beside the new bench report: ``superseded.json``.
+
+    A bench rerun after a bug fix overwrites ``bench_report.json``; the report then shows
+    each arm before and after (:func:`rpka.report.narrative.superseded`). Stored per arm: the
+    evaluation seeds' test scores and the comparison's delta, CI and verdict. ``reason``
+    says what was wrong, ``fix`` where it was fixed (a commit, an issue).
+    """
+    if not reason.strip() or not fix.strip():
+        raise ValueError("reason and fix must say what was wrong and where it was fixed")
+    previous = read_json(resolve(previous_report))
+    arms = {}
+    for name, entry in previous["arms"].items():
+        c = entry.get("comparison") or {}
+        arms[name] = {
+            "per_seed": entry["full"]["per_seed"],
+            "mean": entry["full"]["mean"],
+            **{k: c[k] for k in ("delta_mean", "ci_low", "ci_high", "verdict") if k in c},
+        }
+    out = resolve(bench_dir) / paths.SUPERSEDED_FILE
+    superseded = {"reason": reason, "fix": fix, "metric": previous["metric"], "arms": arms}
+    write_result_json(out, superseded)
+    return out

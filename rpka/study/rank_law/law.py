@@ -1,0 +1,194 @@
+"""The rank law (issue 41, item 3): r*_drop-in ~ c p^a n^b d^e, fitted, and its held-out test.
+
+The fit is ordinary least squares of log2 r* on log2 p, log2 n, log2 d (and a 0/1 term for
+the low-diversity background where both backgrounds are in), over the learnable cells
+whose ladder reached r* (every-seed rule, ``rpka.study.rank_law.dropin``); a regressor that does
+not vary over those cells is left out (its exponent reads None). Intervals: two-sided 95 %
+t intervals of the coefficients (``scipy.stats.t``). Cells where r* was not reached are
+listed as censored, not fitted.
+
+The held-out test: ``held_out.json`` holds a cell outside the grid and the r* the fit
+predicted for it, written (:func:`predict`) and committed before that cell ran; it *held*
+when the observed r* is within one ladder step (a factor of 2) of the prediction.
+
+Everything is gathered into ``<results>/rank_law.json`` (:func:`write_index`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from rpka.config.presets_tracks import MEAN_CONTROL
+from rpka.io import read_json, write_result_json
+from rpka.study.rank_law.dropin import DROPIN_FILE, METHODS, per_seed, r_star
+from rpka.study.rank_law.grid import Cell, describe, grid_cells, parse_cell
+from rpka.verdict.frontier import gap_recovered, per_seed_gap
+from rpka.verdict.robustness import arm_robustness
+
+INDEX_FILE = "rank_law.json"
+HELD_OUT_FILE = "held_out.json"
+HELD_FACTOR = 2.0  # the prediction held: observed r* within this factor (one ladder step)
+CONFIDENCE = 0.95
+TERMS = ("p", "n", "d_head", "patterns")  # the regressors, in order (after the intercept)
+
+
+def cell_rows(results: str | Path, cells: list[Cell]) -> list[dict[str, Any]]:
+    """Per cell with a drop-in reading: its coordinates, whether it is learnable, r* per
+    method, the mean gap recovered per rank, the effective ranks (max over heads)."""
+    rows = []
+    for cell in cells:
+        path = Path(results) / cell.name / DROPIN_FILE
+        if not path.exists():
+            continue
+        dropin = read_json(path)
+        gap_by_rank = {m: {str(r["rank"]): r["gap"]["mean"] for r in dropin["rows"]
+                           if r["method"] == m} for m in METHODS}  # fmt: skip
+        heads = dropin["effective_rank"] or [{"kernel": None, "attention": None}]
+        rows.append({
+            **describe(cell),
+            "learnable": dropin["learnable"],
+            "r_star_dropin": {m: r_star(dropin["rows"], m)["every_seed"] for m in METHODS},
+            "r_star_mean_rule": {m: r_star(dropin["rows"], m)["mean_non_inferior"]
+                                 for m in METHODS},
+            "gap_by_rank": gap_by_rank,
+            "effective_rank": {key: max((h[key] for h in heads if h[key] is not None),
+                                        default=None) for key in ("kernel", "attention")},
+            "pivoting": dropin["pivoting"],
+        })  # fmt: skip
+    return rows
+
+
+def _design(rows: list[dict[str, Any]]) -> tuple[np.ndarray, list[str]]:
+    """The regressors that vary over ``rows``: log2 of p, n, d_head; the patterns flag."""
+    columns = {
+        "p": [math.log2(r["p"]) for r in rows],
+        "n": [math.log2(r["n"]) for r in rows],
+        "d_head": [math.log2(r["d_head"]) for r in rows],
+        "patterns": [float(r["background"] == "patterns") for r in rows],
+    }
+    used = [t for t in TERMS if len(set(columns[t])) > 1]
+    matrix = np.column_stack([np.ones(len(rows)), *(columns[t] for t in used)])
+    return matrix, used
+
+
+def fit_law(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
+    """OLS of log2 r* on the varying regressors (module docstring) for ``method``."""
+    fitted = [r for r in rows if r["learnable"] and r["r_star_dropin"][method] is not None]
+    censored = [r["cell"] for r in rows if r["learnable"] and r["r_star_dropin"][method] is None]
+    out: dict[str, Any] = {"method": method, "form": "log2 r* = log2 c + a log2 p + b log2 n "
+                           "+ e log2 d (+ k [patterns])", "cells": [r["cell"] for r in fitted],
+                           "censored": censored}  # fmt: skip
+    if len(fitted) < 2:
+        return {**out, "exponents": None, "ci": None, "r_squared": None}
+    x, used = _design(fitted)
+    y = np.log2([r["r_star_dropin"][method] for r in fitted])
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    residual = y - x @ coef
+    dof = len(y) - x.shape[1]
+    names = ["log2_c", *used]
+    exponents = {t: None for t in TERMS} | dict(zip(names, (float(c) for c in coef), strict=True))
+    ci: dict[str, Any] = {t: None for t in names}
+    if dof > 0:
+        sigma2 = float(residual @ residual) / dof
+        se = np.sqrt(np.diag(sigma2 * np.linalg.pinv(x.T @ x)))
+        half = stats.t.ppf(0.5 + CONFIDENCE / 2, dof) * se
+        ci = {t: [float(c - h), float(c + h)] for t, c, h in zip(names, coef, half, strict=True)}
+    total = float(((y - y.mean()) ** 2).sum())
+    r2 = 1 - float(residual @ residual) / total if total > 0 else None
+    return {**out, "exponents": exponents, "ci": ci, "dof": dof, "r_squared": r2,
+            "residuals_log2": residual.tolist()}  # fmt: skip
+
+
+def predicted_r_star(fit: dict[str, Any], cell: Cell) -> float | None:
+    """The fitted law's r* at ``cell`` (None without a fit)."""
+    e = fit.get("exponents")
+    if not e:
+        return None
+    log2 = e["log2_c"]
+    for term, value in (("p", cell.p), ("n", cell.n), ("d_head", cell.d_head)):
+        log2 += (e[term] or 0.0) * math.log2(value)
+    log2 += (e["patterns"] or 0.0) * float(cell.background == "patterns")
+    return float(2**log2)
+
+
+def predict(results: str | Path, cell_name: str, method: str = "rpka") -> dict[str, Any]:
+    """Write ``<results>/held_out.json``: the held-out cell and the r* the grid's law
+    predicts for it (commit it before that cell runs)."""
+    cell = parse_cell(cell_name)
+    if cell in grid_cells():
+        raise ValueError(f"cell {cell_name!r} is in the grid: a held-out cell must not be")
+    fit = fit_law(cell_rows(results, grid_cells()), method)
+    predicted = predicted_r_star(fit, cell)
+    if predicted is None:
+        raise ValueError(f"no fit for {method!r} yet: run the grid's drop-in first")
+    held_out = {"cell": cell.name, "method": method, "predicted_r_star": predicted,
+                "held_if": f"observed r* within a factor {HELD_FACTOR:g} of the prediction",
+                "fit": fit}  # fmt: skip
+    write_result_json(Path(results) / HELD_OUT_FILE, held_out)
+    return held_out
+
+
+def held_out_outcome(results: str | Path) -> dict[str, Any] | None:
+    """The held-out prediction and, once its cell ran, the observed r* and whether it held."""
+    path = Path(results) / HELD_OUT_FILE
+    if not path.exists():
+        return None
+    held_out = read_json(path)
+    rows = cell_rows(results, [parse_cell(held_out["cell"])])
+    observed = rows[0]["r_star_dropin"][held_out["method"]] if rows else None
+    ratio = None if observed is None else observed / held_out["predicted_r_star"]
+    held = None if ratio is None else bool(1 / HELD_FACTOR <= ratio <= HELD_FACTOR)
+    return {"cell": held_out["cell"], "method": held_out["method"],
+            "predicted_r_star": held_out["predicted_r_star"], "observed_r_star": observed,
+            "held": held, "held_if": held_out["held_if"]}  # fmt: skip
+
+
+def trained_rows(results: str | Path) -> list[dict[str, Any]]:
+    """The trained confirmations (``<cell>/trained-r<rank>/``): per low-rank arm, the gap
+    recovered per seed against the control, the frontier's verdict and its leave-one-seed-
+    out robustness (``rpka.verdict.robustness.arm_robustness``)."""
+    rows = []
+    for path in sorted(Path(results).glob("*/trained-r*/longctx/context-*/bench_report.json")):
+        report = read_json(path)
+        seeds = report["arms"]["exact"]["seeds"]
+        exact = per_seed(report, "exact", seeds)
+        control = per_seed(report, MEAN_CONTROL.name, seeds)
+        for name, arm in report["arms"].items():
+            method = arm["method"]
+            if method not in ("rpka", "nystrom-uniform"):
+                continue
+            scores = per_seed(report, name, seeds)
+            g = per_seed_gap(control, exact, scores, "lower")
+            diffs = [a - e for a, e in zip(scores, exact, strict=True)]
+            robust = arm_robustness(g.tolist(), diffs, seeds, gap_recovered)
+            rows.append({"cell": path.parts[-5], "trained_at": path.parts[-4], "arm": name,
+                         "method": method, "gap": gap_recovered(g), "robust": robust["robust"],
+                         "rests_on_seeds": robust["rests_on_seeds"]})  # fmt: skip
+    return rows
+
+
+def write_index(results: str | Path, log: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """``<results>/rank_law.json``: cells, the fit per method, the held-out outcome."""
+    rows = cell_rows(results, grid_cells())
+    index = {
+        "what": "What sets the rank RPKA needs: the drop-in grid, the fitted law, the held-out "
+        "prediction (issue 41; docs/rank_law.md)",
+        "cells": rows,
+        "fit": {m: fit_law(rows, m) for m in METHODS},
+        "held_out": held_out_outcome(results),
+        "trained": trained_rows(results),
+    }
+    write_result_json(Path(results) / INDEX_FILE, index)
+    if log is not None:
+        for row in rows:
+            log(f"{row['cell']}: learnable {row['learnable']}, r* {row['r_star_dropin']}, "
+                f"effective rank {row['effective_rank']}")  # fmt: skip
+        for method, fit in index["fit"].items():
+            log(f"fit {method}: {fit['exponents']} (R^2 {fit['r_squared']})")
+    return index

@@ -1,0 +1,201 @@
+"""One timing protocol for the long-range study's cost (issue 40): ``python -m rpka steptime``.
+
+    python -m rpka steptime --preset longrange-power --out DIR [--contexts 4096]
+        [--arms ...] [--repeats 7] [--warmup 2]
+
+Every arm's training step (``rpka.training.train.train_step``: forward, loss, backward, gradient
+clipping, Adam update - the code the study trains with) at each context, measured in **one
+process on one thread**, the arms **interleaved** within each repeat (repeat i times arm
+a, then b, ..., the starting arm rotated every repeat, so that a drift of the machine's
+load falls on every arm alike), ``warmup`` untimed repeats first and ``repeats`` >= 7
+timed ones. Each step is timed twice: process CPU time (``time.process_time``, what the
+study's cost is) and wall time. The model is the study's (S = ``seeds_per_job`` stacked
+members, batch ``batch_size`` each, the evaluation jobs' shape) on a few windows of the
+study's own track (the step does not depend on how many windows there are). The load
+average before and after is recorded; so is the peak memory of one step per arm
+(``rpka.speed.scaling.peak_memory_mib``, as ``rpka.study.longctx.training_step_peak_mib``).
+
+Per context and arm: the per-repeat CPU and wall seconds, their medians, and the **step
+ratio against exact**: per repeat the arm's step over exact's step in the same repeat, the
+mean of those ratios and a 95 % t-interval from their spread (``scipy.stats.t``; the
+repeats are the replicates). Written atomically, sealed with its checksum
+(``rpka.io.write_result_json``), to ``<out>/steptime.json`` beside the study; every cost
+ratio in a verdict, table or sentence of the study reads from it (``rpka.verdict.robustness``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats as scipy_stats
+
+from rpka import numerics
+from rpka.bench import DEFAULT_DATA_DIR
+from rpka.bench.report import load_average
+from rpka.checks import require
+from rpka.config.bench import BenchConfig, LongContextConfig
+from rpka.io import write_result_json
+from rpka.paths import STEPTIME_FILE, resolve
+from rpka.speed.scaling import peak_memory_mib
+from rpka.training.curriculum import WARM_START_KEY
+from rpka.training.run_config import make_run_config
+from rpka.training.train import Members, Run, member_batches, setup_run, train_step
+
+STEPTIME_VERSION = 1
+MIN_REPEATS = 7  # the protocol's floor of timed repeats per arm
+CONFIDENCE = 0.95  # the step ratio's interval
+CLOCKS = ("cpu", "wall")
+
+
+def ratio_summary(arm_s: list[float], baseline_s: list[float]) -> dict[str, float | None]:
+    """The step ratio arm / baseline over paired repeats: the mean of the per-repeat ratios
+    and its 95 % t-interval (None where fewer than 2 repeats)."""
+    ratios = np.asarray(arm_s, float) / np.asarray(baseline_s, float)
+    mean = float(ratios.mean())
+    if len(ratios) < 2:
+        return {"mean": mean, "ci_low": None, "ci_high": None, "n": len(ratios)}
+    half = float(
+        scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, len(ratios) - 1)
+        * ratios.std(ddof=1)
+        / np.sqrt(len(ratios))
+    )
+    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "n": len(ratios)}
+
+
+def timing_config(config: LongContextConfig) -> LongContextConfig:
+    """The study with just enough training windows for one step per member (the step's
+    cost does not depend on the windows it draws from) and one evaluation window."""
+    batch = config.bench.train.batch_size
+    return dataclasses.replace(config, train_windows=batch, eval_windows=1)
+
+
+def arm_run(bench: BenchConfig, arm: str, data_dir: str) -> Run:
+    """A run of ``arm`` as an evaluation job trains it (its first seed group's size)."""
+    seeds = list(bench.eval_seeds[: bench.seeds_per_job])
+    run_config = make_run_config(
+        bench, bench.arm(arm), bench.learning_rates[0], seeds, "test", data_dir
+    )
+    run_config.pop(WARM_START_KEY, None)  # the step is the run's own context's
+    return setup_run(run_config)
+
+
+def timed_step(run: Run, members: Members, step: int) -> tuple[float, float]:
+    """One training step of ``run``: (CPU seconds, wall seconds)."""
+    batch = member_batches(run.n_train, run.train.batch_size, run.data_generators)[0]
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    train_step(run, members, batch.to(run.device), 0, step)
+    return time.process_time() - cpu0, time.perf_counter() - wall0
+
+
+def step_peak_mib(run: Run, members: Members) -> float:
+    """Peak memory of one training step above what the run held before it (MiB)."""
+    batch = member_batches(run.n_train, run.train.batch_size, run.data_generators)[0]
+    return peak_memory_mib(lambda: train_step(run, members, batch, 0, 0), run.device.type)
+
+
+def time_context(
+    bench: BenchConfig, arms: list[str], repeats: int, warmup: int, data_dir: str
+) -> dict[str, Any]:
+    """Every arm's step at one context, interleaved (module docstring)."""
+    runs = {arm: arm_run(bench, arm, data_dir) for arm in arms}
+    members = {arm: Members(len(run.seeds), run.device) for arm, run in runs.items()}
+    seconds: dict[str, dict[str, list[float]]] = {a: {c: [] for c in CLOCKS} for a in arms}
+    for repeat in range(warmup + repeats):
+        shift = repeat % len(arms)
+        for arm in arms[shift:] + arms[:shift]:
+            cpu_s, wall_s = timed_step(runs[arm], members[arm], repeat)
+            if repeat >= warmup:
+                seconds[arm]["cpu"].append(cpu_s)
+                seconds[arm]["wall"].append(wall_s)
+    baseline = bench.baseline_arm if bench.baseline_arm in arms else None
+    out = {}
+    for arm, run in runs.items():
+        entry: dict[str, Any] = {"peak_mib": step_peak_mib(run, members[arm])}
+        entry["members"] = len(run.seeds)
+        for clock in CLOCKS:
+            entry[f"{clock}_s"] = seconds[arm][clock]
+            entry[f"{clock}_s_median"] = statistics.median(seconds[arm][clock])
+            entry[f"step_ratio_{clock}"] = (
+                ratio_summary(seconds[arm][clock], seconds[baseline][clock]) if baseline else None
+            )
+        out[arm] = entry
+    return out
+
+
+def run_steptime(
+    config: LongContextConfig,
+    out_dir: str | os.PathLike,
+    repeats: int = MIN_REPEATS,
+    warmup: int = 2,
+    arms: list[str] | None = None,
+) -> dict[str, Any]:
+    """Time every arm's step at every context of ``config`` on one thread; write and return
+    ``<out_dir>/steptime.json`` (sealed)."""
+    require(isinstance(repeats, int) and repeats >= MIN_REPEATS, "repeats",
+            f"an integer >= {MIN_REPEATS}", repeats)  # fmt: skip
+    require(isinstance(warmup, int) and warmup >= 1, "warmup", "an integer >= 1", warmup)
+    names = [a.name for a in config.bench.arms]
+    chosen = list(arms) if arms else names
+    unknown = sorted(set(chosen) - set(names))
+    require(not unknown, "arms", f"names among {names}", unknown)
+    if config.bench.baseline_arm not in chosen:  # every ratio is against exact
+        chosen = [config.bench.baseline_arm, *chosen]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    small, data_dir = timing_config(config), str(resolve(DEFAULT_DATA_DIR))
+    result: dict[str, Any] = {
+        "steptime_version": STEPTIME_VERSION,
+        "preset": config.preset,
+        "protocol": (
+            f"one process, one thread; arms interleaved each repeat (start rotated); "
+            f"{warmup} untimed warm-up repeat(s), {repeats} timed; training step of "
+            f"{config.bench.seeds_per_job} stacked seed(s) x batch {config.bench.train.batch_size}"
+            "; CPU time (time.process_time) and wall time (time.perf_counter); step ratio: "
+            f"mean of per-repeat ratios to {config.bench.baseline_arm}, {CONFIDENCE:.0%} "
+            "t-interval"
+        ),
+        "repeats": repeats,
+        "warmup": warmup,
+        "torch_threads": 1,
+        "numerics": numerics.record(),  # the protocol times native kernels: rpka.numerics
+        "load_average_start": load_average(),
+        "contexts": {},
+    }
+    try:
+        for context in config.contexts:
+            bench = small.bench_for(context)
+            result["contexts"][str(context)] = time_context(
+                bench, chosen, repeats, warmup, data_dir
+            )
+    finally:
+        torch.set_num_threads(threads)
+    result["load_average_end"] = load_average()
+    result["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    write_result_json(Path(out_dir) / STEPTIME_FILE, result)
+    return result
+
+
+def steptime_lines(result: dict[str, Any]) -> list[str]:
+    """A plain-text table: median CPU ms, CPU step ratio [95 % CI], peak MiB per arm."""
+    lines = [f"{'context':>7} {'arm':<22} {'cpu ms':>9} {'ratio vs exact [95% CI]':>28} "
+             f"{'peak MiB':>9}"]  # fmt: skip
+    for context, arms in result["contexts"].items():
+        for arm, entry in arms.items():
+            ratio = entry["step_ratio_cpu"]
+            text = "-"
+            if ratio and ratio["ci_low"] is not None:
+                text = f"{ratio['mean']:.3f} [{ratio['ci_low']:.3f}, {ratio['ci_high']:.3f}]"
+            lines.append(
+                f"{context:>7} {arm:<22} {entry['cpu_s_median'] * 1e3:>9.1f} {text:>28} "
+                f"{entry['peak_mib']:>9.1f}"
+            )
+    lines.append(f"load average {result['load_average_start']} -> {result['load_average_end']}")
+    return lines
