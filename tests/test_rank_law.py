@@ -14,6 +14,7 @@ from rpka.config.bench import TrainConfig
 from rpka.config.presets_longctx import LONGRANGE_TRACK
 from rpka.kernel.spectrum import head_spectrum
 from rpka.study.longctx import run_longctx
+from rpka.study.rank_law import command as rank_law_command
 from rpka.study.rank_law import dropin as rank_dropin
 from rpka.study.rank_law import law
 from rpka.study.rank_law.grid import (
@@ -185,3 +186,19 @@ def test_one_cell_end_to_end(tmp_path):
 def test_confirmation_needs_an_even_rank():
     with pytest.raises(ValueError, match="rank"):
         confirmation_config(Cell(4, 512), 3)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["train", "--cells", "p64-n512-d16-noise"], "p must be"),
+     (["confirm", "--cells", "p1-n512-d16-noise"], "--rank"),
+     (["confirm", "--cells", "p1-n512-d16-noise", "--rank", "3"], "rank must be"),
+     (["train", "--workers", "3"], "--workers"),
+     (["predict"], "--cells")],
+)  # fmt: skip
+def test_the_command_refuses_bad_input_by_name(argv, named, capsys, tmp_path):
+    """``python -m rpka rank-law``: exit 2 and one line naming the parameter, nothing run."""
+    with pytest.raises(SystemExit) as stop:
+        rank_law_command.main([*argv, "--results", str(tmp_path)])
+    assert stop.value.code == 2 and named in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

@@ -64,6 +64,7 @@ from rpka.report import readme
 from rpka.speed import decoding, scaling
 from rpka.study import cost, longctx, results_check
 from rpka.study import steps as study
+from rpka.study.rank_law import command as rank_law_command
 from rpka.swap import command as swap_command
 from rpka.tracks import get_task
 from rpka.training.executors import make_executor, owned
@@ -458,6 +459,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
     "cost": (cost_main, "predict each bench's CPU time from its configuration (probes)"),
     "steptime": (cli_longrange.steptime_main, "every arm's training step, one thread, interleaved"),
     "swap": (swap_command.main, "audit your own model with its SDPA calls swapped (docs/swap.md)"),
+    "rank-law": (rank_law_command.main, "what sets the rank (docs/rank_law.md)"),
 }
 
 

@@ -1,6 +1,6 @@
 """The report's section "What sets the rank" (issue 41): the rank-law grid's cells and their
 drop-in r*, the fitted law, the held-out prediction and where residual pivoting pays, read
-from ``rank_law.json`` (``python -m rpka.study.rank_law index``; docs/rank_law.md). Without the
+from ``rank_law.json`` (``python -m rpka rank-law index``; docs/rank_law.md). Without the
 file, one line says the study was not run. Every number comes from the file."""
 
 from __future__ import annotations

@@ -1,0 +1,81 @@
+"""The rank-law study's command line (docs/rank_law.md):
+
+    python -m rpka rank-law price  [--cells NAME ...]   # CPU-s per cell, before running
+    python -m rpka rank-law train  [--cells NAME ...]   # exact + control per cell (resumes)
+    python -m rpka rank-law dropin [--cells NAME ...]   # the drop-in reading per cell
+    python -m rpka rank-law predict --cells NAME        # the held-out cell's predicted r*
+    python -m rpka rank-law confirm --cells NAME --rank R  # RPKA, uniform trained at R, R/2
+    python -m rpka rank-law index                       # the fit and rank_law.json
+
+``--cells`` defaults to the grid (``rpka.study.rank_law.grid.grid_cells``); a cell outside it
+(the held-out one) is named ``p<p>-n<n>-d<d>-<background>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from rpka.study.cost_longctx import price_lines, price_longctx
+from rpka.study.longctx import run_longctx
+from rpka.study.rank_law.dropin import cell_dropin
+from rpka.study.rank_law.grid import (
+    RANK_LAW_RESULTS,
+    cell_config,
+    cell_dir,
+    confirmation_config,
+    confirmation_dir,
+    grid_cells,
+    parse_cell,
+)
+from rpka.study.rank_law.law import predict, write_index
+
+STAGES = ("price", "train", "dropin", "predict", "confirm", "index")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rpka rank-law", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("stage", choices=STAGES)
+    parser.add_argument("--cells", nargs="+", help="cell names (default: the grid)")
+    parser.add_argument("--results", default=RANK_LAW_RESULTS, help="default %(default)s")
+    parser.add_argument("--rank", type=int, help="confirm: the drop-in r* to train at")
+    parser.add_argument("--workers", type=int, default=1, help="training processes, 1-2")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if not 1 <= args.workers <= 2:
+        parser.error(f"--workers must be 1 or 2, got {args.workers}")
+    try:
+        cells = [parse_cell(name) for name in args.cells] if args.cells else grid_cells()
+    except ValueError as err:
+        parser.error(str(err))
+    progress = not args.no_progress
+    if args.stage == "index":
+        write_index(args.results, log=print)
+        return 0
+    if args.stage == "predict":
+        if not args.cells or len(args.cells) != 1:
+            parser.error("predict needs exactly one --cells NAME (the held-out cell)")
+        held_out = predict(args.results, args.cells[0])
+        print(f"{held_out['cell']}: predicted r* {held_out['predicted_r_star']:.1f}")
+        return 0
+    if args.stage == "confirm":
+        if not args.cells or len(args.cells) != 1 or args.rank is None:
+            parser.error("confirm needs one --cells NAME and --rank R (the cell's drop-in r*)")
+        try:
+            config = confirmation_config(cells[0], args.rank, args.workers)
+        except ValueError as err:
+            parser.error(str(err))
+        run_longctx(config, confirmation_dir(cells[0], args.rank, args.results), progress=progress)
+        return 0
+    for cell in cells:
+        out = cell_dir(cell, args.results)
+        if args.stage == "price":
+            result = price_longctx(cell_config(cell), out, progress=progress)
+            print(cell.name, *price_lines(result), sep="\n  ")
+        elif args.stage == "train":
+            run_longctx(cell_config(cell, workers=args.workers), out, progress=progress)
+        else:
+            cell_dropin(cell, args.results, log=print)
+    return 0
