@@ -19,6 +19,7 @@ METHODS = {"rpka": "RPKA", "nystrom-uniform": "uniform", "keys-coreset": "key co
 TERMS = {"p": "pairs p", "n": "length n", "d_head": "head dimension d", "patterns": "patterns"}
 CAP_NOTE = "> {cap}"  # a ladder that never reached the margin (censored r*)
 PIVOT_CI = ("prob_ci_low", "prob_ci_high")
+BACKGROUND_MARKERS = {"noise": "o", "patterns": "s"}
 
 
 def _r_star(value: int | None, learnable: bool, cap: int) -> str:
@@ -43,14 +44,18 @@ def cells_table(index: Mapping[str, Any], cap: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _cells(count: int) -> str:
+    return f"{count} cell" + ("" if count == 1 else "s")
+
+
 def law_text(index: Mapping[str, Any]) -> str:
     """The fitted exponents per method with their 95 % intervals, or why there is no fit."""
     lines = []
     for method, label in METHODS.items():
         fit = index["fit"][method]
         if not fit["exponents"]:
-            lines.append(f"- **{label}**: no fit ({len(fit['cells'])} cells with an r*; "
-                         f"{len(fit['censored'])} censored).")  # fmt: skip
+            lines.append(f"- **{label}**: no fit ({_cells(len(fit['cells']))} with an r\\*, "
+                         f"{len(fit['censored'])} censored; a fit needs 2).")  # fmt: skip
             continue
         parts = []
         for term, name in TERMS.items():
@@ -59,10 +64,11 @@ def law_text(index: Mapping[str, Any]) -> str:
                 interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
                 parts.append(f"{name} {value:+.2f}{interval}")
         r2 = fit["r_squared"]
+        dof = "" if fit.get("dof", 1) > 0 else "; as many terms as cells, no check of the form"
         lines.append(
             f"- **{label}** (log2 r\\* on {', '.join(parts) or 'a constant'}; "
-            f"{len(fit['cells'])} cells, {len(fit['censored'])} censored, "
-            f"R² {'n/a' if r2 is None else format(r2, '.2f')})."
+            f"{_cells(len(fit['cells']))}, {len(fit['censored'])} censored, "
+            f"R² {'n/a' if r2 is None else format(r2, '.2f')}{dof})."
         )
     return "\n".join(lines)
 
@@ -92,7 +98,8 @@ def summary_sentence(index: Mapping[str, Any]) -> str:
     law = ", ".join(
         f"{TERMS[t]} {exponents[t]:+.2f}" for t in TERMS if exponents.get(t) is not None
     )
-    span = f"{min(reached)}-{max(reached)}" if reached else "not reached"
+    low, high = (min(reached), max(reached)) if reached else (None, None)
+    span = "not reached" if low is None else (str(low) if low == high else f"{low}-{high}")
     return (
         rf"Over {len(learnable)} learnable cells of the rank-law grid, RPKA's drop-in r\* "
         f"(every seed within 0.95 of the gap) is {span} "
@@ -164,7 +171,8 @@ def plot_gap_by_rank(index: Mapping[str, Any]) -> plt.Figure:
         for method, style in (("rpka", "-"), ("nystrom-uniform", ":")):
             curve = sorted((int(r), g) for r, g in cell["gap_by_rank"][method].items())
             ax.plot([r / cell["p"] for r, _ in curve], [g for _, g in curve], ls=style,
-                    color=method_colour(method), alpha=0.6, marker=".")  # fmt: skip
+                    color=method_colour(method), alpha=0.6,
+                    marker=BACKGROUND_MARKERS.get(cell["background"], "."))  # fmt: skip
     ax.axhline(0.95, color="0.4", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.2, 1.05)
@@ -172,6 +180,8 @@ def plot_gap_by_rank(index: Mapping[str, Any]) -> plt.Figure:
     ax.set_ylabel("gap recovered (drop-in, mean of seeds)")
     ax.plot([], [], color=method_colour("rpka"), label="RPKA")
     ax.plot([], [], color=method_colour("nystrom-uniform"), ls=":", label="uniform")
+    for background, marker in BACKGROUND_MARKERS.items():
+        ax.plot([], [], color="0.4", ls="", marker=marker, label=f"background: {background}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -100,7 +100,8 @@ def fit_law(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
         half = stats.t.ppf(0.5 + CONFIDENCE / 2, dof) * se
         ci = {t: [float(c - h), float(c + h)] for t, c, h in zip(names, coef, half, strict=True)}
     total = float(((y - y.mean()) ** 2).sum())
-    r2 = 1 - float(residual @ residual) / total if total > 0 else None
+    # with no degree of freedom left the fit passes through every cell: R^2 says nothing
+    r2 = 1 - float(residual @ residual) / total if total > 0 and dof > 0 else None
     return {**out, "exponents": exponents, "ci": ci, "dof": dof, "r_squared": r2,
             "residuals_log2": residual.tolist()}  # fmt: skip
 
