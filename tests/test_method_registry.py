@@ -20,7 +20,7 @@ def test_the_lists_read_from_the_registry_are_the_ones_typed_before():
     assert LANDMARK_METHODS == ("rpka", "nystrom-uniform", "keys-coreset")
     assert frontier.LOW_RANK_METHODS == LANDMARK_METHODS
     assert frontier.PIVOTING_PEERS == ("nystrom-uniform", "keys-coreset")
-    assert dropin.DEFAULT_METHODS == LANDMARK_METHODS  # typed there; the same methods
+    assert dropin.DEFAULT_METHODS == LANDMARK_METHODS
     assert figures_frontier.METHOD_MARKERS == {
         "rpka": "o",
         "nystrom-uniform": "s",

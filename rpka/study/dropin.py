@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rpka.attention import options_of
+from rpka.attention import LANDMARK_METHODS, METHOD_INFO, options_of
 from rpka.bench.jobs import ensure_weights
 from rpka.io import read_json, read_run_file, write_result_json
 from rpka.kernel.quality import method_output_errors
@@ -38,7 +38,7 @@ from rpka.training.train import build_model, evaluate, track_config_of
 from rpka.training.trained import load_run_state
 from rpka.verdict.frontier import causal_block_of
 
-DEFAULT_METHODS = ("rpka", "nystrom-uniform", "keys-coreset")
+DEFAULT_METHODS = LANDMARK_METHODS  # RPKA and the peers that pick points (the registry)
 DEFAULT_RANKS = ("16", "32", "64", "full")
 EVAL_BATCH = 256
 # the "what" of drop_in.json: this docstring's first paragraph (the script's, before)
@@ -46,9 +46,10 @@ WHAT = (__doc__ or "").split("\n\n")[0]
 
 
 def full_rank(method: str, n_tokens: int) -> int:
-    """The rank at which a method's landmarks span every point: 2n joint points for RPKA
-    and uniform Nystrom (queries and keys), n for the keys-only coreset."""
-    return n_tokens if method == "keys-coreset" else 2 * n_tokens
+    """The rank at which a method's landmarks span every point: 2n joint points where they
+    are drawn from queries and keys (RPKA, uniform Nystrom), n where from the keys alone
+    (the key coreset; ``rpka.attention.METHOD_INFO``'s ``landmarks``)."""
+    return n_tokens if METHOD_INFO[method].landmarks == "keys" else 2 * n_tokens
 
 
 def swapped_model(

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from rpka import paths
+from rpka.attention import LANDMARK_METHODS
 from rpka.attention.rpcholesky import gaussian_kernel
 from rpka.bench.jobs import ensure_weights
 from rpka.config.presets_tracks import MEAN_CONTROL
@@ -53,7 +54,7 @@ from rpka.verdict.frontier import (
     probability_of_improvement,
 )
 
-METHODS = ("rpka", "nystrom-uniform", "keys-coreset")
+METHODS = LANDMARK_METHODS  # RPKA and the peers that pick points (the registry)
 FIRST_RANK = 2
 # the ladder's last rank: n / 2 at 512 tokens, n / 8 at 2,048. A rank-256 reading of one cell
 # at 512 tokens costs ~40 CPU-s per method (4 seeds x 256 windows), ~4x that at 2,048, and
