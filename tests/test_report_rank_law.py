@@ -76,3 +76,21 @@ def test_summary_sentence_reads_the_index(index):
     sentence = section.summary_sentence(index)
     assert "Over 4 learnable cells" in sentence and "is 2-8" in sentence
     assert "(1 censored above the ladder)" in sentence and "pairs p" in sentence
+
+
+@pytest.mark.parametrize(
+    ("r_star", "learnable", "held"),
+    [(8, True, True), (32, True, False), (None, True, False), (2, False, None)],
+)
+def test_held_out_outcome(tmp_path, r_star, learnable, held):
+    """Within a factor 2 holds; censored below the cap does not; an unlearnable cell decides
+    nothing; without a prediction there is no outcome."""
+    cell = Cell(1, 1024)
+    assert law.held_out_outcome(tmp_path) is None
+    write_result_json(tmp_path / cell.name / DROPIN_FILE, _dropin(cell, r_star, learnable))
+    write_result_json(tmp_path / law.HELD_OUT_FILE, {"cell": cell.name, "method": "rpka",
+                      "predicted_r_star": 10.0, "held_if": "within a factor 2"})  # fmt: skip
+    outcome = law.held_out_outcome(tmp_path)
+    assert outcome["held"] is held
+    words = section.held_out_text(outcome)
+    assert ("**held**" in words) == bool(held) and ("did not hold" in words) == (held is False)

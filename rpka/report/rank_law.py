@@ -79,8 +79,12 @@ def held_out_text(held_out: Mapping[str, Any] | None) -> str:
         return "The held-out prediction has not been made yet (docs/rank_law.md)."
     head = (f"Held-out cell `{held_out['cell']}`: the grid's law predicted RPKA's r\\* = "
             f"{held_out['predicted_r_star']:.0f} before the cell ran")  # fmt: skip
+    if held_out["observed_r_star"] is None and held_out.get("censored_at"):
+        word = "held" if held_out["held"] else "did not hold"
+        return (f"{head}; observed: not reached up to rank {held_out['censored_at']}, so the "
+                f"prediction **{word}** ({held_out['held_if']}).")  # fmt: skip
     if held_out["observed_r_star"] is None:
-        return head + "; the cell has not been read yet."
+        return head + "; the cell has not been read yet (or did not learn)."
     word = "held" if held_out["held"] else "did not hold"
     return (f"{head}; observed {held_out['observed_r_star']}: the prediction **{word}** "
             f"({held_out['held_if']}).")  # fmt: skip

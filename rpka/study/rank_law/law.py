@@ -26,7 +26,7 @@ from scipy import stats
 
 from rpka.config.presets_tracks import MEAN_CONTROL
 from rpka.io import read_json, write_result_json
-from rpka.study.rank_law.dropin import DROPIN_FILE, METHODS, per_seed, r_star
+from rpka.study.rank_law.dropin import DROPIN_FILE, METHODS, RANK_CAP, per_seed, r_star
 from rpka.study.rank_law.grid import Cell, describe, grid_cells, parse_cell
 from rpka.verdict.frontier import gap_recovered, per_seed_gap
 from rpka.verdict.robustness import arm_robustness
@@ -136,17 +136,26 @@ def predict(results: str | Path, cell_name: str, method: str = "rpka") -> dict[s
 
 
 def held_out_outcome(results: str | Path) -> dict[str, Any] | None:
-    """The held-out prediction and, once its cell ran, the observed r* and whether it held."""
+    """The held-out prediction and, once its cell was read, the observed r* and whether it
+    held: within :data:`HELD_FACTOR` of the prediction. A ladder that ended at its cap
+    without reaching the margin (censored) did not hold when the cap is beyond the factor;
+    a cell that did not learn decides nothing (``held`` None)."""
     path = Path(results) / HELD_OUT_FILE
     if not path.exists():
         return None
     held_out = read_json(path)
+    predicted = held_out["predicted_r_star"]
     rows = cell_rows(results, [parse_cell(held_out["cell"])])
-    observed = rows[0]["r_star_dropin"][held_out["method"]] if rows else None
-    ratio = None if observed is None else observed / held_out["predicted_r_star"]
-    held = None if ratio is None else bool(1 / HELD_FACTOR <= ratio <= HELD_FACTOR)
+    read = bool(rows) and bool(rows[0]["learnable"])
+    observed = rows[0]["r_star_dropin"][held_out["method"]] if read else None
+    if observed is not None:
+        held: bool | None = bool(1 / HELD_FACTOR <= observed / predicted <= HELD_FACTOR)
+    else:
+        held = False if read and RANK_CAP > HELD_FACTOR * predicted else None
     return {"cell": held_out["cell"], "method": held_out["method"],
-            "predicted_r_star": held_out["predicted_r_star"], "observed_r_star": observed,
+            "predicted_r_star": predicted, "observed_r_star": observed,
+            "censored_at": RANK_CAP if read and observed is None else None,
+            "learnable": rows[0]["learnable"] if rows else None,
             "held": held, "held_if": held_out["held_if"]}  # fmt: skip
 
 
