@@ -3,7 +3,7 @@
     python -m rpka rank-law price  [--cells NAME ...]   # CPU-s per cell, before running
     python -m rpka rank-law train  [--cells NAME ...]   # exact + control per cell (resumes)
     python -m rpka rank-law dropin [--cells NAME ...]   # the drop-in reading per cell
-    python -m rpka rank-law predict --cells NAME        # the held-out cell's predicted r*
+    python -m rpka rank-law predict --cells NAME [--method M]  # the held-out cell's r*
     python -m rpka rank-law confirm --cells NAME --rank R  # RPKA, uniform trained at R, R/2
     python -m rpka rank-law index                       # the fit and rank_law.json
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from rpka.study.cost_longctx import price_lines, price_longctx
 from rpka.study.longctx import run_longctx
-from rpka.study.rank_law.dropin import cell_dropin
+from rpka.study.rank_law.dropin import METHODS, cell_dropin
 from rpka.study.rank_law.grid import (
     RANK_LAW_RESULTS,
     cell_config,
@@ -41,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cells", nargs="+", help="cell names (default: the grid)")
     parser.add_argument("--results", default=RANK_LAW_RESULTS, help="default %(default)s")
     parser.add_argument("--rank", type=int, help="confirm: the drop-in r* to train at")
+    parser.add_argument("--method", choices=METHODS, default="rpka",
+                        help="predict: whose r* the law predicts (default rpka)")  # fmt: skip
     parser.add_argument("--workers", type=int, default=1, help="training processes, 1-2")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -57,7 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.stage == "predict":
         if not args.cells or len(args.cells) != 1:
             parser.error("predict needs exactly one --cells NAME (the held-out cell)")
-        held_out = predict(args.results, args.cells[0])
+        try:
+            held_out = predict(args.results, args.cells[0], args.method)
+        except ValueError as err:
+            parser.error(str(err))
         print(f"{held_out['cell']}: predicted r* {held_out['predicted_r_star']:.1f}")
         return 0
     if args.stage == "confirm":
