@@ -127,7 +127,11 @@ def predict(results: str | Path, cell_name: str, method: str = "rpka") -> dict[s
     fit = fit_law(cell_rows(results, grid_cells()), method)
     predicted = predicted_r_star(fit, cell)
     if predicted is None:
-        raise ValueError(f"no fit for {method!r} yet: run the grid's drop-in first")
+        raise ValueError(
+            f"no fit for {method!r}: {len(fit['cells'])} grid cell(s) with an r*, "
+            f"{len(fit['censored'])} censored (a fit needs 2 with an r*; run the drop-in of "
+            "more cells, or predict another method with --method)"
+        )
     held_out = {"cell": cell.name, "method": method, "predicted_r_star": predicted,
                 "held_if": f"observed r* within a factor {HELD_FACTOR:g} of the prediction",
                 "fit": fit}  # fmt: skip
