@@ -58,7 +58,8 @@ def test_law_and_pivoting_words_follow_the_file(index):
     assert "RPKA better (the interval of P above 0.5) in 3" in sentence
     assert "p4-n512-d16-patterns" in sentence
     assert section.held_out_text(None).startswith("The held-out prediction has not been made")
-    held = {"cell": "p32-n1024-d16-noise", "predicted_r_star": 10.0, "observed_r_star": 16,
+    held = {"cell": "p32-n1024-d16-noise", "method": "rpka", "predicted_r_star": 10.0,
+            "observed_r_star": 16,
             "held": True, "held_if": "within a factor 2"}  # fmt: skip
     assert "**held**" in section.held_out_text(held)
     assert "**did not hold**" in section.held_out_text({**held, "held": False})

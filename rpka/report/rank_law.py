@@ -77,8 +77,9 @@ def held_out_text(held_out: Mapping[str, Any] | None) -> str:
     """The pre-registered prediction and its outcome."""
     if not held_out:
         return "The held-out prediction has not been made yet (docs/rank_law.md)."
-    head = (f"Held-out cell `{held_out['cell']}`: the grid's law predicted RPKA's r\\* = "
-            f"{held_out['predicted_r_star']:.0f} before the cell ran")  # fmt: skip
+    label = METHODS.get(held_out["method"], held_out["method"])
+    head = (f"Held-out cell `{held_out['cell']}`: the grid's law predicted r\\* = "
+            f"{held_out['predicted_r_star']:.0f} for {label} before the cell ran")  # fmt: skip
     if held_out["observed_r_star"] is None and held_out.get("censored_at"):
         word = "held" if held_out["held"] else "did not hold"
         return (f"{head}; observed: not reached up to rank {held_out['censored_at']}, so the "
