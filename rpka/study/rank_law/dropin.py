@@ -64,6 +64,7 @@ EFFECTIVE_RESIDUAL = 0.05  # effective rank: residual trace (or P's error) at mo
 SPECTRUM_ITEMS = 2  # test windows of seed 0 whose heads the effective rank reads
 EVAL_BATCH = 64
 DROPIN_FILE = "rank_dropin.json"
+WHAT = (__doc__ or "").split("\n\n")[0]  # the file's "what": this docstring's first paragraph
 METRIC = "mse"
 
 
@@ -165,13 +166,10 @@ def cell_dropin(
     bench_dir = Path(results) / cell.name / paths.longctx_context_dir(cell.n)
     report = read_json(bench_dir / BENCH_REPORT_FILE)
     learnable = bool(report["learnability"]["met"])
-    if (
-        require_learnable and not learnable
-    ):  # no gap to recover: the cell is reported, not read (docs/rank_law.md)
-        result = {"what": (__doc__ or "").split("\n\n")[0], **describe(cell),
-                  "learnable": False, "learnability": report["learnability"], "rows": [],
-                  "r_star": {m: r_star([], m) for m in METHODS}, "pivoting": [],
-                  "effective_rank": []}  # fmt: skip
+    if require_learnable and not learnable:  # no gap to recover: reported, not read
+        result = {"what": WHAT, **describe(cell), "learnable": False,
+                  "learnability": report["learnability"], "rows": [], "pivoting": [],
+                  "r_star": {m: r_star([], m) for m in METHODS}, "effective_rank": []}  # fmt: skip
         write_result_json(cell_dir(cell, results) / DROPIN_FILE, result)
         return result
     run_file = bench_dir / "runs" / f"{report['arms']['exact']['run_ids'][0]}.json"
@@ -206,7 +204,7 @@ def cell_dropin(
                 break
     model = swapped_model(run_config, state, "exact", 1, torch.float64)
     result = {
-        "what": (__doc__ or "").split("\n\n")[0],
+        "what": WHAT,
         **describe(cell),
         "run_file": str(run_file),
         "seeds": seeds,
