@@ -15,14 +15,10 @@ import torch
 
 from rpka import paths
 from rpka.config.presets_tracks import MEAN_CONTROL
-from rpka.io import read_json, read_run_file
 from rpka.study.dropin import swapped_model
-from rpka.study.rank_law.dropin import EVAL_BATCH, METRIC, per_seed
-from rpka.study.rank_law.grid import cell_dir, parse_cell
-from rpka.tracks import get_task
-from rpka.training.seed_data import run_splits
-from rpka.training.train import evaluate, track_config_of
-from rpka.training.trained import load_run_state
+from rpka.study.rank_law.dropin import EVAL_BATCH, METRIC, per_seed, trained_cell
+from rpka.study.rank_law.grid import parse_cell
+from rpka.training.train import evaluate
 from rpka.verdict.frontier import per_seed_gap
 
 
@@ -32,23 +28,15 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--results", default=paths.RANK_LAW_RESULTS)
     args = parser.parse_args()
-    cell = parse_cell(args.cell)
-    bench_dir = cell_dir(cell, args.results) / paths.longctx_context_dir(cell.n)
-    report = read_json(bench_dir / paths.BENCH_REPORT_FILE)
-    run_file = bench_dir / "runs" / f"{report['arms']['exact']['run_ids'][0]}.json"
-    run = read_run_file(run_file)
-    run_config = {**run["config"], "device": "cpu"}
-    state = load_run_state(run_file, run)
-    task = get_task(report["track"])
-    x, y = run_splits(run_config, task, track_config_of(run_config))["test"]
-    control = per_seed(report, MEAN_CONTROL.name, run["seeds"])
+    trained = trained_cell(parse_cell(args.cell), args.results)
+    control = per_seed(trained.report, MEAN_CONTROL.name, trained.seeds)
     for dtype in (torch.float32, torch.float64):
 
         def score(method: str, rank: int, dtype: torch.dtype = dtype) -> list[float]:
-            model = swapped_model(run_config, state, method, rank, dtype,
+            model = swapped_model(trained.run_config, trained.state, method, rank, dtype,
                                   pivot_method="accelerated")  # fmt: skip
-            inputs, targets = x.to(dtype), y.to(dtype)
-            return evaluate(model, task, inputs, targets, EVAL_BATCH, per_member=True)[
+            inputs, targets = trained.x.to(dtype), trained.y.to(dtype)
+            return evaluate(model, trained.task, inputs, targets, EVAL_BATCH, per_member=True)[
                 METRIC
             ].tolist()
 

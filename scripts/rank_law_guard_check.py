@@ -19,13 +19,9 @@ import torch
 
 from rpka import paths
 from rpka.attention import build
-from rpka.io import read_json, read_run_file
 from rpka.study.dropin import swapped_model
-from rpka.study.rank_law.grid import cell_dir, parse_cell
-from rpka.tracks import get_task
-from rpka.training.seed_data import run_splits
-from rpka.training.train import track_config_of
-from rpka.training.trained import load_run_state
+from rpka.study.rank_law.dropin import trained_cell
+from rpka.study.rank_law.grid import parse_cell
 
 METHODS = ("rpka", "nystrom-uniform")
 
@@ -39,19 +35,14 @@ def main() -> None:
     parser.add_argument("--results", default=paths.RANK_LAW_RESULTS)
     args = parser.parse_args()
     cell = parse_cell(args.cell)
-    bench_dir = cell_dir(cell, args.results) / paths.longctx_context_dir(cell.n)
-    report = read_json(bench_dir / paths.BENCH_REPORT_FILE)
-    run_file = bench_dir / "runs" / f"{report['arms']['exact']['run_ids'][0]}.json"
-    run = read_run_file(run_file)
-    run_config = {**run["config"], "device": "cpu"}
-    model = swapped_model(run_config, load_run_state(run_file, run), "exact", 1, torch.float32)
-    x, _ = run_splits(run_config, get_task(report["track"]), track_config_of(run_config))["test"]
+    trained = trained_cell(cell, args.results)
+    model = swapped_model(trained.run_config, trained.state, "exact", 1, torch.float32)
     with torch.no_grad():
-        q, k, v = model.attention_inputs(x[:, : args.windows])[0]
+        q, k, v = model.attention_inputs(trained.x[:, : args.windows])[0]
     member = slice(args.seed_index * args.windows, (args.seed_index + 1) * args.windows)
     q, k, v = q[member], k[member], v[member]
     logits = q.double() @ k.double().transpose(-1, -2) / q.shape[-1] ** 0.5
-    print(f"{cell.name} seed {run['seeds'][args.seed_index]}: logit sd {float(logits.std()):.2f}")
+    print(f"{cell.name} seed {trained.seeds[args.seed_index]}: logit sd {float(logits.std()):.2f}")
     exact = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
     for rank in args.ranks:
         for method in METHODS:

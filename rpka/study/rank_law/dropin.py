@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,50 @@ def per_seed(report: dict[str, Any], arm: str, seeds: list[int]) -> list[float]:
     return [by_seed[s] for s in seeds]
 
 
+@dataclass(frozen=True)
+class TrainedCell:
+    """A cell's exact model, as its bench trained it: the bench report, exact's evaluation
+    run (every grid seed, stacked) with its configuration and checked weights, the task
+    and each seed's own test split x, y (S, N, ...)."""
+
+    report: dict[str, Any]
+    run_file: Path
+    run: dict[str, Any]
+    run_config: dict[str, Any]
+    state: dict[str, Tensor]
+    task: Any
+    x: Tensor
+    y: Tensor
+
+    @property
+    def seeds(self) -> list[int]:
+        return self.run["seeds"]
+
+
+def bench_report_of(cell: Cell, results: str | Path) -> dict[str, Any]:
+    """The cell's bench report (``<cell dir>/longctx/context-<n>/bench_report.json``)."""
+    return read_json(
+        cell_dir(cell, results) / paths.longctx_context_dir(cell.n) / BENCH_REPORT_FILE
+    )
+
+
+def trained_cell(
+    cell: Cell, results: str | Path, report: dict[str, Any] | None = None
+) -> TrainedCell:
+    """The :class:`TrainedCell` of ``cell`` (weights retrained from the committed run file
+    where they are missing, ``rpka.bench.jobs.ensure_weights``)."""
+    report = report or bench_report_of(cell, results)
+    bench_dir = cell_dir(cell, results) / paths.longctx_context_dir(cell.n)
+    run_file = bench_dir / "runs" / f"{report['arms']['exact']['run_ids'][0]}.json"
+    run = read_run_file(run_file)
+    run_config = {**run["config"], "device": "cpu"}
+    ensure_weights(run_file, run_config.get("data_dir") or str(resolve(DEFAULT_DATA_DIR)))
+    task = get_task(report["track"])
+    x, y = run_splits(run_config, task, track_config_of(run_config))["test"]
+    return TrainedCell(report, run_file, run, run_config, load_run_state(run_file, run), task,
+                       x, y)  # fmt: skip
+
+
 def cell_dropin(
     cell: Cell,
     results: str | Path,
@@ -163,8 +208,7 @@ def cell_dropin(
     """The drop-in reading of ``cell`` (module docstring), written and returned; a cell
     whose exact model fails the learnability bar is only recorded as such, unless
     ``require_learnable`` is off."""
-    bench_dir = Path(results) / cell.name / paths.longctx_context_dir(cell.n)
-    report = read_json(bench_dir / BENCH_REPORT_FILE)
+    report = bench_report_of(cell, results)
     learnable = bool(report["learnability"]["met"])
     if require_learnable and not learnable:  # no gap to recover: reported, not read
         result = {"what": WHAT, **describe(cell), "learnable": False,
@@ -172,20 +216,15 @@ def cell_dropin(
                   "r_star": {m: r_star([], m) for m in METHODS}, "effective_rank": []}  # fmt: skip
         write_result_json(cell_dir(cell, results) / DROPIN_FILE, result)
         return result
-    run_file = bench_dir / "runs" / f"{report['arms']['exact']['run_ids'][0]}.json"
-    run = read_run_file(run_file)
-    run_config = {**run["config"], "device": "cpu"}
-    ensure_weights(run_file, run_config.get("data_dir") or str(resolve(DEFAULT_DATA_DIR)))
-    state = load_run_state(run_file, run)
-    task = get_task(report["track"])
-    x, y = run_splits(run_config, task, track_config_of(run_config))["test"]
-    seeds = run["seeds"]
+    trained = trained_cell(cell, results, report)
+    seeds = trained.seeds
     control_scores = per_seed(report, MEAN_CONTROL.name, seeds)
 
     def score(method: str, rank: int) -> list[float]:
-        model = swapped_model(run_config, state, method, rank, torch.float32,
+        model = swapped_model(trained.run_config, trained.state, method, rank, torch.float32,
                               pivot_method=pivot_method(cell.n, rank))  # fmt: skip
-        return evaluate(model, task, x, y, EVAL_BATCH, per_member=True)[METRIC].tolist()
+        return evaluate(model, trained.task, trained.x, trained.y, EVAL_BATCH,
+                        per_member=True)[METRIC].tolist()  # fmt: skip
 
     exact = score("exact", 1)
     rows = []
@@ -202,11 +241,11 @@ def cell_dropin(
                 log(f"{cell.name} {method} r{rank}: g {np.round(g, 3).tolist()}")
             if reached(g):
                 break
-    model = swapped_model(run_config, state, "exact", 1, torch.float64)
+    model = swapped_model(trained.run_config, trained.state, "exact", 1, torch.float64)
     result = {
         "what": WHAT,
         **describe(cell),
-        "run_file": str(run_file),
+        "run_file": str(trained.run_file),
         "seeds": seeds,
         "margin_gap": MARGIN_GAP,
         "exact": exact,
@@ -216,7 +255,7 @@ def cell_dropin(
         "rows": rows,
         "r_star": {m: r_star(rows, m) for m in METHODS},
         "pivoting": pivoting(rows),
-        "effective_rank": model_effective_ranks(model, x),
+        "effective_rank": model_effective_ranks(model, trained.x),
     }
     write_result_json(cell_dir(cell, results) / DROPIN_FILE, result)
     return result

@@ -50,12 +50,12 @@ def cell_rows(results: str | Path, cells: list[Cell]) -> list[dict[str, Any]]:
         gap_by_rank = {m: {str(r["rank"]): r["gap"]["mean"] for r in dropin["rows"]
                            if r["method"] == m} for m in METHODS}  # fmt: skip
         heads = dropin["effective_rank"] or [{"kernel": None, "attention": None}]
+        stars = {m: r_star(dropin["rows"], m) for m in METHODS}
         rows.append({
             **describe(cell),
             "learnable": dropin["learnable"],
-            "r_star_dropin": {m: r_star(dropin["rows"], m)["every_seed"] for m in METHODS},
-            "r_star_mean_rule": {m: r_star(dropin["rows"], m)["mean_non_inferior"]
-                                 for m in METHODS},
+            "r_star_dropin": {m: stars[m]["every_seed"] for m in METHODS},
+            "r_star_mean_rule": {m: stars[m]["mean_non_inferior"] for m in METHODS},
             "gap_by_rank": gap_by_rank,
             "effective_rank": {key: max((h[key] for h in heads if h[key] is not None),
                                         default=None) for key in ("kernel", "attention")},
