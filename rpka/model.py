@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rpka.attention import build
+from rpka.attention import build, options_of
 from rpka.attention.rpka import new_batch, share_pivot_cache
 from rpka.checks import is_int, is_number, require
 
@@ -142,6 +142,9 @@ class ModelConfig:
 # standard deviation of the initial positional embeddings (GPT-2 style; the output head's is
 # ModelConfig.head_init_std)
 INIT_STD = 0.02
+# The attention numerics every committed study ran at: the float64 inference key side (the
+# op's default "auto" is faster, equal up to float32 round-off; docs/numerics.md).
+STUDY_NUMERICS = {"key_precision": "float64"}
 
 
 def init_ensemble(module: nn.Module, seeds: list[int]) -> None:
@@ -245,7 +248,10 @@ class Block(nn.Module):
         self.causal = causal
         self.norm_attn = EnsembleLayerNorm(n_members, d_model)
         self.qkv = EnsembleLinear(n_members, d_model, 3 * d_model)
-        self.attention = build(method, causal=causal, check_inputs=False, **(options or {}))
+        pinned = {k: v for k, v in STUDY_NUMERICS.items() if k in options_of(method)}
+        self.attention = build(
+            method, causal=causal, check_inputs=False, **{**pinned, **(options or {})}
+        )
         self.proj = EnsembleLinear(n_members, d_model, d_model)
         self.norm_mlp = EnsembleLayerNorm(n_members, d_model)
         self.mlp_in = EnsembleLinear(n_members, d_model, d_ff)

@@ -207,13 +207,86 @@ def test_inference_chunks_are_bitwise_the_old_single_chunk(monkeypatch, dtype):
     q, k, v = (torch.randn(2, 4, n, 64, generator=g, dtype=dtype) for _ in range(3))
 
     def forward() -> torch.Tensor:
-        attn = build("rpka", rank=rank, generator=torch.Generator().manual_seed(11))
+        attn = build(
+            "rpka", rank=rank, generator=torch.Generator().manual_seed(11), key_precision="float64"
+        )
         with torch.no_grad():
             return attn(q, k, v)
 
     new = forward()
     monkeypatch.setitem(pivot_state.STREAM_BYTES, "cpu", FAST.chunk_bytes)
     assert torch.equal(forward(), new)
+
+
+def _duplicated_keys(std: float, seed: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v (1, 2, 48, 16) float32 with logit std ``std``, each key (and value) repeated
+    4 times: 12 distinct keys, so rank 60 of the 96 joint points spans every point and the
+    estimator (not the full-rank exact path) is exact in exact arithmetic."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 2, 48, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    k, v = (x[..., :12, :].repeat_interleave(4, -2) for x in (k, v))
+    return tuple(x.float() for x in (q * std**0.5, k * std**0.5, v))
+
+
+@pytest.mark.parametrize("std", [1.0, 4.0, 25.0, 36.0])
+@pytest.mark.parametrize("key_precision", ["auto", "float64"])
+def test_the_key_side_in_float32_keeps_exactness_where_the_logits_allow(std, key_precision):
+    """Issue 39: ``key_precision="auto"`` keeps the inference key side in float32 while the
+    logit references stay within KEY_LOGIT_LIMIT and widens past it. Forced to float32
+    these inputs read 4e-4 (std 25) and 1e-1 (std 36) relative error against the float64
+    softmax; both precisions must stay at float32 round-off here."""
+    q, k, v = _duplicated_keys(std, seed=1)
+    ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 4, -1) @ v.double()
+    attn = build("rpka", rank=60, generator=torch.Generator().manual_seed(1),
+                 key_precision=key_precision)  # fmt: skip
+    with torch.no_grad():
+        out = attn(q, k, v)
+    assert float((out.double() - ref).norm() / ref.norm()) < 5e-6
+
+
+def test_auto_key_precision_computes_moderate_logits_in_float32(monkeypatch):
+    """The fast path is taken where it is safe (and only there), and it reads as float64's
+    estimate up to float32 round-off."""
+    from rpka.attention import nystrom
+
+    taken = []
+    original = nystrom._streamed_key_moments
+    def spy(*args):  # noqa: E306
+        taken.append(args[-1])
+        return original(*args)
+    monkeypatch.setattr(nystrom, "_streamed_key_moments", spy)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 512, 32, generator=g) for _ in range(3))
+    outs = {}
+    for precision in ("auto", "float64"):
+        attn = build("rpka", rank=32, generator=torch.Generator().manual_seed(4),
+                     key_precision=precision)  # fmt: skip
+        with torch.no_grad():
+            outs[precision] = attn(q, k, v)
+    assert taken == [torch.float32, torch.float64]
+    torch.testing.assert_close(outs["auto"], outs["float64"], rtol=1e-5, atol=1e-5)
+    taken.clear()
+    q36, k36, v36 = _duplicated_keys(36.0, seed=1)
+    with torch.no_grad():
+        build("rpka", rank=60, generator=torch.Generator().manual_seed(1))(q36, k36, v36)
+    assert taken[-1] == torch.float64  # sharp: widened
+
+
+def test_bad_key_precision_is_refused_naming_the_option():
+    with pytest.raises(ValueError, match="key_precision must be one of"):
+        build("rpka", key_precision="float16")
+
+
+def test_models_run_the_numerics_the_committed_studies_ran():
+    """rpka.model pins the float64 key side (STUDY_NUMERICS) for every method that has it."""
+    from rpka.model import ModelConfig, TransformerTiny
+
+    config = ModelConfig(d_model=8, n_layers=1, n_heads=1, d_ff=16)
+    for method in ("rpka", "nystrom-uniform"):
+        model = TransformerTiny(config, 40, 6, [3], method=method, options={"rank": 4})
+        assert {m.key_precision for m in model.modules() if hasattr(m, "key_precision")} == {
+            "float64"
+        }
 
 
 def test_finite_inputs_whose_sum_overflows_are_accepted():

@@ -25,6 +25,15 @@ from rpka.attention.rpcholesky import gaussian_kernel, half_sq_norms
 # dtype: see key_moments; the readout stays in the compute dtype (float32 or float64)
 CORE_DTYPE = torch.float64
 SIZE_FLOOR = torch.finfo(CORE_DTYPE).tiny ** 0.5  # ~1e-154 (see solve_core)
+# Inference key side (nystrom_softmax_chunked): "float64" always widens the keys (the
+# reference, and what every committed study ran); "auto" keeps them in the float32 compute
+# dtype while every key-side logit reference |rho_s| stays within KEY_LOGIT_LIMIT nats and
+# widens otherwise. Duplicated keys at logit std 1-16 (|rho| <= 55): float32 keys 3e-7 to
+# 7e-7 relative error, float64 keys 2e-7 to 4e-7; std 25 and 36 (|rho| 85-124): float32
+# 1e-6 to 1e-1, float64 <= 1e-6 (docs/numerics.md, "The key side in float32"). The limit
+# sits below the first failure by a factor 2.5.
+KEY_PRECISIONS = ("auto", "float64")
+KEY_LOGIT_LIMIT = 32.0
 
 
 def gather_points(points: Tensor, index: Tensor) -> Tensor:
@@ -300,6 +309,7 @@ def nystrom_softmax_chunked(
     k_scale: float | Tensor,
     key_shift: Tensor,
     den_floor: float = 1e-6,
+    key_precision: str = "float64",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """:func:`nystrom_softmax` for inference: chunked, on the selection's landmarks.
 
@@ -317,6 +327,9 @@ def nystrom_softmax_chunked(
         q_scale, k_scale: the scales of queries and keys, numbers or (B, H, 1, 1) tensors
             (``d^{-1/4}`` times the q/k balance of :func:`rpka.attention.frame.balanced_frame`);
         key_shift: (B, H, 1, d) the mean of the scaled keys.
+        key_precision: ``"float64"`` (the key side widened, :func:`key_moments`) or
+            ``"auto"`` (in the compute dtype while the logits are moderate, see
+            :data:`KEY_LOGIT_LIMIT` and :func:`_key_dtype`).
 
     Returns:
         out (B, H, n, d_v) in q's dtype and the guard counts (as :func:`nystrom_softmax`).
@@ -327,12 +340,37 @@ def nystrom_softmax_chunked(
     shift = key_shift.to(compute).reshape(-1, 1, k.shape[-1])
     row_bytes = q.shape[0] * max(state.rank, d_v + 1, q.shape[-1]) * torch.finfo(compute).bits // 8
     q_scale, k_scale = _per_batch(q_scale, compute), _per_batch(k_scale, compute)
-    rho, moments = _streamed_key_moments(k, v, k_scale, shift, state, row_bytes)
+    key_dtype = _key_dtype(key_precision, state)
+    rho, moments = _streamed_key_moments(k, v, k_scale, shift, state, row_bytes, key_dtype)
+    if key_dtype != CORE_DTYPE and _largest_reference(rho) > KEY_LOGIT_LIMIT:  # sharp: widen
+        rho, moments = _streamed_key_moments(k, v, k_scale, shift, state, row_bytes, CORE_DTYPE)
     # the selection's float32 factor is off by ~1e-5 where rows of the core differ by many
     # orders of magnitude: the small r x r factor is redone in float64 (landmark_cholesky)
     core = solve_graded(rho.squeeze(-2), moments, state.landmarks, state.valid, compute)
     out, counts = _streamed_readout(q, q_scale, v, state, core, den_floor, row_bytes)
     return out.reshape(*batch_shape, n, d_v), counts
+
+
+def _key_dtype(key_precision: str, state: PivotState) -> torch.dtype:
+    """The dtype of the streamed key side: float64, or with ``"auto"`` the compute dtype
+    unless a landmark's size already shows logits past :data:`KEY_LOGIT_LIMIT`.
+
+    A key landmark ``s`` sees itself, ``rho_s >= s.s - |s|^2/2 = |s|^2/2``, so with a half
+    squared norm past the limit the float32 pass would be redone; a query landmark that
+    large is taken the same way (float64 is the reference, never the risk). Otherwise the
+    float32 pass runs and its references decide (:func:`_largest_reference`).
+    """
+    compute = state.landmarks.dtype
+    if key_precision == "float64" or compute == CORE_DTYPE:
+        return CORE_DTYPE
+    self_reference = state.landmarks.pow(2).sum(-1).div(2).masked_fill(~state.valid, 0)
+    return compute if bool((self_reference <= KEY_LOGIT_LIMIT).all()) else CORE_DTYPE
+
+
+def _largest_reference(rho: Tensor) -> float:
+    """``max_s |rho_s|`` over the valid landmarks (rho (B, 1, r), -inf where unused)."""
+    finite = rho[torch.isfinite(rho)]
+    return float(finite.abs().amax()) if finite.numel() else 0.0
 
 
 def _per_batch(scale: float | Tensor, compute: torch.dtype) -> float | Tensor:
@@ -352,28 +390,28 @@ def _streamed_key_moments(
     shift: Tensor,
     state: PivotState,
     row_bytes: int,
+    core_dtype: torch.dtype = CORE_DTYPE,
 ) -> tuple[Tensor, Tensor]:
     """:func:`key_moments` of the keys k (B, m, d), v (B, m, d_v) streamed in chunks.
 
     ``moments = g(Z_S, K~) [w v, w] = exp(s.k - |s|^2/2) [v, 1]`` against a running maximum
     ``rho`` per landmark, rescaled as in online softmax. Returns rho (B, 1, r) and moments
-    (B, r, d_v + 1), in float64 (``CORE_DTYPE``).
+    (B, r, d_v + 1), in ``core_dtype`` (float64, or the compute dtype: :func:`_key_dtype`).
     """
     compute, rank, d_v = state.landmarks.dtype, state.rank, v.shape[-1]
-    core_dtype = CORE_DTYPE
     moments = k.new_zeros(k.shape[0], rank, d_v + 1, dtype=core_dtype)
     rho = k.new_full((k.shape[0], 1, rank), float("-inf"), dtype=core_dtype)
-    lm64 = state.landmarks.to(core_dtype)
-    lm64_half_sq = half_sq_norms(lm64, state.valid)  # not the rounded float32 norms
+    lm_wide = state.landmarks.to(core_dtype)
+    lm_wide_half_sq = half_sq_norms(lm_wide, state.valid)  # not the rounded float32 norms
     key_row_bytes = row_bytes * torch.finfo(core_dtype).bits // torch.finfo(compute).bits
     # float64 keys summed in other chunks move a float64 estimate by ~1e-15 (the online
     # rescale and the sum order); rounded to a float32 core they did not move at all
     # (tests/test_attention.py): small chunks only where the output stays bitwise the same
     budget = inference_chunk_bytes(k.device) if compute == torch.float32 else None
     for start, stop in chunk_bounds(k.shape[-2], key_row_bytes, budget):
-        # the same compute-dtype points the landmarks were taken from, then widened
+        # the same compute-dtype points the landmarks were taken from, then widened (if so)
         k_c = _scaled_copy(k[:, start:stop], k_scale, compute).sub_(shift).to(core_dtype)
-        logits = torch.baddbmm(-lm64_half_sq, k_c, lm64.transpose(-1, -2))  # (B, c, r)
+        logits = torch.baddbmm(-lm_wide_half_sq, k_c, lm_wide.transpose(-1, -2))  # (B, c, r)
         new_rho = finite_or_zero(torch.maximum(rho, logits.amax(-2, keepdim=True)))
         terms = logits.sub_(new_rho).exp_()
         v1 = torch.empty(*terms.shape[:-1], d_v + 1, dtype=core_dtype, device=k.device)

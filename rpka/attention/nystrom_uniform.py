@@ -35,6 +35,7 @@ class NystromUniformAttention(RPKAttention):
         rank: number of landmarks r >= 1; capped at the 2n joint points (then exact).
         den_floor: relative denominator floor, in (0, 1).
         generator: optional ``torch.Generator`` for the landmark draws.
+        key_precision: the inference key side, as RPKA's (``"auto"`` or ``"float64"``).
     """
 
     name = "nystrom-uniform"
@@ -46,6 +47,7 @@ class NystromUniformAttention(RPKAttention):
         generator: torch.Generator | None = None,
         causal: bool = False,
         check_inputs: bool = True,
+        key_precision: str = "auto",
     ) -> None:
         reject_causal(self.name, causal)
         super().__init__(
@@ -57,4 +59,5 @@ class NystromUniformAttention(RPKAttention):
             generator=generator,
             causal=causal,
             check_inputs=check_inputs,
+            key_precision=key_precision,
         )

@@ -47,6 +47,13 @@ def check_generator(value: object) -> torch.Generator | None:
     return value
 
 
+def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
+    """``value`` must be one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
 def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")

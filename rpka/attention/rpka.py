@@ -21,8 +21,8 @@ sequence is ever held. The plain one-pivot-per-step loop stays available
 Numerics (issue 13, docs/numerics.md). The key weight ``w_j`` and the kernel ``g`` are
 never exponentiated apart: the core carries one log scale per landmark, folded into the
 readout logits before their row maximum, and the key side (moments and the r x (d + 1)
-solve) runs in float64, so full rank is exact in float32 up to logit standard deviations
-of ~36.
+solve) runs in float64 - on the inference path only where the logits are sharp enough to
+need it (``key_precision``, docs/numerics.md "The key side in float32").
 
 The approximation is not entrywise positive, so three guards keep the output sane, and the
 module counts how often each fired in its last call (``guard_counts``, and as shares of
@@ -62,6 +62,7 @@ from rpka.attention.accelerated import RESIDUAL_SOLVES, accelerated_pivots, chec
 from rpka.attention.base import AttentionMethod
 from rpka.attention.frame import KEYS_RATIO, Frame, balanced_frame
 from rpka.attention.nystrom import (
+    KEY_PRECISIONS,
     estimate_unless_keys_covered,
     exact_with_counts,
     gather_points,
@@ -69,7 +70,7 @@ from rpka.attention.nystrom import (
     nystrom_softmax,
     nystrom_softmax_chunked,
 )
-from rpka.attention.options import check_generator, check_open_unit
+from rpka.attention.options import check_choice, check_generator, check_open_unit
 from rpka.attention.pivot_state import PivotState, PointSet
 from rpka.attention.rpcholesky import (
     PIVOT_BACKENDS,
@@ -92,6 +93,7 @@ IMPLEMENTATION_OPTIONS = (
     "grad_path",
     "residual_solve",
     "pivot_backend",
+    "key_precision",
 )
 
 
@@ -184,6 +186,12 @@ class RPKAttention(AttentionMethod):
             torch loop on CUDA), ``"numba"`` or ``"torch"`` (the reference). The same
             Gumbel noise from ``generator`` feeds both, so the pivots are the same numbers
             (docs/speed.md, "Compiled pivot loop").
+        key_precision: the inference path's key side (moments ``G_SK [w v, w]``):
+            ``"auto"`` (default: in the float32 compute dtype while every logit reference
+            stays within ``KEY_LOGIT_LIMIT`` nats, widened to float64 past it - sharp
+            attention) or ``"float64"`` (always widened: the reference, and the numerics
+            every committed study ran; ``rpka.model`` pins it). The training path and
+            float64 inputs are unaffected (docs/numerics.md, "The key side in float32").
 
     Without gradients (inference) the accelerated path never materialises the joint set
     or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
@@ -214,28 +222,23 @@ class RPKAttention(AttentionMethod):
         residual_solve: str = "triangular",
         qk_balance: bool = True,
         pivot_backend: str = "auto",
+        key_precision: str = "auto",
     ) -> None:
         super().__init__(causal=causal, check_inputs=check_inputs)
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
             raise ValueError(f"rank must be a positive integer, got {rank!r}")
-        if pivot_rule not in PIVOT_RULES:
-            raise ValueError(f"pivot_rule must be one of {PIVOT_RULES}, got {pivot_rule!r}")
-        if pivot_set not in PIVOT_SETS:
-            raise ValueError(f"pivot_set must be one of {PIVOT_SETS}, got {pivot_set!r}")
+        check_choice("pivot_rule", pivot_rule, PIVOT_RULES)
+        check_choice("pivot_set", pivot_set, PIVOT_SETS)
         weighting_power(weighting, tempering)  # validates the weighting
         tempering = check_open_unit("tempering", tempering)
         den_floor = check_open_unit("den_floor", den_floor)
         check_generator(generator)
-        if pivot_method not in SELECTION_METHODS:
-            raise ValueError(
-                f"pivot_method must be one of {SELECTION_METHODS}, got {pivot_method!r}"
-            )
+        check_choice("pivot_method", pivot_method, SELECTION_METHODS)
         method = pivot_method
         if method == "auto":
             method = "plain" if pivot_rule == "greedy" else "accelerated"
         check_fast_options(method, pivot_rule, block_size, refresh)
-        if pivot_refresh not in PIVOT_REFRESH:
-            raise ValueError(f"pivot_refresh must be one of {PIVOT_REFRESH}, got {pivot_refresh!r}")
+        check_choice("pivot_refresh", pivot_refresh, PIVOT_REFRESH)
         if pivot_refresh != "call" and causal:
             raise ValueError(
                 "pivot_refresh='batch' is not supported with causal=True (the causal path "
@@ -243,19 +246,13 @@ class RPKAttention(AttentionMethod):
             )
         if not isinstance(causal_block, int) or isinstance(causal_block, bool) or causal_block < 1:
             raise ValueError(f"causal_block must be a positive integer, got {causal_block!r}")
-        if grad_path not in GRAD_PATHS:
-            raise ValueError(f"grad_path must be one of {GRAD_PATHS}, got {grad_path!r}")
-        if residual_solve not in RESIDUAL_SOLVES:
-            raise ValueError(
-                f"residual_solve must be one of {RESIDUAL_SOLVES}, got {residual_solve!r}"
-            )
+        check_choice("grad_path", grad_path, GRAD_PATHS)
+        check_choice("residual_solve", residual_solve, RESIDUAL_SOLVES)
         if not isinstance(qk_balance, bool):
             raise ValueError(f"qk_balance must be True or False, got {qk_balance!r}")
-        if pivot_backend not in PIVOT_BACKENDS:
-            raise ValueError(
-                f"pivot_backend must be one of {PIVOT_BACKENDS}, got {pivot_backend!r}"
-            )
+        check_choice("pivot_backend", pivot_backend, PIVOT_BACKENDS)
         resolve_backend(pivot_backend, torch.device("cpu"))  # "numba" without numba: refused
+        self.key_precision = check_choice("key_precision", key_precision, KEY_PRECISIONS)
         self.pivot_backend = pivot_backend
         self.qk_balance = qk_balance
         self.residual_solve = residual_solve
@@ -324,7 +321,15 @@ class RPKAttention(AttentionMethod):
             state = self.select(self.point_set(q, k, frame))
             out, self._guards = estimate_unless_keys_covered(
                 lambda: nystrom_softmax_chunked(
-                    q, k, v, state, frame.q_scale, frame.k_scale, frame.key_shift, self.den_floor
+                    q,
+                    k,
+                    v,
+                    state,
+                    frame.q_scale,
+                    frame.k_scale,
+                    frame.key_shift,
+                    self.den_floor,
+                    self.key_precision,
                 ),
                 q,
                 k,

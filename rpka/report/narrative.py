@@ -203,26 +203,31 @@ def step_times(report: Mapping) -> str:
     )
 
 
+def forward_time_key(scaling: Mapping) -> str:
+    """The forward time a scaling JSON's ratios are read from: the interleaved CPU time
+    (``forward_cpu_ms``) where every row has it, else the wall time (older files, GPUs)."""
+    rows = [r for r in scaling["rows"] if r.get("forward_ms")]
+    return "forward_cpu_ms" if rows and all(r.get("forward_cpu_ms") for r in rows) else "forward_ms"
+
+
 def scaling_summary(scaling: Mapping, rank: int = 64) -> str:
     """Forward latency of rpka at ``rank`` against exact, per length, from a scaling JSON."""
-    rows = scaling["rows"]
-    exact = {r["n"]: r for r in rows if r["method"] == "exact" and r.get("forward_ms")}
+    rows, key = scaling["rows"], forward_time_key(scaling)
+    exact = {r["n"]: r for r in rows if r["method"] == "exact" and r.get(key)}
     ours = {
-        r["n"]: r
-        for r in rows
-        if r["method"] == "rpka" and r.get("rank") == rank and r.get("forward_ms")
+        r["n"]: r for r in rows if r["method"] == "rpka" and r.get("rank") == rank and r.get(key)
     }
     lengths = sorted(set(exact) & set(ours))
     if not lengths:
         return f"No rpka r={rank} forward measurements in this file."
     cells = ", ".join(
-        f"n={n}: {ours[n]['forward_ms']:.1f} vs {exact[n]['forward_ms']:.1f} ms "
-        f"({exact[n]['forward_ms'] / ours[n]['forward_ms']:.1f}×)"
+        f"n={n}: {ours[n][key]:.1f} vs {exact[n][key]:.1f} ms ({exact[n][key] / ours[n][key]:.1f}×)"
         for n in lengths
     )
+    measure = "CPU time, arms interleaved" if key == "forward_cpu_ms" else "wall time"
     return (
-        f"On {scaling['device']} ({scaling.get('shapes', '')}, {scaling.get('dtype', '')}), "
-        f"rpka r={rank} forward against exact: {cells}."
+        f"On {scaling['device']} ({scaling.get('shapes', '')}, {scaling.get('dtype', '')}; "
+        f"{measure}), rpka r={rank} forward against exact: {cells}."
     )
 
 

@@ -31,18 +31,25 @@ from rpka.io import write_json
 
 MIN_REPEATS = 7
 CHECK_OFF = "check_inputs=False"
+STUDY_KEYS = 'key_precision="float64"'  # the key side every committed study ran (rpka.model)
 # the arms: (label, method, options); ranks from --ranks are added as rpka / nystrom-uniform
 BASE_ARMS: tuple[tuple[str, str, dict], ...] = (("exact", "exact", {}),)
 
 
-def arms_for(ranks: Sequence[int], check_off: bool) -> list[tuple[str, str, dict]]:
+def arms_for(
+    ranks: Sequence[int], check_off: bool, study_keys: bool = False
+) -> list[tuple[str, str, dict]]:
     """(label, method, options) of every arm: exact, RPKA and the uniform-landmark control
-    at each rank with default options, and RPKA without the input check if asked."""
+    at each rank with default options, and labelled RPKA rows if asked: without the input
+    check, and with the float64 key side of the committed studies."""
     arms = list(BASE_ARMS)
     for r in ranks:
         arms.append((f"rpka-r{r}", "rpka", {"rank": r}))
         if check_off:
             arms.append((f"rpka-r{r} ({CHECK_OFF})", "rpka", {"rank": r, "check_inputs": False}))
+        if study_keys:
+            study = {"rank": r, "key_precision": "float64"}
+            arms.append((f"rpka-r{r} ({STUDY_KEYS})", "rpka", study))
         arms.append((f"nystrom-uniform-r{r}", "rpka", {"rank": r, "pivot_rule": "uniform"}))
     return arms
 
@@ -51,13 +58,20 @@ def interleaved(
     calls: dict[str, Callable[[], object]], warmup: int, repeats: int
 ) -> dict[str, dict[str, list[float]]]:
     """``{label: {"wall_ms": [...], "cpu_ms": [...]}}``: each call timed once per repeat,
-    the labels in turn within a repeat, after ``warmup`` calls of each."""
+    the labels in turn within a repeat, after ``warmup`` calls of each.
+
+    Repeat i starts at the i-th label (a rotation), so no arm always runs right after the
+    same one: the arm after exact attention found the caches filled with exact's data and
+    read 10-30 % slower than when it ran later in the repeat (measured, one thread).
+    """
     for _ in range(warmup):
         for fn in calls.values():
             fn()
     times = {label: {"wall_ms": [], "cpu_ms": []} for label in calls}
-    for _ in range(repeats):
-        for label, fn in calls.items():
+    labels = list(calls)
+    for i in range(repeats):
+        for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
+            fn = calls[label]
             wall, cpu = time.perf_counter(), time.process_time()
             fn()
             times[label]["cpu_ms"].append((time.process_time() - cpu) * 1e3)
@@ -102,9 +116,9 @@ def measure_length(
 def run(args: argparse.Namespace) -> dict:
     """The whole sweep -> the result dict (written to ``args.out`` after each length)."""
     torch.set_num_threads(args.threads)
-    arms = arms_for(args.ranks, args.check_off)
+    arms = arms_for(args.ranks, args.check_off, args.study_keys)
     result = {
-        "harness": "rpka.scaling_timing (interleaved, CPU time beside wall time)",
+        "harness": "rpka.speed.timing (interleaved, CPU time beside wall time)",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "threads": torch.get_num_threads(),
         "numerics": numerics.record(),  # pinned or native kernels (rpka.numerics)
@@ -150,6 +164,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check-off", action="store_true", help=f"add an RPKA row with {CHECK_OFF}")
+    p.add_argument("--study-keys", action="store_true", help=f"add an RPKA row with {STUDY_KEYS}")
     p.add_argument("--out", required=True, help="the JSON written")
     return p
 
