@@ -100,7 +100,7 @@ STANDARD_PRESETS: dict[str, BenchConfig] = {
             n_val=1_000,
             n_test=1_000,
         ),  # fmt: skip
-        model=dataclasses.replace(_MOTIF_FULL.model, n_layers=1),
+        model=dataclasses.replace(_MOTIF_FULL.design.model, n_layers=1),
         train=TrainConfig(epochs=6, batch_size=64),  # 1,500 steps
     ),
     # 8 evaluation seeds, as in the full study: 6 could not reject with one seed against

@@ -153,7 +153,7 @@ LONGCTX_PRESETS: dict[str, LongContextConfig] = {
 # --------------------------------------------------------------------------- long range
 # Issue 27: a task whose answer lies far back (forecast-lookup: cue-payload pairs anywhere
 # but in the context's last min_distance steps, the query cue at the end), the local window
-# as a second control and the two-control gate (BenchConfig.gate_needs_local): the verdicts
+# as a second control and the two-control gate (DecisionRule.gate_needs_local): the verdicts
 # count only where exact beats both mean-attention and local-w128 by >= 25 % (one-sided
 # p < 0.05).
 LOCAL_WINDOW = 128  # the local control's window at long context (issue 27)
@@ -366,13 +366,22 @@ def with_arms(config: LongContextConfig, names: list[str] | tuple[str, ...]) -> 
     positive control stays only if named. Unknown names raise ``ValueError`` listing the
     study's arms."""
     bench = config.bench
-    known = [arm.name for arm in bench.arms]
+    known = [arm.name for arm in bench.design.arms]
     unknown = sorted(set(names) - set(known))
     require(not unknown, "arms", f"names among {known}", unknown)
-    needed = {bench.baseline_arm, bench.primary_arm, bench.control, bench.local_control}
+    needed = {
+        bench.decision.baseline_arm,
+        bench.decision.primary_arm,
+        bench.control,
+        bench.local_control,
+    }
     keep = (set(names) | needed) - {None}
-    positive = bench.positive_control_arm if bench.positive_control_arm in names else None
-    arms = tuple(arm for arm in bench.arms if arm.name in keep)
+    positive = (
+        bench.decision.positive_control_arm
+        if bench.decision.positive_control_arm in names
+        else None
+    )
+    arms = tuple(arm for arm in bench.design.arms if arm.name in keep)
     config = dataclasses.replace(
         config, bench=bench.replace(arms=arms, positive_control_arm=positive)
     )
