@@ -157,6 +157,10 @@ LONGCTX_PRESETS: dict[str, LongContextConfig] = {
 # count only where exact beats both mean-attention and local-w128 by >= 25 % (one-sided
 # p < 0.05).
 LOCAL_WINDOW = 128  # the local control's window at long context (issue 27)
+# The methods the long-range study's answer reads n* for (issue 40,
+# rpka.verdict.robustness.longrange_answer): RPKA against uniform landmarks, the question
+# the study asks - a design choice of the study, not metadata of the methods
+ANSWER_METHODS = ("rpka", "nystrom-uniform")
 # One pair (a fixed cue, a fresh payload) occurring 8 times, the fewest that learned; no pair
 # within the local window plus the embedding's reach on both sides, so a band of 128 tokens
 # ending at the last one reaches no payload step (lookup module docstring)
