@@ -325,7 +325,7 @@ def test_report_output_errors_cover_every_arm(smoke_study_report):
 
 
 def tiny_arm_latency(report):
-    base = dataclasses.replace(scaling_config.PRESETS["tiny"], warmup=0, repeats=1)
+    base = dataclasses.replace(scaling_config.SCALING_PRESETS["tiny"], warmup=0, repeats=1)
     bench_arms = BenchConfig.from_dict(report["config"]).design.arms
     config = scaling_config.bench_arms_config(bench_arms, 64, base)
     return scaling.forward_latency(scaling.run_scaling(config, progress=False), 64)
@@ -337,13 +337,13 @@ def test_scaling_times_any_registered_method_by_name(smoke_study_report):
     assert set(latency) == set(report["arms"])  # every arm, exact as the sweep's own row
     assert all(ms > 0 for ms in latency.values())
     bad = dataclasses.replace(
-        scaling_config.PRESETS["tiny"],
+        scaling_config.SCALING_PRESETS["tiny"],
         extra_arms=({"name": "p", "method": "performer", "options": {"x": 1}},),
     )
     with pytest.raises(ValueError, match="unknown option"):
         bad.validate()
     clash = dataclasses.replace(
-        scaling_config.PRESETS["tiny"], extra_arms=({"name": "rpka", "method": "rpka"},)
+        scaling_config.SCALING_PRESETS["tiny"], extra_arms=({"name": "rpka", "method": "rpka"},)
     )
     with pytest.raises(ValueError, match="extra_arms"):
         clash.validate()

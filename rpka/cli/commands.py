@@ -328,7 +328,7 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
         overrides["backward"] = False
     if args.no_memory:
         overrides["memory"] = False
-    config = scaling.PRESETS[args.preset]
+    config = scaling.SCALING_PRESETS[args.preset]
     default_out = scaling.DEFAULT_OUT[args.preset]
     try:
         if args.bench_preset is not None:

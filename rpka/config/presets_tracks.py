@@ -1,7 +1,8 @@
-"""Each track's named studies, as values of ``rpka.config.bench``'s dataclasses: ``PRESETS``
-(the forecast track: ``smoke`` for tests and CI, ``quick`` for a few minutes, ``full`` for
-the real study - the rank sweep, RPKA's ablations and the peers - ``quick-study``, the full
-study's arms at the quick size, and ``smoke-study``, its structure in miniature for tests),
+"""Each track's named studies, as values of ``rpka.config.bench``'s dataclasses:
+``FORECAST_PRESETS`` (the forecast track: ``smoke`` for tests and CI, ``quick`` for a few
+minutes, ``full`` for the real study - the rank sweep, RPKA's ablations and the peers -
+``quick-study``, the full study's arms at the quick size, and ``smoke-study``, its
+structure in miniature for tests),
 ``LM_PRESETS`` (``smoke`` / ``quick`` / ``full`` of the ``lm`` track) and
 ``MOTIF_PRESETS``, ``REGIMES_PRESETS``, ``REAL_PRESETS`` and ``RECALL_PRESETS``: the
 ``smoke`` (seconds, for tests), ``quick`` (previews), ``gate`` (the attention gate alone)
@@ -179,7 +180,7 @@ def _quick_study() -> BenchConfig:
     )
 
 
-PRESETS: dict[str, BenchConfig] = {
+FORECAST_PRESETS: dict[str, BenchConfig] = {
     "smoke": _smoke(),
     "smoke-study": _smoke_study(),
     "quick": _quick(),

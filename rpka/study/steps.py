@@ -248,7 +248,7 @@ def _study_steps(
         (
             "scaling (CPU)",
             lambda: resume_or_run_scaling(
-                scaling_config.PRESETS[SCALING_PRESET[preset]],
+                scaling_config.SCALING_PRESETS[SCALING_PRESET[preset]],
                 resolve(paths.scaling_cpu_json(preset)),
                 progress=progress,
                 preset=SCALING_PRESET[preset],
