@@ -48,12 +48,12 @@ def probe_bench(args: argparse.Namespace):
     ``rpka.training.curriculum``)."""
     bench = LONGCTX_PRESETS[args.preset].bench
     task = bench.task
-    track = dataclasses.replace(bench.track, **json.loads(args.track))
+    track = dataclasses.replace(bench.design.track, **json.loads(args.track))
     windows = (args.train_windows, args.eval_windows)
     sized = task.at_context(track, args.context, *windows)
     warm = task.at_context(track, args.warm_start_from, *windows) if args.warm_start_from else None
-    model = dataclasses.replace(bench.model, **json.loads(args.model))
-    train = dataclasses.replace(bench.train, **json.loads(args.train))
+    model = dataclasses.replace(bench.design.model, **json.loads(args.model))
+    train = dataclasses.replace(bench.design.train, **json.loads(args.train))
     return bench.replace(track=sized, model=model, train=train, warm_start_track=warm)
 
 
@@ -61,8 +61,8 @@ def learn(args: argparse.Namespace) -> None:
     bench = probe_bench(args)
     bench.validate()
     task = bench.task
-    naive = task.naive_baselines(task.load(bench.track, DATA_DIR))["forecasts"]
-    print(f"track {bench.track}\nmodel {bench.model}\ntrain {bench.train}")
+    naive = task.naive_baselines(task.load(bench.design.track, DATA_DIR))["forecasts"]
+    print(f"track {bench.design.track}\nmodel {bench.design.model}\ntrain {bench.design.train}")
     print("naive test MSE:", {k: round(v["test"]["mse"], 3) for k, v in naive.items()})
     for name in args.arms:
         run_config = make_run_config(bench, bench.arm(name), args.lr, args.seeds, "test", DATA_DIR)
@@ -84,15 +84,15 @@ def learn(args: argparse.Namespace) -> None:
 def step_time(preset: str) -> None:
     """CPU seconds of one training step (1 seed, one batch, Adam), best of 3 after a warm-up."""
     config = LONGCTX_PRESETS[preset]
-    batch = config.bench.train.batch_size
+    batch = config.bench.design.train.batch_size
     for context in config.contexts:
         bench = config.bench_for(context)
-        for arm in bench.arms:
-            run_config = make_run_config(bench, arm, bench.learning_rates[0], [100], "test")
+        for arm in bench.design.arms:
+            run_config = make_run_config(bench, arm, bench.design.learning_rates[0], [100], "test")
             model = build_model(run_config, track_config_of(run_config), torch.device("cpu"))
-            optimizer = torch.optim.Adam(model.parameters(), bench.learning_rates[0])
+            optimizer = torch.optim.Adam(model.parameters(), bench.design.learning_rates[0])
             x = torch.randn(1, batch, context)
-            y = torch.randn(1, batch, bench.track.horizon)
+            y = torch.randn(1, batch, bench.design.track.horizon)
             times = []
             for _ in range(4):
                 start = time.process_time()
@@ -125,7 +125,7 @@ def main() -> None:
     if args.eval_windows is None:
         args.eval_windows = preset.eval_windows
     if args.lr is None:
-        args.lr = preset.bench.learning_rates[0]
+        args.lr = preset.bench.design.learning_rates[0]
     torch.set_num_threads(1)
     if args.step_time:
         step_time(args.preset)

@@ -32,7 +32,7 @@ def locality_of(preset: str, n_windows: int) -> dict:
     for context in config.contexts:
         bench = config.bench_for(context)
         window = bench.arm(bench.local_control).options["window"]
-        out["contexts"][str(context)] = locality(bench.track, window, n_windows)
+        out["contexts"][str(context)] = locality(bench.design.track, window, n_windows)
     return out
 
 

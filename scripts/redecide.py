@@ -27,9 +27,9 @@ def main() -> None:
     config = BenchConfig.from_dict(report["config"])
     preset = get_preset(config.preset, config.track_name)
     config = config.replace(
-        margin=preset.margin,
-        control_arm=preset.control_arm,
-        gate_min_rel=preset.gate_min_rel,
+        margin=preset.decision.margin,
+        control_arm=preset.decision.control_arm,
+        gate_min_rel=preset.decision.gate_min_rel,
     )
     report["config"] = config.to_dict()
     report = redecide(report, config)

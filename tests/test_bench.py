@@ -115,7 +115,7 @@ def test_report_content(smoke_report):
     assert signature["max_rel_error_exact"] < 1e-10  # the exact expectation is round-off
     mechanism = json.loads((root / "out" / "mechanism.json").read_text())
     assert {"trained", "init"} <= set(mechanism)
-    assert report["n_seeds"] == len(SMOKE.eval_seeds) == report["comparison"]["n_pairs"]
+    assert report["n_seeds"] == len(SMOKE.design.eval_seeds) == report["comparison"]["n_pairs"]
     full = arms["exact"]["full"]
     assert full["n"] == len(full["per_seed"]) and full["std"] >= 0
     diffs = [
@@ -138,8 +138,8 @@ def test_lm_report_has_the_floor_and_the_gaps(lm_smoke_report, capsys):
     assert report["track"] == "lm" and report["metric"] == "perplexity"
     assert report["metric_direction"] == "lower"
     naive = report["naive_baselines"]
-    source = MarkovCopySource(LM_SMOKE.track)  # the floor, recomputed from the source
-    assert naive["floor"]["nll"] == pytest.approx(source.floor(LM_SMOKE.track.seq_len))
+    source = MarkovCopySource(LM_SMOKE.design.track)  # the floor, recomputed from the source
+    assert naive["floor"]["nll"] == pytest.approx(source.floor(LM_SMOKE.design.track.seq_len))
     assert naive["floor"]["perplexity"] == pytest.approx(math.exp(naive["floor"]["nll"]))
     assert naive["entropy_rate"]["nll"] < naive["floor"]["nll"]
     ngram = naive["predictors"]["ngram_1"]["test"]["nll"]
@@ -155,13 +155,13 @@ def test_lm_report_has_the_floor_and_the_gaps(lm_smoke_report, capsys):
         )
         assert gap["nll_gap"] == pytest.approx(by_metric["nll"]["mean"] - naive["floor"]["nll"])
         assert gap["nll_gap_per_seed"] == pytest.approx([v - naive["floor"]["nll"] for v in nll])
-        assert len(arm["learning_curves"]["val_perplexity"]) == len(LM_SMOKE.eval_seeds)
+        assert len(arm["learning_curves"]["val_perplexity"]) == len(LM_SMOKE.design.eval_seeds)
     learn = report["learnability"]
     closed = (ngram - report["arms"]["exact"]["floor_gap"]["nll_mean"]) / (
         ngram - naive["floor"]["nll"]
     )
     assert learn["best_ngram"] == "ngram_1" and learn["gap_closed"] == pytest.approx(closed)
-    assert report["comparison"]["n_pairs"] == len(LM_SMOKE.eval_seeds)
+    assert report["comparison"]["n_pairs"] == len(LM_SMOKE.design.eval_seeds)
     assert report["mechanism_signature"]["max_rel_error_exact"] < 1e-10
     assert BenchConfig.from_dict(report["config"]) == LM_SMOKE
     assert len(list((root / "out" / "runs").glob("*.json"))) == report["timings"]["n_runs"]
@@ -227,7 +227,9 @@ def test_a_diverging_learning_rate_loses_the_sweep(tmp_path):
     )
     for arm in report["arms"].values():
         rows = {row["lr"]: row for row in arm["sweep"]}
-        assert rows[1e8]["n_diverged"] == len(config.sweep_seeds) and rows[1e8]["score"] is None
+        assert (
+            rows[1e8]["n_diverged"] == len(config.design.sweep_seeds) and rows[1e8]["score"] is None
+        )
         assert arm["best_cfg"]["lr"] == 3e-3 and rows[3e-3]["selected"]
 
 
@@ -267,10 +269,10 @@ def test_cli_overrides_reach_the_config():
     config, _ = cli.parse_bench(
         ["--preset", "smoke", "--ranks", "2", "8", "--seeds", "3", "--lrs", "1e-3", "2e-3"]
     )
-    assert [a.name for a in config.arms] == ["exact", "rpka-r2", "rpka-r8"]
-    assert config.primary_arm == "rpka-r8" and len(config.eval_seeds) == 3
-    assert not set(config.eval_seeds) & set(config.sweep_seeds)
-    assert config.learning_rates == (1e-3, 2e-3)
+    assert [a.name for a in config.design.arms] == ["exact", "rpka-r2", "rpka-r8"]
+    assert config.decision.primary_arm == "rpka-r8" and len(config.design.eval_seeds) == 3
+    assert not set(config.design.eval_seeds) & set(config.design.sweep_seeds)
+    assert config.design.learning_rates == (1e-3, 2e-3)
 
 
 def test_presets_validate_and_round_trip():
@@ -280,8 +282,8 @@ def test_presets_validate_and_round_trip():
         config = get_preset(name)
         assert BenchConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     full = get_preset("full")
-    assert full.track.context >= 96 and len(full.eval_seeds) == 9
-    assert {4, 16, 64} <= {a.options.get("rank") for a in full.arms}
+    assert full.design.track.context >= 96 and len(full.design.eval_seeds) == 9
+    assert {4, 16, 64} <= {a.options.get("rank") for a in full.design.arms}
     with pytest.raises(ValueError, match="eval_seeds"):
         get_preset("smoke", eval_seeds=(0, 1))  # overlaps the sweep seeds
     with pytest.raises(ValueError, match="preset must be one of"):
@@ -299,8 +301,8 @@ def test_seed_groups_do_not_change_exact_results(tmp_path):
     split_up = run_bench(
         get_preset("smoke", train={"epochs": 1}, seeds_per_job=1), tmp_path / "b", **kwargs
     )
-    assert len(split_up["arms"]["exact"]["run_ids"]) == len(SMOKE.eval_seeds)
-    assert split_up["arms"]["exact"]["seeds"] == list(SMOKE.eval_seeds)
+    assert len(split_up["arms"]["exact"]["run_ids"]) == len(SMOKE.design.eval_seeds)
+    assert split_up["arms"]["exact"]["seeds"] == list(SMOKE.design.eval_seeds)
     assert split_up["arms"]["exact"]["full"]["per_seed"] == pytest.approx(
         together["arms"]["exact"]["full"]["per_seed"], rel=1e-5
     )

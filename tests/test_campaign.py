@@ -135,7 +135,7 @@ def test_a_warm_start_above_every_context_is_refused(monkeypatch, capsys):
         assert "warm_start_from must be None or an integer in [8, 79]" in line
         assert "the contexts [64, 80]" in line and line.endswith(f"got {warm}")
     config, _ = cli.parse_longctx([*argv, "--warm-start-from", "64"])  # 80 trains at 64 first
-    assert config.warm_start_from == 64 and config.bench_for(80).warm_start_track is not None
+    assert config.warm_start_from == 64 and config.bench_for(80).design.warm_start_track is not None
 
 
 def test_a_decode_context_beyond_memory_is_refused_with_its_estimate(monkeypatch, capsys):

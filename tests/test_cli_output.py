@@ -21,7 +21,7 @@ def test_a_bench_whose_every_seed_diverged_says_so(tmp_path, capsys):
     capsys.readouterr()
     cli.print_bench_summary(report, tmp_path / "out")
     out = capsys.readouterr().out
-    n = len(config.eval_seeds)
+    n = len(config.design.eval_seeds)
     for arm in report["arms"]:
         row = next(line for line in out.splitlines() if line.startswith(f"{arm} "))
         assert "n/a +- n/a" in row and row.endswith(f"{n}/{n} seeds diverged"), row

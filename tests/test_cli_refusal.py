@@ -52,7 +52,7 @@ def test_an_unwritable_output_folder_is_refused(tmp_path, capsys):
 def test_a_good_command_line_parses_and_probes_its_folder(tmp_path):
     out = tmp_path / "new" / "results"
     config, args = cli.parse_bench(["--preset", "smoke", "--out", str(out), "--seeds", "3"])
-    assert len(config.eval_seeds) == 3 and args.out == out and out.is_dir()
+    assert len(config.design.eval_seeds) == 3 and args.out == out and out.is_dir()
     assert list(out.iterdir()) == []  # the probe leaves nothing behind
 
 

@@ -27,13 +27,13 @@ def test_job_groups_count_the_runs_the_committed_bench_recorded(label):
 def test_job_groups_follow_the_seed_groups_and_the_swept_rates():
     config = SMOKE_STUDY
     groups = cost.job_groups(config)
-    for arm in config.arms:
+    for arm in config.design.arms:
         sweep = [g for g in groups if g.arm == arm.name and g.phase == "sweep"]
-        rates = 1 if arm.lr_from else len(config.learning_rates)
-        seeds = arm.sweep_seeds or config.sweep_seeds
+        rates = 1 if arm.lr_from else len(config.design.learning_rates)
+        seeds = arm.sweep_seeds or config.design.sweep_seeds
         assert sum(g.jobs * g.members for g in sweep) == rates * len(seeds)
         evaluation = [g for g in groups if g.arm == arm.name and g.phase == "eval"]
-        assert sum(g.jobs * g.members for g in evaluation) == len(config.eval_seeds)
+        assert sum(g.jobs * g.members for g in evaluation) == len(config.design.eval_seeds)
 
 
 def test_a_job_costs_set_up_epochs_of_steps_and_validation_and_a_test_pass():
@@ -52,7 +52,7 @@ def test_price_sums_eq_1_over_the_jobs_of_each_phase():
         for g in groups
     }
     result = cost.price(config, probes)
-    epochs = config.train.epochs
+    epochs = config.design.train.epochs
     for arm, entry in result["arms"].items():
         mine = [g for g in groups if g.arm == arm]
         sweep = sum(g.jobs * epochs * (0.5 * g.members + 1.0) for g in mine if g.phase == "sweep")
@@ -104,7 +104,7 @@ def test_the_table_sets_each_prediction_beside_its_measurement():
 
 def test_probe_refuses_no_steps():
     with pytest.raises(ValueError, match="steps must be >= 1"):
-        cost.probe(SMOKE_STUDY, SMOKE_STUDY.arms[0], 1, "unused", steps=0)
+        cost.probe(SMOKE_STUDY, SMOKE_STUDY.design.arms[0], 1, "unused", steps=0)
 
 
 def test_the_command_writes_the_predictions_of_the_benches_asked_for(tmp_path, capsys):

@@ -95,7 +95,7 @@ def test_the_warm_start_changes_the_result_and_the_run_id(tmp_path):
 
 def test_a_member_that_diverged_in_the_first_stage_stays_diverged(tmp_path):
     warm = run_config(tmp_path, LONG, lr=1e8, train=dataclasses.replace(
-        SMOKE.bench.train, grad_clip=0.0))  # fmt: skip
+        SMOKE.bench.design.train, grad_clip=0.0))  # fmt: skip
     result = train_run(warm)
     assert result["warm_start"]["n_diverged"] == 2 and result["n_diverged"] == 2
     for member in result["members"]:
@@ -108,14 +108,14 @@ def test_a_member_that_diverged_in_the_first_stage_stays_diverged(tmp_path):
 
 def test_only_contexts_above_the_warm_start_get_one():
     assert SMOKE.warm_start_from == SHORT
-    assert SMOKE.bench_for(SHORT).warm_start_track is None
-    warm = SMOKE.bench_for(LONG).warm_start_track
-    assert warm == dataclasses.replace(SMOKE.bench_for(SHORT).track)
+    assert SMOKE.bench_for(SHORT).design.warm_start_track is None
+    warm = SMOKE.bench_for(LONG).design.warm_start_track
+    assert warm == dataclasses.replace(SMOKE.bench_for(SHORT).design.track)
     cold = dataclasses.replace(SMOKE, warm_start_from=None)
-    assert cold.bench_for(LONG).warm_start_track is None
+    assert cold.bench_for(LONG).design.warm_start_track is None
     full = LONGRANGE_PRESETS["longrange"]
     assert full.warm_start_from == 512
-    assert [full.bench_for(c).warm_start_track is not None for c in full.contexts] == [
+    assert [full.bench_for(c).design.warm_start_track is not None for c in full.contexts] == [
         c > 512 for c in full.contexts
     ]
 
@@ -126,7 +126,7 @@ def test_a_warm_start_round_trips_through_the_on_disk_form():
     assert type(SMOKE).from_dict(SMOKE.to_dict()) == SMOKE
     # a study written before warm starts existed reads as cold
     old = {k: v for k, v in SMOKE.bench_for(SHORT).to_dict().items() if k != "warm_start_track"}
-    assert BenchConfig.from_dict(old).warm_start_track is None
+    assert BenchConfig.from_dict(old).design.warm_start_track is None
 
 
 def test_a_cold_run_config_has_no_warm_start_key():
@@ -148,12 +148,12 @@ def test_bad_warm_start_from_is_refused(changes, message):
 
 def test_bad_warm_start_tracks_are_refused():
     bench = SMOKE.bench_for(LONG)
-    longer = dataclasses.replace(bench.track, context=LONG + 16)
+    longer = dataclasses.replace(bench.design.track, context=LONG + 16)
     with pytest.raises(ValueError, match=r"warm_start_track.context.*< the track's context"):
         bench.replace(warm_start_track=longer).validate()
     with pytest.raises(ValueError, match="warm_start_track"):
-        bench.replace(warm_start_track=SMOKE.bench_for(SHORT).model).validate()
-    flatten = dataclasses.replace(bench.model, readout="flatten")
+        bench.replace(warm_start_track=SMOKE.bench_for(SHORT).design.model).validate()
+    flatten = dataclasses.replace(bench.design.model, readout="flatten")
     with pytest.raises(ValueError, match="model must be readout 'last'"):
         bench.replace(model=flatten).validate()
 

@@ -244,7 +244,7 @@ def test_the_positive_control_is_outside_the_holm_family_and_checked():
     from rpka.config.presets import get_preset
 
     config = get_preset("full", "recall")
-    assert config.positive_control_arm == "rpka-r96"
+    assert config.decision.positive_control_arm == "rpka-r96"
     assert "rpka-r96" not in config.secondary_arms and "rpka-r32" in config.secondary_arms
     with pytest.raises(ValueError, match="positive_control_arm"):
         config.replace(positive_control_arm="rpka-r8").validate()  # the primary

@@ -174,20 +174,20 @@ def test_forecast_metrics_unchanged_by_the_task_split():
 @pytest.mark.parametrize("name", ["smoke", "quick", "full"])
 def test_lm_presets_validate_round_trip_and_copy_through_landmarks(name):
     config = get_preset(name, "lm")
-    assert config.track_name == "lm" and config.metric == "perplexity"
+    assert config.track_name == "lm" and config.design.metric == "perplexity"
     assert BenchConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
-    methods = {a.method for a in config.arms}
+    methods = {a.method for a in config.design.arms}
     assert {"exact", "rpka"} <= methods <= {"exact", "rpka", "mean"}  # "mean": the control
-    for arm in config.arms:
+    for arm in config.design.arms:
         if arm.method == "rpka":  # a copied token always lies in an earlier block
-            assert min(config.track.lags) >= arm.options["causal_block"]
-            assert config.track.attention_tokens > arm.options["causal_block"]
+            assert min(config.design.track.lags) >= arm.options["causal_block"]
+            assert config.design.track.attention_tokens > arm.options["causal_block"]
 
 
 def test_full_study_has_the_lm_track_with_two_ranks():
     full = get_preset("full", "lm")
-    ranks = sorted(a.options["rank"] for a in full.arms if a.method == "rpka")
-    assert len(ranks) >= 2 and len(full.eval_seeds) == 8
+    ranks = sorted(a.options["rank"] for a in full.design.arms if a.method == "rpka")
+    assert len(ranks) >= 2 and len(full.design.eval_seeds) == 8
     assert default_out(full) == "data/results/full/lm"
     assert default_out(get_preset("full")) == "data/results/full"
     assert paths.bench_dir("full", get_task("lm").out_dir) == "data/results/full/lm"
@@ -198,9 +198,9 @@ def test_full_study_has_the_lm_track_with_two_ranks():
 
 def test_lm_preset_overrides_and_errors():
     config = get_preset("smoke", "lm", ranks=[2, 6], track={"seq_len": 17})
-    assert [a.name for a in config.arms] == ["exact", "mean-attention", "rpka-r2", "rpka-r6"]
-    assert all(a.options["causal_block"] == 8 for a in config.arms if a.method == "rpka")
-    assert isinstance(config.track, LMConfig) and config.track.seq_len == 17
+    assert [a.name for a in config.design.arms] == ["exact", "mean-attention", "rpka-r2", "rpka-r6"]
+    assert all(a.options["causal_block"] == 8 for a in config.design.arms if a.method == "rpka")
+    assert isinstance(config.design.track, LMConfig) and config.design.track.seq_len == 17
     with pytest.raises(ValueError, match="track_name"):
         get_preset("smoke", "no-such-track")
     with pytest.raises(ValueError, match="metric"):
@@ -208,18 +208,18 @@ def test_lm_preset_overrides_and_errors():
     with pytest.raises(ValueError, match="embed_kernel"):
         get_preset("smoke", "lm", model={"embed_kernel": 3})
     peer = dataclasses.replace(
-        config.arms[2], name="performer-r4", method="performer", options={"rank": 4}
+        config.design.arms[2], name="performer-r4", method="performer", options={"rank": 4}
     )
     with pytest.raises(ValueError, match="performer-r4.*track lm"):
-        get_preset("smoke", "lm", arms=(config.arms[0], peer))
+        get_preset("smoke", "lm", arms=(config.design.arms[0], peer))
     with pytest.raises(ValueError, match="track.seq_len"):
         get_preset("smoke", "lm", track={"seq_len": 1})
 
 
 def test_cli_track_lm():
     config, args = parse_bench(["--preset", "smoke", "--track", "lm", "--seeds", "3"])
-    assert config.track_name == "lm" and len(config.eval_seeds) == 3
-    assert not set(config.eval_seeds) & set(config.sweep_seeds)
+    assert config.track_name == "lm" and len(config.design.eval_seeds) == 3
+    assert not set(config.design.eval_seeds) & set(config.design.sweep_seeds)
 
 
 # ----------------------------------------------------------------------------- leakage

@@ -60,7 +60,7 @@ def test_every_key_is_documented_and_every_documented_key_exists(smoke_result):
 def test_smoke_content(smoke_result):
     result, root = smoke_result
     bench = SMOKE.bench
-    arms = [arm.name for arm in bench.arms]
+    arms = [arm.name for arm in bench.design.arms]
     assert [(r["context"], r["arm"]) for r in result["rows"]] == [
         (c, a) for c in SMOKE.contexts for a in arms
     ]
@@ -71,11 +71,11 @@ def test_smoke_content(smoke_result):
         assert exact["comparison"] is None and exact["step_ratio_vs_exact"] == pytest.approx(1)
         assert exact["peak_ratio_vs_exact"] == pytest.approx(1)
         for name, row in rows.items():
-            assert row["seeds"] == list(bench.eval_seeds)
-            assert len(row["test_mse_per_seed"]) == len(bench.eval_seeds)
+            assert row["seeds"] == list(bench.design.eval_seeds)
+            assert len(row["test_mse_per_seed"]) == len(bench.design.eval_seeds)
             assert row["test_mse_mean"] == pytest.approx(np.mean(row["test_mse_per_seed"]))
             assert row["step_ms"] > 0 and row["peak_mib"] > 0
-            assert row["peak_members"] == row["step_members"] == bench.seeds_per_job
+            assert row["peak_members"] == row["step_members"] == bench.execution.seeds_per_job
             if name == "exact":
                 continue
             diffs = np.subtract(row["test_mse_per_seed"], exact["test_mse_per_seed"])
@@ -167,7 +167,7 @@ def test_at_context_rejects_what_it_cannot_build(name, args, match):
 def test_every_preset_validates_and_full_is_the_issue_study():
     for name, config in LONGCTX_PRESETS.items():
         config.validate()
-        assert config.bench.mechanism is None and config.preset == name
+        assert config.bench.studies.mechanism is None and config.preset == name
     for name, config in LONGCTX_PRESETS.items():
         # the long-range presets (issue 27, tests/test_longrange.py) train forecast-lookup
         track = "forecast-lookup" if name in LONGRANGE_PRESETS else "forecast-regimes"
@@ -175,14 +175,14 @@ def test_every_preset_validates_and_full_is_the_issue_study():
         assert config.bench.control == "mean-attention", name
     full = LONGCTX_PRESETS["full"]
     assert full.contexts == (512, 2048)
-    assert [a.name for a in full.bench.arms] == [
+    assert [a.name for a in full.bench.design.arms] == [
         "exact",
         "rpka-r16",
         "rpka-r64",
         "mean-attention",
     ]
     # the gate's one-sided and the primary's two-sided sign-flip tests can reach p < 0.05
-    n_seeds = len(full.bench.eval_seeds)
+    n_seeds = len(full.bench.design.eval_seeds)
     assert stats.sign_flip_floor(n_seeds, "greater") < stats.sign_flip_floor(n_seeds) < stats.ALPHA
 
 
@@ -192,7 +192,10 @@ def test_memory_probe_counts_every_gradient(tmp_path):
     run_config = longctx.probe_run_config(bench, "rpka-r4", str(tmp_path))
     probe = longctx.training_step_peak_mib(run_config)
     model = TransformerTiny(
-        bench.model, bench.track.context, bench.track.horizon, list(run_config["seeds"])
+        bench.design.model,
+        bench.design.track.context,
+        bench.design.track.horizon,
+        list(run_config["seeds"]),
     )
     gradients = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     assert probe["peak_mib"] >= gradients
@@ -255,6 +258,8 @@ def test_cli_rejects_bad_values(capsys):
 
 def test_cli_overrides_keep_the_primary_arm():
     config, _ = cli.parse_longctx(["--preset", "full", "--ranks", "16", "64", "--seeds", "3"])
-    assert config.bench.primary_arm == "rpka-r64" and len(config.bench.eval_seeds) == 3
-    assert config.bench.learning_rates == LONGCTX_PRESETS["full"].bench.learning_rates
+    assert (
+        config.bench.decision.primary_arm == "rpka-r64" and len(config.bench.design.eval_seeds) == 3
+    )
+    assert config.bench.design.learning_rates == LONGCTX_PRESETS["full"].bench.design.learning_rates
     assert config.bench.control == "mean-attention"  # --ranks keeps the control

@@ -38,7 +38,7 @@ def two_control_gate(exact, control, local, **changes):
     :func:`rpka.verdict.decision.verdict_gate`."""
     bench = SMOKE.bench_for(SMOKE.contexts[0])
     bench = bench.replace(eval_seeds=tuple(range(100, 108)), **changes)
-    assert bench.gate_needs_local
+    assert bench.decision.gate_needs_local
     arms = arms_of(bench, {"exact": exact, "mean-attention": control, "local-w8": local})
     uniform, window = (
         decision.control_gate(bench, arms, bench.control),
@@ -124,13 +124,13 @@ def test_short_tracks_keep_their_gate():
     assert not decision.local_gate(bench, arms)["passed"]
     # and a preset without a local arm has no local gate
     short = get_preset("smoke", "forecast-regimes")
-    assert short.local_control is None and not short.gate_needs_local
+    assert short.local_control is None and not short.decision.gate_needs_local
     assert decision.local_gate(short, {}) is None
 
 
 def test_local_control_validation():
     bench = SMOKE.bench_for(SMOKE.contexts[0])
-    no_local = bench.replace(arms=tuple(a for a in bench.arms if a.method != "local"))
+    no_local = bench.replace(arms=tuple(a for a in bench.design.arms if a.method != "local"))
     with pytest.raises(ValueError, match="gate_needs_local"):
         no_local.validate()
     with pytest.raises(ValueError, match="local_control_arm"):
@@ -150,14 +150,16 @@ def test_local_arm_builds_and_trains_on_any_track():
     arm.validate()
     bench = SMOKE.bench_for(SMOKE.contexts[0])
     local = bench.arm("local-w8")
-    model = bench.task.build_model(bench.model, bench.track, [0, 1], local.method, local.options)
-    x = torch.randn(2, 3, bench.track.context)
+    model = bench.task.build_model(
+        bench.design.model, bench.design.track, [0, 1], local.method, local.options
+    )
+    x = torch.randn(2, 3, bench.design.track.context)
     out = model(x)
-    assert out.shape == (2, 3, bench.track.horizon)
+    assert out.shape == (2, 3, bench.design.track.horizon)
     out.pow(2).mean().backward()
     # a causal track too: the recall preset with the local window in it
     recall = get_preset("smoke", "recall")
-    recall = recall.replace(arms=(*recall.arms, local_arm(8)))
+    recall = recall.replace(arms=(*recall.design.arms, local_arm(8)))
     recall.validate()
     assert recall.local_control == "local-w8" and "local-w8" not in recall.secondary_arms
 
@@ -241,17 +243,17 @@ def test_longrange_presets():
     assert {512, 1024, 2048} <= set(config.contexts)
     for context in config.contexts:
         bench = config.bench_for(context)
-        names = [a.name for a in bench.arms]
-        assert bench.track_name == "forecast-lookup" and bench.gate_needs_local
+        names = [a.name for a in bench.design.arms]
+        assert bench.track_name == "forecast-lookup" and bench.decision.gate_needs_local
         assert bench.control == "mean-attention" and bench.local_control == "local-w128"
         assert "exact" in names and any(n.startswith("nystrom-uniform") for n in names)
-        assert {"rpka-r16", "rpka-r64"} <= set(names) and bench.primary_arm == "rpka-r64"
-        assert len(bench.eval_seeds) >= 8
-        assert stats.rule_can_reject(len(bench.eval_seeds))
+        assert {"rpka-r16", "rpka-r64"} <= set(names) and bench.decision.primary_arm == "rpka-r64"
+        assert len(bench.design.eval_seeds) >= 8
+        assert stats.rule_can_reject(len(bench.design.eval_seeds))
         # nothing the local window (plus the embedding's reach) sees tells the answer
-        reach = LOCAL_WINDOW + 2 * (bench.model.embed_kernel // 2)
-        assert bench.track.min_distance >= reach
-        assert locality(bench.track, LOCAL_WINDOW, 1000)["share_within_window"] == 0.0
+        reach = LOCAL_WINDOW + 2 * (bench.design.model.embed_kernel // 2)
+        assert bench.design.track.min_distance >= reach
+        assert locality(bench.design.track, LOCAL_WINDOW, 1000)["share_within_window"] == 0.0
     for name in LONGRANGE_PRESETS:
         assert get_longctx_preset(name) == LONGRANGE_PRESETS[name]
 

@@ -16,9 +16,9 @@ def test_the_study_is_the_protocols_design():
     assert POWER.contexts == (2048, 4096)
     assert POWER.warm_start_from == 512
     bench = POWER.bench_for(4096)
-    assert bench.data_per_seed
-    assert bench.eval_seeds == tuple(range(200, 216))
-    assert not set(bench.eval_seeds) & set(bench.sweep_seeds)
+    assert bench.design.data_per_seed
+    assert bench.design.eval_seeds == tuple(range(200, 216))
+    assert not set(bench.design.eval_seeds) & set(bench.design.sweep_seeds)
     ranks = (16, 64, 128)
     expected = {
         "exact",
@@ -29,19 +29,19 @@ def test_the_study_is_the_protocols_design():
         *(f"nystrom-uniform-r{r}" for r in ranks),
     }
     assert set(bench.design.arm_names) == expected
-    assert bench.positive_control_arm == "rpka-r8192"  # >= 2 x 4,096 joint points
+    assert bench.decision.positive_control_arm == "rpka-r8192"  # >= 2 x 4,096 joint points
     assert (bench.control, bench.local_control) == ("mean-attention", "local-w128")
     for context in POWER.contexts:  # every length warm-started from 512, the same model
-        assert POWER.bench_for(context).warm_start_track.context == 512
+        assert POWER.bench_for(context).design.warm_start_track.context == 512
 
 
 def test_an_arm_subset_keeps_what_the_decision_needs():
     config = with_arms(POWER, ["nystrom-uniform-r16"])
     names = set(config.bench.design.arm_names)
     assert names == {"nystrom-uniform-r16", "exact", "rpka-r64", "mean-attention", "local-w128"}
-    assert config.bench.positive_control_arm is None
+    assert config.bench.decision.positive_control_arm is None
     kept = with_arms(POWER, ["rpka-r8192"]).bench
-    assert kept.positive_control_arm == "rpka-r8192"
+    assert kept.decision.positive_control_arm == "rpka-r8192"
     with pytest.raises(ValueError, match="arms"):
         with_arms(POWER, ["rpka-r999"])
 

@@ -2,10 +2,14 @@
 the entries agree with the classes, and the lists the report and the studies used to type
 by name are read from it - with the same values as before, so no figure or result moves."""
 
-from rpka.attention import LANDMARK_METHODS, METHOD_INFO, REGISTRY, options_of
-from rpka.report import figures_frontier, palette
+import dataclasses
+
+from rpka.attention import LANDMARK_METHODS, METHOD_INFO, REGISTRY, method_label, options_of
+from rpka.config.presets_longctx import ANSWER_METHODS
+from rpka.report import figures_frontier, palette, rank_law
+from rpka.speed.decoding import DecodeConfig
 from rpka.study import dropin
-from rpka.verdict import frontier
+from rpka.verdict import frontier, robustness
 
 
 def test_every_method_has_its_metadata():
@@ -14,6 +18,8 @@ def test_every_method_has_its_metadata():
         assert info.family in ("exact", "rpka", "peer", "control"), name
         assert info.has_rank == ("rank" in options_of(name)), name
         assert info.landmarks in (None, "joint", "keys"), name
+        # the figures' marker and rank-note offset belong to the methods that draw landmarks
+        assert (info.marker is None) == (info.label_offset is None) == (not info.landmarks)
 
 
 def test_the_lists_read_from_the_registry_are_the_ones_typed_before():
@@ -26,6 +32,45 @@ def test_the_lists_read_from_the_registry_are_the_ones_typed_before():
         "nystrom-uniform": "s",
         "keys-coreset": "^",
     }
+    assert figures_frontier.LABEL_OFFSETS == {
+        "rpka": (5, -4),
+        "nystrom-uniform": (5, 14),
+        "keys-coreset": (-40, -4),
+    }
+    assert rank_law.METHODS == {
+        "rpka": "RPKA",
+        "nystrom-uniform": "uniform",
+        "keys-coreset": "key coreset",
+    }
+
+
+def test_the_labels_are_the_ones_typed_before():
+    labels = {name: method_label(name) for name in REGISTRY}
+    assert labels == {
+        "exact": "exact",
+        "rpka": "RPKA",
+        "nystrom-uniform": "uniform",
+        "keys-coreset": "key coreset",
+        "nystromformer": "nystromformer",
+        "performer": "performer",
+        "mean": "mean",
+        "local": "local",
+    }
+    # the long-range answer's prose (rpka.report.longrange)
+    assert method_label("rpka", long=True) == "RPKA"
+    assert method_label("nystrom-uniform", long=True) == "uniform landmarks"
+    assert method_label("no-such-method") == method_label("no-such-method", long=True)
+    assert method_label("no-such-method") == "no-such-method"
+
+
+def test_the_studies_comparisons_live_in_their_configs():
+    """Which methods a study compares is its design, not metadata: named in its config."""
+    assert ANSWER_METHODS == ("rpka", "nystrom-uniform")
+    assert robustness.ANSWER_METHODS is ANSWER_METHODS  # read, not retyped
+    assert robustness.longrange_answer({})["n_star"] == dict.fromkeys(ANSWER_METHODS)
+    assert DecodeConfig.methods == ("exact", "rpka")
+    # a class constant, not a field: the result's "config" (asdict) keeps its keys
+    assert "methods" not in {f.name for f in dataclasses.fields(DecodeConfig)}
 
 
 def test_the_colour_anchors_are_the_palettes_colours():

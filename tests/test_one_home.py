@@ -40,11 +40,14 @@ def test_alpha_is_typed_once():
 def test_presets_are_plain_values_nothing_changes():
     """``rpka.config.presets`` builds its own dicts: each track's presets module keeps its
     own (no "standard", "frontier" or "pairs-*" added there at import)."""
-    assert "standard" not in presets_tracks.PRESETS
+    assert "standard" not in presets_tracks.FORECAST_PRESETS
     assert "frontier" not in presets_tracks.MOTIF_PRESETS
     assert not [n for n in presets_tracks.RECALL_PRESETS if n.startswith("pairs-")]
     by_track = presets.PRESETS_BY_TRACK
     assert "standard" in by_track["forecast"] and "frontier" in by_track["forecast-motif"]
     assert list(by_track["recall"])[-3:] == ["pairs-4", "pairs-16", "pairs-24"]
-    for track, own in (("forecast", presets_tracks.PRESETS), ("lm", presets_tracks.LM_PRESETS)):
+    for track, own in (
+        ("forecast", presets_tracks.FORECAST_PRESETS),
+        ("lm", presets_tracks.LM_PRESETS),
+    ):
         assert {n: by_track[track][n] for n in own} == own

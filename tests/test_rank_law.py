@@ -82,8 +82,8 @@ def test_grid_cells_fit_and_round_trip():
     assert Cell(64, 2048).warm_start == 1280 and Cell(1, 2048).warm_start == 512
     assert Cell(16, 512).warm_start is None and Cell(32, 1024).warm_start == 768
     config = cell_config(Cell(4, 2048, 16, "patterns"))
-    assert config.bench.track.n_pairs == 4 and config.bench.track.n_copies == 2
-    assert config.bench.data_per_seed and [a.name for a in config.bench.arms] == [
+    assert config.bench.design.track.n_pairs == 4 and config.bench.design.track.n_copies == 2
+    assert config.bench.design.data_per_seed and [a.name for a in config.bench.design.arms] == [
         "exact", "mean-attention"]  # fmt: skip
 
 
@@ -171,7 +171,7 @@ def test_one_cell_end_to_end(tmp_path):
     assert rows[0]["cell"] == cell.name and rows[0]["effective_rank"]["kernel"] >= 1
     # the trained confirmation at rank 4 (and 2): RPKA and uniform, 8 seeds, read by the index
     confirm = confirmation_config(cell, 4, **tiny)
-    assert [a.name for a in confirm.bench.arms][2:] == [
+    assert [a.name for a in confirm.bench.design.arms][2:] == [
         "rpka-r4", "nystrom-uniform-r4", "rpka-r2", "nystrom-uniform-r2"]  # fmt: skip
     run_longctx(confirm, confirmation_dir(cell, 4, tmp_path), progress=False,
                 data_dir=tmp_path / "cache")  # fmt: skip

@@ -35,17 +35,17 @@ SMALL = RecallConfig(
 @pytest.mark.parametrize("preset", sorted(PRESETS_BY_TRACK["recall"]))
 def test_recall_presets_validate_and_embed_the_previous_token(preset):
     config = get_preset(preset, "recall")  # validated
-    assert config.model.previous_tokens == 1
-    assert config.track.length_factors == LENGTH_FACTORS
-    assert {"exact", "mean-attention"} <= {arm.name for arm in config.arms}
+    assert config.design.model.previous_tokens == 1
+    assert config.design.track.length_factors == LENGTH_FACTORS
+    assert {"exact", "mean-attention"} <= {arm.name for arm in config.design.arms}
 
 
 def test_full_preset_ranks_straddle_the_pairs():
     config = get_preset("full", "recall")
-    ranks = sorted(arm.options["rank"] for arm in config.arms if "rank" in arm.options)
-    pairs = config.track.n_pairs
+    ranks = sorted(arm.options["rank"] for arm in config.design.arms if "rank" in arm.options)
+    pairs = config.design.track.n_pairs
     assert ranks[0] < pairs and pairs in ranks and ranks[-1] > pairs
-    assert len(config.learning_rates) >= 2 and len(config.eval_seeds) >= 6
+    assert len(config.design.learning_rates) >= 2 and len(config.design.eval_seeds) >= 6
 
 
 def test_stacked_splits_score_each_length_as_the_unpadded_sequences(tmp_path):

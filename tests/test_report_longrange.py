@@ -95,8 +95,8 @@ def test_gated_lengths_are_frontier_tracks(gated_study):
         assert track["causal_block"] is None
         # the smoke preset's full rank (>= the 2n joint points at every length) ties
         assert track["positive_control"] == {
-            "arm": SMOKE.bench.positive_control_arm,
-            "rank": int(SMOKE.bench.positive_control_arm.removeprefix("rpka-r")),
+            "arm": SMOKE.bench.decision.positive_control_arm,
+            "rank": int(SMOKE.bench.decision.positive_control_arm.removeprefix("rpka-r")),
             "verdict": "non-inferior",
         }
         arms = {"rpka-r4", "rpka-r8", "nystrom-uniform-r8", "rpka-r160"}

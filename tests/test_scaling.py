@@ -13,7 +13,11 @@ from rpka.study import steps as study
 
 def tiny(**changes) -> scaling_config.ScalingConfig:
     base = dataclasses.replace(
-        scaling_config.PRESETS["tiny"], lengths=(32, 64), ranks=(4,), control_ranks=(4,), repeats=1
+        scaling_config.SCALING_PRESETS["tiny"],
+        lengths=(32, 64),
+        ranks=(4,),
+        control_ranks=(4,),
+        repeats=1,
     )
     return dataclasses.replace(base, **changes)
 
@@ -148,4 +152,4 @@ def test_a_study_resumes_its_measured_timing_and_remeasures_another_config(tmp_p
 def test_every_scaling_preset_has_its_default_result_file():
     """``python -m rpka scaling --preset P`` writes somewhere for every P it offers (the
     standard study's sweep had none: a KeyError before any work)."""
-    assert set(scaling_config.DEFAULT_OUT) == set(scaling_config.PRESETS)
+    assert set(scaling_config.DEFAULT_OUT) == set(scaling_config.SCALING_PRESETS)

@@ -69,14 +69,14 @@ def test_each_seed_reads_its_own_windows_whoever_it_is_stacked_with(tmp_path):
     task = bench.task
     stacked = make_run_config(bench, bench.arm("exact"), 1e-2, [100, 101], "test", str(tmp_path))
     alone = make_run_config(bench, bench.arm("rpka-r8"), 1e-2, [101], "test", str(tmp_path))
-    both = run_splits(stacked, task, bench.track)
-    one = run_splits(alone, task, bench.track)
+    both = run_splits(stacked, task, bench.design.track)
+    one = run_splits(alone, task, bench.design.track)
     for split in ("train", "val", "test"):
         x_both, x_one = both[split][0], one[split][0]
         assert x_both.shape[0] == 2 and x_one.shape[0] == 1
         assert torch.equal(x_both[1], x_one[0])  # seed 101: the same windows, any arm
         assert not torch.equal(x_both[0], x_both[1])  # seeds 100 and 101: their own
-    own = task.load(member_track(bench.track, 101), str(tmp_path))
+    own = task.load(member_track(bench.design.track, 101), str(tmp_path))
     assert torch.equal(one["test"][0][0], task.inputs_targets(own, "test")[0])
     assert data_seed(101) != data_seed(100) and data_seed(101) == data_seed(101)
 
@@ -90,17 +90,17 @@ def test_a_stacked_seed_scores_as_it_would_alone(tmp_path):
     assert stacked["scores"]["mse"][1] == pytest.approx(alone["scores"]["mse"][0], rel=1e-4)
     assert stacked["scores"]["mse"][0] != pytest.approx(alone["scores"]["mse"][0], rel=1e-3)
     # the first stage of the curriculum reads the same seed's data at its shorter context
-    assert stacked["warm_start"]["context"] == bench.warm_start_track.context
+    assert stacked["warm_start"]["context"] == bench.design.warm_start_track.context
 
 
 def test_every_seed_and_stage_is_cached_before_the_workers():
     bench = _smoke(True)
-    seeds = sorted({*bench.sweep_seeds, *bench.eval_seeds})
+    seeds = sorted({*bench.design.sweep_seeds, *bench.design.eval_seeds})
     cached = tracks_to_cache(bench)
     assert len(cached) == 2 * len(seeds)
     assert {t.seed for t in cached} == {data_seed(s) for s in seeds}
     shared = _smoke(False)
-    assert tracks_to_cache(shared) == [shared.track, shared.warm_start_track]
+    assert tracks_to_cache(shared) == [shared.design.track, shared.design.warm_start_track]
 
 
 def test_the_mode_must_be_a_bool():
@@ -110,12 +110,16 @@ def test_the_mode_must_be_a_bool():
 
 def test_the_naive_forecasts_are_averaged_over_the_seeds_own_data(tmp_path):
     bench = _smoke(True)
-    naive = naive_baselines_of(bench, bench.task.load(bench.track, str(tmp_path)), str(tmp_path))
+    naive = naive_baselines_of(
+        bench, bench.task.load(bench.design.track, str(tmp_path)), str(tmp_path)
+    )
     per_seed = [
-        bench.task.naive_baselines(bench.task.load(member_track(bench.track, s), str(tmp_path)))
-        for s in bench.eval_seeds
+        bench.task.naive_baselines(
+            bench.task.load(member_track(bench.design.track, s), str(tmp_path))
+        )
+        for s in bench.design.eval_seeds
     ]
     linear = [p["forecasts"]["linear"]["test"]["mse"] for p in per_seed]
     assert naive["forecasts"]["linear"]["test"]["mse"] == pytest.approx(np.mean(linear))
-    assert sorted(naive["per_seed"]) == sorted(str(s) for s in bench.eval_seeds)
+    assert sorted(naive["per_seed"]) == sorted(str(s) for s in bench.design.eval_seeds)
     assert len(set(linear)) == len(linear)  # each seed's own windows

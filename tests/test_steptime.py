@@ -36,7 +36,7 @@ def test_a_smoke_timing_file_is_sealed_and_complete(tmp_path):
     assert list(arms) == ["exact", "rpka-r4"]  # exact is always timed: every ratio is to it
     for entry in arms.values():
         assert len(entry["cpu_s"]) == len(entry["wall_s"]) == MIN_REPEATS
-        assert entry["peak_mib"] > 0 and entry["members"] == config.bench.seeds_per_job
+        assert entry["peak_mib"] > 0 and entry["members"] == config.bench.execution.seeds_per_job
     assert arms["exact"]["step_ratio_cpu"]["mean"] == pytest.approx(1.0)
     assert len(stored["load_average_start"]) == len(stored["load_average_end"]) == 3
     path.write_text(path.read_text().replace('"repeats": 7', '"repeats": 8'))  # edited by hand

@@ -48,18 +48,18 @@ def test_every_preset_validates_and_round_trips():
 
 
 def test_full_preset_holds_rank_sweep_ablations_and_peers():
-    names = [arm.name for arm in FULL.arms]
+    names = [arm.name for arm in FULL.design.arms]
     assert names[:4] == ["exact", "rpka-r4", "rpka-r16", "rpka-r64"]
-    assert FULL.ablation_reference == f"rpka-r{ABLATION_RANK}" == "rpka-r16"
+    assert FULL.studies.ablation_reference == f"rpka-r{ABLATION_RANK}" == "rpka-r16"
     for method in PEERS:
         arm = FULL.arm(f"{method}-r{ABLATION_RANK}")
         assert arm.method == method and arm.options["rank"] == ABLATION_RANK
     # every registered method but the local-window control, which no study runs yet (it
     # needs the two-control gate of the long-range work before it can be an arm)
-    assert set(REGISTRY) - {"local"} == {arm.method for arm in FULL.arms}
-    reference = rpka_configuration("rpka", FULL.arm(FULL.ablation_reference).options)
+    assert set(REGISTRY) - {"local"} == {arm.method for arm in FULL.design.arms}
+    reference = rpka_configuration("rpka", FULL.arm(FULL.studies.ablation_reference).options)
     changed = {}
-    for name in FULL.ablation_arms:
+    for name in FULL.studies.ablation_arms:
         arm = FULL.arm(name)
         setup = rpka_configuration(arm.method, arm.options)
         differs = [k for k in FACTORS if setup[k] != reference[k]]
@@ -75,8 +75,11 @@ def test_full_preset_holds_rank_sweep_ablations_and_peers():
 
 def test_ranks_override_keeps_the_ablations_and_their_reference():
     config = get_preset("full", ranks=[4, 64])
-    names = {arm.name for arm in config.arms}
-    assert {"rpka-r16", *FULL.ablation_arms} <= names and config.primary_arm == "rpka-r64"
+    names = {arm.name for arm in config.design.arms}
+    assert {
+        "rpka-r16",
+        *FULL.studies.ablation_arms,
+    } <= names and config.decision.primary_arm == "rpka-r64"
     assert config.arm("rpka-r64") == FULL.arm("rpka-r64")  # a kept rank keeps its options
     assert get_preset("full", ranks=[8]).arm("rpka-r8").options == {"rank": 8}
 
@@ -87,26 +90,32 @@ def test_other_studies_keep_only_a_rank_sweep_and_the_control():
 
     for name, longctx in LONGCTX_PRESETS.items():
         bench = longctx.bench
-        assert bench.ablation_reference is None and bench.output_error_ranks == (), name
+        assert (
+            bench.studies.ablation_reference is None and bench.studies.output_error_ranks == ()
+        ), name
         # the long-range presets (two-control gate) add the local-window control, and
         # may add uniform landmarks and (issue 40's study) the keys coreset
-        extra = {"local", "nystrom-uniform", "keys-coreset"} if bench.gate_needs_local else set()
-        methods = {a.method for a in bench.arms}
+        extra = (
+            {"local", "nystrom-uniform", "keys-coreset"}
+            if bench.decision.gate_needs_local
+            else set()
+        )
+        methods = {a.method for a in bench.design.arms}
         assert {"exact", "rpka", "mean"} <= methods <= {"exact", "rpka", "mean"} | extra, name
-        assert ("local" in methods) == bench.gate_needs_local, name
-        for arm in (a for a in bench.arms if a.method == "rpka"):  # only the rank varies;
+        assert ("local" in methods) == bench.decision.gate_needs_local, name
+        for arm in (a for a in bench.design.arms if a.method == "rpka"):  # only the rank varies;
             # implementation options keep the estimator's law (the refresh by L^{-1})
             assert set(arm.options) - set(IMPLEMENTATION_OPTIONS) == {"rank"}, name
             assert arm.options["residual_solve"] == LONGCTX_RESIDUAL_SOLVE, name
     lm = get_preset("full", "lm")
-    assert lm.output_error_ranks == () and lm.ablation_reference is None
+    assert lm.studies.output_error_ranks == () and lm.studies.ablation_reference is None
     with pytest.raises(ValueError, match="output_error_ranks"):
         get_preset("smoke", "lm", output_error_ranks=(4,))
 
 
 def test_long_length_timing_uses_the_default_pivot_implementation():
     assert FULL.arm("rpka-r64").options["pivot_method"] == "plain"  # training shape's choice
-    extra = {a["name"]: a for a in scaling_config.bench_arms_config(FULL.arms).extra_arms}
+    extra = {a["name"]: a for a in scaling_config.bench_arms_config(FULL.design.arms).extra_arms}
     assert extra["rpka-r64"]["options"] == {"rank": 64}
     assert extra["rpka-r16-exp"]["options"] == {"rank": 16, "weighting": "exp"}
     assert "exact" not in extra
@@ -127,7 +136,7 @@ def test_bad_ablation_settings_are_rejected(changes, match):
         get_preset("smoke", **changes)
 
 
-@pytest.mark.parametrize("arm", FULL.arms, ids=lambda arm: arm.name)
+@pytest.mark.parametrize("arm", FULL.design.arms, ids=lambda arm: arm.name)
 def test_every_full_arm_trains_on_the_smoke_track(tmp_path, arm):
     smoke = get_preset("smoke", train={"epochs": 1}, track={"n_series": 4})
     result = train_run(make_run_config(smoke, arm, 3e-3, [0], "val", str(tmp_path / "cache")))
@@ -316,8 +325,8 @@ def test_report_output_errors_cover_every_arm(smoke_study_report):
 
 
 def tiny_arm_latency(report):
-    base = dataclasses.replace(scaling_config.PRESETS["tiny"], warmup=0, repeats=1)
-    bench_arms = BenchConfig.from_dict(report["config"]).arms
+    base = dataclasses.replace(scaling_config.SCALING_PRESETS["tiny"], warmup=0, repeats=1)
+    bench_arms = BenchConfig.from_dict(report["config"]).design.arms
     config = scaling_config.bench_arms_config(bench_arms, 64, base)
     return scaling.forward_latency(scaling.run_scaling(config, progress=False), 64)
 
@@ -328,13 +337,13 @@ def test_scaling_times_any_registered_method_by_name(smoke_study_report):
     assert set(latency) == set(report["arms"])  # every arm, exact as the sweep's own row
     assert all(ms > 0 for ms in latency.values())
     bad = dataclasses.replace(
-        scaling_config.PRESETS["tiny"],
+        scaling_config.SCALING_PRESETS["tiny"],
         extra_arms=({"name": "p", "method": "performer", "options": {"x": 1}},),
     )
     with pytest.raises(ValueError, match="unknown option"):
         bad.validate()
     clash = dataclasses.replace(
-        scaling_config.PRESETS["tiny"], extra_arms=({"name": "rpka", "method": "rpka"},)
+        scaling_config.SCALING_PRESETS["tiny"], extra_arms=({"name": "rpka", "method": "rpka"},)
     )
     with pytest.raises(ValueError, match="extra_arms"):
         clash.validate()
@@ -413,18 +422,20 @@ def test_ablations_take_their_references_learning_rate(tmp_path):
         assert [row["lr"] for row in arm["sweep"]] == [chosen] == [arm["best_cfg"]["lr"]]
         assert "rpka-r4" in arm["best_cfg"]["selection"]
     assert len(report["arms"]["performer-r4"]["sweep"]) == 2  # a peer sweeps itself
-    assert len(config.eval_seeds) <= config.seeds_per_job  # one evaluation run per arm
+    assert (
+        len(config.design.eval_seeds) <= config.execution.seeds_per_job
+    )  # one evaluation run per arm
     # sweeps: 3 arms x 2 lrs, 3 arms at a borrowed rate x 1 (2 ablations, the control);
     # evaluation: one run per arm
     assert report["timings"]["n_runs"] == 3 * 2 + 3 * 1 + 6
     control = report["arms"]["mean-attention"]
     assert control["best_cfg"]["lr"] == report["arms"]["exact"]["best_cfg"]["lr"]
-    assert set(report["ablation_choice"]["sweep_seeds"]) == set(config.sweep_seeds)
+    assert set(report["ablation_choice"]["sweep_seeds"]) == set(config.design.sweep_seeds)
     # every full-preset ablation takes rpka-r16's rate; lr_from must name a sweeping arm
-    assert {FULL.arm(n).lr_from for n in FULL.ablation_arms} == {"rpka-r16"}
+    assert {FULL.arm(n).lr_from for n in FULL.studies.ablation_arms} == {"rpka-r16"}
     bad = dataclasses.replace(config.arm("performer-r4"), lr_from="rpka-r4-greedy")
     with pytest.raises(ValueError, match="lr_from"):
-        config.replace(arms=(*config.arms[:-2], bad)).validate()
+        config.replace(arms=(*config.design.arms[:-2], bad)).validate()
 
 
 def test_an_arm_may_sweep_with_fewer_seeds(tmp_path):
@@ -456,7 +467,9 @@ def test_scaling_cli_times_a_bench_presets_arms(tmp_path, capsys):
     argv = ["--preset", "tiny", "--bench-preset", "smoke-study", "--lengths", "48"]
     options = ["--warmup", "0", "--repeats", "1", "--quiet", "--out", str(out)]
     result = cli.scaling_main([*argv, *options])
-    assert set(scaling.forward_latency(result)) == {a.name for a in get_preset("smoke-study").arms}
+    assert set(scaling.forward_latency(result)) == {
+        a.name for a in get_preset("smoke-study").design.arms
+    }
     assert json.loads(out.read_text())["config"]["lengths"] == [48]
     with pytest.raises(SystemExit):
         cli.scaling_main([*argv, "--bench-preset", "nope", "--out", str(out)])

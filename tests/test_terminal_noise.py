@@ -137,7 +137,7 @@ def test_the_study_stages_that_take_seconds_draw_a_bar(tmp_path, capsys):
     weights are not committed) with no bar. The demo stage draws one per model it trains
     - also where its run files are there and only the weights are missing - and the
     scaling stage one over its measurements."""
-    from rpka.config.scaling import PRESETS
+    from rpka.config.scaling import SCALING_PRESETS
     from rpka.speed import scaling
     from rpka.study import steps as study
 
@@ -148,7 +148,7 @@ def test_the_study_stages_that_take_seconds_draw_a_bar(tmp_path, capsys):
     study.train_demo("smoke", tmp_path / "train", progress=True)
     err = capsys.readouterr().err
     assert "exact lr=" in err and "rpka-r4 lr=" in err and "12/12" in err
-    config = dataclasses.replace(PRESETS["tiny"], lengths=(64,), repeats=1, warmup=0)
+    config = dataclasses.replace(SCALING_PRESETS["tiny"], lengths=(64,), repeats=1, warmup=0)
     scaling.run_scaling(config, progress=True, out=tmp_path / "s.json", preset="tiny")
     bars = [line for line in capsys.readouterr().err.split("\r") if line.startswith("scaling")]
     assert bars and "100%" in bars[-1]

@@ -22,10 +22,10 @@ def test_smoke_bench_runs_each_new_track(track, tmp_path):
     )
     task = get_task(track)
     assert report["track"] == track
-    assert set(report["arms"]) == {arm.name for arm in config.arms}
+    assert set(report["arms"]) == {arm.name for arm in config.design.arms}
     for name, arm in report["arms"].items():
         values = arm["full"]["per_seed"]
-        assert len(values) == len(config.eval_seeds), name
+        assert len(values) == len(config.design.eval_seeds), name
         assert all(v is not None and math.isfinite(v) for v in values), name
     learnability = report["learnability"]
     assert isinstance(learnability["met"], bool)
@@ -47,7 +47,7 @@ def test_every_full_study_comparison_can_reach_significance(track):
     unadjusted, the secondary arms at Holm's first step, alpha / family size, and the gate
     one-sided - or a verdict could only ever be "inconclusive"."""
     config = get_preset("full", track)
-    n = len(config.eval_seeds)
+    n = len(config.design.eval_seeds)
     assert rule_mde(n, 1.0)["rule_can_reject"], "primary"
     family = len(config.secondary_arms)
     if family:

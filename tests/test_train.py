@@ -32,7 +32,7 @@ def test_same_seeds_give_identical_results(tmp_path, arm):
     assert strip_timing(a) == strip_timing(b)
     json.dumps(a, allow_nan=False)  # JSON-able, non-finite values already None
     member = a["members"][0]
-    assert member["status"] == "ok" and len(member["val_mse"]) == SMOKE.train.epochs
+    assert member["status"] == "ok" and len(member["val_mse"]) == SMOKE.design.train.epochs
     assert a["scores"]["mse"] == [m["final"]["val"]["mse"] for m in a["members"]]
     assert a["step_ms_median"] > 0
     if arm.startswith("rpka"):

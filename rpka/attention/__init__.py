@@ -52,13 +52,20 @@ class MethodInfo:
     a colour picked by a hash of the name). ``has_rank``: it takes a ``rank`` option (its
     arms are named ``<method>-r<k>``). ``landmarks``: the point set its landmarks are
     drawn from - ``joint`` (queries and keys, 2n points), ``keys`` (n) - or None where it
-    draws none (``draws_landmarks``). ``marker``: its marker in the frontier figures."""
+    draws none (``draws_landmarks``). ``marker``: its marker in the frontier figures;
+    ``label_offset``: where its rank notes sit beside its points there (x, y in points; the
+    methods at one rank do not write over each other). ``label``: its short name in tables,
+    legends and prose (None: its registry name; :func:`method_label`); ``long_label``: its
+    name where the short one alone would be unclear (None: ``label``)."""
 
     family: str
     colour: str | None = None
     has_rank: bool = False
     landmarks: str | None = None
     marker: str | None = None
+    label_offset: tuple[int, int] | None = None
+    label: str | None = None
+    long_label: str | None = None
 
     @property
     def draws_landmarks(self) -> bool:
@@ -67,12 +74,33 @@ class MethodInfo:
 
 METHOD_INFO: dict[str, MethodInfo] = {
     "exact": MethodInfo("exact", colour="#000000"),
-    "rpka": MethodInfo("rpka", colour="#de8f05", has_rank=True, landmarks="joint", marker="o"),
+    "rpka": MethodInfo(
+        "rpka",
+        colour="#de8f05",
+        has_rank=True,
+        landmarks="joint",
+        marker="o",
+        label_offset=(5, -4),
+        label="RPKA",
+    ),
     "nystrom-uniform": MethodInfo(
-        "peer", colour="#0173b2", has_rank=True, landmarks="joint", marker="s"
+        "peer",
+        colour="#0173b2",
+        has_rank=True,
+        landmarks="joint",
+        marker="s",
+        label_offset=(5, 14),
+        label="uniform",
+        long_label="uniform landmarks",
     ),
     "keys-coreset": MethodInfo(
-        "peer", colour="#6a3d9a", has_rank=True, landmarks="keys", marker="^"
+        "peer",
+        colour="#6a3d9a",
+        has_rank=True,
+        landmarks="keys",
+        marker="^",
+        label_offset=(-40, -4),
+        label="key coreset",
     ),
     "nystromformer": MethodInfo("peer", colour="#e7298a", has_rank=True),
     "performer": MethodInfo("peer", colour="#999933", has_rank=True),
@@ -82,6 +110,15 @@ METHOD_INFO: dict[str, MethodInfo] = {
 
 # the methods that draw landmarks (RPKA and the peers that pick points), in REGISTRY order
 LANDMARK_METHODS: tuple[str, ...] = tuple(n for n in REGISTRY if METHOD_INFO[n].draws_landmarks)
+
+
+def method_label(name: str, long: bool = False) -> str:
+    """``name``'s label (:class:`MethodInfo`): ``label``, with ``long`` its ``long_label``
+    where it has one; its name where it has none or is not registered."""
+    info = METHOD_INFO.get(name)
+    if info is None:
+        return name
+    return (info.long_label if long else None) or info.label or name
 
 
 def options_of(name: str) -> dict[str, object]:
@@ -131,6 +168,7 @@ __all__ = [
     "check_qkv",
     "gaussian_kernel",
     "method_class",
+    "method_label",
     "nystrom_softmax",
     "options_of",
     "rpcholesky",

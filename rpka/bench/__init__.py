@@ -161,7 +161,7 @@ def run_bench(
         out_dir: results folder (default ``data/results/<preset>``); run files go to
             ``<out_dir>/runs/``.
         executor: where jobs run (``concurrent.futures`` interface); default
-            :func:`default_executor` with ``config.n_workers``. A given executor is not
+            :func:`default_executor` with ``config.execution.n_workers``. A given executor is not
             shut down (on an exception, this bench's queued jobs in it are cancelled);
             the bench's own is aborted on one (``rpka.training.executors.owned``).
         progress: tqdm bars (the bench's, and one per running job).
@@ -174,14 +174,14 @@ def run_bench(
     runs_dir = out / "runs"
     data_dir = str(resolve(data_dir or DEFAULT_DATA_DIR))
 
-    track = config.task.load(config.track, data_dir)  # generates the cache once
+    track = config.task.load(config.design.track, data_dir)  # generates the cache once
     naive = naive_baselines_of(config, track, data_dir)  # per seed's data where each has its own
     t_data = time.perf_counter()
 
     set_aside_unsealed(runs_dir)
     scheduler = Scheduler(config, runs_dir, data_dir, progress, started=t_data)
     if executor is None:  # the bench's own: aborted on an exception
-        executor = default_executor(config.n_workers)
+        executor = default_executor(config.execution.n_workers)
         context: Any = owned(executor)
     else:
         context = nullcontext()

@@ -55,12 +55,12 @@ def weight_readers(config: BenchConfig) -> dict[str, tuple[str, ...]]:
     mechanism study (the primary arm), the output-error study (exact and every arm with a
     rank), and after the bench ``rpka.kernel.spectrum.bench_spectrum`` and ``rpka.study.dropin``
     (exact). No other run's weights are read, so no other run keeps them."""
-    readers: dict[str, list[str]] = {config.baseline_arm: ["spectrum", "drop_in"]}
-    if config.mechanism is not None:
-        readers.setdefault(config.primary_arm, []).append("mechanism")
-    if config.output_error_ranks:
-        readers[config.baseline_arm].append("output_error")
-        for arm in config.arms:
+    readers: dict[str, list[str]] = {config.decision.baseline_arm: ["spectrum", "drop_in"]}
+    if config.studies.mechanism is not None:
+        readers.setdefault(config.decision.primary_arm, []).append("mechanism")
+    if config.studies.output_error_ranks:
+        readers[config.decision.baseline_arm].append("output_error")
+        for arm in config.design.arms:
             if arm.method != "exact" and "rank" in options_of(arm.method):
                 readers.setdefault(arm.name, []).append("output_error")
     return {arm: tuple(stages) for arm, stages in readers.items()}
@@ -144,14 +144,14 @@ class Job:
 def seed_groups(
     config: BenchConfig, phase: str, arm: ArmConfig | None = None
 ) -> list[tuple[int, ...]]:
-    """The phase's seeds in consecutive groups of at most ``config.seeds_per_job``.
+    """The phase's seeds in consecutive groups of at most ``config.execution.seeds_per_job``.
 
     An arm with its own ``sweep_seeds`` sweeps with those (a subset of the study's).
     """
-    seeds = config.sweep_seeds if phase == "sweep" else config.eval_seeds
+    seeds = config.design.sweep_seeds if phase == "sweep" else config.design.eval_seeds
     if phase == "sweep" and arm is not None and arm.sweep_seeds is not None:
         seeds = arm.sweep_seeds
-    size = config.seeds_per_job
+    size = config.execution.seeds_per_job
     return [tuple(seeds[i : i + size]) for i in range(0, len(seeds), size)]
 
 
@@ -179,7 +179,7 @@ def make_jobs(
 
 def n_swept_rates(config: BenchConfig, arm: ArmConfig) -> int:
     """Learning rates the arm's sweep trains: all, or one with ``lr_from``."""
-    return 1 if arm.lr_from is not None else len(config.learning_rates)
+    return 1 if arm.lr_from is not None else len(config.design.learning_rates)
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def job_groups(config: BenchConfig) -> list[JobGroup]:
     ``lr_from``) times its sweep seed groups, and its evaluation seed groups.
     """
     counts: Counter[tuple[str, str, int]] = Counter()
-    for arm in config.arms:
+    for arm in config.design.arms:
         for phase in ("sweep", "eval"):
             rates = n_swept_rates(config, arm) if phase == "sweep" else 1
             for seeds in seed_groups(config, phase, arm):
@@ -283,15 +283,17 @@ class Scheduler:
         self.progress = progress
         self.n_groups = {
             (phase, arm.name): len(seed_groups(config, phase, arm))
-            for arm in config.arms
+            for arm in config.design.arms
             for phase in ("sweep", "eval")
         }
         # learning rates each arm sweeps: all of them, or (lr_from) the one its source arm
         # chose, known once that arm's sweep is done
-        self.swept_lrs = {a.name: config.learning_rates for a in config.arms if a.lr_from is None}
+        self.swept_lrs = {
+            a.name: config.design.learning_rates for a in config.design.arms if a.lr_from is None
+        }
         start = time.perf_counter() if started is None else started
         self.results = RunResults(
-            sweep_of={arm.name: {} for arm in config.arms},
+            sweep_of={arm.name: {} for arm in config.design.arms},
             n_jobs=sum(group.jobs for group in job_groups(config)),
             finished_at={"sweep": start, "eval": start},
         )
@@ -314,9 +316,9 @@ class Scheduler:
         )
         sweep_jobs = [
             job
-            for arm in config.arms
+            for arm in config.design.arms
             if arm.lr_from is None
-            for lr in config.learning_rates
+            for lr in config.design.learning_rates
             for job in self._jobs(arm, lr, "sweep")
         ]
         try:
@@ -341,7 +343,7 @@ class Scheduler:
     def _submit(self, jobs: list[Job]) -> None:
         """Queue ``jobs`` (longest first: better packing); a finished one is collected."""
         assert self.executor is not None
-        n_slots = max(1, self.config.n_workers)
+        n_slots = max(1, self.config.execution.n_workers)
         for job in sorted(jobs, key=lambda j: -j.cost):
             result = finished_result(job.path, job.run_config.get("state_path"))
             if result is not None:  # resume: finished earlier
@@ -374,8 +376,8 @@ class Scheduler:
         """Arm ``name``'s sweep is complete: its evaluation, and its dependants' sweeps."""
         sweep = self.results.sweep_of[name]
         ordered = {lr: sweep[lr] for lr in self.swept_lrs[name]}
-        best = best_learning_rate(ordered, self.config.metric)
+        best = best_learning_rate(ordered, self.config.design.metric)
         self._submit(self._jobs(self.config.arm(name), best, "eval"))
-        for dependant in (a for a in self.config.arms if a.lr_from == name):
+        for dependant in (a for a in self.config.design.arms if a.lr_from == name):
             self.swept_lrs[dependant.name] = (best,)
             self._submit(self._jobs(dependant, best, "sweep"))

@@ -42,10 +42,10 @@ def sweep_rows(
     config: BenchConfig, sweep: dict[float, dict], best_lr: float
 ) -> list[dict[str, Any]]:
     """One row per swept learning rate (``lr_from``: the one inherited), in sweep order."""
-    metric = config.metric
+    metric = config.design.metric
     others = [m for m in config.task.metrics if m != metric]
     rows = []
-    for lr in (lr for lr in config.learning_rates if lr in sweep):
+    for lr in (lr for lr in config.design.learning_rates if lr in sweep):
         r = sweep[lr]
         rows.append(
             {
@@ -68,10 +68,10 @@ def arm_entry(
     config: BenchConfig, arm: ArmConfig, sweep: dict[float, dict], result: dict[str, Any]
 ) -> dict[str, Any]:
     """best_cfg, sweep, full (test, the primary metric) and more for one arm."""
-    metric = config.metric
+    metric = config.design.metric
     metrics = config.task.metrics
     best_lr = result["lr"]
-    tokens = config.track.attention_tokens
+    tokens = config.design.track.attention_tokens
     options = dict(arm.options)
     points = None
     rpka_choices = rpka_configuration(arm.method, options)  # rpka and nystrom-uniform
@@ -127,24 +127,24 @@ def build_report(
     task = config.task
     arms = {
         arm.name: arm_entry(config, arm, sweep_of[arm.name], eval_of[arm.name])
-        for arm in config.arms
+        for arm in config.design.arms
     }
     for entry in arms.values():  # e.g. track lm: the gap to the perplexity floor
         entry.update(task.arm_extras(entry, naive))
-    base = arms[config.baseline_arm]
+    base = arms[config.decision.baseline_arm]
     gate = compare_arms(config, arms)
-    primary = arms[config.primary_arm]
+    primary = arms[config.decision.primary_arm]
     report = {
         "bench_version": BENCH_VERSION,
         "track": config.track_name,
-        "model": config.model.name,
-        "metric": config.metric,
+        "model": config.design.model.name,
+        "metric": config.design.metric,
         "metric_direction": METRIC_DIRECTION,
-        "n_seeds": len(config.eval_seeds),
-        "baseline_arm": config.baseline_arm,
-        "primary_arm": config.primary_arm,
-        "baseline": _earlier_keys(base, config.baseline_arm),
-        "idea": _earlier_keys(primary, config.primary_arm),
+        "n_seeds": len(config.design.eval_seeds),
+        "baseline_arm": config.decision.baseline_arm,
+        "primary_arm": config.decision.primary_arm,
+        "baseline": _earlier_keys(base, config.decision.baseline_arm),
+        "idea": _earlier_keys(primary, config.decision.primary_arm),
         "comparison": primary["comparison"],
         "attention_gate": gate,
         "local_gate": local_gate(config, arms),
@@ -158,7 +158,7 @@ def build_report(
         "data": task.data_summary(track),
         "config": config.to_dict(),
         "versions": versions(),
-        "device": device_description(config.device),
+        "device": device_description(config.execution.device),
     }
     report["ablation_choice"] = choose_default(report)  # validation scores only
     return report
@@ -179,11 +179,11 @@ def timings(
     baseline's, each arm's summed run wall and CPU seconds, job counts, load averages."""
     sweep_of, eval_of = runs.sweep_of, runs.eval_of
     step = {name: eval_of[name]["step_ms_median"] for name in eval_of}
-    exact_ms = step.get(config.baseline_arm)
+    exact_ms = step.get(config.decision.baseline_arm)
     return {
         "phases": phases,
         "step_ms_median": step,
-        "step_members": min(config.seeds_per_job, len(config.eval_seeds)),
+        "step_members": min(config.execution.seeds_per_job, len(config.design.eval_seeds)),
         "step_ratio_vs_baseline": {
             name: (ms / exact_ms if ms and exact_ms else None) for name, ms in step.items()
         },
@@ -203,7 +203,7 @@ def timings(
         },
         "n_runs": runs.n_jobs,
         "n_runs_resumed": runs.n_resumed,
-        "n_workers": config.n_workers,
+        "n_workers": config.execution.n_workers,
         "load_average_start": load[0],
         "load_average_end": load[1],
     }

@@ -90,12 +90,12 @@ def run_studies(
     weights = Weights(runs_dir, data_dir or str(resolve(DEFAULT_DATA_DIR)), progress)
     results = StudyResults(retrained=weights.retrained)
     start = time.perf_counter()
-    if config.mechanism is not None and config.primary_arm in eval_of:
+    if config.studies.mechanism is not None and config.decision.primary_arm in eval_of:
         results.mechanism_signature = study_mechanism(
-            config, eval_of[config.primary_arm], weights, out, track, progress
+            config, eval_of[config.decision.primary_arm], weights, out, track, progress
         )
     middle = time.perf_counter()
-    if config.output_error_ranks and config.baseline_arm in eval_of:
+    if config.studies.output_error_ranks and config.decision.baseline_arm in eval_of:
         previous = read_json_or_heal(out / "bench_report.json", ("arms",))
         if output_error_current(config, eval_of, previous):
             results.output_error = previous["output_error"]  # resume: same runs, same study
@@ -126,12 +126,12 @@ def study_mechanism(
     """
     result = read_run_file(weights.runs_dir / f"{primary['run_ids'][0]}.json")
     init = build_model(result["config"], track_config_of(result["config"]), torch.device("cpu"))
-    arm = config.arm(config.primary_arm)
+    arm = config.arm(config.decision.primary_arm)
     options = {
         k: arm.options[k] for k in ("pivot_set", "weighting", "tempering") if k in arm.options
     }
     x = config.task.inputs_targets(track, "test")[0][:n_windows]
-    study_options = {**options, **(config.mechanism or {})}
+    study_options = {**options, **(config.studies.mechanism or {})}
     seed = result["seeds"][0]
     described = (
         f"{arm.name} (method {arm.method}, options {dict(arm.options)}), lr "
@@ -172,9 +172,9 @@ def trained_model(described: str) -> dict[str, Any]:
 def output_error_arms(config: BenchConfig, eval_of: dict[str, dict[str, Any]]) -> list[str]:
     """The arms whose trained models the output-error study reads: exact and every
     evaluated arm with a rank."""
-    return [config.baseline_arm] + [
+    return [config.decision.baseline_arm] + [
         arm.name
-        for arm in config.arms
+        for arm in config.design.arms
         if arm.method != "exact" and arm.name in eval_of and "rank" in options_of(arm.method)
     ]
 
@@ -187,7 +187,7 @@ def output_error_current(
     done = (previous or {}).get("output_error")
     if not done or (done["definition"], done["ranks"], done["seeds"]) != (
         OUTPUT_ERROR_DEFINITION,
-        list(config.output_error_ranks),
+        list(config.studies.output_error_ranks),
         OUTPUT_ERROR_SEEDS,
     ):
         return False
@@ -208,20 +208,20 @@ def study_output_errors(
 ) -> dict[str, Any]:
     """Every arm's attention output error against exact on trained Q/K, at several ranks.
 
-    Ranks: ``config.output_error_ranks`` plus the arm's own. Inputs: the arm's own trained
+    Ranks: ``config.studies.output_error_ranks`` plus the arm's own. Inputs: the arm's own trained
     model and the exact arm's (the Q/K softmax attention learned: one set for every
     method), member 0 (the first evaluation seed), ``n_windows`` test windows.
     """
     x = config.task.inputs_targets(track, "test")[0][:n_windows]
-    exact_inputs = _trained_inputs(weights, eval_of[config.baseline_arm], x)
+    exact_inputs = _trained_inputs(weights, eval_of[config.decision.baseline_arm], x)
     rows = []
-    for arm in config.arms:
+    for arm in config.design.arms:
         if arm.method == "exact" or arm.name not in eval_of:
             continue
         if "rank" not in options_of(arm.method):
             continue  # a control without a rank (``mean``): nothing to approximate
         own = dict(arm.options).get("rank")
-        ranks = sorted(set(config.output_error_ranks) | ({own} if own else set()))
+        ranks = sorted(set(config.studies.output_error_ranks) | ({own} if own else set()))
         own_inputs = _trained_inputs(weights, eval_of[arm.name], x)
         for label, qkv in (("own", own_inputs), ("exact", exact_inputs)):
             for row in method_output_errors(
@@ -232,7 +232,7 @@ def study_output_errors(
                 )
     return {
         "definition": OUTPUT_ERROR_DEFINITION,
-        "ranks": list(config.output_error_ranks),
+        "ranks": list(config.studies.output_error_ranks),
         "n_windows": len(x),
         "seeds": OUTPUT_ERROR_SEEDS,
         "rows": rows,

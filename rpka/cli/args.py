@@ -14,7 +14,7 @@ from typing import NoReturn
 from rpka import bench, paths
 from rpka.cli import pipeline
 from rpka.config.bench import DEVICES
-from rpka.config.presets import PRESETS_BY_TRACK, STUDY_TRACKS
+from rpka.config.presets import PRESETS_BY_TRACK, STUDY_PRESETS, STUDY_TRACKS
 from rpka.config.presets_longctx import LONGCTX_PRESETS
 from rpka.paths import resolve
 from rpka.report import readme
@@ -222,7 +222,7 @@ def report_parser() -> argparse.ArgumentParser:
     parser = make_parser("report", pipeline.__doc__)
     parser.add_argument(
         "--preset",
-        choices=pipeline.PRESETS,
+        choices=STUDY_PRESETS,
         default="standard",
         help="the study (default: %(default)s, about half an hour on 2 cores; full: the "
         "extended study, hours)",
@@ -258,7 +258,7 @@ def report_parser() -> argparse.ArgumentParser:
 def scaling_parser() -> argparse.ArgumentParser:
     """``python -m rpka scaling``'s options."""
     parser = make_parser("scaling", scaling.__doc__)
-    parser.add_argument("--preset", choices=sorted(scaling.PRESETS), default="cpu")
+    parser.add_argument("--preset", choices=sorted(scaling.SCALING_PRESETS), default="cpu")
     parser.add_argument("--lengths", type=int, nargs="+")
     parser.add_argument("--ranks", type=int, nargs="+")
     parser.add_argument("--control-ranks", type=int, nargs="*")
@@ -311,7 +311,7 @@ def cost_parser() -> argparse.ArgumentParser:
     """``python -m rpka cost``'s options."""
     parser = make_parser("cost", cost.__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--preset", choices=sorted(pipeline.PRESETS), default="standard",
+        "--preset", choices=sorted(STUDY_PRESETS), default="standard",
         help="the study to price (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(

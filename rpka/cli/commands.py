@@ -85,9 +85,9 @@ def parse_bench(argv: Sequence[str] | None = None) -> tuple[BenchConfig, argpars
         config = get_preset(args.preset, args.track, **_bench_overrides(parser, args))
     except ValueError as err:
         parser.error(str(err))
-    if config.device == "cuda" and not torch.cuda.is_available():
+    if config.execution.device == "cuda" and not torch.cuda.is_available():
         parser.error("argument --device: cuda requested but CUDA is not available")
-    if len(config.eval_seeds) < SEEDS_RANGE[0]:
+    if len(config.design.eval_seeds) < SEEDS_RANGE[0]:
         parser.error(f"preset {args.preset}: a paired comparison needs >= 2 evaluation seeds")
     if args.out is None:
         refuse_committed_default(parser, bench.default_out(config))
@@ -107,7 +107,7 @@ def _bench_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             base = get_preset(args.preset, args.track)
         except ValueError as err:
             parser.error(str(err))
-        overrides["eval_seeds"] = eval_seeds(base.sweep_seeds, args.seeds)
+        overrides["eval_seeds"] = eval_seeds(base.design.sweep_seeds, args.seeds)
     if args.lrs is not None:
         overrides["learning_rates"] = tuple(args.lrs)
     if args.epochs is not None:
@@ -123,7 +123,7 @@ def bench_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config, args = parse_bench(argv)
     kind = args.scheduler or args.executor or "local"
     try:
-        executor = make_executor(kind, n_workers=config.n_workers)
+        executor = make_executor(kind, n_workers=config.execution.n_workers)
     except OSError as err:  # an unreachable scheduler: distributed's timeout, then OSError
         if args.scheduler is None:
             raise
@@ -201,14 +201,14 @@ def parse_longctx(
         overrides["contexts"] = args.contexts
     if args.ranks is not None:
         overrides["ranks"] = args.ranks
-        preset_primary = LONGCTX_PRESETS[args.preset].bench.primary_arm
+        preset_primary = LONGCTX_PRESETS[args.preset].bench.decision.primary_arm
         if preset_primary in {f"rpka-r{r}" for r in args.ranks}:
             overrides["primary_arm"] = preset_primary
     if args.warm_start_from is not None:
         overrides["warm_start_from"] = args.warm_start_from or None
     if args.seeds is not None:
         check_seeds(parser, args.seeds)
-        sweep_seeds = LONGCTX_PRESETS[args.preset].bench.sweep_seeds
+        sweep_seeds = LONGCTX_PRESETS[args.preset].bench.design.sweep_seeds
         overrides["eval_seeds"] = eval_seeds(sweep_seeds, args.seeds)
     if args.device is not None:
         overrides["device"] = args.device
@@ -223,7 +223,7 @@ def parse_longctx(
         longctx.check_memory(config)
     except ValueError as err:
         parser.error(str(err))
-    if config.bench.device == "cuda" and not torch.cuda.is_available():
+    if config.bench.execution.device == "cuda" and not torch.cuda.is_available():
         parser.error("argument --device: cuda requested but CUDA is not available")
     args.out = resolve(args.out or paths.results_dir(config.preset))
     check_out_dir(parser, "--out", args.out)
@@ -328,11 +328,11 @@ def scaling_main(argv: Sequence[str] | None = None) -> dict:
         overrides["backward"] = False
     if args.no_memory:
         overrides["memory"] = False
-    config = scaling.PRESETS[args.preset]
+    config = scaling.SCALING_PRESETS[args.preset]
     default_out = scaling.DEFAULT_OUT[args.preset]
     try:
         if args.bench_preset is not None:
-            bench_arms = get_preset(args.bench_preset).arms
+            bench_arms = get_preset(args.bench_preset).design.arms
             config = scaling.bench_arms_config(bench_arms, base=config)
             default_out = paths.scaling_json(f"arms_{args.bench_preset}_{args.preset}")
         config = replace(config, **overrides)

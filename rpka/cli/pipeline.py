@@ -44,7 +44,6 @@ from tqdm import tqdm
 from traitlets.config import Config
 
 from rpka import paths, report
-from rpka.config.presets import STUDY_PRESETS
 from rpka.io import atomic_write_text
 from rpka.paths import REPO_ROOT, resolve
 from rpka.study import notebook_params
@@ -52,7 +51,6 @@ from rpka.study.steps import NOTEBOOKS, notebook_parameters
 
 NOTEBOOK_DIR = resolve(paths.NOTEBOOKS)
 REPORT_DIR = resolve(paths.REPORTS)
-PRESETS = STUDY_PRESETS
 
 
 class PipelineError(RuntimeError):

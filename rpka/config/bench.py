@@ -21,10 +21,10 @@ On disk (``bench_report.json``, run files, notebooks' parameters) a study is one
 mapping of every concern's fields, in :data:`FLAT_FIELDS` order: :meth:`BenchConfig.to_dict`
 writes it, :meth:`BenchConfig.from_dict` reads it (also after a JSON round trip),
 :meth:`BenchConfig.of` builds a study from those names and :meth:`BenchConfig.replace`
-changes some; each also reads by its name (``config.margin`` is
-``config.decision.margin``). :func:`apply_overrides` replaces fields of a config and
-validates the result. Every bad value raises ``ValueError`` naming the parameter and its
-allowed range.
+changes some. In code a field is read on its concern (``config.decision.margin``,
+``config.design.eval_seeds``): one name per field. :func:`apply_overrides` replaces fields
+of a config and validates the result. Every bad value raises ``ValueError`` naming the
+parameter and its allowed range.
 """
 
 from __future__ import annotations
@@ -96,17 +96,13 @@ TUPLE_FIELDS = (
 )
 
 
-def _read(concern: str, name: str) -> property:
-    """Read access to ``concern``'s field ``name`` by its flat name."""
-    return property(lambda self: getattr(getattr(self, concern), name), doc=f"{concern}.{name}")
-
-
 @dataclass(frozen=True)
 class BenchConfig:
     """A whole study: its preset's name and its four concerns (module docstring).
 
-    Every concern's field reads by its flat name (``config.eval_seeds``,
-    ``config.primary_arm``); :meth:`of` and :meth:`replace` take the flat names too.
+    A field reads on its concern (``config.design.eval_seeds``,
+    ``config.decision.primary_arm``); :meth:`of` and :meth:`replace` take the flat names
+    (:data:`FLAT_FIELDS`), the presets' and the JSON's interface.
     """
 
     preset: str
@@ -114,32 +110,6 @@ class BenchConfig:
     decision: DecisionRule
     studies: Studies = field(default_factory=Studies)
     execution: Execution = field(default_factory=Execution)
-
-    track = _read("design", "track")
-    model = _read("design", "model")
-    train = _read("design", "train")
-    arms = _read("design", "arms")
-    learning_rates = _read("design", "learning_rates")
-    sweep_seeds = _read("design", "sweep_seeds")
-    eval_seeds = _read("design", "eval_seeds")
-    metric = _read("design", "metric")
-    warm_start_track = _read("design", "warm_start_track")
-    data_per_seed = _read("design", "data_per_seed")
-    primary_arm = _read("decision", "primary_arm")
-    baseline_arm = _read("decision", "baseline_arm")
-    margin = _read("decision", "margin")
-    control_arm = _read("decision", "control_arm")
-    gate_min_rel = _read("decision", "gate_min_rel")
-    local_control_arm = _read("decision", "local_control_arm")
-    gate_needs_local = _read("decision", "gate_needs_local")
-    positive_control_arm = _read("decision", "positive_control_arm")
-    mechanism = _read("studies", "mechanism")
-    ablation_reference = _read("studies", "ablation_reference")
-    ablation_arms = _read("studies", "ablation_arms")
-    output_error_ranks = _read("studies", "output_error_ranks")
-    device = _read("execution", "device")
-    n_workers = _read("execution", "n_workers")
-    seeds_per_job = _read("execution", "seeds_per_job")
 
     @property
     def control(self) -> str | None:
@@ -205,9 +175,9 @@ class BenchConfig:
         for name in CONCERNS:
             values |= dataclasses.asdict(getattr(self, name))
         # tracks store their fields as run ids hash them (later knobs at default left out)
-        values["track"] = track_fields(self.track)
-        if self.warm_start_track is not None:
-            values["warm_start_track"] = track_fields(self.warm_start_track)
+        values["track"] = track_fields(self.design.track)
+        if self.design.warm_start_track is not None:
+            values["warm_start_track"] = track_fields(self.design.warm_start_track)
         return {name: values[name] for name in FLAT_FIELDS}
 
     @classmethod
@@ -252,13 +222,15 @@ def _rank_sweep(config: BenchConfig, ranks: Any, reference: str | None) -> tuple
         ranks,
     )
     swept = [
-        a for a in config.arms if a.method == "rpka" and a.name == f"rpka-r{a.options.get('rank')}"
+        a
+        for a in config.design.arms
+        if a.method == "rpka" and a.name == f"rpka-r{a.options.get('rank')}"
     ]
     shared = {k: v for k, v in (swept[0].options if swept else {}).items() if k != "rank"}
-    kept_anyway = {reference, config.positive_control_arm}
+    kept_anyway = {reference, config.decision.positive_control_arm}
     wanted = {f"rpka-r{r}" for r in ranks} | kept_anyway  # swept arms kept as they are
     dropped = {a.name for a in swept} - wanted
-    others = [a for a in config.arms if a.name not in dropped]
+    others = [a for a in config.design.arms if a.name not in dropped]
     kept = {a.name for a in others}
     new_arms = [rpka_arm(r, **shared) for r in sorted(set(ranks)) if f"rpka-r{r}" not in kept]
     return tuple(others) + tuple(new_arms)
@@ -270,15 +242,15 @@ def apply_overrides(config: BenchConfig, **overrides: Any) -> BenchConfig:
     ranks = overrides.pop("ranks", None)
     if ranks is not None:
         ranks = list(ranks)
-        reference = overrides.get("ablation_reference", config.ablation_reference)
+        reference = overrides.get("ablation_reference", config.studies.ablation_reference)
         overrides["arms"] = _rank_sweep(config, ranks, reference)
         overrides.setdefault("primary_arm", f"rpka-r{max(ranks)}")
     unknown = sorted(set(overrides) - set(FLAT_FIELDS))
     require(not unknown, "override", f"among {sorted({*FLAT_FIELDS, 'ranks'})}", unknown)
-    nested = {"track": type(config.track), "model": ModelConfig, "train": TrainConfig}
+    nested = {"track": type(config.design.track), "model": ModelConfig, "train": TrainConfig}
     for key, value in list(overrides.items()):
         if key in nested and isinstance(value, Mapping):
-            current = getattr(config, key)
+            current = getattr(config.design, key)
             allowed = {f.name for f in fields(current)}
             bad = sorted(set(value) - allowed)
             require(not bad, f"{key} override", f"among {sorted(allowed)}", bad)
@@ -346,7 +318,7 @@ class LongContextConfig:
         """The bench at ``context`` (validated); above ``warm_start_from`` its runs train
         at that context first (``Design.warm_start_track``, ``rpka.training.curriculum``)."""
         task, windows = self.bench.task, (self.train_windows, self.eval_windows)
-        track = task.at_context(self.bench.track, context, *windows)
+        track = task.at_context(self.bench.design.track, context, *windows)
         warm = self.warm_start_from
         warm_track = task.at_context(track, warm, *windows) if warm and context > warm else None
         config = self.bench.replace(track=track, warm_start_track=warm_track)

@@ -24,6 +24,7 @@ from rpka.config.presets_tracks import (
     ABLATIONS,
     EXACT,
     FORECAST_MARGIN,
+    FORECAST_PRESETS,
     LM_CAUSAL_BLOCK,
     LM_MODEL,
     LM_PRESETS,
@@ -32,7 +33,6 @@ from rpka.config.presets_tracks import (
     MECHANISM_TRACK,
     MOTIF_PRESETS,
     PEERS,
-    PRESETS,
     QUICK_EVAL_SEEDS,
     REAL_PRESETS,
     RECALL_PRESETS,
@@ -100,7 +100,7 @@ STANDARD_PRESETS: dict[str, BenchConfig] = {
             n_val=1_000,
             n_test=1_000,
         ),  # fmt: skip
-        model=dataclasses.replace(_MOTIF_FULL.model, n_layers=1),
+        model=dataclasses.replace(_MOTIF_FULL.design.model, n_layers=1),
         train=TrainConfig(epochs=6, batch_size=64),  # 1,500 steps
     ),
     # 8 evaluation seeds, as in the full study: 6 could not reject with one seed against
@@ -155,7 +155,7 @@ RECALL_PAIRS_PRESETS: dict[str, BenchConfig] = {
 # values built from each track's presets (``rpka.config.presets_tracks``, left as they are:
 # nothing here changes another module's dicts) and the standard study's.
 PRESETS_BY_TRACK: dict[str, dict[str, BenchConfig]] = {
-    "forecast": {**PRESETS, "standard": STANDARD_PRESETS["forecast"]},
+    "forecast": {**FORECAST_PRESETS, "standard": STANDARD_PRESETS["forecast"]},
     "lm": {**LM_PRESETS, "standard": STANDARD_PRESETS["lm"]},
     "forecast-motif": {
         **MOTIF_PRESETS,
@@ -208,6 +208,7 @@ __all__ = [  # with each track's presets and parts, re-exported from rpka.config
     "ABLATIONS",
     "EXACT",
     "FORECAST_MARGIN",
+    "FORECAST_PRESETS",
     "LM_CAUSAL_BLOCK",
     "LM_MODEL",
     "LM_PRESETS",
@@ -216,7 +217,6 @@ __all__ = [  # with each track's presets and parts, re-exported from rpka.config
     "MECHANISM_TRACK",
     "MOTIF_PRESETS",
     "PEERS",
-    "PRESETS",
     "PRESETS_BY_TRACK",
     "PREVIEW_PRESETS",
     "QUICK_EVAL_SEEDS",

@@ -153,10 +153,14 @@ LONGCTX_PRESETS: dict[str, LongContextConfig] = {
 # --------------------------------------------------------------------------- long range
 # Issue 27: a task whose answer lies far back (forecast-lookup: cue-payload pairs anywhere
 # but in the context's last min_distance steps, the query cue at the end), the local window
-# as a second control and the two-control gate (BenchConfig.gate_needs_local): the verdicts
+# as a second control and the two-control gate (DecisionRule.gate_needs_local): the verdicts
 # count only where exact beats both mean-attention and local-w128 by >= 25 % (one-sided
 # p < 0.05).
 LOCAL_WINDOW = 128  # the local control's window at long context (issue 27)
+# The methods the long-range study's answer reads n* for (issue 40,
+# rpka.verdict.robustness.longrange_answer): RPKA against uniform landmarks, the question
+# the study asks - a design choice of the study, not metadata of the methods
+ANSWER_METHODS = ("rpka", "nystrom-uniform")
 # One pair (a fixed cue, a fresh payload) occurring 8 times, the fewest that learned; no pair
 # within the local window plus the embedding's reach on both sides, so a band of 128 tokens
 # ending at the last one reaches no payload step (lookup module docstring)
@@ -366,13 +370,22 @@ def with_arms(config: LongContextConfig, names: list[str] | tuple[str, ...]) -> 
     positive control stays only if named. Unknown names raise ``ValueError`` listing the
     study's arms."""
     bench = config.bench
-    known = [arm.name for arm in bench.arms]
+    known = [arm.name for arm in bench.design.arms]
     unknown = sorted(set(names) - set(known))
     require(not unknown, "arms", f"names among {known}", unknown)
-    needed = {bench.baseline_arm, bench.primary_arm, bench.control, bench.local_control}
+    needed = {
+        bench.decision.baseline_arm,
+        bench.decision.primary_arm,
+        bench.control,
+        bench.local_control,
+    }
     keep = (set(names) | needed) - {None}
-    positive = bench.positive_control_arm if bench.positive_control_arm in names else None
-    arms = tuple(arm for arm in bench.arms if arm.name in keep)
+    positive = (
+        bench.decision.positive_control_arm
+        if bench.decision.positive_control_arm in names
+        else None
+    )
+    arms = tuple(arm for arm in bench.design.arms if arm.name in keep)
     config = dataclasses.replace(
         config, bench=bench.replace(arms=arms, positive_control_arm=positive)
     )

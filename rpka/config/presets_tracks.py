@@ -1,7 +1,8 @@
-"""Each track's named studies, as values of ``rpka.config.bench``'s dataclasses: ``PRESETS``
-(the forecast track: ``smoke`` for tests and CI, ``quick`` for a few minutes, ``full`` for
-the real study - the rank sweep, RPKA's ablations and the peers - ``quick-study``, the full
-study's arms at the quick size, and ``smoke-study``, its structure in miniature for tests),
+"""Each track's named studies, as values of ``rpka.config.bench``'s dataclasses:
+``FORECAST_PRESETS`` (the forecast track: ``smoke`` for tests and CI, ``quick`` for a few
+minutes, ``full`` for the real study - the rank sweep, RPKA's ablations and the peers -
+``quick-study``, the full study's arms at the quick size, and ``smoke-study``, its
+structure in miniature for tests),
 ``LM_PRESETS`` (``smoke`` / ``quick`` / ``full`` of the ``lm`` track) and
 ``MOTIF_PRESETS``, ``REGIMES_PRESETS``, ``REAL_PRESETS`` and ``RECALL_PRESETS``: the
 ``smoke`` (seconds, for tests), ``quick`` (previews), ``gate`` (the attention gate alone)
@@ -179,7 +180,7 @@ def _quick_study() -> BenchConfig:
     )
 
 
-PRESETS: dict[str, BenchConfig] = {
+FORECAST_PRESETS: dict[str, BenchConfig] = {
     "smoke": _smoke(),
     "smoke-study": _smoke_study(),
     "quick": _quick(),
@@ -291,7 +292,7 @@ GATE_TRAIN = TrainConfig(epochs=10, batch_size=64)  # ~3,100 steps: what exact n
 def _window_smoke(track: Any, embed_kernel: int) -> BenchConfig:
     return _smoke().replace(
         track=track,
-        model=dataclasses.replace(_smoke().model, embed_kernel=embed_kernel),
+        model=dataclasses.replace(_smoke().design.model, embed_kernel=embed_kernel),
         arms=(EXACT, MEAN_CONTROL, rpka_arm(4)),
         mechanism=None,
         output_error_ranks=(),
@@ -337,8 +338,8 @@ def _window_quick(full: BenchConfig, **track: Any) -> BenchConfig:
     preview)."""
     return full.replace(
         preset="quick",
-        track=dataclasses.replace(full.track, **track),
-        train=dataclasses.replace(full.train, epochs=2),
+        track=dataclasses.replace(full.design.track, **track),
+        train=dataclasses.replace(full.design.train, epochs=2),
         eval_seeds=QUICK_EVAL_SEEDS,
     )
 
@@ -367,7 +368,7 @@ _REGIMES_FULL = _window_full(RegimesConfig(), embed_kernel=5)
 _REAL_FULL = _window_full(RealConfig(), embed_kernel=5, train=TrainConfig(epochs=50, batch_size=64))
 MOTIF_PRESETS: dict[str, BenchConfig] = {
     "smoke": _window_smoke(MotifConfig(**SMALL_WINDOWS), embed_kernel=17).replace(
-        mechanism=_smoke().mechanism
+        mechanism=_smoke().studies.mechanism
     ),
     "quick": _window_quick(_MOTIF_FULL, **QUICK_WINDOWS).replace(mechanism=QUICK_MECHANISM),
     "gate": _window_gate(MotifConfig(), embed_kernel=17),
@@ -435,7 +436,7 @@ def _recall(preset: str, arms: tuple[ArmConfig, ...], eval_seeds: tuple[int, ...
 
 RECALL_PRESETS: dict[str, BenchConfig] = {
     "smoke": _lm_smoke().replace(
-        model=dataclasses.replace(_lm_smoke().model, previous_tokens=1),
+        model=dataclasses.replace(_lm_smoke().design.model, previous_tokens=1),
         track=RecallConfig(
             vocab_size=17,
             n_pairs=4,

@@ -1,5 +1,5 @@
 """What a latency sweep measures (``rpka.speed.scaling``): its configuration, the named sweeps
-(``PRESETS``, each with its result file ``DEFAULT_OUT``), the arms a configuration expands
+(``SCALING_PRESETS``, each with its result file ``DEFAULT_OUT``), the arms a configuration expands
 into, and a sweep of a bench study's own arms at one length (``bench_arms_config``)."""
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _bad_int(value: object, low: int) -> bool:
     return not isinstance(value, int) or isinstance(value, bool) or value < low
 
 
-PRESETS = {
+SCALING_PRESETS = {
     # this project's 2-core CPU machine
     "cpu": ScalingConfig(
         lengths=(256, 512, 1024, 2048, 4096, 8192),
@@ -198,7 +198,7 @@ def bench_arms_config(
             options = {k: v for k, v in arm["options"].items() if k not in IMPLEMENTATION_OPTIONS}
             extra.append({"name": arm["name"], "method": arm["method"], "options": options})
     return replace(
-        base or PRESETS["cpu"],
+        base or SCALING_PRESETS["cpu"],
         lengths=(int(length),),
         long_length=int(length) + 1,  # one length: every arm gets the full ``repeats``
         ranks=(),

@@ -21,10 +21,10 @@ from rpka.io import save_figure
 from rpka.report import palette
 from rpka.report.figures import legend_entries, panel_grid
 
-# one colour per method, the same in every panel
+# one colour, marker and place of the rank notes per method (the registry's), in every panel
 METHOD_COLOURS = {m: palette.method_colour(m) for m in LANDMARK_METHODS}
 METHOD_MARKERS = {m: METHOD_INFO[m].marker for m in LANDMARK_METHODS}
-LABEL_OFFSETS = {"rpka": (5, -4), "nystrom-uniform": (5, 14), "keys-coreset": (-40, -4)}
+LABEL_OFFSETS = {m: METHOD_INFO[m].label_offset for m in LANDMARK_METHODS}
 RANK_TICKS = (1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
 
 

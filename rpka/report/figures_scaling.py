@@ -258,7 +258,7 @@ def plot_longctx(
     """Training at long context (``rpka.study.longctx`` JSON), per context and arm: the median
     training step time, the peak memory of a step, the test MSE (mean +/- sd over the
     evaluation seeds) and its paired difference from exact (mean, 95 % t interval); the
-    primary arm (``config.bench.primary_arm``) marked in the legend. Data from
+    primary arm (``config.bench.decision.primary_arm``) marked in the legend. Data from
     ``rpka.report.tables.longctx_table``."""
     table = longctx_table(longctx)
     arms = list(dict.fromkeys(table["arm"]))

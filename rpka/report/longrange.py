@@ -19,6 +19,7 @@ import pandas as pd
 from IPython.display import Markdown
 
 from rpka import paths
+from rpka.attention import method_label
 from rpka.io import read_json_checked
 from rpka.report.figures_frontier import NON_INFERIOR_GAP, STEP_TIE, plot_longrange_answer
 from rpka.report.tables import verdict_word
@@ -341,9 +342,8 @@ def robust_answer_text(frontier: Mapping[str, Any] | None) -> str:
         stars = (f"n* not decided: no timing file (python -m rpka steptime) for "
                  f"{_lengths(untimed)} tokens")  # fmt: skip
     else:
-        named = {"rpka": "RPKA", "nystrom-uniform": "uniform landmarks"}
         stars = "; ".join(
-            f"n* for {named.get(m, m)}: "
+            f"n* for {method_label(m, long=True)}: "
             + (f"{n:,} tokens" if n is not None else "not reached up to the longest length")
             for m, n in answer["n_star"].items()
         ) + (" (a tie)" if answer.get("tie") else "")  # fmt: skip

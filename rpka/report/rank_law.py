@@ -13,13 +13,19 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown
 
+from rpka.attention import method_label
 from rpka.report.palette import method_colour
+from rpka.study.rank_law.dropin import METHODS as RANK_LAW_METHODS
 
-METHODS = {"rpka": "RPKA", "nystrom-uniform": "uniform", "keys-coreset": "key coreset"}
+# the rank law's methods (its drop-in's) by their labels in the registry
+METHODS = {m: method_label(m) for m in RANK_LAW_METHODS}
 TERMS = {"p": "pairs p", "n": "length n", "d_head": "head dimension d", "patterns": "patterns"}
 CAP_NOTE = "> {cap}"  # a ladder that never reached the margin (censored r*)
 PIVOT_CI = ("prob_ci_low", "prob_ci_high")
 BACKGROUND_MARKERS = {"noise": "o", "patterns": "s"}
+# the gap-by-rank figure's comparison, RPKA against uniform landmarks, by line style: a
+# choice of that figure (the rank law's question), not metadata of the methods
+GAP_FIGURE_STYLES = {"rpka": "-", "nystrom-uniform": ":"}
 
 
 def _r_star(value: int | None, learnable: bool, cap: int) -> str:
@@ -77,7 +83,7 @@ def held_out_text(held_out: Mapping[str, Any] | None) -> str:
     """The pre-registered prediction and its outcome."""
     if not held_out:
         return "The held-out prediction has not been made yet (docs/rank_law.md)."
-    label = METHODS.get(held_out["method"], held_out["method"])
+    label = method_label(held_out["method"])
     head = (f"Held-out cell `{held_out['cell']}`: the grid's law predicted r\\* = "
             f"{held_out['predicted_r_star']:.0f} for {label} before the cell ran")  # fmt: skip
     if held_out["observed_r_star"] is None and held_out.get("censored_at"):
@@ -173,7 +179,7 @@ def plot_gap_by_rank(index: Mapping[str, Any]) -> plt.Figure:
     for cell in index["cells"]:
         if not cell["learnable"]:
             continue
-        for method, style in (("rpka", "-"), ("nystrom-uniform", ":")):
+        for method, style in GAP_FIGURE_STYLES.items():
             curve = sorted((int(r), g) for r, g in cell["gap_by_rank"][method].items())
             ax.plot([r / cell["p"] for r, _ in curve], [g for _, g in curve], ls=style,
                     color=method_colour(method), alpha=0.6,
@@ -183,8 +189,8 @@ def plot_gap_by_rank(index: Mapping[str, Any]) -> plt.Figure:
     ax.set_ylim(-0.2, 1.05)
     ax.set_xlabel("rank ÷ pairs p")
     ax.set_ylabel("gap recovered (drop-in, mean of seeds)")
-    ax.plot([], [], color=method_colour("rpka"), label="RPKA")
-    ax.plot([], [], color=method_colour("nystrom-uniform"), ls=":", label="uniform")
+    for method, style in GAP_FIGURE_STYLES.items():
+        ax.plot([], [], color=method_colour(method), ls=style, label=method_label(method))
     for background, marker in BACKGROUND_MARKERS.items():
         ax.plot([], [], color="0.4", ls="", marker=marker, label=f"background: {background}")
     ax.legend(fontsize=8)

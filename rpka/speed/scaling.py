@@ -58,7 +58,7 @@ from rpka.config.scaling import (
     CONTROL,
     DEFAULT_OUT,  # noqa: F401 - read as scaling.DEFAULT_OUT (rpka.cli.commands)
     DTYPES,
-    PRESETS,  # noqa: F401 - read as scaling.PRESETS (rpka.cli.commands)
+    SCALING_PRESETS,  # noqa: F401 - read as scaling.SCALING_PRESETS (rpka.cli)
     ScalingConfig,
     arms,
     bench_arms_config,  # noqa: F401 - read as scaling.bench_arms_config (rpka.cli.commands)

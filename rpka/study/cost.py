@@ -83,8 +83,10 @@ def probe(
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     seeds = list(range(members))  # the seeds do not change any shape
-    run_config = make_run_config(config, arm, config.learning_rates[0], seeds, "test", data_dir)
-    run_splits(run_config, config.task, config.track)  # each seed's data cached, untimed
+    run_config = make_run_config(
+        config, arm, config.design.learning_rates[0], seeds, "test", data_dir
+    )
+    run_splits(run_config, config.task, config.design.track)  # each seed's data cached, untimed
     start = time.process_time()
     run = setup_run(run_config)
     setup_s = time.process_time() - start
@@ -116,11 +118,11 @@ def shape_signature(config: BenchConfig) -> str:
     :func:`price` counts. Stored probes price a configuration only with the same
     signature: a resized track or model is re-probed, never priced with stale times."""
     shape = {
-        "track": track_fields(config.track),
-        "model": dataclasses.asdict(config.model),
-        "batch_size": config.train.batch_size,
-        "eval_batch_size": config.train.eval_batch_size,
-        "arms": sorted([a.name, a.method, a.options] for a in config.arms),
+        "track": track_fields(config.design.track),
+        "model": dataclasses.asdict(config.design.model),
+        "batch_size": config.design.train.batch_size,
+        "eval_batch_size": config.design.train.eval_batch_size,
+        "arms": sorted([a.name, a.method, a.options] for a in config.design.arms),
     }
     text = json.dumps(shape, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -135,7 +137,7 @@ def price(config: BenchConfig, probes: dict[tuple[str, int], Probe]) -> dict[str
     groups = job_groups(config)
     for group in groups:
         seconds = group.jobs * probes[group.arm, group.members].job_s(
-            config.train.epochs, group.phase
+            config.design.train.epochs, group.phase
         )
         entry = arms.setdefault(group.arm, {"sweep_cpu_s": 0.0, "eval_cpu_s": 0.0, "jobs": 0})
         entry[f"{group.phase}_cpu_s"] += seconds
@@ -146,7 +148,7 @@ def price(config: BenchConfig, probes: dict[tuple[str, int], Probe]) -> dict[str
         "arms": arms,
         "predicted_cpu_s": sum(a["predicted_cpu_s"] for a in arms.values()),
         "n_jobs": sum(g.jobs for g in groups),
-        "epochs": config.train.epochs,
+        "epochs": config.design.train.epochs,
     }
 
 
@@ -166,7 +168,7 @@ def predict_bench(
     """
     config.validate()
     data_dir = str(resolve(data_dir or DEFAULT_DATA_DIR))
-    config.task.load(config.track, data_dir)  # generate the cache before timing anything
+    config.task.load(config.design.track, data_dir)  # generate the cache before timing anything
     keys = sorted({(g.arm, g.members) for g in job_groups(config)}, key=str)
     start = time.process_time()
     probes = {
@@ -247,7 +249,7 @@ def run_cost_model(
     }
     # first-call costs (imports, kernels, the allocator) out of the first bench's probes
     _, first, _ = benches[0]
-    probe(first, first.arms[0], 1, str(resolve(DEFAULT_DATA_DIR)), steps=1)
+    probe(first, first.design.arms[0], 1, str(resolve(DEFAULT_DATA_DIR)), steps=1)
     target = Path(out) if out else cost_model_json(preset)
     if only and target.exists():  # a partial rerun keeps the other benches' entries
         result["benches"] = read_json(target).get("benches", {})
@@ -289,9 +291,9 @@ def stored_prediction(preset: str, cores: int | None = None) -> dict[str, Any] |
         unpriced += missing
         if missing:  # price the jobs that have probes
             config = config.replace(arms=tuple(
-                a for a in config.arms if f"{label}:{a.name}" not in missing))  # fmt: skip
+                a for a in config.design.arms if f"{label}:{a.name}" not in missing))  # fmt: skip
         try:
-            benches[label] = price(config, probes)["predicted_cpu_s"] if config.arms else 0.0
+            benches[label] = price(config, probes)["predicted_cpu_s"] if config.design.arms else 0.0
         except (KeyError, ValueError):  # a configuration the probes cannot price
             unpriced.append(label)
             continue

@@ -71,7 +71,7 @@ def first_stage_s(
     context, priced by that context's probes)."""
     out: dict[str, float] = {}
     for group in job_groups(bench):
-        job = warm_probes[group.arm, group.members].job_s(bench.train.epochs, "sweep")
+        job = warm_probes[group.arm, group.members].job_s(bench.design.train.epochs, "sweep")
         out[group.arm] = out.get(group.arm, 0.0) + group.jobs * job
     return out
 
@@ -92,8 +92,8 @@ def price_context(
         entry["probes"] = [dataclasses.asdict(p) for k, p in probes.items() if k[0] == name]
     priced["predicted_cpu_s"] = sum(a["predicted_cpu_s"] for a in priced["arms"].values())
     priced["first_stage_cpu_s"] = sum(stages.values())
-    priced["eval_seeds"] = len(bench.eval_seeds)
-    priced["seeds_per_job"] = bench.seeds_per_job
+    priced["eval_seeds"] = len(bench.design.eval_seeds)
+    priced["seeds_per_job"] = bench.execution.seeds_per_job
     return priced
 
 
@@ -124,7 +124,7 @@ def price_longctx(
     warm = config.warm_start_from
     needs_warm = warm is not None and any(c > warm for c in config.contexts)
     first = config.bench_for(config.contexts[0])  # first-call costs out of the probes
-    probe(first, first.arms[0], 1, str(resolve(DEFAULT_DATA_DIR)), steps=1)
+    probe(first, first.design.arms[0], 1, str(resolve(DEFAULT_DATA_DIR)), steps=1)
     warm_probes = None
     if needs_warm:  # the warm context's bench: the template at that length (first stages)
         warm_config = dataclasses.replace(config, contexts=(warm,), warm_start_from=None)

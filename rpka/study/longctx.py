@@ -119,7 +119,7 @@ def probe_run_config(bench: BenchConfig, arm_name: str, data_dir: str) -> dict[s
     timed evaluation step), at the first learning rate (the rate does not change memory)."""
     seeds = seed_groups(bench, "eval")[0]
     return make_run_config(
-        bench, bench.arm(arm_name), bench.learning_rates[0], seeds, "test", data_dir
+        bench, bench.arm(arm_name), bench.design.learning_rates[0], seeds, "test", data_dir
     )
 
 
@@ -131,9 +131,9 @@ def memory_bytes(config: LongContextConfig, context: int) -> float:
     and test; at least one float32 per token; with data per seed, one set per stacked
     seed) and one training batch's activations (batch x context x d_model float32, a few
     per layer)."""
-    data_sets = config.bench.seeds_per_job if config.bench.data_per_seed else 1
+    data_sets = config.bench.execution.seeds_per_job if config.bench.design.data_per_seed else 1
     windows = data_sets * (config.train_windows + 2 * config.eval_windows)
-    model, train = config.bench.model, config.bench.train
+    model, train = config.bench.design.model, config.bench.design.train
     activations = train.batch_size * context * model.d_model * (2 + 4 * model.n_layers)
     return 4.0 * (windows * context + activations)
 
@@ -162,7 +162,7 @@ def run_longctx(
         out_dir: results folder (default ``data/results/<preset>``); ``longctx.json`` goes
             there, each context's bench to ``longctx/context-<n>/``.
         executor: where runs and memory probes go (``concurrent.futures`` interface);
-            default ``rpka.bench.default_executor(config.bench.n_workers)``, shared by
+            default ``rpka.bench.default_executor(config.bench.execution.n_workers)``, shared by
             every context. A given executor is not shut down; its own is aborted on an
             exception (``rpka.training.executors.owned``).
         progress: tqdm bars.
@@ -175,7 +175,7 @@ def run_longctx(
     data_dir = str(resolve(data_dir or DEFAULT_DATA_DIR))
     result = header(config)
     own_executor = executor is None
-    executor = executor or default_executor(config.bench.n_workers)
+    executor = executor or default_executor(config.bench.execution.n_workers)
     with owned(executor) if own_executor else nullcontext():
         for context in config.contexts:
             bench = config.bench_for(context)
@@ -183,7 +183,7 @@ def run_longctx(
                 bench.task.load(track, data_dir)
             probes = {}
             if config.memory_probe:  # queued first: they run beside the bench's runs
-                for arm in bench.arms:
+                for arm in bench.design.arms:
                     run_config = probe_run_config(bench, arm.name, data_dir)
                     probes[arm.name] = executor.submit(training_step_peak_mib, run_config)
             bench_dir = out / paths.longctx_context_dir(context)
@@ -209,7 +209,7 @@ def header(config: LongContextConfig) -> dict[str, Any]:
         "protocol": protocol(config),
         "step_time_definition": (
             "median wall time of the evaluation runs' training steps after "
-            f"{bench.train.warmup_steps} warm-up step(s) (forward, backward, Adam update), "
+            f"{bench.design.train.warmup_steps} warm-up step(s) (forward, backward, Adam update), "
             "seeds stacked in one model, one thread per worker process"
         ),
         "memory_definition": (
@@ -217,15 +217,15 @@ def header(config: LongContextConfig) -> dict[str, Any]:
             "state, batch): "
             + (
                 "torch.cuda.max_memory_allocated"
-                if bench.device == "cuda"
+                if bench.execution.device == "cuda"
                 else "running sum of torch.profiler tensor allocations, operator granularity "
                 "(PyTorch tensors only; transient buffers inside one operator are missed)"
             )
         ),
         "config": config.to_dict(),
-        "device": device_description(bench.device),
-        "device_type": bench.device,
-        "n_workers": bench.n_workers,
+        "device": device_description(bench.execution.device),
+        "device_type": bench.execution.device,
+        "n_workers": bench.execution.n_workers,
         "versions": versions(),
         "load_average_start": _load_average(),
         "load_average_end": None,
@@ -238,16 +238,16 @@ def header(config: LongContextConfig) -> dict[str, Any]:
 def protocol(config: LongContextConfig) -> str:
     """The reduced protocol in words: track, model, data, training, seeds, the gate."""
     bench = config.bench
-    model, train = bench.model, bench.train
-    tracks = [track_fields(config.bench_for(c).track) for c in config.contexts]
+    model, train = bench.design.model, bench.design.train
+    tracks = [track_fields(config.bench_for(c).design.track) for c in config.contexts]
     shared = {  # the track's settings every context shares (its context, sizes vary)
         k: v for k, v in tracks[0].items() if k != "name" and all(t[k] == v for t in tracks)
     }
     settings = ", ".join(f"{k}={v}" for k, v in shared.items())
     gate = (
         f"attention gate: the control {bench.control} must be at least "
-        f"{bench.gate_min_rel:.0%} worse than {bench.baseline_arm} (one-sided paired "
-        f"sign-flip p < {ALPHA:g})"
+        f"{bench.decision.gate_min_rel:.0%} worse than {bench.decision.baseline_arm} "
+        f"(one-sided paired sign-flip p < {ALPHA:g})"
         if bench.control
         else "no control arm, so no attention gate"
     )
@@ -262,7 +262,7 @@ def protocol(config: LongContextConfig) -> str:
     data = (
         "each seed its own draw of the data (the track's seed replaced by one derived from "
         "the seed, rpka.seed_data; the same draw for every arm)"
-        if bench.data_per_seed
+        if bench.design.data_per_seed
         else "one draw of the data for every seed"
     )
     return (
@@ -273,8 +273,9 @@ def protocol(config: LongContextConfig) -> str:
         f"linear skip {'on' if model.linear_skip else 'off'}, head initialised with std "
         f"{model.head_init_std:g}; {train.epochs} epoch(s) of batch {train.batch_size}; "
         f"{curriculum}"
-        f"learning rate(s) {', '.join(f'{lr:g}' for lr in bench.learning_rates)} on "
-        f"{len(bench.sweep_seeds)} sweep seed(s); {len(bench.eval_seeds)} evaluation seeds; "
+        f"learning rate(s) {', '.join(f'{lr:g}' for lr in bench.design.learning_rates)} on "
+        f"{len(bench.design.sweep_seeds)} sweep seed(s); "
+        f"{len(bench.design.eval_seeds)} evaluation seeds; "
         f"{gate}."
     )
 
@@ -283,9 +284,9 @@ def context_rows(
     bench: BenchConfig, report: dict[str, Any], memory: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """One row per arm of one context's bench report (and memory probe)."""
-    context = bench.track.context
+    context = bench.design.track.context
     timings = report["timings"]
-    base_name = bench.baseline_arm
+    base_name = bench.decision.baseline_arm
     rows = []
     for name, arm in report["arms"].items():
         full = arm["full"]
@@ -309,7 +310,7 @@ def context_rows(
                 "step_ms": timings["step_ms_median"].get(name),
                 "step_ratio_vs_exact": timings["step_ratio_vs_baseline"].get(name),
                 "step_members": timings["step_members"],
-                "batch_size": bench.train.batch_size,
+                "batch_size": bench.design.train.batch_size,
                 "peak_mib": peak,
                 "peak_ratio_vs_exact": peak / base_peak if peak and base_peak else None,
                 "peak_members": probe["members"] if probe else None,

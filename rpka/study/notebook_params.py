@@ -20,7 +20,7 @@ import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rpka.config.presets import STUDY_PRESETS as PRESETS
+from rpka.config.presets import STUDY_PRESETS
 from rpka.study.steps import NOTEBOOKS, notebook_parameters
 
 # every notebook's switches: (default, what it does)
@@ -63,11 +63,11 @@ def check(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
     preset = given.get("preset")
     if preset is None:
         preset = "smoke"
-    if not isinstance(preset, str) or preset not in PRESETS:
-        close = difflib.get_close_matches(str(preset), PRESETS, n=1)
+    if not isinstance(preset, str) or preset not in STUDY_PRESETS:
+        close = difflib.get_close_matches(str(preset), STUDY_PRESETS, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ParameterError(
-            f"{notebook}: parameter preset must be one of {', '.join(PRESETS)}, "
+            f"{notebook}: parameter preset must be one of {', '.join(STUDY_PRESETS)}, "
             f"got {preset!r}{hint}"
         )
     derived = notebook_parameters(preset)[notebook]

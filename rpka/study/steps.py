@@ -113,7 +113,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
 def long_range(preset: str) -> bool:
     """Whether ``preset``'s long-context study is a long-range one (its gate needs the local
     control: the standard study), which ``paths.long_context_dir`` places in its own folder."""
-    return get_longctx_preset(preset).bench.gate_needs_local
+    return get_longctx_preset(preset).bench.decision.gate_needs_local
 
 
 # the CPU latency sweep each preset re-measures (rpka.speed.scaling presets)
@@ -212,12 +212,12 @@ def _study_steps(
     def run_one_bench(name: str) -> dict:
         config = get_preset(preset, name)
         out = paths.bench_dir(preset, get_task(name).out_dir)
-        return bench.run_bench(config, out, shared(config.n_workers), progress=progress)
+        return bench.run_bench(config, out, shared(config.execution.n_workers), progress=progress)
 
     def run_long_context() -> dict:
         config = get_longctx_preset(preset)
         try:
-            executor = shared(config.bench.n_workers)
+            executor = shared(config.bench.execution.n_workers)
             out = paths.long_context_dir(preset, long_range(preset))
             return run_longctx(config, out, executor, progress=progress)
         finally:  # the study's last step with workers
@@ -248,7 +248,7 @@ def _study_steps(
         (
             "scaling (CPU)",
             lambda: resume_or_run_scaling(
-                scaling_config.PRESETS[SCALING_PRESET[preset]],
+                scaling_config.SCALING_PRESETS[SCALING_PRESET[preset]],
                 resolve(paths.scaling_cpu_json(preset)),
                 progress=progress,
                 preset=SCALING_PRESET[preset],
@@ -370,14 +370,14 @@ def train_demo(
     Returns {arm name: {"result": run result, "run_file": path}}.
     """
     config = get_preset(preset)
-    lr = sorted(config.learning_rates)[len(config.learning_rates) // 2]
+    lr = sorted(config.design.learning_rates)[len(config.design.learning_rates) // 2]
     out = {}
-    for name in (config.baseline_arm, config.primary_arm):
+    for name in (config.decision.baseline_arm, config.decision.primary_arm):
         run_config = make_run_config(
             config,
             config.arm(name),
             lr,
-            [config.eval_seeds[0]],
+            [config.design.eval_seeds[0]],
             "test",
             str(resolve(paths.DATA_CACHE)),
             {"enable": progress},
@@ -407,11 +407,11 @@ def demo_weights_present(runs: dict[str, dict]) -> bool:
 def demo_run_files(preset: str, run_dir: str | Path | None = None) -> list[Path]:
     """The run files :func:`train_demo` reads for ``preset`` (nothing is trained here)."""
     config = get_preset(preset)
-    lr = sorted(config.learning_rates)[len(config.learning_rates) // 2]
+    lr = sorted(config.design.learning_rates)[len(config.design.learning_rates) // 2]
     files = []
-    for name in (config.baseline_arm, config.primary_arm):
+    for name in (config.decision.baseline_arm, config.decision.primary_arm):
         run_config = make_run_config(
-            config, config.arm(name), lr, [config.eval_seeds[0]], "test",
+            config, config.arm(name), lr, [config.design.eval_seeds[0]], "test",
             str(resolve(paths.DATA_CACHE)), {"enable": False},
         )  # fmt: skip
         files.append(resolve(run_dir or paths.demo_run_dir(preset)) / f"{run_id(run_config)}.json")
@@ -424,7 +424,7 @@ def demo_forecasts(
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Context, truth and each run's forecast for ``n_windows`` evenly spaced test windows."""
     config = get_preset(preset)
-    track = config.task.load(config.track, resolve(paths.DATA_CACHE))
+    track = config.task.load(config.design.track, resolve(paths.DATA_CACHE))
     idx = np.linspace(0, len(track.test) - 1, n_windows).round().astype(int)
     x, y = track.test.x[idx], track.test.y[idx]
     forecasts = {}

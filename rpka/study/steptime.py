@@ -73,15 +73,15 @@ def ratio_summary(arm_s: list[float], baseline_s: list[float]) -> dict[str, floa
 def timing_config(config: LongContextConfig) -> LongContextConfig:
     """The study with just enough training windows for one step per member (the step's
     cost does not depend on the windows it draws from) and one evaluation window."""
-    batch = config.bench.train.batch_size
+    batch = config.bench.design.train.batch_size
     return dataclasses.replace(config, train_windows=batch, eval_windows=1)
 
 
 def arm_run(bench: BenchConfig, arm: str, data_dir: str) -> Run:
     """A run of ``arm`` as an evaluation job trains it (its first seed group's size)."""
-    seeds = list(bench.eval_seeds[: bench.seeds_per_job])
+    seeds = list(bench.design.eval_seeds[: bench.execution.seeds_per_job])
     run_config = make_run_config(
-        bench, bench.arm(arm), bench.learning_rates[0], seeds, "test", data_dir
+        bench, bench.arm(arm), bench.design.learning_rates[0], seeds, "test", data_dir
     )
     run_config.pop(WARM_START_KEY, None)  # the step is the run's own context's
     return setup_run(run_config)
@@ -115,7 +115,7 @@ def time_context(
             if repeat >= warmup:
                 seconds[arm]["cpu"].append(cpu_s)
                 seconds[arm]["wall"].append(wall_s)
-    baseline = bench.baseline_arm if bench.baseline_arm in arms else None
+    baseline = bench.decision.baseline_arm if bench.decision.baseline_arm in arms else None
     out = {}
     for arm, run in runs.items():
         entry: dict[str, Any] = {"peak_mib": step_peak_mib(run, members[arm])}
@@ -142,12 +142,12 @@ def run_steptime(
     require(isinstance(repeats, int) and repeats >= MIN_REPEATS, "repeats",
             f"an integer >= {MIN_REPEATS}", repeats)  # fmt: skip
     require(isinstance(warmup, int) and warmup >= 1, "warmup", "an integer >= 1", warmup)
-    names = [a.name for a in config.bench.arms]
+    names = [a.name for a in config.bench.design.arms]
     chosen = list(arms) if arms else names
     unknown = sorted(set(chosen) - set(names))
     require(not unknown, "arms", f"names among {names}", unknown)
-    if config.bench.baseline_arm not in chosen:  # every ratio is against exact
-        chosen = [config.bench.baseline_arm, *chosen]
+    if config.bench.decision.baseline_arm not in chosen:  # every ratio is against exact
+        chosen = [config.bench.decision.baseline_arm, *chosen]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     small, data_dir = timing_config(config), str(resolve(DEFAULT_DATA_DIR))
@@ -157,9 +157,10 @@ def run_steptime(
         "protocol": (
             f"one process, one thread; arms interleaved each repeat (start rotated); "
             f"{warmup} untimed warm-up repeat(s), {repeats} timed; training step of "
-            f"{config.bench.seeds_per_job} stacked seed(s) x batch {config.bench.train.batch_size}"
+            f"{config.bench.execution.seeds_per_job} stacked seed(s) x batch "
+            f"{config.bench.design.train.batch_size}"
             "; CPU time (time.process_time) and wall time (time.perf_counter); step ratio: "
-            f"mean of per-repeat ratios to {config.bench.baseline_arm}, {CONFIDENCE:.0%} "
+            f"mean of per-repeat ratios to {config.bench.decision.baseline_arm}, {CONFIDENCE:.0%} "
             "t-interval"
         ),
         "repeats": repeats,

@@ -51,22 +51,22 @@ def make_run_config(
     ``warm_start`` {track} only where the study has a warm start (``rpka.training.curriculum``) and
     ``data_per_seed`` (True) only where each seed reads its own data
     (``rpka.training.seed_data``)."""
-    warm_start = config.warm_start_track
+    warm_start = config.design.warm_start_track
     run_config = {
         "arm": {"name": arm.name, "method": arm.method, "options": dict(arm.options)},
         "lr": float(lr),
         "seeds": [int(s) for s in seeds],
         "split": split,
-        "track": track_fields(config.track),
-        "model": _asdict(config.model),
-        "train": _asdict(config.train),
-        "device": config.device,
+        "track": track_fields(config.design.track),
+        "model": _asdict(config.design.model),
+        "train": _asdict(config.design.train),
+        "device": config.execution.device,
         "data_dir": data_dir,
         "progress": progress or {"enable": False},
     }
     if warm_start is not None:  # absent otherwise: cold runs keep their run ids
         run_config[WARM_START_KEY] = {"track": track_fields(warm_start)}
-    if config.data_per_seed:  # absent otherwise: shared-data runs keep their run ids
+    if config.design.data_per_seed:  # absent otherwise: shared-data runs keep their run ids
         run_config[DATA_PER_SEED_KEY] = True
     return run_config
 

@@ -111,11 +111,11 @@ def naive_baselines_of(config: Any, track: Any, data_dir: str | None) -> dict[st
     sets (each error a mean over equally many windows, so the average is the pooled
     error), with each seed's errors under ``per_seed`` and the mode under ``data``."""
     task = config.task
-    if not config.data_per_seed:
+    if not config.design.data_per_seed:
         return task.naive_baselines(track)
     per_seed = {
-        str(s): task.naive_baselines(task.load(member_track(config.track, s), data_dir))
-        for s in config.eval_seeds
+        str(s): task.naive_baselines(task.load(member_track(config.design.track, s), data_dir))
+        for s in config.design.eval_seeds
     }
     first = next(iter(per_seed.values()))
     forecasts = {
@@ -136,8 +136,9 @@ def tracks_to_cache(config: Any) -> list[Any]:
     """Every track configuration a bench's runs read (generated once, before the workers):
     the track and its warm-start track, or in the per-seed mode each of them per sweep and
     evaluation seed."""
-    shared = [t for t in (config.track, config.warm_start_track) if t is not None]
-    if not config.data_per_seed:
+    design = config.design
+    shared = [t for t in (design.track, design.warm_start_track) if t is not None]
+    if not design.data_per_seed:
         return shared
-    seeds = sorted({*config.sweep_seeds, *config.eval_seeds})
+    seeds = sorted({*design.sweep_seeds, *design.eval_seeds})
     return [member_track(t, s) for t in shared for s in seeds]

@@ -4,7 +4,7 @@ The preset's primary arm against the baseline is the one pre-registered comparis
 unadjusted; the control (attention replaced by the context mean) is read only by the
 attention gate, the local-window control (issue 27) by the local gate; every other arm is
 the Holm family; a track that fails its gate has every verdict "uninformative" - on the
-long-context studies (``BenchConfig.gate_needs_local``) the gate is both controls'. The
+long-context studies (``DecisionRule.gate_needs_local``) the gate is both controls'. The
 statistics themselves live in ``rpka.verdict.stats``.
 """
 
@@ -22,16 +22,16 @@ def control_gate(
     config: BenchConfig, arms: dict[str, dict[str, Any]], control: str | None
 ) -> dict[str, Any] | None:
     """The gate of one control arm, the one gate function ``rpka.verdict.stats.attention_gate``
-    applied to it: does ``control`` lose to the baseline by ``config.gate_min_rel``? The
+    applied to it: does ``control`` lose to the baseline by ``config.decision.gate_min_rel``? The
     attention gate is that of ``config.control``, the local gate (:func:`local_gate`) that of
     ``config.local_control``. None when the study has no such arm."""
     if control is None or control not in arms:
         return None
     gate = stats.attention_gate(
-        arms[config.baseline_arm]["full"]["per_seed"],
+        arms[config.decision.baseline_arm]["full"]["per_seed"],
         arms[control]["full"]["per_seed"],
         METRIC_DIRECTION,
-        min_rel=config.gate_min_rel,
+        min_rel=config.decision.gate_min_rel,
     )
     return {"control_arm": control, **gate}
 
@@ -46,10 +46,10 @@ def verdict_gate(
     config: BenchConfig, gate: dict[str, Any] | None, local: dict[str, Any] | None
 ) -> dict[str, Any] | None:
     """The gate the verdicts obey: the attention gate alone, or - with
-    ``config.gate_needs_local`` (the long-context gate, issue 27) - passed only when both it
-    and the local gate (each :func:`control_gate`) passed (``rule`` says which); None
-    without either. The one two-control gate: the bench and the tests use it."""
-    if not config.gate_needs_local:
+    ``config.decision.gate_needs_local`` (the long-context gate, issue 27) - passed only
+    when both it and the local gate (each :func:`control_gate`) passed (``rule`` says
+    which); None without either. The one two-control gate: the bench and the tests use it."""
+    if not config.decision.gate_needs_local:
         return gate
     parts = [g for g in (gate, local) if g is not None]
     if not parts:
@@ -68,11 +68,15 @@ def decide(
 ) -> None:
     """The decision rule (docs/statistics.md): the primary unadjusted, Holm over the
     secondary family, the controls outside both (they are the gates'), then the gate
-    (:func:`verdict_gate`: with ``config.gate_needs_local`` both controls')."""
-    control, positive, window = config.control, config.positive_control_arm, config.local_control
+    (:func:`verdict_gate`: with ``config.decision.gate_needs_local`` both controls')."""
+    control, positive, window = (
+        config.control,
+        config.decision.positive_control_arm,
+        config.local_control,
+    )
     controls = (control, window)
     family = {name: c for name, c in comparisons.items() if name not in (*controls, positive)}
-    stats.apply_holm(family, primary=config.primary_arm)
+    stats.apply_holm(family, primary=config.decision.primary_arm)
     if control in comparisons:
         comparisons[control]["adjustment"] = "none (the control: read by the attention gate)"
     if window in comparisons:
@@ -94,13 +98,13 @@ def compare_arms(config: BenchConfig, arms: dict[str, dict[str, Any]]) -> dict[s
     """Every arm against the baseline on its per-seed test metric (``arms[name]["full"]
     ["per_seed"]``), decided by the rule: sets ``arms[name]["comparison"]`` (None for the
     baseline) and returns the attention gate (None without a control)."""
-    base = arms[config.baseline_arm]["full"]["per_seed"]
+    base = arms[config.decision.baseline_arm]["full"]["per_seed"]
     comparisons = {
         name: stats.paired_comparison(
-            base, entry["full"]["per_seed"], METRIC_DIRECTION, config.margin
+            base, entry["full"]["per_seed"], METRIC_DIRECTION, config.decision.margin
         )
         for name, entry in arms.items()
-        if name != config.baseline_arm
+        if name != config.decision.baseline_arm
     }
     gate = control_gate(config, arms, config.control)  # the attention gate
     decide(config, comparisons, gate, local_gate(config, arms))
@@ -118,7 +122,7 @@ def redecide(report: dict[str, Any], config: BenchConfig) -> dict[str, Any]:
     report["attention_gate"] = gate
     report["local_gate"] = local_gate(config, report["arms"])
     report["decision"] = decision_of(config)
-    report["comparison"] = report["arms"][config.primary_arm]["comparison"]
+    report["comparison"] = report["arms"][config.decision.primary_arm]["comparison"]
     report["redecided"] = (
         "comparisons, gate and decision recomputed by rpka.decision.redecide from the "
         "per-seed test metrics of this file (no run retrained)"
@@ -128,30 +132,31 @@ def redecide(report: dict[str, Any], config: BenchConfig) -> dict[str, Any]:
 
 def decision_of(config: BenchConfig) -> dict[str, Any]:
     """The rule the verdicts come from, as data (``bench_report.json["decision"]``)."""
+    rule = config.decision
     return {
-        "primary_arm": config.primary_arm,
-        "baseline_arm": config.baseline_arm,
+        "primary_arm": rule.primary_arm,
+        "baseline_arm": rule.baseline_arm,
         "control_arm": config.control,
         "local_control_arm": config.local_control,
-        "gate_needs_local": config.gate_needs_local,
+        "gate_needs_local": rule.gate_needs_local,
         "secondary_family": list(config.secondary_arms),
-        "margin": config.margin,
+        "margin": rule.margin,
         "alpha": stats.ALPHA,
         "rule": (
-            f"{config.primary_arm} vs {config.baseline_arm}: paired sign-flip test, unadjusted "
+            f"{rule.primary_arm} vs {rule.baseline_arm}: paired sign-flip test, unadjusted "
             f"(pre-registered primary); the {len(config.secondary_arms)} other arm(s): Holm "
             "over that family; equivalent when TOST at +-margin rejects both sides"
-            + (" (no margin: no equivalence test)" if config.margin is None else "")
+            + (" (no margin: no equivalence test)" if rule.margin is None else "")
             + (
                 f"; every verdict 'uninformative' unless {config.control} loses to "
-                f"{config.baseline_arm} by >= {config.gate_min_rel:.0%} (attention gate)"
+                f"{rule.baseline_arm} by >= {rule.gate_min_rel:.0%} (attention gate)"
                 if config.control
                 else "; no control arm: no attention gate"
             )
             + (
-                f"; and unless {config.local_control} loses to {config.baseline_arm} by the "
+                f"; and unless {config.local_control} loses to {rule.baseline_arm} by the "
                 "same rule (local gate: the task needs more than a local window)"
-                if config.gate_needs_local
+                if rule.gate_needs_local
                 else ""
             )
         ),

@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from rpka.config.presets_longctx import ANSWER_METHODS
 from rpka.verdict.significance import ALPHA, sign_flip_pvalue
 
 CHEAPER_RATIO_MAX = 0.8  # "cheaper": CPU step ratio to exact at most this ...
 CHEAPER_UPPER_MAX = 0.9  # ... and its upper 95 % bound below this
 BISECTION_STEPS = 32  # the sign-flip interval's end points to ~2^-32 of the data's span
-ANSWER_METHODS = ("rpka", "nystrom-uniform")  # the methods n* is read for
 NON_INFERIOR = "non-inferior"
 
 
@@ -145,7 +145,8 @@ def _robust_non_inferior(row: Mapping[str, Any]) -> bool:
 def longrange_answer(frontiers: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """The study's answer from its long-range frontiers (length -> frontier entry, rows
     carrying ``robust`` and ``step_ratio_cpu``): per length the cheapest robustly
-    non-inferior arm, and n* per method of :data:`ANSWER_METHODS` (None: not reached)."""
+    non-inferior arm, and n* per method of the study's
+    ``rpka.config.presets_longctx.ANSWER_METHODS`` (None: not reached)."""
     per_length: dict[str, Any] = {}
     n_star: dict[str, int | None] = {m: None for m in ANSWER_METHODS}
     for length in sorted(frontiers):

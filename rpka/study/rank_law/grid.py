@@ -189,7 +189,7 @@ def confirmation_config(cell: Cell, rank: int, workers: int = 1, **scale: Any) -
     base = cell_config(cell, CONFIRM_SEEDS, workers, **scale)
     bench = base.bench.replace(
         preset=f"rank-law-confirm-{cell.name}-r{rank}",
-        arms=(*base.bench.arms, *arms),
+        arms=(*base.bench.design.arms, *arms),
         primary_arm=arms[0].name,
         seeds_per_job=CONFIRM_SEEDS_PER_JOB,
     )
