@@ -228,20 +228,41 @@ def _duplicated_keys(std: float, seed: int) -> tuple[torch.Tensor, ...]:
     return tuple(x.float() for x in (q * std**0.5, k * std**0.5, v))
 
 
+@pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("std", [1.0, 4.0, 25.0, 36.0])
 @pytest.mark.parametrize("key_precision", ["auto", "float64"])
-def test_the_key_side_in_float32_keeps_exactness_where_the_logits_allow(std, key_precision):
-    """Issue 39: ``key_precision="auto"`` keeps the inference key side in float32 while the
-    logit references stay within KEY_LOGIT_LIMIT and widens past it. Forced to float32
-    these inputs read 4e-4 (std 25) and 1e-1 (std 36) relative error against the float64
-    softmax; both precisions must stay at float32 round-off here."""
-    q, k, v = _duplicated_keys(std, seed=1)
+def test_the_key_side_in_float32_keeps_exactness_where_the_logits_allow(
+    std, key_precision, grad
+):
+    """Issue 39: ``key_precision="auto"`` keeps the key side in float32 while the logit
+    references stay within KEY_LOGIT_LIMIT and widens past it, on the inference path and
+    the (streamed) training path. Forced to float32 these inputs read 4e-4 (std 25) and
+    1e-1 (std 36) relative error against the float64 softmax; both precisions must stay at
+    float32 round-off here."""
+    q, k, v = (x.requires_grad_(grad) for x in _duplicated_keys(std, seed=1))
     ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 4, -1) @ v.double()
     attn = build("rpka", rank=60, generator=torch.Generator().manual_seed(1),
                  key_precision=key_precision)  # fmt: skip
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         out = attn(q, k, v)
-    assert float((out.double() - ref).norm() / ref.norm()) < 5e-6
+    assert float((out.detach().double() - ref.detach()).norm() / ref.detach().norm()) < 5e-6
+
+
+def test_the_training_path_key_side_in_float32_gives_float64s_gradients():
+    """On moderate logits the streamed training path's float32 key side (``auto``) gives
+    the float64 key side's output and gradients up to float32 round-off."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 2, 256, 16, generator=g) for _ in range(3))
+    results = {}
+    for precision in ("auto", "float64"):
+        inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+        attn = build("rpka", rank=16, generator=torch.Generator().manual_seed(2),
+                     key_precision=precision)  # fmt: skip
+        out = attn(*inputs)
+        out.backward(torch.ones_like(out))
+        results[precision] = [out.detach(), *(x.grad for x in inputs)]
+    for auto, wide in zip(results["auto"], results["float64"], strict=True):
+        torch.testing.assert_close(auto, wide, rtol=1e-4, atol=1e-5)
 
 
 def test_auto_key_precision_computes_moderate_logits_in_float32(monkeypatch):

@@ -329,7 +329,7 @@ def nystrom_softmax_chunked(
         key_shift: (B, H, 1, d) the mean of the scaled keys.
         key_precision: ``"float64"`` (the key side widened, :func:`key_moments`) or
             ``"auto"`` (in the compute dtype while the logits are moderate, see
-            :data:`KEY_LOGIT_LIMIT` and :func:`_key_dtype`).
+            :data:`KEY_LOGIT_LIMIT` and :func:`narrow_key_dtype`).
 
     Returns:
         out (B, H, n, d_v) in q's dtype and the guard counts (as :func:`nystrom_softmax`).
@@ -340,9 +340,9 @@ def nystrom_softmax_chunked(
     shift = key_shift.to(compute).reshape(-1, 1, k.shape[-1])
     row_bytes = q.shape[0] * max(state.rank, d_v + 1, q.shape[-1]) * torch.finfo(compute).bits // 8
     q_scale, k_scale = _per_batch(q_scale, compute), _per_batch(k_scale, compute)
-    key_dtype = _key_dtype(key_precision, state)
+    key_dtype = narrow_key_dtype(key_precision, state.landmarks, state.valid)
     rho, moments = _streamed_key_moments(k, v, k_scale, shift, state, row_bytes, key_dtype)
-    if key_dtype != CORE_DTYPE and _largest_reference(rho) > KEY_LOGIT_LIMIT:  # sharp: widen
+    if key_dtype != CORE_DTYPE and too_sharp(rho):  # widen: the float64 pass decides
         rho, moments = _streamed_key_moments(k, v, k_scale, shift, state, row_bytes, CORE_DTYPE)
     # the selection's float32 factor is off by ~1e-5 where rows of the core differ by many
     # orders of magnitude: the small r x r factor is redone in float64 (landmark_cholesky)
@@ -351,26 +351,28 @@ def nystrom_softmax_chunked(
     return out.reshape(*batch_shape, n, d_v), counts
 
 
-def _key_dtype(key_precision: str, state: PivotState) -> torch.dtype:
-    """The dtype of the streamed key side: float64, or with ``"auto"`` the compute dtype
-    unless a landmark's size already shows logits past :data:`KEY_LOGIT_LIMIT`.
+def narrow_key_dtype(key_precision: str, landmarks: Tensor, valid: Tensor) -> torch.dtype:
+    """The dtype a key side (moments) is first computed in: float64, or with ``"auto"`` the
+    landmarks' compute dtype unless their size already shows logits past the limit.
 
     A key landmark ``s`` sees itself, ``rho_s >= s.s - |s|^2/2 = |s|^2/2``, so with a half
-    squared norm past the limit the float32 pass would be redone; a query landmark that
-    large is taken the same way (float64 is the reference, never the risk). Otherwise the
-    float32 pass runs and its references decide (:func:`_largest_reference`).
+    squared norm past :data:`KEY_LOGIT_LIMIT` the narrow pass would be redone; a query
+    landmark that large is taken the same way (float64 is the reference, never the risk).
+    Otherwise the narrow pass runs and its references decide (:func:`too_sharp`).
+    landmarks (B, r, d), valid (B, r).
     """
-    compute = state.landmarks.dtype
+    compute = landmarks.dtype
     if key_precision == "float64" or compute == CORE_DTYPE:
         return CORE_DTYPE
-    self_reference = state.landmarks.pow(2).sum(-1).div(2).masked_fill(~state.valid, 0)
+    self_reference = landmarks.detach().pow(2).sum(-1).div(2).masked_fill(~valid, 0)
     return compute if bool((self_reference <= KEY_LOGIT_LIMIT).all()) else CORE_DTYPE
 
 
-def _largest_reference(rho: Tensor) -> float:
-    """``max_s |rho_s|`` over the valid landmarks (rho (B, 1, r), -inf where unused)."""
-    finite = rho[torch.isfinite(rho)]
-    return float(finite.abs().amax()) if finite.numel() else 0.0
+def too_sharp(rho: Tensor) -> bool:
+    """Whether a narrow key pass must be redone in float64: some valid landmark's logit
+    reference ``|rho_s|`` (rho (B, ..., r), -inf or 0 where unused) exceeds the limit."""
+    finite = rho.detach()[torch.isfinite(rho)]
+    return bool(finite.numel()) and float(finite.abs().amax()) > KEY_LOGIT_LIMIT
 
 
 def _per_batch(scale: float | Tensor, compute: torch.dtype) -> float | Tensor:
@@ -396,7 +398,7 @@ def _streamed_key_moments(
 
     ``moments = g(Z_S, K~) [w v, w] = exp(s.k - |s|^2/2) [v, 1]`` against a running maximum
     ``rho`` per landmark, rescaled as in online softmax. Returns rho (B, 1, r) and moments
-    (B, r, d_v + 1), in ``core_dtype`` (float64, or the compute dtype: :func:`_key_dtype`).
+    (B, r, d_v + 1), in ``core_dtype`` (float64, or the compute dtype: :func:`narrow_key_dtype`).
     """
     compute, rank, d_v = state.landmarks.dtype, state.rank, v.shape[-1]
     moments = k.new_zeros(k.shape[0], rank, d_v + 1, dtype=core_dtype)

@@ -186,12 +186,13 @@ class RPKAttention(AttentionMethod):
             torch loop on CUDA), ``"numba"`` or ``"torch"`` (the reference). The same
             Gumbel noise from ``generator`` feeds both, so the pivots are the same numbers
             (docs/speed.md, "Compiled pivot loop").
-        key_precision: the inference path's key side (moments ``G_SK [w v, w]``):
-            ``"auto"`` (default: in the float32 compute dtype while every logit reference
-            stays within ``KEY_LOGIT_LIMIT`` nats, widened to float64 past it - sharp
-            attention) or ``"float64"`` (always widened: the reference, and the numerics
-            every committed study ran; ``rpka.model`` pins it). The training path and
-            float64 inputs are unaffected (docs/numerics.md, "The key side in float32").
+        key_precision: the key side (moments ``G_SK [w v, w]``) of the inference and the
+            streamed training path: ``"auto"`` (default: in the float32 compute dtype while
+            every logit reference stays within ``KEY_LOGIT_LIMIT`` nats, widened to float64
+            past it - sharp attention) or ``"float64"`` (always widened: the reference, and
+            the numerics every committed study ran; ``rpka.model`` pins it). The autograd
+            reference, the causal path and float64 inputs always widen (docs/numerics.md,
+            "The key side in float32").
 
     Without gradients (inference) the accelerated path never materialises the joint set
     or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
@@ -348,9 +349,14 @@ class RPKAttention(AttentionMethod):
             if not per_call:
                 self.pivot_cache.store(pivots, key)
         landmarks = gather_points(points, pivots)  # differentiable in q and k
-        estimate = nystrom_softmax_streamed if self.grad_path == "streamed" else nystrom_softmax
+        def estimate() -> tuple[Tensor, dict[str, Tensor]]:
+            args = (q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor)
+            if self.grad_path == "streamed":
+                return nystrom_softmax_streamed(*args, key_precision=self.key_precision)
+            return nystrom_softmax(*args)  # the reference: float64 key side
+
         out, self._guards = estimate_unless_keys_covered(
-            lambda: estimate(q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor),
+            estimate,
             q,
             k,
             v,

@@ -34,7 +34,9 @@ from rpka.attention.guards import guarded_ratio
 from rpka.attention.nystrom import (
     CORE_DTYPE,
     finite_or_zero,
+    narrow_key_dtype,
     solve_graded,
+    too_sharp,
 )
 from rpka.attention.pivot_state import STREAM_BYTES, STREAM_BYTES_OTHER
 
@@ -185,15 +187,22 @@ def nystrom_softmax_streamed(
     landmarks: Tensor,
     valid: Tensor,
     den_floor: float = 1e-6,
+    key_precision: str = "float64",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """:func:`rpka.attention.nystrom.nystrom_softmax` with the streamed (n x r) stages.
 
     Same arguments, estimate and guards; shapes (..., n, d) with any leading dims.
+    ``key_precision``: the key side in float64 (``"float64"``, the reference's) or, with
+    ``"auto"``, in the compute dtype while the logits allow (as the inference path's,
+    :func:`rpka.attention.nystrom.narrow_key_dtype`); the backward follows the forward.
     """
     batch_shape = q_s.shape[:-2]
     q_s, k_s, v, landmarks = (_flat(x) for x in (q_s, k_s, v, landmarks))
     valid = valid.reshape(-1, valid.shape[-1])
-    rho, moments = KeyMoments.apply(k_s, v, landmarks.to(CORE_DTYPE), valid)
+    key_dtype = narrow_key_dtype(key_precision, landmarks, valid)
+    rho, moments = KeyMoments.apply(k_s, v, landmarks.to(key_dtype), valid)
+    if key_dtype != CORE_DTYPE and too_sharp(rho):  # widen: the float64 pass decides
+        rho, moments = KeyMoments.apply(k_s, v, landmarks.to(CORE_DTYPE), valid)
     core = solve_graded(rho, moments, landmarks, valid, k_s.dtype)
     full, total = Readout.apply(q_s, landmarks, valid, core.log_scale, core.scaled)
     tiny = torch.finfo(full.dtype).tiny  # keeps 0/0 out if every term vanished
