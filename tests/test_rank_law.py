@@ -202,3 +202,16 @@ def test_the_command_refuses_bad_input_by_name(argv, named, capsys, tmp_path):
         rank_law_command.main([*argv, "--results", str(tmp_path)])
     assert stop.value.code == 2 and named in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_the_every_seed_reading_names_the_seed_that_decides_it():
+    """The trained confirmation's drop-in rule with leave-one-seed-out (docs/rank_law.md):
+    one seed below the margin decides a miss; a seed without a gap is not read."""
+    seeds = [300, 301, 302, 303]
+    one_low = law.every_seed_reading(np.array([0.99, 0.97, 0.90, 0.98]), seeds)
+    assert one_low == {"reached": False, "seeds_read": 4, "rests_on_seeds": [302],
+                       "robust": False}  # fmt: skip
+    two_low = law.every_seed_reading(np.array([0.99, 0.80, 0.90, 0.98]), seeds)
+    assert not two_low["reached"] and two_low["robust"]
+    no_gap = law.every_seed_reading(np.array([0.99, np.nan, 0.96, 0.98]), seeds)
+    assert no_gap["reached"] and no_gap["seeds_read"] == 3 and no_gap["robust"]

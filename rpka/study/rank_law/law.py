@@ -26,7 +26,7 @@ from scipy import stats
 
 from rpka.config.presets_tracks import MEAN_CONTROL
 from rpka.io import read_json, write_result_json
-from rpka.study.rank_law.dropin import DROPIN_FILE, METHODS, RANK_CAP, per_seed, r_star
+from rpka.study.rank_law.dropin import DROPIN_FILE, METHODS, RANK_CAP, per_seed, r_star, reached
 from rpka.study.rank_law.grid import Cell, describe, grid_cells, parse_cell
 from rpka.verdict.frontier import gap_recovered, per_seed_gap
 from rpka.verdict.robustness import arm_robustness
@@ -182,9 +182,21 @@ def trained_rows(results: str | Path) -> list[dict[str, Any]]:
             diffs = [a - e for a, e in zip(scores, exact, strict=True)]
             robust = arm_robustness(g.tolist(), diffs, seeds, gap_recovered)
             rows.append({"cell": path.parts[-5], "trained_at": path.parts[-4], "arm": name,
-                         "method": method, "gap": gap_recovered(g), "robust": robust["robust"],
+                         "method": method, "rank": arm.get("rank"), "seeds": seeds,
+                         "every_seed": every_seed_reading(g, seeds),
+                         "gap": gap_recovered(g), "robust": robust["robust"],
                          "rests_on_seeds": robust["rests_on_seeds"]})  # fmt: skip
     return rows
+
+
+def every_seed_reading(g: np.ndarray, seeds: list[int]) -> dict[str, Any]:
+    """The drop-in rule on trained seeds (:func:`rpka.study.rank_law.dropin.reached`: every
+    seed with a gap at the margin) and its leave-one-seed-out reading: the seeds whose
+    removal alone flips it (empty: robust). g (S,) per seed, NaN where no gap."""
+    verdict = reached(g.tolist())
+    flips = [s for i, s in enumerate(seeds) if reached(np.delete(g, i).tolist()) != verdict]
+    return {"reached": verdict, "seeds_read": int(np.isfinite(g).sum()),
+            "rests_on_seeds": flips, "robust": not flips}  # fmt: skip
 
 
 def write_index(results: str | Path, log: Callable[[str], None] | None = print) -> dict[str, Any]:
