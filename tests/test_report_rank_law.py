@@ -68,7 +68,7 @@ def test_law_and_pivoting_words_follow_the_file(index):
 def test_section_renders_figures_or_says_it_was_not_run(index, tmp_path):
     figs = Figures(figures_dir=tmp_path / "figures")
     items = section.rank_law_section(index, figs, "rank_law.json", cap=32)
-    assert figs.count == 2 and len(items) == 6
+    assert figs.count == 2 and len(items) == 7
     missing = section.rank_law_section(None, figs, "somewhere/rank_law.json")
     assert "was not run" in missing[0].data
 
@@ -95,3 +95,18 @@ def test_held_out_outcome(tmp_path, r_star, learnable, held):
     assert outcome["held"] is held
     words = section.held_out_text(outcome)
     assert ("**held**" in words) == bool(held) and ("did not hold" in words) == (held is False)
+
+
+def test_the_trained_confirmation_table_names_the_deciding_seed():
+    gap = {"mean": 0.97, "ci_low": 0.94, "ci_high": 1.0, "verdict": "not shown",
+           "per_seed": [0.99, 0.93, 0.98, 0.99]}  # fmt: skip
+    row = {"cell": "p1-n512-d16-noise", "trained_at": "trained-r16", "arm": "rpka-r16",
+           "method": "rpka", "rank": 16, "seeds": [300, 301, 302, 303],
+           "every_seed": {"reached": False, "seeds_read": 4, "rests_on_seeds": [301],
+                          "robust": False},
+           "gap": gap, "robust": True, "rests_on_seeds": []}  # fmt: skip
+    table = section.trained_table({"trained": [row]})
+    assert table.iloc[0]["every seed ≥ 0.95"] == "missed (rests on seed 301)"
+    assert table.iloc[0]["mean rule"] == "not shown (robust)"
+    assert table.iloc[0]["seeds read"] == "4/4" and table.iloc[0]["trained at"] == "16"
+    assert "not run yet" in section.trained_text({"trained": []})

@@ -50,6 +50,32 @@ def cells_table(index: Mapping[str, Any], cap: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def trained_table(index: Mapping[str, Any]) -> pd.DataFrame:
+    """The trained confirmations (docs/rank_law.md): per cell and arm, the drop-in's
+    every-seed rule and the mean rule, each with the seed that alone decides it (if any)."""
+    rows = []
+    for row in index.get("trained") or []:
+        every, gap = row["every_seed"], row["gap"]
+        mean = "-" if gap["mean"] is None else (
+            f"{gap['mean']:.3f} [{gap['ci_low']:.3f}, {gap['ci_high']:.3f}]")  # fmt: skip
+        rows.append({
+            "cell": row["cell"], "trained at": row["trained_at"].removeprefix("trained-r"),
+            "arm": f"`{row['arm']}`", "seeds read": f"{every['seeds_read']}/{len(row['seeds'])}",
+            "every seed ≥ 0.95": _decided("reached" if every["reached"] else "missed",
+                                          every["rests_on_seeds"]),
+            "mean g [95 % CI]": mean,
+            "mean rule": _decided(gap["verdict"], row["rests_on_seeds"]),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _decided(verdict: str, rests_on: list[int]) -> str:
+    """A verdict with its leave-one-seed-out reading: the seeds that alone decide it."""
+    if not rests_on:
+        return f"{verdict} (robust)"
+    return f"{verdict} (rests on seed {', '.join(map(str, rests_on))})"
+
+
 def _cells(count: int) -> str:
     return f"{count} cell" + ("" if count == 1 else "s")
 
@@ -77,6 +103,17 @@ def law_text(index: Mapping[str, Any]) -> str:
             f"R² {'n/a' if r2 is None else format(r2, '.2f')}{dof})."
         )
     return "\n".join(lines)
+
+
+def trained_text(index: Mapping[str, Any]) -> str:
+    """The trained confirmations as a table, or what is missing."""
+    table = trained_table(index)
+    if table.empty:
+        return ("**Trained confirmation**: not run yet (docs/rank_law.md registers the cells "
+                "and the rule).")  # fmt: skip
+    return ("**Trained confirmation** (RPKA and uniform landmarks trained at the cell's "
+            "drop-in r\\* and half of it, 8 seeds with their own data; docs/rank_law.md):\n\n"
+            + table.to_markdown(index=False))  # fmt: skip
 
 
 def held_out_text(held_out: Mapping[str, Any] | None) -> str:
@@ -213,6 +250,7 @@ def rank_law_section(
             + law_text(index)
         ),  # fmt: skip
         Markdown(held_out_text(index.get("held_out"))),
+        Markdown(trained_text(index)),
         figs.show(
             plot_gap_by_rank(index),
             "Gap recovered by the drop-in against rank ÷ pairs, every learnable cell "
