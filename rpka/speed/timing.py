@@ -27,7 +27,7 @@ import torch
 
 from rpka import numerics
 from rpka.attention import build
-from rpka.io import write_json
+from rpka.io import write_result_json
 
 MIN_REPEATS = 7
 CHECK_OFF = "check_inputs=False"
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> dict:
                 n, arms, args.batch_heads, args.head_dim, args.warmup, args.repeats, args.seed
             )
         ]
-        write_json(args.out, result)
+        write_result_json(args.out, result)
     result["load_average_end"] = _load()
     loads = [x for x in (result["load_average_start"], result["load_average_end"]) if x]
     if any(load[0] > result["threads"] for load in loads):
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> dict:
         )
         result["warnings"].append(message)
         print(f"warning: {message}", file=sys.stderr)
-    write_json(args.out, result)
+    write_result_json(args.out, result)
     return result
 
 
