@@ -180,7 +180,8 @@ def test_one_cell_end_to_end(tmp_path):
         (a, "trained-r4")
         for a in ("rpka-r4", "nystrom-uniform-r4", "rpka-r2", "nystrom-uniform-r2")
     }
-    assert all(len(r["gap"]["per_seed"]) == 8 for r in trained)
+    assert all(len(r["seeds"]) + len(r["seeds_without_gap"]) == 8 for r in trained)
+    assert all(len(r["gap"]["per_seed"]) == len(r["seeds"]) for r in trained)
 
 
 def test_confirmation_needs_an_even_rank():
@@ -215,3 +216,5 @@ def test_the_every_seed_reading_names_the_seed_that_decides_it():
     assert not two_low["reached"] and two_low["robust"]
     no_gap = law.every_seed_reading(np.array([0.99, np.nan, 0.96, 0.98]), seeds)
     assert no_gap["reached"] and no_gap["seeds_read"] == 3 and no_gap["robust"]
+    diverged = law.every_seed_reading(np.array([0.99, -np.inf, 0.96, 0.98]), seeds)
+    assert not diverged["reached"] and diverged["seeds_read"] == 4

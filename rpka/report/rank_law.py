@@ -60,7 +60,9 @@ def trained_table(index: Mapping[str, Any]) -> pd.DataFrame:
             f"{gap['mean']:.3f} [{gap['ci_low']:.3f}, {gap['ci_high']:.3f}]")  # fmt: skip
         rows.append({
             "cell": row["cell"], "trained at": row["trained_at"].removeprefix("trained-r"),
-            "arm": f"`{row['arm']}`", "seeds read": f"{every['seeds_read']}/{len(row['seeds'])}",
+            "arm": f"`{row['arm']}`",
+            "seeds read": f"{len(row['seeds'])}/"
+                          f"{len(row['seeds']) + len(row.get('seeds_without_gap', []))}",
             "every seed ≥ 0.95": _decided("reached" if every["reached"] else "missed",
                                           every["rests_on_seeds"]),
             "mean g [95 % CI]": mean,

@@ -26,7 +26,14 @@ from scipy import stats
 
 from rpka.config.presets_tracks import MEAN_CONTROL
 from rpka.io import read_json, write_result_json
-from rpka.study.rank_law.dropin import DROPIN_FILE, METHODS, RANK_CAP, per_seed, r_star, reached
+from rpka.study.rank_law.dropin import (
+    DROPIN_FILE,
+    MARGIN_GAP,
+    METHODS,
+    RANK_CAP,
+    per_seed,
+    r_star,
+)
 from rpka.study.rank_law.grid import Cell, describe, grid_cells, parse_cell
 from rpka.verdict.frontier import gap_recovered, per_seed_gap
 from rpka.verdict.robustness import arm_robustness
@@ -165,24 +172,31 @@ def held_out_outcome(results: str | Path) -> dict[str, Any] | None:
 
 def trained_rows(results: str | Path) -> list[dict[str, Any]]:
     """The trained confirmations (``<cell>/trained-r<rank>/``): per low-rank arm, the gap
-    recovered per seed against the control, the frontier's verdict and its leave-one-seed-
-    out robustness (``rpka.verdict.robustness.arm_robustness``)."""
+    recovered per seed against the control, read on the seeds with a gap to recover (the
+    control loses to exact there; the others are listed in ``seeds_without_gap``): the
+    drop-in's every-seed rule and the frontier's mean rule, each with its leave-one-seed-out
+    reading (``rpka.verdict.robustness.arm_robustness``). An arm's non-finite score on a
+    read seed counts as a miss (g = -inf), never as a seed left out."""
     rows = []
     for path in sorted(Path(results).glob("*/trained-r*/longctx/context-*/bench_report.json")):
         report = read_json(path)
-        seeds = report["arms"]["exact"]["seeds"]
-        exact = per_seed(report, "exact", seeds)
-        control = per_seed(report, MEAN_CONTROL.name, seeds)
+        all_seeds = report["arms"]["exact"]["seeds"]
+        exact = np.asarray(per_seed(report, "exact", all_seeds), dtype=float)
+        control = np.asarray(per_seed(report, MEAN_CONTROL.name, all_seeds), dtype=float)
+        read = (control - exact) > 0  # lower is better: a gap to recover
+        seeds = [s for s, keep in zip(all_seeds, read, strict=True) if keep]
         for name, arm in report["arms"].items():
             method = arm["method"]
             if method not in ("rpka", "nystrom-uniform"):
                 continue
-            scores = per_seed(report, name, seeds)
-            g = per_seed_gap(control, exact, scores, "lower")
-            diffs = [a - e for a, e in zip(scores, exact, strict=True)]
+            scores = np.asarray(per_seed(report, name, all_seeds), dtype=float)[read]
+            g = per_seed_gap(control[read], exact[read], scores, "lower")
+            g = np.where(np.isfinite(g), g, -np.inf)  # a diverged arm misses
+            diffs = (scores - exact[read]).tolist()
             robust = arm_robustness(g.tolist(), diffs, seeds, gap_recovered)
             rows.append({"cell": path.parts[-5], "trained_at": path.parts[-4], "arm": name,
                          "method": method, "rank": arm.get("rank"), "seeds": seeds,
+                         "seeds_without_gap": [s for s in all_seeds if s not in seeds],
                          "every_seed": every_seed_reading(g, seeds),
                          "gap": gap_recovered(g), "robust": robust["robust"],
                          "rests_on_seeds": robust["rests_on_seeds"]})  # fmt: skip
@@ -190,12 +204,18 @@ def trained_rows(results: str | Path) -> list[dict[str, Any]]:
 
 
 def every_seed_reading(g: np.ndarray, seeds: list[int]) -> dict[str, Any]:
-    """The drop-in rule on trained seeds (:func:`rpka.study.rank_law.dropin.reached`: every
-    seed with a gap at the margin) and its leave-one-seed-out reading: the seeds whose
-    removal alone flips it (empty: robust). g (S,) per seed, NaN where no gap."""
-    verdict = reached(g.tolist())
-    flips = [s for i, s in enumerate(seeds) if reached(np.delete(g, i).tolist()) != verdict]
-    return {"reached": verdict, "seeds_read": int(np.isfinite(g).sum()),
+    """The drop-in's rule on trained seeds - g >= the margin on every seed read, at least
+    two (:func:`rpka.study.rank_law.dropin.reached`; NaN: no gap, not read; -inf, a
+    diverged arm: a miss) - and its leave-one-seed-out reading: the seeds whose removal
+    alone flips it (empty: robust). g (S,) per seed."""
+
+    def rule(values: np.ndarray) -> bool:
+        read = values[~np.isnan(values)]
+        return len(read) >= 2 and bool(read.min() >= MARGIN_GAP)
+
+    verdict = rule(g)
+    flips = [s for i, s in enumerate(seeds) if rule(np.delete(g, i)) != verdict]
+    return {"reached": verdict, "seeds_read": int((~np.isnan(g)).sum()),
             "rests_on_seeds": flips, "robust": not flips}  # fmt: skip
 
 
