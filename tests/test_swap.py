@@ -16,6 +16,7 @@ from rpka.attention import build
 from rpka.bench import run_bench
 from rpka.config.presets import get_preset
 from rpka.io import read_json, read_run_file
+from rpka.model import STUDY_NUMERICS
 from rpka.paths import REPO_ROOT
 from rpka.study.dropin import drop_in, swapped_model
 from rpka.swap import SwapRefused, audit, plot_errors, swap
@@ -272,7 +273,8 @@ def test_the_audit_agrees_with_drop_in_on_a_study_model(study_model):
         exact = swapped_model(config, state, "exact", 1, dtype)
         generator = torch.Generator().manual_seed(pivots)
         table = audit(exact, x.to(dtype).expand(1, *x.shape), ranks=[4, 64], metric=metric,
-                      options={"rpka": {"generator": generator}}, repeats=1)  # fmt: skip
+                      options={"rpka": {"generator": generator, **STUDY_NUMERICS}},
+                      repeats=1)  # fmt: skip
         assert list(table["site"].unique()) == ["blocks.0.attention"]
         key = str(dtype).split(".")[1]
         assert table["metric_exact"].iloc[0] == pytest.approx(reading["exact"][key][0], abs=1e-12)
