@@ -28,7 +28,8 @@ from rpka.config.presets_tracks import MEAN_CONTROL
 from rpka.io import read_json, write_result_json
 from rpka.study.rank_law.dropin import DROPIN_FILE, METHODS, RANK_CAP, per_seed, r_star
 from rpka.study.rank_law.grid import Cell, describe, grid_cells, parse_cell
-from rpka.verdict.frontier import gap_recovered, per_seed_gap
+from rpka.verdict.decision import gap_recovered
+from rpka.verdict.frontier import per_seed_gap
 from rpka.verdict.robustness import arm_robustness
 
 INDEX_FILE = "rank_law.json"
