@@ -26,7 +26,7 @@ statistics themselves live in ``rpka.verdict.stats``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -210,6 +210,20 @@ def redecide(report: dict[str, Any], config: BenchConfig) -> dict[str, Any]:
         "per-seed test metrics of this file (no run retrained)"
     )
     return report
+
+
+def holm_against(
+    base: Sequence[float], scores: Mapping[str, Sequence[float]], alpha: float = stats.ALPHA
+) -> dict[str, dict[str, Any]]:
+    """Each arm's per-seed ``scores`` against the baseline's ``base`` (same seed order),
+    Holm over all of them at ``alpha``: no primary, no control, no gate - the rule read
+    where a file predates its bench's recorded comparisons (an older ``longctx.json``)."""
+    comparisons = {
+        name: stats.paired_comparison(base, values, METRIC_DIRECTION, alpha=alpha)
+        for name, values in scores.items()
+    }
+    stats.apply_holm(comparisons, alpha=alpha)
+    return comparisons
 
 
 def decision_of(config: BenchConfig) -> dict[str, Any]:
