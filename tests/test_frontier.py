@@ -6,12 +6,12 @@ import pytest
 from scipy import stats
 
 from rpka.io import read_json, write_json
+from rpka.verdict.decision import gap_recovered
 from rpka.verdict.frontier import (
     add_positive_control,
     cost_at_lengths,
     drop_in_curve,
     exact_by_construction,
-    gap_recovered,
     mqar_curve,
     per_seed_gap,
     probability_of_improvement,

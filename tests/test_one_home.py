@@ -51,3 +51,42 @@ def test_presets_are_plain_values_nothing_changes():
         ("lm", presets_tracks.LM_PRESETS),
     ):
         assert {n: by_track[track][n] for n in own} == own
+
+
+def test_the_rule_is_named_once():
+    """The frontier's margin and words, the two "cheaper" readings and the gate's level have
+    one definition each (``rpka.verdict.decision``; the gate's level in
+    ``rpka.config.concerns``, below the verdict); the report formats them, never retypes
+    the margin, and no module spells the frontier's verdict words itself."""
+    homes = {
+        "MARGIN_GAP": ["verdict/decision.py"],
+        "NON_INFERIOR": ["verdict/decision.py"],
+        "CHEAPER_RATIO_MAX": ["verdict/decision.py"],
+        "CHEAPER_UPPER_MAX": ["verdict/decision.py"],
+        "STEP_TIE": ["verdict/decision.py"],
+        "GATE_MIN_REL": ["config/concerns.py"],
+        "NON_INFERIOR_GAP": [],
+    }
+    for name, home in homes.items():
+        assignment = re.compile(rf"^(?:[A-Z_]+, )*{name}(?:, [A-Z_]+)* = ", flags=re.M)
+        defined = sorted(
+            str(path.relative_to(PACKAGE))
+            for path in PACKAGE.rglob("*.py")
+            if assignment.search(path.read_text())
+        )
+        assert defined == home, (name, defined)
+    margin = re.compile(r"\b0\.95\b")
+    retyped = [
+        f"{path.relative_to(PACKAGE)}:{i}"
+        for path in (PACKAGE / "report").glob("*.py")
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if margin.search(line) and "confidence" not in line
+    ]
+    assert not retyped, retyped
+    words = re.compile(r"""["'](non-inferior|not shown)["']""")
+    spelled = [
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if words.search(path.read_text())
+    ]
+    assert spelled == ["verdict/decision.py"], spelled

@@ -12,7 +12,7 @@ from rpka import paths, report
 from rpka.io import write_json
 from rpka.report import figures_headline, narrative, summary
 from rpka.tracks import get_task
-from rpka.verdict.frontier import MARGIN_GAP
+from rpka.verdict.decision import MARGIN_GAP
 
 RESULTS = paths.resolve(paths.results_dir("full"))
 

@@ -9,12 +9,10 @@ import pytest
 from rpka.io import read_json
 from rpka.paths import resolve
 from rpka.study.index import longrange_robustness
-from rpka.verdict.frontier import LongRangeTiming, gap_recovered
+from rpka.verdict.decision import CHEAPER_RATIO_MAX, CHEAPER_UPPER_MAX, gap_recovered, is_cheaper
+from rpka.verdict.frontier import LongRangeTiming
 from rpka.verdict.robustness import (
-    CHEAPER_RATIO_MAX,
-    CHEAPER_UPPER_MAX,
     arm_robustness,
-    is_cheaper,
     longrange_answer,
     one_sided_lower,
     signflip_interval,

@@ -18,6 +18,8 @@ from rpka.model import ModelConfig
 from rpka.tracks import TRACKS, Task, get_task
 
 DEVICES = ("cpu", "cuda")
+# the attention gate: the control must lose to the baseline by at least this share of its mean
+GATE_MIN_REL = 0.25
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ class DecisionRule:
     equivalence margin (None: no equivalence test, so no verdict "equivalent").
     ``control_arm`` (None: the arm of method ``mean`` if there is one) is the attention
     gate's control: it must lose to the baseline by at least ``gate_min_rel`` of the
-    baseline's mean (one-sided p < 0.05), or every verdict of the track reads
+    baseline's mean (one-sided p < alpha), or every verdict of the track reads
     "uninformative". ``local_control_arm`` (None: the arm of method ``local`` if there is
     one) is the local-window control (issue 27): outside the Holm family like the control;
     with ``gate_needs_local`` (the long-context studies) the gate passes only when the
@@ -188,7 +190,7 @@ class DecisionRule:
     baseline_arm: str = "exact"
     margin: float | None = None
     control_arm: str | None = None
-    gate_min_rel: float = 0.25
+    gate_min_rel: float = GATE_MIN_REL
     local_control_arm: str | None = None
     gate_needs_local: bool = False
     positive_control_arm: str | None = None

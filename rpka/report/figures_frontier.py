@@ -20,6 +20,7 @@ from rpka.attention import LANDMARK_METHODS, METHOD_INFO
 from rpka.io import save_figure
 from rpka.report import palette
 from rpka.report.figures import legend_entries, panel_grid
+from rpka.verdict.decision import MARGIN_GAP, STEP_TIE
 
 # one colour, marker and place of the rank notes per method (the registry's), in every panel
 METHOD_COLOURS = {m: palette.method_colour(m) for m in LANDMARK_METHODS}
@@ -176,15 +177,9 @@ def plot_spectrum(
 
 # --------------------------------------------------------------------------- long range
 
-NON_INFERIOR_GAP = 0.95  # drawn only when the points do not carry the frontier's margin
 LENGTH_CMAP = "viridis"  # one colour per length, short to long
 LENGTH_SHADE = (0.1, 0.85)  # the colour map's range used (its ends are too light / dark)
 GAP_PAD = 0.05  # room below the lowest interval and above g = 1
-# A step-time ratio within this of 1 reads as exact's cost, not a saving: the median step
-# times are recorded on a shared 2-core machine, and the positive control - exact
-# attention's own arithmetic - measured 0.88x and 0.97x exact's step at 2,048 and 1,024
-# tokens in the full study (data/results/full/longrange/longctx.json)
-STEP_TIE = 0.15
 
 
 def _length_colours(contexts: list[int]) -> dict[int, Any]:
@@ -233,7 +228,7 @@ def _answer_panel(
 
 def plot_longrange_answer(
     points: list[Mapping[str, Any]],
-    margin_gap: float = NON_INFERIOR_GAP,
+    margin_gap: float = MARGIN_GAP,
     save_dir: str | os.PathLike | None = None,
     name: str = "longrange_answer",
 ) -> Figure:

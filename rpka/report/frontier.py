@@ -25,6 +25,7 @@ from rpka.report.figures_recall import plot_mqar
 from rpka.report.text import esc
 from rpka.tracks import get_task
 from rpka.verdict.aggregate import study_aggregate
+from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, UNDEFINED
 from rpka.verdict.frontier import unread_pairs
 from rpka.verdict.stats import ALPHA
 
@@ -40,7 +41,7 @@ RULE = (
 def _gap(row: Mapping[str, Any]) -> str:
     g = row["gap_recovered"]
     if g["mean"] is None:
-        return "undefined"
+        return UNDEFINED
     return f"{g['mean']:.3f} [{g['ci_low']:.3f}, {g['ci_high']:.3f}]"
 
 
@@ -151,7 +152,7 @@ def cost_clause(cost: Mapping[str, Any] | None) -> str:
     )
 
 
-PROFILE_READ_AT = (0.5, 0.95)  # the thresholds the caption reads the first curve at
+PROFILE_READ_AT = (0.5, MARGIN_GAP)  # the thresholds the caption reads the first curve at
 
 
 def _profile_at(profiles: Mapping[str, Any], curve: Mapping[str, Any], tau: float) -> str:
@@ -222,7 +223,7 @@ def track_sentence(track: str, entry: Mapping[str, Any]) -> str:
             f"; positive control `{positive['arm']}` (exact by construction): "
             f"{positive['verdict']}, g {_gap(row)}."
         )
-        if positive["verdict"] != "non-inferior":
+        if positive["verdict"] != NON_INFERIOR:
             text += " **The positive control does not tie: this track's frontier is not read.**"
     return text
 

@@ -21,15 +21,15 @@ from IPython.display import Markdown
 from rpka import paths
 from rpka.attention import method_label
 from rpka.io import read_json_checked
-from rpka.report.figures_frontier import NON_INFERIOR_GAP, STEP_TIE, plot_longrange_answer
+from rpka.report.figures_frontier import plot_longrange_answer
 from rpka.report.tables import verdict_word
 from rpka.report.text import esc, num
 from rpka.study.longctx import FILE_NAME as LONGCTX_FILE
 from rpka.study.steps import LONGRANGE_TRACK
+from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, STEP_TIE, cheaper_step
 
 NA = "n/a"
 NOT_RUN = "not run"
-NON_INFERIOR = "non-inferior"  # the frontier's verdict on the gap scale (rpka.verdict.frontier)
 STEP_SOURCE_TIMING = "steptime"  # a step ratio from the timing file (rpka.study.steptime)
 STEP_SOURCE_RUNS = "training wall time"  # one from the runs' recorded medians
 LOCALITY_FILE = "locality.json"  # scripts/longrange_locality.py, beside longctx.json
@@ -109,21 +109,16 @@ def answer_points(
     return sorted(points, key=lambda p: (p["context"], p["method"] != "rpka", p["rank"] or 0))
 
 
-def cheaper(point: Mapping[str, Any]) -> bool:
-    """Whether a point's training step is cheaper than exact's beyond timing noise
-    (:data:`STEP_TIE`)."""
-    return point.get("step_ratio") is not None and point["step_ratio"] < 1 - STEP_TIE
-
-
 def paying_points(points: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The points where low-rank RPKA's step is cheaper than exact's (:func:`cheaper`) and
-    its gap non-inferior (not the positive control: full rank is exact attention's cost)."""
+    """The points where low-rank RPKA's step is cheaper than exact's
+    (``rpka.verdict.decision.cheaper_step``) and its gap non-inferior (not the positive
+    control: full rank is exact attention's cost)."""
     return [
         p
         for p in points
         if p.get("method") == "rpka"
         and not p.get("positive_control")
-        and cheaper(p)
+        and cheaper_step(p.get("step_ratio"))
         and p.get("verdict") == NON_INFERIOR
     ]
 
@@ -218,7 +213,7 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
         p for p in points if not p.get("positive_control") and p.get("gap_mean") is not None
     ]
     rpka = [p for p in low_rank if p.get("method") == "rpka"]
-    cheaper_rpka = [p for p in rpka if cheaper(p)]
+    cheaper_rpka = [p for p in rpka if cheaper_step(p.get("step_ratio"))]
     paying = paying_points(points)
     margin = num(points[0].get("margin_gap") if points else None, ".2f")
     if paying:
@@ -251,7 +246,8 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
             )
         if cheaper_rpka:
             text += " Cheaper than exact: " + ", ".join(map(_point, cheaper_rpka)) + "."
-    at_cost = [p for p in rpka if p.get("verdict") == NON_INFERIOR and not cheaper(p)
+    at_cost = [p for p in rpka if p.get("verdict") == NON_INFERIOR
+               and not cheaper_step(p.get("step_ratio"))
                and p.get("step_ratio") is not None and p["step_ratio"] < 1 + STEP_TIE]  # fmt: skip
     if at_cost:
         text += (
@@ -259,7 +255,7 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
             "timing noise): " + ", ".join(map(_point, at_cost)) + "."
         )
     peers = [p for p in low_rank if p.get("method") != "rpka" and p.get("verdict") == NON_INFERIOR
-             and cheaper(p)]  # fmt: skip
+             and cheaper_step(p.get("step_ratio"))]  # fmt: skip
     if peers:
         text += (
             " Cheaper and non-inferior without residual pivoting: "
@@ -486,7 +482,7 @@ def longrange_section(
     if robust := robust_answer_text(frontier):
         items.append(Markdown(robust))
     if points:
-        margin = points[0].get("margin_gap") or NON_INFERIOR_GAP
+        margin = points[0].get("margin_gap") or MARGIN_GAP
         fig = plot_longrange_answer(points, margin, figures_dir)
         items.append(figs.show(fig, *answer_caption(points), name="longrange_answer"))
     items.append(Markdown(verdicts_table(index, frontier, longctx_file).to_markdown(index=False)))

@@ -16,6 +16,7 @@ from IPython.display import Markdown
 from rpka.attention import method_label
 from rpka.report.palette import method_colour
 from rpka.study.rank_law.dropin import METHODS as RANK_LAW_METHODS
+from rpka.verdict.decision import MARGIN_GAP
 
 # the rank law's methods (its drop-in's) by their labels in the registry
 METHODS = {m: method_label(m) for m in RANK_LAW_METHODS}
@@ -152,7 +153,7 @@ def summary_sentence(index: Mapping[str, Any]) -> str:
     span = "not reached" if low is None else (str(low) if low == high else f"{low}-{high}")
     return (
         rf"Over {len(learnable)} learnable cells of the rank-law grid, RPKA's drop-in r\* "
-        f"(every seed within 0.95 of the gap) is {span} "
+        f"(every seed within {MARGIN_GAP:g} of the gap) is {span} "
         f"({len(learnable) - len(reached)} censored above the ladder); "
         rf"log2 r\* against log2 of each term: {law or 'no fit'}. "
         f"{held_out_text(index.get('held_out'))} {pivoting_sentence(pivoting_rows(index))}"
@@ -223,7 +224,7 @@ def plot_gap_by_rank(index: Mapping[str, Any]) -> plt.Figure:
             ax.plot([r / cell["p"] for r, _ in curve], [g for _, g in curve], ls=style,
                     color=method_colour(method), alpha=0.6,
                     marker=BACKGROUND_MARKERS.get(cell["background"], "."))  # fmt: skip
-    ax.axhline(0.95, color="0.4", lw=0.8, ls="--")
+    ax.axhline(MARGIN_GAP, color="0.4", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.2, 1.05)
     ax.set_xlabel("rank ÷ pairs p")
@@ -256,7 +257,7 @@ def rank_law_section(
         figs.show(
             plot_gap_by_rank(index),
             "Gap recovered by the drop-in against rank ÷ pairs, every learnable cell "
-            "(solid RPKA, dotted uniform landmarks); dashed: the margin 0.95.",
+            f"(solid RPKA, dotted uniform landmarks); dashed: the margin {MARGIN_GAP:g}.",
             "Drop-in gap recovered against rank over pairs",
             name="rank_law_gap",
         ),  # fmt: skip

@@ -22,7 +22,8 @@ from rpka.report.tables import verdict_word
 from rpka.report.text import esc, num
 from rpka.study.steps import FRONTIER_EXTENSIONS, LONGRANGE_TRACK
 from rpka.tracks import get_task
-from rpka.verdict.frontier import MARGIN_GAP, gap_recovered, per_seed_gap
+from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, gap_recovered
+from rpka.verdict.frontier import per_seed_gap
 from rpka.verdict.stats import ALPHA
 
 NA = "n/a"
@@ -114,8 +115,8 @@ def answer_sentence(frontier: Mapping[str, Any] | None) -> str:
     positives = {
         name: (entry.get("positive_control") or {}).get("verdict") for name, entry in tracks.items()
     }
-    tie = [_title(n) for n, v in positives.items() if v == "non-inferior"]
-    no_tie = [_title(n) for n, v in positives.items() if v is not None and v != "non-inferior"]
+    tie = [_title(n) for n, v in positives.items() if v == NON_INFERIOR]
+    no_tie = [_title(n) for n, v in positives.items() if v is not None and v != NON_INFERIOR]
     untested = [_title(n) for n, v in positives.items() if v is None]
     control = []
     if tie:
@@ -266,7 +267,7 @@ def all_tracks_note() -> str:
 
 def primary_gap(report: Mapping[str, Any]) -> dict[str, Any] | None:
     """The primary arm's gap recovered against exact and the track's control
-    (:func:`rpka.verdict.frontier.per_seed_gap`, :func:`rpka.verdict.frontier.gap_recovered`):
+    (:func:`rpka.verdict.frontier.per_seed_gap`, :func:`rpka.verdict.decision.gap_recovered`):
     mean, 95 % t interval, verdict; None without a control arm, or where a seed has no gap."""
     arms = report["arms"]
     control = (report.get("attention_gate") or {}).get("control_arm")

@@ -27,7 +27,7 @@ import pandas as pd
 from rpka.io import save_figure
 from rpka.speed.analysis import EXACT
 from rpka.tracks import get_task
-from rpka.verdict import stats
+from rpka.verdict import decision
 
 # --------------------------------------------------------------------------- bench
 
@@ -214,10 +214,11 @@ def longctx_table(longctx: Mapping[str, Any], confidence_level: float = 0.95) ->
     ``test_mse_mean`` and ``test_mse_sd`` (ddof=1) over the evaluation seeds, ``n_seeds``,
     and against exact at the same context, seed by seed: the comparison of that context's
     bench (its decision rule: primary unadjusted, Holm over the secondary family, the
-    control read by the attention gate; ``rpka.verdict.decision``), recomputed Holm across the arms
-    only for an older file whose rows lack it - ``delta`` (arm - exact, mean),
-    ``delta_ci_low`` / ``delta_ci_high`` (t interval), ``p_holm`` (the p the verdict
-    used, adjusted as its rule says) and ``verdict``. Exact's own row has NaN there.
+    control read by the attention gate; ``rpka.verdict.decision``), recomputed Holm across
+    the arms only for an older file whose rows lack it (``rpka.verdict.decision.holm_against``)
+    - ``delta`` (arm - exact, mean), ``delta_ci_low`` / ``delta_ci_high`` (t interval),
+    ``p_holm`` (the p the verdict used, adjusted as its rule says) and ``verdict``. Exact's
+    own row has NaN there.
     """
     if not 0 < confidence_level < 1:
         raise ValueError(f"confidence_level must lie in (0, 1), got {confidence_level}")
@@ -230,13 +231,11 @@ def longctx_table(longctx: Mapping[str, Any], confidence_level: float = 0.95) ->
         exact = next((r for r in arms if r["method"] == EXACT), None)
         comparisons = {}
         if exact is not None:
-            base = _floats(exact["test_mse_per_seed"])
-            for r in arms:
-                if r is not exact:
-                    comparisons[r["arm"]] = stats.paired_comparison(
-                        base, _floats(r["test_mse_per_seed"]), "lower", alpha=alpha
-                    )
-            stats.apply_holm(comparisons, alpha=alpha)
+            comparisons = decision.holm_against(
+                _floats(exact["test_mse_per_seed"]),
+                {r["arm"]: _floats(r["test_mse_per_seed"]) for r in arms if r is not exact},
+                alpha,
+            )
         for r in arms:
             per_seed = _floats(r["test_mse_per_seed"])
             finite = per_seed[np.isfinite(per_seed)]

@@ -38,6 +38,7 @@ import numpy as np
 from scipy import stats
 
 from rpka.io import read_json
+from rpka.verdict.decision import MARGIN_GAP
 from rpka.verdict.frontier import PIVOTING_PEERS, control_arm_of, per_seed_gap
 
 CONFIDENCE = 0.95
@@ -416,7 +417,7 @@ def aggregate_lines(aggregate: Mapping[str, Any]) -> list[str]:
     profiles = aggregate.get("performance_profiles")
     if profiles:
         taus = np.asarray(profiles["taus"])
-        at = [int(np.argmin(np.abs(taus - tau))) for tau in (0.0, 0.5, 0.9, 0.95, 1.0)]
+        at = [int(np.argmin(np.abs(taus - tau))) for tau in (0.0, 0.5, 0.9, MARGIN_GAP, 1.0)]
         for panel in profiles["panels"]:
             for c in panel["curves"]:
                 values = ", ".join(

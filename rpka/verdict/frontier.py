@@ -10,9 +10,10 @@ section 7): per evaluation seed s,
 before the frontier runs:
 
 * an arm is **non-inferior** when the one-sided t-test of ``mean g > margin_gap`` over the
-  seeds rejects at alpha = 0.05 (``margin_gap = 0.95``: an approximation that gives up
-  less than 5 % of what attention buys over no attention; the raw margins of the tracks
-  are not comparable - 0.02 MSE is 3 % of exact on one track and 37 % on another);
+  seeds rejects at alpha (``rpka.verdict.decision.gap_recovered``, at its ``MARGIN_GAP``:
+  an approximation that gives up less than 1 - ``MARGIN_GAP`` of what attention buys over
+  no attention; the raw margins of the tracks are not comparable - 0.02 MSE is 3 % of exact
+  on one track and 37 % on another);
 * ``r*`` is the smallest trained RPKA rank that is non-inferior; ``None`` ("not reached")
   is an allowed answer;
 * the **positive control** is the arm at a rank that is exact by construction (non-causal:
@@ -41,10 +42,10 @@ from scipy import stats
 from rpka.attention import LANDMARK_METHODS, METHOD_INFO
 from rpka.io import read_json, write_result_json
 from rpka.paths import DROP_IN_FILE
+from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, gap_recovered
 from rpka.verdict.robustness import arm_robustness, longrange_answer, step_ratio_of
-from rpka.verdict.stats import ALPHA, paired_comparison, summarize
+from rpka.verdict.stats import paired_comparison
 
-MARGIN_GAP = 0.95  # non-inferior: mean gap recovered above 0.95 (one-sided, alpha 0.05)
 # the methods on the frontier: those that draw landmarks (rpka.attention.METHOD_INFO)
 LOW_RANK_METHODS = LANDMARK_METHODS
 PIVOTING_PEERS = tuple(m for m in LANDMARK_METHODS if METHOD_INFO[m].family == "peer")
@@ -70,31 +71,6 @@ def per_seed_gap(
     with np.errstate(divide="ignore", invalid="ignore"):
         g = sign * (c - a) / gap
     return np.where((gap > 0) & np.isfinite(g), g, np.nan)
-
-
-def gap_recovered(
-    g: np.ndarray, margin_gap: float = MARGIN_GAP, alpha: float = ALPHA
-) -> dict[str, Any]:
-    """Mean gap recovered with its two-sided t interval and the non-inferiority test.
-
-    ``verdict``: ``"non-inferior"`` when ``ttest_1samp(g, margin_gap, alternative="greater")``
-    rejects at ``alpha``; ``"not shown"`` otherwise; ``"undefined"`` when a seed has no gap
-    (the control did not lose there) or fewer than 2 seeds.
-    """
-    g = np.asarray(g, dtype=float)
-    out: dict[str, Any] = {"per_seed": [None if np.isnan(x) else float(x) for x in g]}
-    if len(g) < 2 or np.isnan(g).any():
-        return {**out, "mean": None, "ci_low": None, "ci_high": None, "p_value": None,
-                "verdict": "undefined"}  # fmt: skip
-    summary = summarize(g, 1 - alpha)  # the mean's t interval (the point without spread)
-    mean = summary["mean"]
-    if np.ptp(g) == 0:  # no spread: the test is decided by the point
-        p = 0.0 if mean > margin_gap else 1.0
-    else:
-        p = float(stats.ttest_1samp(g, margin_gap, alternative="greater").pvalue)
-    verdict = "non-inferior" if p < alpha else "not shown"
-    return {**out, "mean": mean, "ci_low": summary["ci_low"], "ci_high": summary["ci_high"],
-            "p_value": p, "verdict": verdict}  # fmt: skip
 
 
 def probability_of_improvement(
@@ -212,7 +188,7 @@ def track_frontier(report: Mapping[str, Any], margin_gap: float = MARGIN_GAP) ->
     rows = _rows(report, control, margin_gap)
     rpka = [r for r in rows if r["method"] == "rpka"]
     controls = [r for r in rpka if exact_by_construction(r, r["n_points"], causal_block)]
-    below = [r for r in rpka if r not in controls and r["verdict"] == "non-inferior"]
+    below = [r for r in rpka if r not in controls and r["verdict"] == NON_INFERIOR]
     positive = min(controls, key=lambda r: r["rank"]) if controls else None
     return {
         "metric": report["metric"],

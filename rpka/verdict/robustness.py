@@ -5,21 +5,22 @@ For each arm of a long-range length, with the per-seed gap recovered g_s (``rpka
 and the per-seed metric differences d_s = arm_s - exact_s:
 
 * **leave one seed out** (one drop per evaluation seed): the non-inferiority verdict of the
-  gap (the frontier's one-sided t-test of mean g > 0.95) re-decided without each seed, and
-  the range of its one-sided 95 % lower bound ``loo_ci_low_min`` / ``loo_ci_low_max`` - the
-  bound that test compares with the margin (non-inferior exactly when it exceeds 0.95); and
+  gap (``rpka.verdict.decision.gap_recovered``: the one-sided t-test of mean g above the
+  margin) re-decided without each seed, and the range of its one-sided 95 % lower bound
+  ``loo_ci_low_min`` / ``loo_ci_low_max`` - the bound that test compares with the margin
+  (non-inferior exactly when it exceeds the margin); and
   the range of the primary p (the bench's two-sided sign-flip p of d) ``loo_p_min`` /
   ``loo_p_max``. The verdict is **robust** only if every drop gives the same verdict; the
   seeds whose drop changes it are ``rests_on_seeds`` ("rests on seed s").
 * **an interval that agrees with the sign-flip test**: ``signflip_ci``, the shifts delta of
-  d that the two-sided sign-flip test does not reject at alpha = 0.05 (the test inverted,
-  its end points found by bisection): 0 lies outside it exactly where the test's p < 0.05,
+  d that the two-sided sign-flip test does not reject at alpha (the test inverted, its end
+  points found by bisection): 0 lies outside it exactly where the test's p < alpha,
   which the bench's t-interval does not promise. The sign-flip p decides the bench's
   verdict; the interval is the same test, read as an interval.
 
-**Cheaper**: a CPU-time step ratio to exact (``rpka.study.steptime``, the only source of cost
-ratios) of at most :data:`CHEAPER_RATIO_MAX` with its upper 95 % bound below
-:data:`CHEAPER_UPPER_MAX`. **The answer** (:func:`longrange_answer`): per length the
+**Cheaper**: ``rpka.verdict.decision.is_cheaper`` on a CPU-time step ratio to exact
+(``rpka.study.steptime``, the only source of cost ratios). **The answer**
+(:func:`longrange_answer`): per length the
 cheapest robustly non-inferior arm (positive control excluded) and its step ratio; **n\\***
 per method (RPKA, uniform landmarks), the shortest length at which some rank of it is
 robustly non-inferior *and* cheaper, or None ("not reached").
@@ -34,12 +35,10 @@ import numpy as np
 from scipy import stats
 
 from rpka.config.presets_longctx import ANSWER_METHODS
+from rpka.verdict.decision import CHEAPER_RATIO_MAX, CHEAPER_UPPER_MAX, NON_INFERIOR, is_cheaper
 from rpka.verdict.significance import ALPHA, sign_flip_pvalue
 
-CHEAPER_RATIO_MAX = 0.8  # "cheaper": CPU step ratio to exact at most this ...
-CHEAPER_UPPER_MAX = 0.9  # ... and its upper 95 % bound below this
 BISECTION_STEPS = 32  # the sign-flip interval's end points to ~2^-32 of the data's span
-NON_INFERIOR = "non-inferior"
 
 
 def one_sided_lower(values: np.ndarray, alpha: float = ALPHA) -> float | None:
@@ -129,13 +128,6 @@ def step_ratio_of(timing: Mapping[str, Any] | None, context: str, arm: str) -> d
     entry = ((timing or {}).get("contexts") or {}).get(str(context), {}).get(arm)
     ratio = (entry or {}).get("step_ratio_cpu")
     return None if ratio is None else {k: ratio[k] for k in ("mean", "ci_low", "ci_high")}
-
-
-def is_cheaper(ratio: Mapping[str, Any] | None) -> bool:
-    """Cheaper than exact by the study's rule (module docstring); False without a ratio."""
-    if not ratio or ratio.get("mean") is None or ratio.get("ci_high") is None:
-        return False
-    return ratio["mean"] <= CHEAPER_RATIO_MAX and ratio["ci_high"] < CHEAPER_UPPER_MAX
 
 
 def _robust_non_inferior(row: Mapping[str, Any]) -> bool:

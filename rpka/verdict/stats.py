@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from rpka.config.concerns import GATE_MIN_REL
 from rpka.verdict.significance import (
     ALPHA,
     EXACT_FLIP_MAX_N,
@@ -368,7 +369,7 @@ def attention_gate(
     exact: Sequence[float],
     control: Sequence[float],
     metric_direction: str = "lower",
-    min_rel: float = 0.25,
+    min_rel: float = GATE_MIN_REL,
     alpha: float = ALPHA,
     seed: int = 0,
 ) -> dict[str, Any]:

@@ -10,7 +10,7 @@ trained control on that seed (``rpka.verdict.frontier.per_seed_gap``):
 
 A method's ladder stops at the first rank where g_s >= :data:`MARGIN_GAP` on every seed:
 its **drop-in r*** (the every-seed rule; the mean's interval is beside it,
-``rpka.verdict.frontier.gap_recovered``), or at :data:`RANK_CAP` (r* censored: above it). Beside it:
+``rpka.verdict.decision.gap_recovered``), or at :data:`RANK_CAP` (r* censored: above it). Beside it:
 
 * P(RPKA better than uniform) at every rank both read (``probability_of_improvement``);
 * the **effective rank** of exact's trained heads: the smallest rank whose best rank-r
@@ -48,12 +48,8 @@ from rpka.tracks.cache import DEFAULT_DATA_DIR
 from rpka.training.seed_data import run_splits
 from rpka.training.train import evaluate, track_config_of
 from rpka.training.trained import load_run_state
-from rpka.verdict.frontier import (
-    MARGIN_GAP,
-    gap_recovered,
-    per_seed_gap,
-    probability_of_improvement,
-)
+from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, gap_recovered
+from rpka.verdict.frontier import per_seed_gap, probability_of_improvement
 
 METHODS = LANDMARK_METHODS  # RPKA and the peers that pick points (the registry)
 FIRST_RANK = 2
@@ -131,7 +127,7 @@ def r_star(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:
     ladder), and the smallest whose mean g is non-inferior (one-sided t)."""
     own = [r for r in rows if r["method"] == method]
     every = next((r["rank"] for r in own if reached(r["g"])), None)
-    mean = next((r["rank"] for r in own if r["gap"]["verdict"] == "non-inferior"), None)
+    mean = next((r["rank"] for r in own if r["gap"]["verdict"] == NON_INFERIOR), None)
     return {"every_seed": every, "mean_non_inferior": mean, "ranks_read": [r["rank"] for r in own]}
 
 

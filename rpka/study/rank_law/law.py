@@ -35,7 +35,8 @@ from rpka.study.rank_law.dropin import (
     r_star,
 )
 from rpka.study.rank_law.grid import Cell, describe, grid_cells, parse_cell
-from rpka.verdict.frontier import gap_recovered, per_seed_gap
+from rpka.verdict.decision import gap_recovered
+from rpka.verdict.frontier import per_seed_gap
 from rpka.verdict.robustness import arm_robustness
 
 INDEX_FILE = "rank_law.json"
