@@ -11,6 +11,7 @@ from rpka.report import rank_law as section
 from rpka.study.rank_law import law
 from rpka.study.rank_law.dropin import DROPIN_FILE, METHODS
 from rpka.study.rank_law.grid import Cell
+from rpka.verdict.decision import MARGIN_GAP
 
 CELLS = [Cell(1, 512), Cell(4, 512), Cell(16, 512), Cell(4, 512, 16, "patterns")]
 
@@ -106,7 +107,7 @@ def test_the_trained_confirmation_table_names_the_deciding_seed():
                           "robust": False},
            "gap": gap, "robust": True, "rests_on_seeds": []}  # fmt: skip
     table = section.trained_table({"trained": [row]})
-    assert table.iloc[0]["every seed ≥ 0.95"] == "missed (rests on seed 301)"
+    assert table.iloc[0][f"every seed ≥ {MARGIN_GAP:g}"] == "missed (rests on seed 301)"
     assert table.iloc[0]["mean rule"] == "not shown (robust)"
     assert table.iloc[0]["seeds read"] == "4/4" and table.iloc[0]["trained at"] == "16"
     assert "not run yet" in section.trained_text({"trained": []})

@@ -64,7 +64,7 @@ def trained_table(index: Mapping[str, Any]) -> pd.DataFrame:
             "arm": f"`{row['arm']}`",
             "seeds read": f"{len(row['seeds'])}/"
                           f"{len(row['seeds']) + len(row.get('seeds_without_gap', []))}",
-            "every seed ≥ 0.95": _decided("reached" if every["reached"] else "missed",
+            f"every seed ≥ {MARGIN_GAP:g}": _decided("reached" if every["reached"] else "missed",
                                           every["rests_on_seeds"]),
             "mean g [95 % CI]": mean,
             "mean rule": _decided(gap["verdict"], row["rests_on_seeds"]),
