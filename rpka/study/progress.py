@@ -1,0 +1,70 @@
+"""What has landed of a long study that resumes across sessions (issue 40): counts, never scores.
+
+A pre-registered study is read only when a length's every seed is in (docs/longrange_protocol.md),
+so while it runs the report says how far it got - per length, the training jobs committed
+against those the configuration plans (:func:`rpka.bench.jobs.job_groups`) and the CPU
+seconds they recorded - from the run files' configuration fields alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rpka.bench.jobs import job_groups
+from rpka.config.bench import LongContextConfig
+from rpka.config.presets_longctx import LONGRANGE_PRESETS
+from rpka.io import read_json
+
+SPLIT_PHASE = {"val": "sweep", "test": "eval"}  # a run file's split -> the bench's phase
+
+
+def landed(config: LongContextConfig, out: str | Path) -> list[dict[str, Any]]:
+    """Per context of ``config``: ``{"context", "planned": {phase: jobs}, "landed": {phase:
+    jobs}, "cpu_s", "complete"}`` from the run files under ``<out>/longctx/context-<n>/runs``
+    (a context with no folder has landed nothing)."""
+    rows = []
+    for context in config.contexts:
+        planned = {"sweep": 0, "eval": 0}
+        for group in job_groups(config.bench_for(context)):
+            planned[group.phase] += group.jobs
+        runs = sorted((Path(out) / "longctx" / f"context-{context}" / "runs").glob("*.json"))
+        files = [read_json(path) for path in runs]
+        done = {phase: sum(SPLIT_PHASE[f["split"]] == phase for f in files) for phase in planned}
+        rows.append({"context": context, "planned": planned, "landed": done,
+                     "cpu_s": sum(f.get("cpu_s") or 0.0 for f in files),
+                     "complete": done == planned})  # fmt: skip
+    return rows
+
+
+def progress_line(rows: list[dict[str, Any]]) -> str:
+    """One sentence per context: jobs landed of those planned and their CPU seconds."""
+    parts = []
+    for row in rows:
+        landed_jobs, planned = row["landed"], row["planned"]
+        if not any(landed_jobs.values()):
+            parts.append(f"{row['context']:,} tokens: not started")
+            continue
+        parts.append(
+            f"{row['context']:,} tokens: {landed_jobs['eval']} of {planned['eval']} evaluation "
+            f"jobs and {landed_jobs['sweep']} of {planned['sweep']} sweep runs, "
+            f"{row['cpu_s']:,.0f} CPU-s" + (" (complete)" if row["complete"] else "")
+        )
+    return "; ".join(parts)
+
+
+POWER_PRESET = "longrange-power"  # the pre-registered long-range study (issue 40)
+
+
+def power_status(results_dir: str | Path) -> str | None:
+    """The Summary's sentence on the pre-registered long-range study while it runs
+    (``<results_dir>/longrange-power``), or None where it was never started."""
+    out = Path(results_dir) / POWER_PRESET
+    if not out.exists():
+        return None
+    rows = landed(LONGRANGE_PRESETS[POWER_PRESET], out)
+    return (
+        "**The pre-registered long-range study** (16 seeds with their own data, "
+        "docs/longrange_protocol.md) resumes across sessions; no score of a length is read "
+        f"before all its jobs are in. Landed so far: {progress_line(rows)}."
+    )
