@@ -26,8 +26,11 @@ def test_an_arm_has_one_colour_whatever_the_other_arms_and_their_order():
     assert all(once[n] == again[n] for n in names)
     assert palette.arm_colour("exact") == palette.EXACT
     assert palette.arm_colour("mean-attention") == palette.CONTROL
-    # a peer keeps its method's colour at every rank (the frontier draws it so)
-    assert palette.arm_colour("nystrom-uniform-r32") == palette.method_colour("nystrom-uniform")
+    # a peer has its method's colour at the base rank, a lighter or darker shade elsewhere
+    at_base = palette.arm_colour(f"nystrom-uniform-r{palette.PEER_BASE_RANK}")
+    assert at_base == palette.method_colour("nystrom-uniform")
+    peers = [palette.arm_colour(f"nystrom-uniform-r{k}") for k in (8, 16, 32, 64, 128)]
+    assert len(set(peers)) == len(peers)
     ranks = [palette.arm_colour(f"rpka-r{k}") for k in (4, 8, 16, 32, 64, 96, 48)]
     assert len(set(ranks)) == len(ranks) and all(mcolors.is_color_like(c) for c in ranks)
 

@@ -6,8 +6,10 @@ same arm has the same colour in every track's figures:
 * ``exact`` black; the no-attention control (``mean-attention``) grey;
 * RPKA at a rank (``rpka-r<k>``): gold to dark violet as the rank grows;
 * an RPKA ablation (``rpka-r<k>-<variant>``): the variant's own colour;
-* a peer method (``nystrom-uniform-r<k>``, ``keys-coreset-r<k>``, ...): the method's colour,
-  at every rank (the frontier figure draws one line per method in the same colours);
+* a peer method (``nystrom-uniform-r<k>``, ``keys-coreset-r<k>``, ...): the method's colour
+  (the frontier figure draws one line per method in it), exactly at rank
+  :data:`PEER_BASE_RANK` and lighter below it, darker above it (:func:`peer_colour`), so
+  that two ranks of one peer in one panel stay apart;
 * any other name: a colour from a fixed list, picked by a hash of the name (stable across
   runs and figures).
 
@@ -68,6 +70,20 @@ def rank_colour(rank: int) -> str:
     return matplotlib.colors.to_hex((1 - t) * ca + t * cb)
 
 
+PEER_BASE_RANK = 64  # a peer's rank drawn in its method's own colour
+PEER_SHADE = 0.45  # the largest share of white (low ranks) or black (high ranks) mixed in
+
+
+def peer_colour(method: str, rank: int) -> str:
+    """A peer arm's colour: the method's, mixed with white below :data:`PEER_BASE_RANK` or
+    black above it, by up to :data:`PEER_SHADE` at four doublings away (distinct per rank
+    from 4 to 1,024)."""
+    step = max(-1.0, min(1.0, (math.log2(rank) - math.log2(PEER_BASE_RANK)) / 4))
+    base = np.array(matplotlib.colors.to_rgb(method_colour(method)))
+    target = np.zeros(3) if step > 0 else np.ones(3)
+    return matplotlib.colors.to_hex(base + abs(step) * PEER_SHADE * (target - base))
+
+
 def method_colour(method: str) -> str:
     """A method's colour (``rpka``, ``nystrom-uniform``, ...): the frontier's lines."""
     return METHODS.get(method) or OTHER[zlib.crc32(method.encode()) % len(OTHER)]
@@ -85,7 +101,7 @@ def arm_colour(name: str) -> str:
         if method == "rpka":
             return VARIANTS.get(variant) or OTHER[zlib.crc32(variant.encode()) % len(OTHER)]
         if method in METHODS:
-            return METHODS[method]
+            return peer_colour(method, int(match["rank"]))
     return METHODS.get(name) or OTHER[zlib.crc32(name.encode()) % len(OTHER)]
 
 
