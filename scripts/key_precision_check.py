@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from rpka.attention import build, nystrom
+from rpka.attention import build, nystrom_chunked
 
 STDS = (1.0, 4.0, 9.0, 16.0, 25.0, 36.0)
 SEEDS = (0, 1)
@@ -35,7 +35,7 @@ def relative_error(std: float, seed: int, precision: str) -> tuple[float, float]
     q, k, v = duplicated_keys(std, seed)
     ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 4, -1) @ v.double()
     largest = []
-    original = nystrom._streamed_key_moments
+    original = nystrom_chunked._streamed_key_moments
 
     def spy(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
         rho, moments = original(*args)
@@ -43,10 +43,10 @@ def relative_error(std: float, seed: int, precision: str) -> tuple[float, float]
             largest.append(float(rho[torch.isfinite(rho)].abs().max()))
         return rho, moments
 
-    nystrom._streamed_key_moments = spy
-    limit = nystrom.KEY_LOGIT_LIMIT
+    nystrom_chunked._streamed_key_moments = spy
+    limit = nystrom_chunked.KEY_LOGIT_LIMIT
     if precision == "float32":
-        nystrom.KEY_LOGIT_LIMIT = math.inf
+        nystrom_chunked.KEY_LOGIT_LIMIT = math.inf
     try:
         key_precision = "float64" if precision == "float64" else "auto"
         attn = build("rpka", rank=60, generator=torch.Generator().manual_seed(1),
@@ -54,13 +54,13 @@ def relative_error(std: float, seed: int, precision: str) -> tuple[float, float]
         with torch.no_grad():
             out = attn(q, k, v)
     finally:
-        nystrom._streamed_key_moments, nystrom.KEY_LOGIT_LIMIT = original, limit
+        nystrom_chunked._streamed_key_moments, nystrom_chunked.KEY_LOGIT_LIMIT = original, limit
     error = float((out.double() - ref).norm() / ref.norm())
     return error, largest[0] if largest else float("nan")
 
 
 def main() -> None:
-    print(f"KEY_LOGIT_LIMIT = {nystrom.KEY_LOGIT_LIMIT:g}")
+    print(f"KEY_LOGIT_LIMIT = {nystrom_chunked.KEY_LOGIT_LIMIT:g}")
     print("std   seed  max|rho| (first pass)    float32   auto      float64")
     for std in STDS:
         for seed in SEEDS:

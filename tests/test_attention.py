@@ -188,8 +188,8 @@ def test_bad_inputs_name_the_parameter(name):
         attn(q, bad, v)
 
 
-# float32 only: float64 keeps the old single chunk (rpka.attention.nystrom: under pinned
-# numerics MKL's float64 GEMM rounds differently with the chunk's row count)
+# float32 only: float64 keeps the old single chunk (rpka.attention.nystrom_chunked: pinned
+# numerics, MKL's float64 GEMM rounds differently with the chunk's row count)
 @pytest.mark.parametrize("dtype", [torch.float32])
 def test_inference_chunks_are_bitwise_the_old_single_chunk(monkeypatch, dtype):
     """Issue 39: the chunked (inference) estimate streams in the training path's cache-sized
@@ -268,14 +268,14 @@ def test_the_training_path_key_side_in_float32_gives_float64s_gradients():
 def test_auto_key_precision_computes_moderate_logits_in_float32(monkeypatch):
     """The fast path is taken where it is safe (and only there), and it reads as float64's
     estimate up to float32 round-off."""
-    from rpka.attention import nystrom
+    from rpka.attention import nystrom_chunked
 
     taken = []
-    original = nystrom._streamed_key_moments
+    original = nystrom_chunked._streamed_key_moments
     def spy(*args):  # noqa: E306
         taken.append(args[-1])
         return original(*args)
-    monkeypatch.setattr(nystrom, "_streamed_key_moments", spy)
+    monkeypatch.setattr(nystrom_chunked, "_streamed_key_moments", spy)
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 4, 512, 32, generator=g) for _ in range(3))
     outs = {}

@@ -21,7 +21,8 @@ from softmax_reference import softmax_attention
 from rpka.attention import build, pivot_kernel, reference
 from rpka.attention import frame as fast
 from rpka.attention.accelerated import accelerated_pivots
-from rpka.attention.nystrom import gather_points, nystrom_softmax, nystrom_softmax_chunked
+from rpka.attention.nystrom import gather_points, nystrom_softmax
+from rpka.attention.nystrom_chunked import nystrom_softmax_chunked
 from rpka.attention.pivot_state import PointSet
 from rpka.attention.reference import (
     draw_uniforms,

@@ -5,7 +5,7 @@ place, in chunks (:func:`chunk_bounds`) or at candidate indices; :class:`PivotSt
 selection's result - pivots, landmarks ``Z_S`` and the Cholesky factor ``L`` of
 ``G(Z_S, Z_S)`` (docs/design.md section 2). The accelerated selection
 (:mod:`rpka.attention.accelerated`) writes them and the chunked estimator
-(:func:`rpka.attention.nystrom.nystrom_softmax_chunked`) reads them, so they live below
+(:func:`rpka.attention.nystrom_chunked.nystrom_softmax_chunked`) reads them, so they live below
 both, and neither imports the other.
 """
 

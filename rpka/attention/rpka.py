@@ -62,14 +62,13 @@ from rpka.attention.accelerated import RESIDUAL_SOLVES, accelerated_pivots, chec
 from rpka.attention.base import AttentionMethod
 from rpka.attention.frame import KEYS_RATIO, Frame, balanced_frame
 from rpka.attention.nystrom import (
-    KEY_PRECISIONS,
     estimate_unless_keys_covered,
     exact_with_counts,
     gather_points,
     keys_covered,
     nystrom_softmax,
-    nystrom_softmax_chunked,
 )
+from rpka.attention.nystrom_chunked import KEY_PRECISIONS, nystrom_softmax_chunked
 from rpka.attention.options import check_choice, check_generator, check_open_unit
 from rpka.attention.pivot_state import PivotState, PointSet
 from rpka.attention.rpcholesky import (

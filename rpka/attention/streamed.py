@@ -31,13 +31,8 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
 from rpka.attention.guards import guarded_ratio
-from rpka.attention.nystrom import (
-    CORE_DTYPE,
-    finite_or_zero,
-    narrow_key_dtype,
-    solve_graded,
-    too_sharp,
-)
+from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, solve_graded
+from rpka.attention.nystrom_chunked import narrow_key_dtype, too_sharp
 from rpka.attention.pivot_state import STREAM_BYTES, STREAM_BYTES_OTHER
 
 
@@ -194,7 +189,7 @@ def nystrom_softmax_streamed(
     Same arguments, estimate and guards; shapes (..., n, d) with any leading dims.
     ``key_precision``: the key side in float64 (``"float64"``, the reference's) or, with
     ``"auto"``, in the compute dtype while the logits allow (as the inference path's,
-    :func:`rpka.attention.nystrom.narrow_key_dtype`); the backward follows the forward.
+    :func:`rpka.attention.nystrom_chunked.narrow_key_dtype`); the backward follows the forward.
     """
     batch_shape = q_s.shape[:-2]
     q_s, k_s, v, landmarks = (_flat(x) for x in (q_s, k_s, v, landmarks))
