@@ -31,13 +31,14 @@ from rpka.attention.nystrom import CORE_DTYPE, Core, finite_or_zero, solve_grade
 from rpka.attention.pivot_state import PivotState, chunk_bounds, inference_chunk_bytes
 from rpka.attention.rpcholesky import half_sq_norms
 
-# Inference key side (nystrom_softmax_chunked): "float64" always widens the keys (the
-# reference, and what every committed study ran); "auto" keeps them in the float32 compute
-# dtype while every key-side logit reference |rho_s| stays within KEY_LOGIT_LIMIT nats and
-# widens otherwise. Duplicated keys at logit std 1-16 (|rho| <= 55): float32 keys 3e-7 to
-# 7e-7 relative error, float64 keys 2e-7 to 4e-7; std 25 and 36 (|rho| 85-124): float32
-# 1e-6 to 1e-1, float64 <= 1e-6 (docs/numerics.md, "The key side in float32"). The limit
-# sits below the first failure by a factor 2.5.
+# The key side (nystrom_softmax_chunked here, nystrom_softmax_streamed for training):
+# "float64" always widens the keys (the reference, and what every committed study ran);
+# "auto" keeps them in the float32 compute dtype while every key-side logit reference
+# |rho_s| stays within KEY_LOGIT_LIMIT nats and widens otherwise. Duplicated keys at logit
+# std 1-16 (|rho| <= 55): float32 keys 3e-7 to 7e-7 relative error, float64 keys 2e-7 to
+# 4e-7; std 25 and 36 (|rho| 85-124): float32 1e-6 to 1e-1, float64 <= 1e-6
+# (docs/numerics.md, "The key side in float32"). The limit sits below the first failure by
+# a factor 2.5.
 KEY_PRECISIONS = ("auto", "float64")
 KEY_LOGIT_LIMIT = 32.0
 
