@@ -58,8 +58,9 @@ def _speedups(sweep: Mapping[str, Any] | None) -> dict[tuple[str, int, int], flo
     measured): the sweep times RPKA and uniform landmarks; the key coreset is not timed."""
     if not sweep:
         return {}
-    return {(r["method"], r["n"], r["rank"]): forward_speedup(r) for r in sweep["rows"]
-            if r["method"] != "exact" and forward_speedup(r)}  # fmt: skip
+    ratios = {(r["method"], r["n"], r["rank"]): forward_speedup(r) for r in sweep["rows"]
+              if r["method"] != "exact"}  # fmt: skip
+    return {key: ratio for key, ratio in ratios.items() if ratio}
 
 
 def map_points(
@@ -128,15 +129,12 @@ def plot_when_map(points: pd.DataFrame) -> Figure:
     return fig
 
 
-def _spread(points: pd.DataFrame, step: float = 0.09) -> list[float]:
+def _spread(points: pd.DataFrame, step: float = 0.09) -> pd.Series:
     """x positions: readings at one (length, rank ÷ points) spread side by side (by a factor
     2^step apart on the log axis) so that none hides another."""
-    x = []
-    for key, (n, y) in enumerate(zip(points["tokens"], points["rank_over_points"], strict=True)):
-        same = points[(points["tokens"] == n) & (points["rank_over_points"] == y)].index
-        i, m = list(same).index(points.index[key]), len(same)
-        x.append(n * 2 ** ((i - (m - 1) / 2) * step))
-    return x
+    same = points.groupby(["tokens", "rank_over_points"])
+    offset = same.cumcount() - (same["tokens"].transform("size") - 1) / 2
+    return points["tokens"] * 2.0 ** (offset * step)
 
 
 def caption(points: pd.DataFrame) -> tuple[str, str]:

@@ -115,11 +115,11 @@ def model_effective_ranks(model: torch.nn.Module, x: Tensor) -> list[dict[str, A
 
 def reached(g: Sequence[float | None]) -> bool:
     """Whether a rung reaches the margin: g >= :data:`MARGIN_GAP` on every seed that has a
-    gap to recover (a seed where the control does not lose to exact reads NaN and is left
-    out), at least two of them."""
-    finite = np.asarray([np.nan if v is None else v for v in g], dtype=float)
-    finite = finite[np.isfinite(finite)]
-    return len(finite) >= 2 and bool(finite.min() >= MARGIN_GAP)
+    gap to recover (a seed where the control does not lose to exact reads NaN or None and is
+    left out; -inf, a diverged arm, is read and misses), at least two of them."""
+    values = np.asarray([np.nan if v is None else v for v in g], dtype=float)
+    read = values[~np.isnan(values)]
+    return len(read) >= 2 and bool(read.min() >= MARGIN_GAP)
 
 
 def r_star(rows: list[dict[str, Any]], method: str) -> dict[str, Any]:

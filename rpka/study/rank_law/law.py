@@ -28,11 +28,11 @@ from rpka.config.presets_tracks import MEAN_CONTROL
 from rpka.io import read_json, write_result_json
 from rpka.study.rank_law.dropin import (
     DROPIN_FILE,
-    MARGIN_GAP,
     METHODS,
     RANK_CAP,
     per_seed,
     r_star,
+    reached,
 )
 from rpka.study.rank_law.grid import Cell, describe, grid_cells, parse_cell
 from rpka.verdict.decision import gap_recovered
@@ -205,17 +205,11 @@ def trained_rows(results: str | Path) -> list[dict[str, Any]]:
 
 
 def every_seed_reading(g: np.ndarray, seeds: list[int]) -> dict[str, Any]:
-    """The drop-in's rule on trained seeds - g >= the margin on every seed read, at least
-    two (:func:`rpka.study.rank_law.dropin.reached`; NaN: no gap, not read; -inf, a
-    diverged arm: a miss) - and its leave-one-seed-out reading: the seeds whose removal
-    alone flips it (empty: robust). g (S,) per seed."""
-
-    def rule(values: np.ndarray) -> bool:
-        read = values[~np.isnan(values)]
-        return len(read) >= 2 and bool(read.min() >= MARGIN_GAP)
-
-    verdict = rule(g)
-    flips = [s for i, s in enumerate(seeds) if rule(np.delete(g, i)) != verdict]
+    """The drop-in's rule on trained seeds (:func:`rpka.study.rank_law.dropin.reached`: NaN,
+    no gap, not read; -inf, a diverged arm, a miss) and its leave-one-seed-out reading: the
+    seeds whose removal alone flips it (empty: robust). g (S,) per seed."""
+    verdict = reached(g.tolist())
+    flips = [s for i, s in enumerate(seeds) if reached(np.delete(g, i).tolist()) != verdict]
     return {"reached": verdict, "seeds_read": int((~np.isnan(g)).sum()),
             "rests_on_seeds": flips, "robust": not flips}  # fmt: skip
 
