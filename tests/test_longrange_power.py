@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 from rpka.cli.commands import parse_longctx
-from rpka.config.presets_longctx import LONGCTX_PRESETS, with_arms
+from rpka.config.presets_longctx import (
+    LONGCTX_PRESETS,
+    POWER_POSITIVE_CONTROL_AT,
+    power_as_run,
+    with_arms,
+)
 
 POWER = LONGCTX_PRESETS["longrange-power"]
 
@@ -56,3 +61,15 @@ def test_the_cli_runs_one_length_and_some_arms(tmp_path):
     assert "rpka-r16" not in config.bench.design.arm_names
     with pytest.raises(SystemExit):
         parse_longctx(["--preset", "longrange-power", "--arms", "nope", "--out", str(tmp_path)])
+
+
+def test_the_study_as_run_has_its_positive_control_at_one_length():
+    lengths = {c.contexts[0]: c.bench for c in power_as_run()}
+    assert sorted(lengths) == sorted(POWER.contexts)
+    for context, bench in lengths.items():
+        has_control = "rpka-r8192" in bench.design.arm_names
+        assert has_control == (context == POWER_POSITIVE_CONTROL_AT)
+        assert bench.decision.positive_control_arm == ("rpka-r8192" if has_control else None)
+        assert {"exact", "mean-attention", "local-w128", "nystrom-uniform-r128"} <= set(
+            bench.design.arm_names
+        )

@@ -391,3 +391,22 @@ def with_arms(config: LongContextConfig, names: list[str] | tuple[str, ...]) -> 
     )
     config.validate()
     return config
+
+
+POWER_PRESET = "longrange-power"  # the pre-registered long-range study (issue 40)
+POWER_POSITIVE_CONTROL_AT = 2048  # the one length its positive control runs at (the price's cuts)
+
+
+def power_as_run() -> list[LongContextConfig]:
+    """The pre-registered study as its protocol runs it (docs/longrange_protocol.md,
+    "Price"), one configuration per length: every arm, the positive control at
+    :data:`POWER_POSITIVE_CONTROL_AT` tokens only (``longctx --arms`` without it elsewhere)."""
+    study = LONGRANGE_PRESETS[POWER_PRESET]
+    lengths = []
+    for context in study.contexts:
+        config = dataclasses.replace(study, contexts=(context,))
+        if context != POWER_POSITIVE_CONTROL_AT:
+            positive = config.bench.decision.positive_control_arm
+            config = with_arms(config, [a for a in config.bench.design.arm_names if a != positive])
+        lengths.append(config)
+    return lengths

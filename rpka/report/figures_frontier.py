@@ -258,3 +258,45 @@ def plot_longrange_answer(
                ncol=min(len(handles), 4), fontsize=8)  # fmt: skip
     save_figure(fig, save_dir, name)
     return fig
+
+
+def plot_gap_per_seed(
+    tracks: Mapping[str, Mapping[str, Any]],
+    save_dir: str | os.PathLike | None = None,
+    name: str = "longrange_power_seeds",
+) -> Figure:
+    """Every seed's gap recovered per arm, one panel per length (``tracks``: a frontier's
+    tracks, e.g. ``longrange-2048``): dots per seed, the mean and its one-sided 95 % lower
+    bound (the bound the non-inferiority rule compares with the margin), the margin line.
+    What a reader checks first in a pre-registered verdict: does one seed carry it?"""
+    fig, axes = panel_grid(len(tracks), width=5.6, height=0.5 + 0.42 * max(
+        (len(t["rows"]) for t in tracks.values()), default=1))  # fmt: skip
+    rng = np.random.default_rng(0)  # jitter only: where dots sit vertically
+    for ax, (track, frontier) in zip(axes, tracks.items(), strict=False):
+        rows = frontier["rows"]
+        ax.axvspan(frontier["margin_gap"], 1.5, color="C2", alpha=0.10, lw=0,
+                   label=f"non-inferior zone (g > {frontier['margin_gap']})")  # fmt: skip
+        ax.axvline(1.0, color="0.2", lw=1, ls="--", label="exact attention (g = 1)")
+        ax.axvline(0.0, color="C3", lw=1, ls=":", label="no attention (g = 0)")
+        for y, row in enumerate(rows):
+            g = np.asarray([np.nan if x is None else x for x in row["gap_recovered"]["per_seed"]])
+            colour = palette.arm_colour(row["arm"])
+            ax.scatter(g, y + rng.uniform(-0.18, 0.18, len(g)), s=12, color=colour, alpha=0.7,
+                       lw=0)  # fmt: skip
+            ax.plot([row["gap_recovered"]["mean"]], [y], "|", ms=14, mew=2, color="0.1",
+                    label="mean over seeds")  # fmt: skip
+            low = row.get("ci_low_one_sided")
+            if low is not None:
+                ax.plot([low], [y], ">", ms=6, color="0.1", label="one-sided 95 % lower bound")
+        ax.set_yticks(range(len(rows)), [r["arm"] for r in rows], fontsize=8)
+        ax.set_ylim(len(rows) - 0.5, -0.5)  # the first arm on top, every row's jitter inside
+        finite = [x for r in rows for x in r["gap_recovered"]["per_seed"] if x is not None]
+        ax.set_xlim(
+            min(-0.1, min(finite, default=0) - 0.05), max(1.1, max(finite, default=1) + 0.05)
+        )
+        ax.set_xlabel("gap recovered per seed, g (1 = exact, 0 = no attention)")
+        ax.set_title(track)
+    handles = legend_entries(axes)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=3, fontsize=8)
+    save_figure(fig, save_dir, name)
+    return fig

@@ -330,6 +330,9 @@ def robust_answer_text(frontier: Mapping[str, Any] | None) -> str:
     untimed = answer.get("untimed_lengths") or []
     parts = []
     for length, entry in answer["per_length"].items():
+        if entry.get("unread"):
+            parts.append(f"{int(length):,} tokens: {esc(entry['unread'])}")
+            continue
         best = entry.get("cheapest")
         robust = ", ".join(f"`{esc(a)}`" for a in entry["robust_non_inferior"]) or "none"
         cost = f", cheapest `{esc(best)}` at {_cpu_ratio(entry['step_ratio_cpu'])}" if best else ""

@@ -12,14 +12,18 @@ rerun after a fix replaced, which the report shows beside the new result.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rpka import paths
+from rpka.config.bench import LongContextConfig
 from rpka.config.presets import RECALL_PAIRS_EPOCHS, STUDY_TRACKS
+from rpka.config.presets_longctx import power_as_run
 from rpka.io import RESUME_VOLATILE_KEYS, read_json, read_json_checked, write_result_json
 from rpka.kernel.spectrum import bench_spectrum
 from rpka.paths import resolve
+from rpka.study.progress import landed
 from rpka.tracks import get_task
 from rpka.verdict.frontier import (
     ROBUSTNESS_KEYS,
@@ -91,19 +95,22 @@ def write_study_index(
     Keys: ``preset``, ``tracks`` (``{<track>: track_entry}`` in the study's order; a track
     without a report yet is left out and named in ``missing``) and ``longctx`` (per
     context: a ``track_entry`` of its bench, or null without a long-context result) and
-    ``longrange`` (:func:`longrange_entry`, from ``<out>/longrange/``, or null). The frontier
+    ``longrange`` (:func:`longrange_entry`, from ``<out>/longrange/``, or null) and
+    ``longrange_power`` (:func:`power_entry`, the pre-registered study, or null). The frontier
     (``frontier.json``) takes the tracks whose attention gate passed and the long-range
     lengths whose two-control gate passed (``longrange-<n>``), and the frontier extensions
-    found there (``extensions``, :func:`extension_entries`) whose gate passed.
+    found there (``extensions``, :func:`extension_entries`) whose gate passed; the
+    pre-registered study's gated complete lengths get a frontier of their own, in its folder.
     """
     out = resolve(out_dir or paths.results_dir(preset))
     entries, missing = track_entries(out, tracks)
     longctx = longctx_entry(out)
     longrange = longrange_entry(out / paths.LONGRANGE, out)
     extensions = extension_entries(out)
+    power = power_entry(out)
     index = {
         "preset": preset, "tracks": entries, "missing": missing, "longctx": longctx,
-        paths.LONGRANGE: longrange, "extensions": extensions,
+        paths.LONGRANGE: longrange, POWER_KEY: power, "extensions": extensions,
     }  # fmt: skip
     write_result_json(out / paths.STUDY_FILE, index, RESUME_VOLATILE_KEYS)
     # the rank frontier of the tracks that need attention (a gap to recover needs a gate)
@@ -121,6 +128,7 @@ def write_study_index(
                    mqar if len(mqar) > 1 else (),
                    longrange_positive_controls(longrange, out),
                    longrange_timings(longrange, out / paths.LONGRANGE, out))  # fmt: skip
+    write_power_frontier(power, out)
     return index
 
 
@@ -155,44 +163,100 @@ def longctx_entry(out: Path) -> dict[str, Any] | None:
 
 
 LONGRANGE_TRACK = "longrange-{context}"  # a long-range length's name in frontier.json
+POWER_KEY = "longrange_power"  # the pre-registered long-range study's key in study.json
+POWER_PROTOCOL = "docs/longrange_protocol.md"  # written before its runs
 
 
 def longrange_entry(folder: Path, index_dir: Path) -> dict[str, Any] | None:
     """The long-range study's line in ``study.json`` (issue 27), from ``folder``'s own
     ``longctx.json`` (``python -m rpka longctx --preset longrange --out <folder>``): per
-    context a :func:`track_entry` of its bench (both gates, every arm's verdict) with
-    ``gate_passed`` (both gates) and ``learnability`` (exact against the linear naive
-    forecast), ``robustness`` per arm (issue 40: leave-one-seed-out, the CPU step ratio
-    of ``steptime.json`` beside the study and that file's name, :func:`longrange_robustness`),
-    and ``longctx_json`` (its path). None without the file, never an error."""
+    context a :func:`longrange_line`, and ``longctx_json`` (its path). None without the
+    file, never an error."""
     result = read_if_there(folder / paths.LONGCTX_FILE, ("per_context",))
     if result is None:
         return None
-    timing = read_if_there(folder / paths.STEPTIME_FILE)
-    timing_file = os.path.relpath(folder / paths.STEPTIME_FILE, index_dir) if timing else None
+    timing = _steptime(folder, index_dir)
     contexts = {}
     for context, entry in result["per_context"].items():
         path = folder / entry["bench_report"]
-        report = read_if_there(path, INDEX_KEYS)
-        if report is None:
-            continue
-        line = track_entry(report, path, index_dir)
-        gates = (line.get("attention_gate"), line.get("local_gate"))
-        line["gate_passed"] = all((g or {}).get("passed") for g in gates)
-        line["learnability"] = {
-            k: report["learnability"].get(k)
-            for k in ("ratio_to_linear", "linear_ratio_required", "meets_linear", "met")
-        }
-        line["timing_file"] = timing_file
-        line["robustness"] = longrange_robustness(
-            report, LongRangeTiming(int(context), timing, timing_file)
-        )
-        contexts[context] = line
+        line = longrange_line(path, index_dir, LongRangeTiming(int(context), *timing))
+        if line is not None:
+            contexts[context] = line
     return {
         "longctx_json": os.path.relpath(folder / paths.LONGCTX_FILE, index_dir),
         "preset": result.get("preset"),
         "contexts": contexts,
     }
+
+
+def power_entry(
+    out: Path, configs: Sequence[LongContextConfig] | None = None
+) -> dict[str, Any] | None:
+    """The pre-registered long-range study's line in ``study.json`` (issue 40,
+    docs/longrange_protocol.md; ``<out>/longrange-power/``; ``configs`` the study as run,
+    one configuration per length, default ``power_as_run()``): ``landed`` (per length, the jobs
+    in against those planned, ``rpka.study.progress.landed``) and, for each length whose
+    every job is in - never before, the protocol reads no partial length - its
+    :func:`longrange_line`; ``frontier_json``, the study's own frontier with its answer
+    (written by :func:`write_study_index`). None where the study never started.
+
+    A length is read from its bench report alone, since each invocation of the study
+    (one per length) rewrites ``longctx.json`` with its own lengths."""
+    configs = configs or power_as_run()
+    preset = configs[0].preset
+    folder = out / preset
+    if not folder.exists():
+        return None
+    status = landed(configs, folder)
+    timing = _steptime(folder, out)
+    contexts = {}
+    for row in (r for r in status if r["complete"]):
+        path = folder / paths.longctx_context_dir(row["context"]) / paths.BENCH_REPORT_FILE
+        line = longrange_line(path, out, LongRangeTiming(row["context"], *timing))
+        if line is not None:
+            contexts[str(row["context"])] = line
+    return {
+        "preset": preset,
+        "protocol": POWER_PROTOCOL,
+        "landed": status,
+        "contexts": contexts,
+        "frontier_json": os.path.relpath(folder / paths.FRONTIER_FILE, out),
+    }
+
+
+def _steptime(folder: Path, index_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The study's timing file beside it (``steptime.json``) and its path from the index."""
+    timing = read_if_there(folder / paths.STEPTIME_FILE)
+    return timing, os.path.relpath(folder / paths.STEPTIME_FILE, index_dir) if timing else None
+
+
+def write_power_frontier(power: dict[str, Any] | None, out: Path) -> None:
+    """The pre-registered study's own frontier with its answer (``power["frontier_json"]``)
+    from its complete lengths whose two-control gate passed; nothing before one is."""
+    if gated := longrange_gated(power, out):
+        timings = longrange_timings(power, out / power["preset"], out)
+        write_frontier(gated, out / power["frontier_json"], longrange=timings)
+
+
+def longrange_line(path: Path, index_dir: Path, timing: LongRangeTiming) -> dict[str, Any] | None:
+    """One long-range length from its bench report ``path``: a :func:`track_entry` (both
+    gates, every arm's verdict) with ``gate_passed`` (both gates), ``learnability`` (exact
+    against the linear naive forecast), ``robustness`` per arm (issue 40: leave-one-seed-out,
+    the CPU step ratio of the timing file, :func:`longrange_robustness`) and ``timing_file``.
+    None without the report."""
+    report = read_if_there(path, INDEX_KEYS)
+    if report is None:
+        return None
+    line = track_entry(report, path, index_dir)
+    gates = (line.get("attention_gate"), line.get("local_gate"))
+    line["gate_passed"] = all((g or {}).get("passed") for g in gates)
+    line["learnability"] = {
+        k: report["learnability"].get(k)
+        for k in ("ratio_to_linear", "linear_ratio_required", "meets_linear", "met")
+    }
+    line["timing_file"] = timing.timing_file
+    line["robustness"] = longrange_robustness(report, timing)
+    return line
 
 
 def longrange_robustness(report: dict[str, Any], timing: LongRangeTiming) -> dict[str, Any]:

@@ -8,23 +8,28 @@ seconds they recorded - from the run files' configuration fields alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rpka.bench.jobs import job_groups
 from rpka.config.bench import LongContextConfig
-from rpka.config.presets_longctx import LONGRANGE_PRESETS
+from rpka.config.presets_longctx import POWER_PRESET, power_as_run
 from rpka.io import read_json
 
 SPLIT_PHASE = {"val": "sweep", "test": "eval"}  # a run file's split -> the bench's phase
 
 
-def landed(config: LongContextConfig, out: str | Path) -> list[dict[str, Any]]:
-    """Per context of ``config``: ``{"context", "planned": {phase: jobs}, "landed": {phase:
-    jobs}, "cpu_s", "complete"}`` from the run files under ``<out>/longctx/context-<n>/runs``
-    (a context with no folder has landed nothing)."""
+def landed(
+    configs: LongContextConfig | Sequence[LongContextConfig], out: str | Path
+) -> list[dict[str, Any]]:
+    """Per context of ``configs`` (one study, or one configuration per length where its
+    arms differ by length, ``power_as_run``): ``{"context", "planned": {phase: jobs},
+    "landed": {phase: jobs}, "cpu_s", "complete"}`` from the run files under
+    ``<out>/longctx/context-<n>/runs`` (a context with no folder has landed nothing)."""
+    configs = [configs] if isinstance(configs, LongContextConfig) else configs
     rows = []
-    for context in config.contexts:
+    for config, context in ((c, n) for c in configs for n in c.contexts):
         planned = {"sweep": 0, "eval": 0}
         for group in job_groups(config.bench_for(context)):
             planned[group.phase] += group.jobs
@@ -53,16 +58,13 @@ def progress_line(rows: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-POWER_PRESET = "longrange-power"  # the pre-registered long-range study (issue 40)
-
-
 def power_status(results_dir: str | Path) -> str | None:
     """The Summary's sentence on the pre-registered long-range study while it runs
     (``<results_dir>/longrange-power``), or None where it was never started."""
     out = Path(results_dir) / POWER_PRESET
     if not out.exists():
         return None
-    rows = landed(LONGRANGE_PRESETS[POWER_PRESET], out)
+    rows = landed(power_as_run(), out)
     return (
         "**The pre-registered long-range study** (16 seeds with their own data, "
         "docs/longrange_protocol.md) resumes across sessions; no score of a length is read "

@@ -134,17 +134,28 @@ def _robust_non_inferior(row: Mapping[str, Any]) -> bool:
     return row.get("verdict") == NON_INFERIOR and bool(row.get("robust"))
 
 
+UNREAD = "not read: the positive control is not non-inferior (docs/longrange_protocol.md)"
+
+
 def longrange_answer(frontiers: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """The study's answer from its long-range frontiers (length -> frontier entry, rows
     carrying ``robust`` and ``step_ratio_cpu``): per length the cheapest robustly
     non-inferior arm, and n* per method of the study's
-    ``rpka.config.presets_longctx.ANSWER_METHODS`` (None: not reached)."""
+    ``rpka.config.presets_longctx.ANSWER_METHODS`` (None: not reached). A length whose
+    positive control (exact by construction) is not non-inferior is not read (``unread``):
+    the pipeline, not the estimator, would be wrong there."""
     per_length: dict[str, Any] = {}
     n_star: dict[str, int | None] = {m: None for m in ANSWER_METHODS}
     for length in sorted(frontiers):
         entry = frontiers[length]
-        positive = (entry.get("positive_control") or {}).get("arm")
-        good = [r for r in entry["rows"] if _robust_non_inferior(r) and r["arm"] != positive]
+        control = entry.get("positive_control") or {}
+        if control and control.get("verdict") != NON_INFERIOR:  # the pipeline is wrong here
+            per_length[str(length)] = {"robust_non_inferior": [], "cheapest": None,
+                                       "step_ratio_cpu": None, "unread": UNREAD}  # fmt: skip
+            continue
+        good = [
+            r for r in entry["rows"] if _robust_non_inferior(r) and r["arm"] != control.get("arm")
+        ]
         timed = [r for r in good if r.get("step_ratio_cpu")]
         cheapest = min(timed, key=lambda r: r["step_ratio_cpu"]["mean"], default=None)
         per_length[str(length)] = {
