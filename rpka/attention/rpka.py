@@ -57,7 +57,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from rpka.attention import causal
+from rpka.attention import causal, causal_decode
 from rpka.attention.accelerated import RESIDUAL_SOLVES, accelerated_pivots, check_fast_options
 from rpka.attention.base import AttentionMethod
 from rpka.attention.frame import KEYS_RATIO, Frame, balanced_frame
@@ -388,13 +388,13 @@ class RPKAttention(AttentionMethod):
     def attend_prefix(
         self, q: Tensor, k: Tensor, v: Tensor, capacity: int | None
     ) -> tuple[Tensor, object]:
-        out, state = causal.prefill(self, q, k, v, capacity)
+        out, state = causal_decode.prefill(self, q, k, v, capacity)
         self._guards = state.guards
         return out, state
 
     def attend_step(self, q: Tensor, k: Tensor, v: Tensor, state: object) -> tuple[Tensor, object]:
         """One decoding step; ``guard_counts`` then totals the decode so far."""
-        out, state = causal.step(self, q, k, v, state)
+        out, state = causal_decode.step(self, q, k, v, state)
         self._guards = state.guards
         return out, state
 
