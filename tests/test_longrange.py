@@ -45,6 +45,8 @@ def two_control_gate(exact, control, local, **changes):
         decision.local_gate(bench, arms),
     )
     applied = decision.verdict_gate(bench, uniform, window)
+    # what every reader of the report reads back from the recorded gates: the same answer
+    assert decision.gate_passed(uniform, window) == applied["passed"]
     return {"passed": applied["passed"], "attention_gate": uniform, "local_gate": window}
 
 
@@ -289,3 +291,10 @@ def test_rare_copies_count_the_nearest_occurrence():
     np.testing.assert_array_equal((config.context - 1) - last_step, out["distance"])
     with pytest.raises(ValueError, match="n_copies"):
         dataclasses.replace(config, n_copies=0).validate()
+
+
+def test_the_gate_read_back_needs_the_attention_gate_and_any_local_one():
+    passed, failed = {"passed": True}, {"passed": False}
+    assert decision.gate_passed(passed, None) and decision.gate_passed(passed, passed)
+    assert not decision.gate_passed(passed, failed) and not decision.gate_passed(failed, None)
+    assert not decision.gate_passed(None, passed)  # no attention gate: nothing to read

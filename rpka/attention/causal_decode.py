@@ -1,13 +1,14 @@
 """Causal RPKA, decoding: the forward of ``causal`` one token at a time.
 
-``prefill`` runs the forward over a prompt and returns the state that continues it;
-``step`` adds one token. The state holds the landmarks, ``G_ZZ^{-1} M_c`` of the current
-block, the reference ``rho_c`` and the running value range, so a step costs ``O(r d + b d)`` whatever the context length; the step that finishes a block folds it into
-``M`` (``O(b r d)``). At a draw block the landmarks are redrawn from the whole prefix -
-``O(t r (d + r))`` at position ``t``, amortised ``O(r (d + r))`` per token since draws come
-when the context doubles - so the state keeps ``q~`` (joint pivot set), ``k~`` and ``v``
-of every position: the memory of a KV cache. The step path follows the same schedule and
-the same random draws as the full forward, so both agree to round-off.
+``prefill`` runs the forward over a prompt and returns the state that continues it; ``step``
+adds one token. The state holds the landmarks, ``G_ZZ^{-1} M_c`` of the current block, the
+reference ``rho_c`` and the running value range, so a step costs ``O(r d + b d)`` whatever
+the context length; the step that finishes a block folds it into ``M`` (``O(b r d)``). At a
+draw block the landmarks are redrawn from the whole prefix - ``O(t r (d + r))`` at position
+``t``, amortised ``O(r (d + r))`` per token since draws come when the context doubles - so
+the state keeps ``q~`` (joint pivot set), ``k~`` and ``v`` of every position: the memory of
+a KV cache. The step path follows the same schedule and the same random draws as the full
+forward, so both agree to round-off.
 
 Equations, schedule and guards: :mod:`rpka.attention.causal` (eq. (1), (2)); the
 landmarks and key moments: :mod:`rpka.attention.causal_landmarks`.

@@ -22,7 +22,7 @@ from rpka.report.tables import verdict_word
 from rpka.report.text import esc, num
 from rpka.study.steps import FRONTIER_EXTENSIONS, LONGRANGE_TRACK
 from rpka.tracks import get_task
-from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, gap_recovered
+from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, gap_recovered, gate_passed
 from rpka.verdict.frontier import per_seed_gap
 from rpka.verdict.stats import ALPHA
 
@@ -386,8 +386,7 @@ def study_decisions(index: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     has it), its primary arm and the primary verdict."""
     decisions = {}
     for name, entry in index.get("tracks", {}).items():
-        gates = [entry.get("attention_gate"), entry.get("local_gate")]
-        passed = all(g.get("passed") for g in gates if g is not None) and gates[0] is not None
+        passed = gate_passed(entry.get("attention_gate"), entry.get("local_gate"))
         decisions[name] = {"gate": "passed" if passed else "failed", **_primary(entry)}
     contexts = (index.get(paths.LONGRANGE) or {}).get("contexts") or {}
     for context, entry in contexts.items():

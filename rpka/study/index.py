@@ -25,6 +25,7 @@ from rpka.kernel.spectrum import bench_spectrum
 from rpka.paths import resolve
 from rpka.study.progress import landed
 from rpka.tracks import get_task
+from rpka.verdict.decision import gate_passed
 from rpka.verdict.frontier import (
     ROBUSTNESS_KEYS,
     LongRangeTiming,
@@ -117,7 +118,7 @@ def write_study_index(
     gated = {
         name: out / entry["bench_report"]
         for name, entry in (entries | extensions).items()
-        if (entry.get("attention_gate") or {}).get("passed")
+        if gate_passed(entry.get("attention_gate"), entry.get("local_gate"))
     }
     for report_path in gated.values():  # why: the kernel's spectrum on exact's trained heads
         spectrum_of(report_path.parent)
@@ -248,8 +249,7 @@ def longrange_line(path: Path, index_dir: Path, timing: LongRangeTiming) -> dict
     if report is None:
         return None
     line = track_entry(report, path, index_dir)
-    gates = (line.get("attention_gate"), line.get("local_gate"))
-    line["gate_passed"] = all((g or {}).get("passed") for g in gates)
+    line["gate_passed"] = gate_passed(line.get("attention_gate"), line.get("local_gate"))
     line["learnability"] = {
         k: report["learnability"].get(k)
         for k in ("ratio_to_linear", "linear_ratio_required", "meets_linear", "met")

@@ -142,6 +142,15 @@ def verdict_gate(
     }
 
 
+def gate_passed(attention: Mapping[str, Any] | None, local: Mapping[str, Any] | None) -> bool:
+    """The verdicts' gate read back from a report's recorded gates (:func:`control_gate`
+    of each control; None where the bench has no such control): the attention gate passed,
+    and the local gate too where the bench ran one - :func:`verdict_gate`'s rule. Every
+    reader of a report (the study index, its frontier, the summary) asks this, not its own
+    test."""
+    return attention is not None and all(g["passed"] for g in (attention, local) if g is not None)
+
+
 def decide(
     config: BenchConfig,
     comparisons: dict[str, dict[str, Any]],
