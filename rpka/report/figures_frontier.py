@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, NullFormatter
 
-from rpka.attention import LANDMARK_METHODS, METHOD_INFO
+from rpka.attention import LANDMARK_METHODS, METHOD_INFO, method_label
 from rpka.io import save_figure
 from rpka.report import palette
 from rpka.report.figures import legend_entries, panel_grid
@@ -211,7 +211,8 @@ def _answer_panel(
         ax.errorbar([x], [g], yerr=yerr, color=colour,
                     marker=METHOD_MARKERS.get(p.get("method"), "o"), ms=6, capsize=3,
                     label=f"{int(p['context']):,} tokens")  # fmt: skip
-        ax.annotate(f"r{p['rank']}" + ("" if p.get("method") == "rpka" else " uniform"),
+        peer = METHOD_INFO[p["method"]].family != "rpka"  # RPKA's points carry the rank alone
+        ax.annotate(f"r{p['rank']}" + (f" {method_label(p['method'])}" if peer else ""),
                     (x, g), xytext=(5, -4), textcoords="offset points", fontsize=7,
                     va="top", color=colour)  # fmt: skip
     ax.set(xscale="log", xlabel=xlabel, ylabel="gap recovered g (1 = exact, 0 = mean control)")

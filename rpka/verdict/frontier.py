@@ -40,6 +40,7 @@ import numpy as np
 from scipy import stats
 
 from rpka.attention import LANDMARK_METHODS, METHOD_INFO
+from rpka.config.presets_tracks import MEAN_CONTROL
 from rpka.io import read_json, write_result_json
 from rpka.paths import DROP_IN_FILE
 from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, gap_recovered
@@ -173,8 +174,8 @@ def causal_block_of(report: Mapping[str, Any]) -> int | None:
 
 def control_arm_of(report: Mapping[str, Any]) -> str:
     """The no-attention control a bench report's gap is measured from: its attention gate's
-    control arm (``mean-attention`` for a report without one)."""
-    return report.get("attention_gate", {}).get("control_arm") or "mean-attention"
+    control arm (the presets' ``MEAN_CONTROL`` for a report without one)."""
+    return report.get("attention_gate", {}).get("control_arm") or MEAN_CONTROL.name
 
 
 def track_frontier(report: Mapping[str, Any], margin_gap: float = MARGIN_GAP) -> dict[str, Any]:
