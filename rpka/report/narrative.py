@@ -14,6 +14,7 @@ from rpka.report.figures import metric_label
 from rpka.report.tables import NEAR_ZERO_FRACTION, relative_is_meaningful, verdict_word
 from rpka.tracks import get_task
 from rpka.verdict import stats
+from rpka.verdict.frontier import forward_speedup
 from rpka.verdict.robustness import signflip_interval
 
 
@@ -204,8 +205,10 @@ def step_times(report: Mapping) -> str:
 
 
 def forward_time_key(scaling: Mapping) -> str:
-    """The forward time a scaling JSON's ratios are read from: the interleaved CPU time
-    (``forward_cpu_ms``) where every row has it, else the wall time (older files, GPUs)."""
+    """The forward time a scaling JSON's times are shown in: the interleaved CPU time
+    (``forward_cpu_ms``) where every row has it, else the wall time (older files, GPUs).
+    The ratio beside them is the one reading of the sweep's speed-up,
+    ``rpka.verdict.frontier.forward_speedup`` (the same times' ratio)."""
     rows = [r for r in scaling["rows"] if r.get("forward_ms")]
     return "forward_cpu_ms" if rows and all(r.get("forward_cpu_ms") for r in rows) else "forward_ms"
 
@@ -221,7 +224,7 @@ def scaling_summary(scaling: Mapping, rank: int = 64) -> str:
     if not lengths:
         return f"No rpka r={rank} forward measurements in this file."
     cells = ", ".join(
-        f"n={n}: {ours[n][key]:.1f} vs {exact[n][key]:.1f} ms ({exact[n][key] / ours[n][key]:.1f}×)"
+        f"n={n}: {ours[n][key]:.1f} vs {exact[n][key]:.1f} ms ({forward_speedup(ours[n]):.1f}×)"
         for n in lengths
     )
     measure = "CPU time, arms interleaved" if key == "forward_cpu_ms" else "wall time"
