@@ -56,8 +56,11 @@ def test_law_and_pivoting_words_follow_the_file(index):
     assert "pairs p" in text and "censored" in text
     rows = section.pivoting_rows(index)
     sentence = section.pivoting_sentence(rows)
-    assert "RPKA better (the interval of P above 0.5) in 3" in sentence
-    assert "p4-n512-d16-patterns" in sentence
+    assert "RPKA better (the interval of P(RPKA better) above 0.5) in 3" in sentence
+    assert "pivoting pays in 3 of them" in sentence and "p4-n512-d16-patterns" in sentence
+    none_better = rows.assign(low=0.4, high=0.6)
+    assert "pivoting pays nowhere in this grid" in section.pivoting_sentence(none_better)
+    assert "cells" not in section.pivoting_sentence(none_better)
     assert section.held_out_text(None).startswith("The held-out prediction has not been made")
     held = {"cell": "p32-n1024-d16-noise", "method": "rpka", "predicted_r_star": 10.0,
             "observed_r_star": 16,

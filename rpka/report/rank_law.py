@@ -180,13 +180,19 @@ def pivoting_sentence(rows: pd.DataFrame) -> str:
 
     def where(part: pd.DataFrame) -> str:
         cells = sorted(set(part["cell"]))
-        return ", ".join(f"`{c}`" for c in cells) if cells else "none"
+        return f" (cells {', '.join(f'`{c}`' for c in cells)})" if cells else ""
 
+    verdict = (
+        "pivoting pays nowhere in this grid"
+        if wins.empty
+        else f"pivoting pays in {len(wins)} of them{where(wins)}"
+    )
     return (
         f"Residual pivoting against uniform landmarks, over {len(rows)} (cell, rank) "
-        f"readings: RPKA better (the interval of P above 0.5) in {len(wins)} - cells "
-        f"{where(wins)}; uniform better in {len(losses)} - cells {where(losses)}; no "
-        f"difference shown in the other {len(rows) - len(wins) - len(losses)}."
+        f"readings of the drop-in: {verdict}. RPKA better (the interval of P(RPKA better) "
+        f"above 0.5) in {len(wins)}{where(wins)}, uniform better in {len(losses)}"
+        f"{where(losses)}, no difference shown in the other "
+        f"{len(rows) - len(wins) - len(losses)}."
     )
 
 
