@@ -69,6 +69,24 @@ def test_law_and_pivoting_words_follow_the_file(index):
     assert "**did not hold**" in section.held_out_text({**held, "held": False})
 
 
+def test_the_summary_says_which_terms_are_not_read_and_the_trained_outcome(index):
+    # the fixture's cells vary p (all learnable) but not the head dimension
+    assert "head dimension d term is not read" in section.unread_axes(index)
+    assert "pairs p" not in section.unread_axes(index)
+    index["cells"][1]["learnable"] = False  # p = 4 failed the bar: p = 1 and 16 still vary
+    assert "`p4-n512-d16-noise`" in section.unread_axes(index)
+    assert section.trained_sentence(index) == ""  # no confirmation read yet
+    reached, missed = {"reached": True, "robust": True}, {"reached": False, "robust": True}
+    index["trained"] = [
+        {"cell": "p1-n512-d16-noise", "arm": "rpka-r8", "every_seed": reached},
+        {"cell": "p1-n512-d16-noise", "arm": "rpka-r4", "every_seed": missed},
+    ]
+    text = section.trained_sentence(index)
+    assert "1 of 2 trained arms reach the margin on every seed (`rpka-r8`" in text
+    assert "no reading rests on one seed" in text
+    assert "1 of 2 trained arms" in section.summary_sentence(index)
+
+
 def test_section_renders_figures_or_says_it_was_not_run(index, tmp_path):
     figs = Figures(figures_dir=tmp_path / "figures")
     items = section.rank_law_section(index, figs, "rank_law.json", cap=32)

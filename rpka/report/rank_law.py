@@ -155,8 +155,49 @@ def summary_sentence(index: Mapping[str, Any]) -> str:
         rf"Over {len(learnable)} learnable cells of the rank-law grid, RPKA's drop-in r\* "
         f"(every seed within {MARGIN_GAP:g} of the gap) is {span} "
         f"({len(learnable) - len(reached)} censored above the ladder); "
-        rf"log2 r\* against log2 of each term: {law or 'no fit'}. "
-        f"{held_out_text(index.get('held_out'))} {pivoting_sentence(pivoting_rows(index))}"
+        rf"log2 r\* against log2 of each term: {law or 'no fit'}. {unread_axes(index)}"
+        f"{held_out_text(index.get('held_out'))} {trained_sentence(index)}"
+        f"{pivoting_sentence(pivoting_rows(index))}"
+    )
+
+
+def unread_axes(index: Mapping[str, Any]) -> str:
+    """Which terms of the law no learnable cell varies, and the cells that failed the
+    learnability bar there ("" where every term is read)."""
+    learnable = [c for c in index["cells"] if c["learnable"]]
+    unread = [t for t in ("p", "d_head") if len({c[t] for c in learnable}) < 2]
+    if not unread:
+        return ""
+    failed = [c["cell"] for c in index["cells"] if not c["learnable"]]
+    values = " and ".join(f"{TERMS[t]} = {learnable[0][t]}" for t in unread)
+    return (
+        f"The law's {' and '.join(TERMS[t] for t in unread)} term"
+        f"{'s are' if len(unread) > 1 else ' is'} not read: every learnable cell has {values}"
+        + (f" (the cells that vary {'them' if len(unread) > 1 else 'it'} failed the "
+           f"learnability bar: {', '.join(f'`{c}`' for c in failed)})" if failed else "")
+        + ". "
+    )  # fmt: skip
+
+
+def trained_sentence(index: Mapping[str, Any]) -> str:
+    """The trained confirmations in one sentence: cells read, arms that reached the margin
+    on every seed ("" before any)."""
+    rows = index.get("trained") or []
+    if not rows:
+        return ""
+    cells = sorted({r["cell"] for r in rows})
+    reached = [f"`{r['arm']}` on `{r['cell']}`" for r in rows if r["every_seed"]["reached"]]
+    robust = all(r["every_seed"].get("robust") for r in rows)
+    outcome = (
+        f"{len(reached)} of {len(rows)} trained arms reach the margin on every seed "
+        f"({', '.join(reached)})"
+        if reached
+        else f"none of the {len(rows)} trained arms reaches the margin on every seed"
+    )
+    return (
+        f"Trained at the drop-in rank and half of it ({_cells(len(cells))}, 8 seeds with "
+        f"their own data): {outcome}"
+        + ("; no reading rests on one seed. " if robust else "; some readings rest on one seed. ")
     )
 
 
