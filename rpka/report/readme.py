@@ -25,6 +25,7 @@ from rpka.paths import resolve
 from rpka.report import narrative, rank_law, tables
 from rpka.study import steps as study
 from rpka.study.cost import cost_model_json, measured_cpu_s
+from rpka.study.progress import power_status
 from rpka.tracks import get_task
 from rpka.verdict.frontier import forward_speedup
 from rpka.verdict.stats import ALPHA
@@ -359,6 +360,8 @@ def render(preset: str = "full") -> str:
         parts += narrative.mechanism_limitation(results["mechanism"], results["mechanism_followup"])
     if results["scaling_cpu"]:
         parts.append("**Scaling.** " + narrative.scaling_summary(results["scaling_cpu"]))
+    if power := power_status(paths.results_dir(preset)):  # the pre-registered study's progress
+        parts.append(power)
     if results["rank_law"]:
         parts.append("**What sets the rank** (docs/rank_law.md). "
                      + rank_law.summary_sentence(results["rank_law"]))  # fmt: skip
