@@ -87,10 +87,28 @@ def test_the_summary_says_which_terms_are_not_read_and_the_trained_outcome(index
     assert "1 of 2 trained arms" in section.summary_sentence(index)
 
 
+def test_the_planted_control_reads_its_file():
+    assert "not run" in section.planted_text(None) and section.planted_sentence(None) == ""
+    rows = [
+        {"method": m, "rank": 8, "dtype": d, "relative_error": e}
+        for m, e in (("rpka", 1e-15), ("nystrom-uniform", 0.3))
+        for d in ("float64",)
+    ]
+    planted = {"rows": rows, "tokens": 256, "full_rank": 512, "tolerance": {"float64": 1e-12},
+               "passed": True, "negative_min_error": 0.01, "negative_misses": 1,
+               "negative_readings": 1}  # fmt: skip
+    assert "**passed** - largest relative error against SDPA 1.0e-15 in float64" in (
+        section.planted_text(planted)
+    )
+    assert "missed (error > 0.01) in 1 of 1" in section.planted_text(planted)
+    assert "reproduces exact attention" in section.planted_sentence(planted)
+    assert "**failed**" in section.planted_text({**planted, "passed": False})
+
+
 def test_section_renders_figures_or_says_it_was_not_run(index, tmp_path):
     figs = Figures(figures_dir=tmp_path / "figures")
     items = section.rank_law_section(index, figs, "rank_law.json", cap=32)
-    assert figs.count == 2 and len(items) == 7
+    assert figs.count == 2 and len(items) == 8  # tables, law, held-out, trained, planted, figures
     missing = section.rank_law_section(None, figs, "somewhere/rank_law.json")
     assert "was not run" in missing[0].data
 

@@ -119,6 +119,29 @@ def trained_text(index: Mapping[str, Any]) -> str:
             + table.to_markdown(index=False))  # fmt: skip
 
 
+def planted_text(planted: Mapping[str, Any] | None) -> str:
+    """The planted positive control (``rpka rank-law planted``) in one paragraph: does RPKA
+    reproduce exact attention below full rank, and did the negative control miss."""
+    if not planted:
+        return "**Planted positive control**: not run (`python -m rpka rank-law planted`)."
+    rpka = [r for r in planted["rows"] if r["method"] == "rpka"]
+    worst = {
+        d: max(r["relative_error"] for r in rpka if r["dtype"] == d) for d in planted["tolerance"]
+    }
+    ranks = sorted({r["rank"] for r in rpka})
+    return (
+        f"**Planted positive control** (queries and keys from p distinct vectors among "
+        f"{planted['tokens']} tokens, so the kernel has rank ≤ 2p; RPKA at rank 2p = "
+        f"{', '.join(map(str, ranks))}, far below the full rank {planted['full_rank']}): "
+        + ("**passed**" if planted["passed"] else "**failed**")
+        + " - largest relative error against SDPA "
+        + ", ".join(f"{worst[d]:.1e} in {d}" for d in worst)
+        + f"; uniform landmarks at the same ranks missed (error > "
+        f"{planted['negative_min_error']:g}) in {planted['negative_misses']} of "
+        f"{planted['negative_readings']} readings, so the control could have failed."
+    )
+
+
 def held_out_text(held_out: Mapping[str, Any] | None) -> str:
     """The pre-registered prediction and its outcome."""
     if not held_out:
@@ -157,6 +180,7 @@ def summary_sentence(index: Mapping[str, Any]) -> str:
         f"({len(learnable) - len(reached)} censored above the ladder); "
         rf"log2 r\* against log2 of each term: {law or 'no fit'}. {unread_axes(index)}"
         f"{held_out_text(index.get('held_out'))} {trained_sentence(index)}"
+        f"{planted_sentence(index.get('planted'))}"
         f"{pivoting_sentence(pivoting_rows(index))}"
     )
 
@@ -177,6 +201,16 @@ def unread_axes(index: Mapping[str, Any]) -> str:
            f"learnability bar: {', '.join(f'`{c}`' for c in failed)})" if failed else "")
         + ". "
     )  # fmt: skip
+
+
+def planted_sentence(planted: Mapping[str, Any] | None) -> str:
+    """The planted positive control for the Summary ("" before it ran)."""
+    if not planted:
+        return ""
+    word = "reproduces" if planted["passed"] else "does not reproduce"
+    return (f"On planted inputs whose kernel has rank ≤ 2p, RPKA at rank 2p {word} exact "
+            f"attention (uniform landmarks missed in {planted['negative_misses']} of "
+            f"{planted['negative_readings']}). ")  # fmt: skip
 
 
 def trained_sentence(index: Mapping[str, Any]) -> str:
@@ -301,6 +335,7 @@ def rank_law_section(
         ),  # fmt: skip
         Markdown(held_out_text(index.get("held_out"))),
         Markdown(trained_text(index)),
+        Markdown(planted_text(index.get("planted"))),
         figs.show(
             plot_gap_by_rank(index),
             "Gap recovered by the drop-in against rank ÷ pairs, every learnable cell "

@@ -5,6 +5,7 @@
     python -m rpka rank-law dropin [--cells NAME ...]   # the drop-in reading per cell
     python -m rpka rank-law predict --cells NAME [--method M]  # the held-out cell's r*
     python -m rpka rank-law confirm --cells NAME --rank R  # RPKA, uniform trained at R, R/2
+    python -m rpka rank-law planted                     # the planted positive control
     python -m rpka rank-law index                       # the fit and rank_law.json
 
 ``--cells`` defaults to the grid (``rpka.study.rank_law.grid.grid_cells``); a cell outside it
@@ -29,8 +30,9 @@ from rpka.study.rank_law.grid import (
     parse_cell,
 )
 from rpka.study.rank_law.law import predict, write_index
+from rpka.study.rank_law.planted import write_planted
 
-STAGES = ("price", "train", "dropin", "predict", "confirm", "index")
+STAGES = ("price", "train", "dropin", "predict", "confirm", "planted", "index")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,6 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = not args.no_progress
     if args.stage == "index":
         write_index(args.results, log=print)
+        return 0
+    if args.stage == "planted":
+        planted = write_planted(args.results)
+        print(f"planted positive control: {'passed' if planted['passed'] else 'FAILED'}; "
+              f"uniform landmarks missed {planted['negative_misses']} of "
+              f"{planted['negative_readings']}")  # fmt: skip
         return 0
     if args.stage == "predict":
         if not args.cells or len(args.cells) != 1:

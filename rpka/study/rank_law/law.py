@@ -25,7 +25,7 @@ import numpy as np
 from scipy import stats
 
 from rpka.config.presets_tracks import MEAN_CONTROL
-from rpka.io import read_json, write_result_json
+from rpka.io import read_json, read_json_checked, write_result_json
 from rpka.study.rank_law.dropin import (
     DROPIN_FILE,
     METHODS,
@@ -35,6 +35,7 @@ from rpka.study.rank_law.dropin import (
     reached,
 )
 from rpka.study.rank_law.grid import Cell, describe, grid_cells, parse_cell
+from rpka.study.rank_law.planted import PLANTED_FILE
 from rpka.verdict.decision import gap_recovered
 from rpka.verdict.frontier import per_seed_gap
 from rpka.verdict.robustness import arm_robustness
@@ -214,8 +215,15 @@ def every_seed_reading(g: np.ndarray, seeds: list[int]) -> dict[str, Any]:
             "rests_on_seeds": flips, "robust": not flips}  # fmt: skip
 
 
+def read_planted(results: str | Path) -> dict[str, Any] | None:
+    """The planted positive control (``rpka.study.rank_law.planted``), or None before it ran."""
+    path = Path(results) / PLANTED_FILE
+    return read_json_checked(path) if path.exists() else None
+
+
 def write_index(results: str | Path, log: Callable[[str], None] | None = print) -> dict[str, Any]:
-    """``<results>/rank_law.json``: cells, the fit per method, the held-out outcome."""
+    """``<results>/rank_law.json``: cells, the fit per method, the held-out outcome, the
+    trained confirmations and the planted positive control."""
     rows = cell_rows(results, grid_cells())
     index = {
         "what": "What sets the rank RPKA needs: the drop-in grid, the fitted law, the held-out "
@@ -224,6 +232,7 @@ def write_index(results: str | Path, log: Callable[[str], None] | None = print) 
         "fit": {m: fit_law(rows, m) for m in METHODS},
         "held_out": held_out_outcome(results),
         "trained": trained_rows(results),
+        "planted": read_planted(results),
     }
     write_result_json(Path(results) / INDEX_FILE, index)
     if log is not None:
