@@ -320,3 +320,28 @@ def test_finite_inputs_whose_sum_overflows_are_accepted():
     big[0, 0, 3, 1] = float("nan")
     assert not all_finite(big)
     assert all_finite(torch.empty(0))
+
+
+@pytest.mark.parametrize("qk_balance", [True, False])
+def test_the_inference_path_checks_its_inputs_off_its_frame(qk_balance):
+    """Issue 39: RPKA's chunked inference path reads the check of q and k off its frame's
+    reductions (largest query norm, key mean) - the same refusals, in q, k, v order, before
+    the pivot draw (the generator untouched), and finite inputs whose norms overflow pass."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 64, 8, generator=g) for _ in range(3))
+    attn = build("rpka", rank=8, qk_balance=qk_balance, generator=torch.Generator().manual_seed(0))
+    state = attn.generator.get_state()
+    with torch.no_grad():
+        assert attn.checks_finite_itself(q, k, v)
+        for name, value in [("q", float("nan")), ("k", float("-inf")), ("v", float("nan"))]:
+            bad = {"q": q, "k": k, "v": v}
+            bad[name] = bad[name].clone()
+            bad[name][0, 1, 5, 2] = value
+            bad["v"] = bad["v"] if name == "v" else bad["v"].clone().fill_(float("inf"))
+            with pytest.raises(ValueError, match=f"{name} contains non-finite"):
+                attn(bad["q"], bad["k"], bad["v"])
+        assert torch.equal(attn.generator.get_state(), state)
+        huge = q.clone()
+        huge[0, 0, 0, 0] = 3e38  # its row norm overflows to inf; the entry is finite
+        assert torch.isfinite(attn(huge, k, v)).all()
+    assert not attn.checks_finite_itself(q.requires_grad_(), k, v)  # forward checks then

@@ -41,8 +41,21 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, check_finite: bool = True) -> 
         raise ValueError("k must hold at least one key (m >= 1) when there are queries (n >= 1)")
     if check_finite:
         for name, x in (("q", q), ("k", k), ("v", v)):
-            if not all_finite(x):
-                raise ValueError(f"{name} contains non-finite values (nan or inf)")
+            refuse_non_finite(name, x)
+
+
+def refuse_non_finite(name: str, x: Tensor, reduction: Tensor | None = None) -> None:
+    """Raise ``ValueError`` naming ``name`` if x holds a nan or an inf.
+
+    ``reduction``: a reduction of x already at hand that is finite only if every entry of
+    x is (a sum, a mean, a maximum of row norms); when it is finite, x is not read again.
+    Otherwise (a non-finite entry, or a finite one that overflowed the reduction) the
+    check of :func:`rpka.attention.options.all_finite` decides.
+    """
+    if reduction is not None and bool(torch.isfinite(reduction).all()):
+        return
+    if not all_finite(x):
+        raise ValueError(f"{name} contains non-finite values (nan or inf)")
 
 
 def empty_problem(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -95,8 +108,17 @@ class AttentionMethod(nn.Module):
         if self.check_inputs and self._guards:
             warn_frequent(self.name, self.guard_shares)
 
+    def checks_finite_itself(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """Whether ``attend`` checks q, k, v for nan and inf itself, in q, k, v order and
+        with :func:`check_qkv`'s messages, from reductions it takes anyway (then
+        ``forward`` does not check them apart); False unless a method overrides it."""
+        return False
+
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        check_qkv(q, k, v, check_finite=self.check_inputs)
+        check_qkv(q, k, v, check_finite=False)
+        if self.check_inputs and not self.checks_finite_itself(q, k, v):
+            for name, x in (("q", q), ("k", k), ("v", v)):
+                refuse_non_finite(name, x)
         if self.causal and q.shape[-2] != k.shape[-2]:
             raise ValueError(
                 f"causal attention needs as many queries as keys: got {q.shape[-2]} and "

@@ -43,7 +43,22 @@ class Frame(NamedTuple):
 
 
 def balanced_frame(q: Tensor, k: Tensor, balance: bool = True, key_ratio: float = 1.0) -> Frame:
-    """The scaled points of RPKA for q (..., n, d), k (..., m, d), balanced per (batch, head).
+    """The frame of :func:`frame_and_reductions` (the scaled points of RPKA)."""
+    return frame_and_reductions(q, k, balance, key_ratio)[0]
+
+
+def frame_and_reductions(
+    q: Tensor, k: Tensor, balance: bool = True, key_ratio: float = 1.0
+) -> tuple[Frame, Tensor | None, Tensor]:
+    """The frame, and two reductions taken on the way: the largest query norm (...,) per
+    (batch, head) (None with ``balance=False``) and the key mean (..., 1, d).
+
+    Each is finite only if every entry it reduces is (a nan or inf entry makes its row's
+    norm, or the sum, non-finite), so the inference path reads its input check of q and k
+    off them instead of summing q and k once more (:func:`rpka.attention.base.refuse_non_finite`;
+    issue 39: two fewer passes over the inputs).
+
+    The scaled points of RPKA for q (..., n, d), k (..., m, d), balanced per (batch, head).
 
     Softmax attention sees q and k only through ``q.k / sqrt(d) = (alpha q~).(k~ / alpha)``
     with ``q~ = q d^{-1/4}``, ``k~ = k d^{-1/4}``, for every ``alpha > 0``. The Nystrom
@@ -63,7 +78,7 @@ def balanced_frame(q: Tensor, k: Tensor, balance: bool = True, key_ratio: float 
     mean = k.mean(-2, keepdim=True, dtype=compute)  # (..., 1, d)
     ones = torch.ones(*q.shape[:-2], 1, 1, dtype=compute, device=q.device)
     if not balance:
-        return Frame(compute, ones * scale, ones * scale, mean * scale)
+        return Frame(compute, ones * scale, ones * scale, mean * scale), None, mean
     with torch.no_grad():
         q_max = torch.linalg.vector_norm(q, dim=-1, dtype=compute).amax(-1)
         # |k - mean|^2 = |k|^2 - 2 k.mean + |mean|^2 without a copy of the keys (its round-off
@@ -75,4 +90,4 @@ def balanced_frame(q: Tensor, k: Tensor, balance: bool = True, key_ratio: float 
         ratio = key_ratio * k_max / torch.where(usable, q_max, 1.0)
         alpha = torch.where(usable, ratio, 1.0).sqrt()
         alpha = alpha[..., None, None]
-    return Frame(compute, scale * alpha, scale / alpha, mean * (scale / alpha))
+    return Frame(compute, scale * alpha, scale / alpha, mean * (scale / alpha)), q_max, mean

@@ -59,8 +59,8 @@ from torch import Tensor, nn
 
 from rpka.attention import causal, causal_decode
 from rpka.attention.accelerated import RESIDUAL_SOLVES, accelerated_pivots, check_fast_options
-from rpka.attention.base import AttentionMethod
-from rpka.attention.frame import KEYS_RATIO, Frame, balanced_frame
+from rpka.attention.base import AttentionMethod, empty_problem, refuse_non_finite
+from rpka.attention.frame import KEYS_RATIO, Frame, balanced_frame, frame_and_reductions
 from rpka.attention.nystrom import (
     estimate_unless_keys_covered,
     exact_with_counts,
@@ -314,29 +314,10 @@ class RPKAttention(AttentionMethod):
             # construction, at exact attention's cost instead of an N-pivot loop.
             out, self._guards = exact_with_counts(q, k, v)
             return out
-        needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        if self._chunked_path(q, k, v):
+            return self._attend_chunked(q, k, v)
         frame = self._scaled(q, k)
         per_call = self.pivot_refresh == "call"
-        if self.method == "accelerated" and not needs_grad and per_call:
-            state = self.select(self.point_set(q, k, frame))
-            out, self._guards = estimate_unless_keys_covered(
-                lambda: nystrom_softmax_chunked(
-                    q,
-                    k,
-                    v,
-                    state,
-                    frame.q_scale,
-                    frame.k_scale,
-                    frame.key_shift,
-                    self.den_floor,
-                    self.key_precision,
-                ),
-                q,
-                k,
-                v,
-                self.keys_covered(state.pivots.reshape(*q.shape[:-2], -1), q, k),
-            )
-            return out
         compute = frame.compute
         q_s = q.to(compute) * frame.q_scale
         k_s = k.to(compute) * frame.k_scale - frame.key_shift  # guard 1: exact invariance
@@ -348,6 +329,7 @@ class RPKAttention(AttentionMethod):
             if not per_call:
                 self.pivot_cache.store(pivots, key)
         landmarks = gather_points(points, pivots)  # differentiable in q and k
+
         def estimate() -> tuple[Tensor, dict[str, Tensor]]:
             args = (q_s, k_s, v.to(compute), landmarks, pivots >= 0, self.den_floor)
             if self.grad_path == "streamed":
@@ -360,6 +342,52 @@ class RPKAttention(AttentionMethod):
             k,
             v,
             self.keys_covered(pivots, q, k),
+        )
+        return out
+
+    def checks_finite_itself(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """The chunked inference path checks q and k off its frame's reductions
+        (:func:`frame_and_reductions`) and v by its sum: two passes over the inputs fewer
+        than the separate check (issue 39). Every other path is checked by ``forward``."""
+        return self._chunked_path(q, k, v)
+
+    def _chunked_path(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """Whether :meth:`attend` takes the chunked inference path: not causal, a rank below
+        the point count, accelerated pivots drawn per call, and no gradient wanted."""
+        if self.causal or empty_problem(q, k, v):  # forward answers empty problems itself
+            return False
+        if self.method != "accelerated" or self.pivot_refresh != "call":
+            return False
+        n_points = k.shape[-2] + (q.shape[-2] if self.pivot_set == "joint" else 0)
+        needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        return self.rank < n_points and not needs_grad
+
+    def _attend_chunked(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Accelerated pivots drawn from the inputs in place, the estimate streamed in
+        chunks (:func:`nystrom_softmax_chunked`); q, k, v checked first if asked."""
+        key_ratio = 1.0 if self.pivot_set == "joint" else KEYS_RATIO
+        frame, q_max, key_mean = frame_and_reductions(q, k, self.qk_balance, key_ratio)
+        if self.check_inputs:  # before the draw: a refused call leaves the generator alone
+            refuse_non_finite("q", q, q_max)
+            refuse_non_finite("k", k, key_mean)
+            refuse_non_finite("v", v)
+        state = self.select(self.point_set(q, k, frame))
+        out, self._guards = estimate_unless_keys_covered(
+            lambda: nystrom_softmax_chunked(
+                q,
+                k,
+                v,
+                state,
+                frame.q_scale,
+                frame.k_scale,
+                frame.key_shift,
+                self.den_floor,
+                self.key_precision,
+            ),
+            q,
+            k,
+            v,
+            self.keys_covered(state.pivots.reshape(*q.shape[:-2], -1), q, k),
         )
         return out
 
