@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rpka.config.presets_longctx import get_longctx_preset
+from rpka.report import load_study
 from rpka.report.longrange_power import power_section, status_text
 from rpka.report.page import Figures
 from rpka.study import index
@@ -84,3 +85,10 @@ def test_a_positive_control_that_fails_stops_the_lengths_reading():
     assert unread["n_star"]["rpka"] is None
     assert unread["per_length"]["2048"] == {"robust_non_inferior": [], "cheapest": None,
                                             "step_ratio_cpu": None, "unread": UNREAD}  # fmt: skip
+
+
+def test_the_report_loads_the_study_with_its_power_entry():
+    """The committed full study's index carries the study to the report page."""
+    loaded = load_study("data/results/full/study.json", "full", compute=False)
+    assert loaded["longrange_power"]["preset"] == "longrange-power"
+    assert loaded["longrange_power"]["contexts"]  # 2,048 tokens is complete and read
