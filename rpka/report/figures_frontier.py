@@ -275,7 +275,10 @@ def plot_gap_per_seed(
     rng = np.random.default_rng(0)  # jitter only: where dots sit vertically
     for ax, (track, frontier) in zip(axes, tracks.items(), strict=False):
         rows = frontier["rows"]
-        ax.axvspan(frontier["margin_gap"], 1.5, color="C2", alpha=0.10, lw=0,
+        finite = [x for r in rows for x in r["gap_recovered"]["per_seed"] if x is not None]
+        x_low = min(-0.1, min(finite, default=0) - 0.05)
+        x_high = max(1.1, max(finite, default=1) + 0.05)
+        ax.axvspan(frontier["margin_gap"], x_high, color="C2", alpha=0.10, lw=0,
                    label=f"non-inferior zone (g > {frontier['margin_gap']})")  # fmt: skip
         ax.axvline(1.0, color="0.2", lw=1, ls="--", label="exact attention (g = 1)")
         ax.axvline(0.0, color="C3", lw=1, ls=":", label="no attention (g = 0)")
@@ -291,10 +294,7 @@ def plot_gap_per_seed(
                 ax.plot([low], [y], ">", ms=6, color="0.1", label="one-sided 95 % lower bound")
         ax.set_yticks(range(len(rows)), [r["arm"] for r in rows], fontsize=8)
         ax.set_ylim(len(rows) - 0.5, -0.5)  # the first arm on top, every row's jitter inside
-        finite = [x for r in rows for x in r["gap_recovered"]["per_seed"] if x is not None]
-        ax.set_xlim(
-            min(-0.1, min(finite, default=0) - 0.05), max(1.1, max(finite, default=1) + 0.05)
-        )
+        ax.set_xlim(x_low, x_high)
         ax.set_xlabel("gap recovered per seed, g (1 = exact, 0 = no attention)")
         ax.set_title(track)
     handles = legend_entries(axes)
