@@ -8,6 +8,7 @@ from rpka.cli import commands as cli
 from rpka.config import scaling as scaling_config
 from rpka.io import read_json
 from rpka.speed import scaling
+from rpka.speed.timing import interleaved
 from rpka.study import steps as study
 
 
@@ -153,3 +154,16 @@ def test_every_scaling_preset_has_its_default_result_file():
     """``python -m rpka scaling --preset P`` writes somewhere for every P it offers (the
     standard study's sweep had none: a KeyError before any work)."""
     assert set(scaling_config.DEFAULT_OUT) == set(scaling_config.SCALING_PRESETS)
+
+
+def test_the_interleaved_order_changes_every_arms_neighbour():
+    """Each repeat times every arm once, in an order that does not keep neighbours: the
+    arm after the first one (exact, in the harness) differs between repeats."""
+    log: list[str] = []
+    labels = ["exact", "a", "b", "c", "d"]
+    times = interleaved({x: (lambda x=x: log.append(x)) for x in labels}, warmup=0, repeats=8)
+    assert all(len(t["cpu_ms"]) == 8 for t in times.values())
+    repeats = [log[i : i + 5] for i in range(0, 40, 5)]
+    assert all(sorted(r) == sorted(labels) for r in repeats)
+    after_exact = {r[r.index("exact") + 1] for r in repeats if r[-1] != "exact"}
+    assert len(after_exact) > 1
