@@ -126,7 +126,13 @@ class Readout(torch.autograd.Function):
     Inputs x (B, n, d), landmarks (B, r, d), valid (B, r), log_scale (B, r) (the core's
     detached log scales), core (B, r, p). ``a = exp(logits - row max)`` with
     ``logits = x.s - |s|^2/2 + log_scale`` (-inf on invalid landmarks); returns
-    ``a @ core`` (B, n, p) and ``a.sum(-1)`` (B, n, 1).
+    ``full = a @ core`` (B, n, p) as its numerator and denominator, the views
+    ``full[..., :-1]`` and ``full[..., -1:]``, and ``a.sum(-1)`` (B, n, 1).
+
+    Two views and not ``full``: autograd would give each slice of ``full`` a gradient of
+    full size, zeros but for the slice, and add the two (2 fills, 2 copies and an add of
+    (n x p) per call); backward here writes the two parts into one buffer instead, then
+    adds 0.0 as that sum did (``-0.0 + 0.0`` is ``+0.0``): the same bits.
     """
 
     @staticmethod
@@ -154,11 +160,12 @@ class Readout(torch.autograd.Function):
             full[g] = a @ core[g]
             total[g] = a.sum(-1, keepdim=True)
         ctx.save_for_backward(x, landmarks, valid, log_scale, core)
-        return full, total
+        return full[..., :-1], full[..., -1:], total
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad_full: Tensor, grad_total: Tensor):
+    def backward(ctx: FunctionCtx, grad_num: Tensor, grad_den: Tensor, grad_total: Tensor):
         x, landmarks, valid, log_scale, core = ctx.saved_tensors
+        grad_full = torch.cat([grad_num, grad_den], -1).add_(0.0)  # as the slices' sum
         grad_x, grad_lm = torch.empty_like(x), torch.empty_like(landmarks)
         grad_core = torch.empty_like(core)
         mask = _mask_or_none(valid)
@@ -199,8 +206,8 @@ def nystrom_softmax_streamed(
     if key_dtype != CORE_DTYPE and too_sharp(rho):  # widen: the float64 pass decides
         rho, moments = KeyMoments.apply(k_s, v, landmarks.to(CORE_DTYPE), valid)
     core = solve_graded(rho, moments, landmarks, valid, k_s.dtype)
-    full, total = Readout.apply(q_s, landmarks, valid, core.log_scale, core.scaled)
-    tiny = torch.finfo(full.dtype).tiny  # keeps 0/0 out if every term vanished
+    num, den, total = Readout.apply(q_s, landmarks, valid, core.log_scale, core.scaled)
+    tiny = torch.finfo(num.dtype).tiny  # keeps 0/0 out if every term vanished
     floor = (den_floor * total).clamp(min=tiny)
-    out, counts = guarded_ratio(full[..., :-1], full[..., -1:], floor, v)
+    out, counts = guarded_ratio(num, den, floor, v)
     return out.reshape(*batch_shape, *out.shape[-2:]), counts
