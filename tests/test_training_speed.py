@@ -140,11 +140,14 @@ def test_clamp_gradients_are_the_composed_ops_bit_for_bit(dtype, case):
         assert torch.equal(bits(ours), bits(composed))
 
 
+@pytest.mark.parametrize("chunk", [1, 2**16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_divide_gradients_are_the_composed_division_bit_for_bit(dtype):
+def test_divide_gradients_are_the_composed_division_bit_for_bit(dtype, chunk, monkeypatch):
     """``guards.divide`` (saves the quotient, not num) gives autograd's own division
     gradients, bit for bit: num a strided view of a wider product, den broadcast along
-    the last dim, with signed zeros, tiny and huge denominators, and second paths into both."""
+    the last dim, with signed zeros, tiny and huge denominators, and second paths into both;
+    the divisor's gradient in chunks of one row (``chunk=1``) and whole."""
+    monkeypatch.setattr(guards, "DIVISOR_CHUNK", chunk)
     g = torch.Generator().manual_seed(3)
     full = torch.randn(3, 40, 9, generator=g, dtype=dtype)
     full[0, :5] = -0.0

@@ -149,9 +149,28 @@ class _Divide(torch.autograd.Function):
         num_shape, den_shape = ctx.shapes
         want_num, want_den = ctx.needs_input_grad
         grad_num = (grad / den).sum_to_size(num_shape) if want_num else None
-        # (-grad) * (ratio / den), its product written in place: one temporary fewer
-        grad_den = grad.neg().mul_(ratio / den).sum_to_size(den_shape) if want_den else None
+        grad_den = _divisor_grad(grad, ratio, den).sum_to_size(den_shape) if want_den else None
         return grad_num, grad_den
+
+
+DIVISOR_CHUNK = 2**16  # elements per chunk of _divisor_grad's temporaries, at least one row
+
+
+def _divisor_grad(grad: Tensor, ratio: Tensor, den: Tensor) -> Tensor:
+    """``-grad * (ratio / den)`` (grad and ratio of one shape), summed over the last dim
+    where den is 1 there (its broadcast dim in the guards): then in chunks of the leading
+    dim (one index of it at least), so that the two temporaries of the product stay
+    cache-sized (each row sums the same, row by row). Otherwise the whole product, unsummed."""
+    if den.shape[-1] != 1 or den.shape[:-1] != grad.shape[:-1] or grad.dim() < 2:
+        return grad.neg().mul_(ratio / den)
+    out = den.new_empty(den.shape)
+    step = max(1, DIVISOR_CHUNK // max(grad[:1].numel(), 1))
+    for start in range(0, grad.shape[0], step):
+        part = slice(start, start + step)
+        # (-grad) * (ratio / den), autograd's operand order, the product written in place
+        product = grad[part].neg().mul_(ratio[part] / den[part])
+        torch.sum(product, -1, keepdim=True, out=out[part])
+    return out
 
 
 def divide(num: Tensor, den: Tensor) -> Tensor:

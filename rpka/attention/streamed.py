@@ -64,6 +64,15 @@ def _zero_invalid_(grad_logits: Tensor, valid: Tensor | None) -> Tensor:
     return grad_logits if valid is None else grad_logits.masked_fill_(~valid.unsqueeze(-2), 0.0)
 
 
+def _bmm_into(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """``out[...] = a @ b`` for 3-d a, b: the product written into ``out`` (a batch slice of a
+    result) without a temporary where the dtypes agree, else narrowed into it as ``=`` does."""
+    if out.dtype == a.dtype == b.dtype:
+        torch.bmm(a, b, out=out)
+    else:
+        out.copy_(a @ b)
+
+
 def _landmark_norm_grad(grad_logits: Tensor, landmarks: Tensor) -> Tensor:
     """Gradient through ``- |s|^2 / 2`` of :func:`landmark_logits`: ``-colsum(grad) s``."""
     return -grad_logits.sum(-2).unsqueeze(-1) * landmarks
@@ -114,7 +123,7 @@ class KeyMoments(torch.autograd.Function):
             grad_v[g] = (terms @ grad_moments[g])[..., :-1]  # narrowed as .to() would
             grad_logits = (grad_moments[g] @ v1.transpose(-1, -2)).transpose(-1, -2).mul_(terms)
             grad_logits = _zero_invalid_(grad_logits, mask_g)
-            grad_k[g] = grad_logits @ landmarks[g]
+            _bmm_into(grad_k[g], grad_logits, landmarks[g])
             grad_lm[g] = (k_g.transpose(-1, -2) @ grad_logits).transpose(-1, -2)
             grad_lm[g] += _landmark_norm_grad(grad_logits, landmarks[g])
         return grad_k, grad_v, grad_lm, None
@@ -157,7 +166,7 @@ class Readout(torch.autograd.Function):
             a = Readout._weights(
                 x[g], landmarks[g], None if mask is None else mask[g], log_scale[g]
             )
-            full[g] = a @ core[g]
+            _bmm_into(full[g], a, core[g])
             total[g] = a.sum(-1, keepdim=True)
         ctx.save_for_backward(x, landmarks, valid, log_scale, core)
         return full[..., :-1], full[..., -1:], total
@@ -165,7 +174,6 @@ class Readout(torch.autograd.Function):
     @staticmethod
     def backward(ctx: FunctionCtx, grad_num: Tensor, grad_den: Tensor, grad_total: Tensor):
         x, landmarks, valid, log_scale, core = ctx.saved_tensors
-        grad_full = torch.cat([grad_num, grad_den], -1).add_(0.0)  # as the slices' sum
         grad_x, grad_lm = torch.empty_like(x), torch.empty_like(landmarks)
         grad_core = torch.empty_like(core)
         mask = _mask_or_none(valid)
@@ -173,10 +181,11 @@ class Readout(torch.autograd.Function):
         for g in batch_groups(x.shape[0], item_bytes, x.device):
             mask_g = None if mask is None else mask[g]
             a = Readout._weights(x[g], landmarks[g], mask_g, log_scale[g])
-            grad_core[g] = a.transpose(-1, -2) @ grad_full[g]
-            grad_a = (grad_full[g] @ core[g].transpose(-1, -2)).add_(grad_total[g])
+            grad_full = torch.cat([grad_num[g], grad_den[g]], -1).add_(0.0)  # as the slices' sum
+            grad_core[g] = a.transpose(-1, -2) @ grad_full
+            grad_a = (grad_full @ core[g].transpose(-1, -2)).add_(grad_total[g])
             grad_logits = _zero_invalid_(grad_a.mul_(a), mask_g)
-            grad_x[g] = grad_logits @ landmarks[g]
+            _bmm_into(grad_x[g], grad_logits, landmarks[g])
             grad_lm[g] = (x[g].transpose(-1, -2) @ grad_logits).transpose(-1, -2)
             grad_lm[g] += _landmark_norm_grad(grad_logits, landmarks[g])
         return grad_x, grad_lm, None, None, grad_core
