@@ -140,6 +140,30 @@ def test_clamp_gradients_are_the_composed_ops_bit_for_bit(dtype, case):
         assert torch.equal(bits(ours), bits(composed))
 
 
+@pytest.mark.parametrize("chunk", [1, 2**16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_divide_gradients_are_the_composed_division_bit_for_bit(dtype, chunk, monkeypatch):
+    """``guards.divide`` (saves the quotient, not num) gives autograd's own division
+    gradients, bit for bit: num a strided view of a wider product, den broadcast along
+    the last dim, with signed zeros, tiny and huge denominators, and second paths into both;
+    the divisor's gradient in chunks of one row (``chunk=1``) and whole."""
+    monkeypatch.setattr(guards, "DIVISOR_CHUNK", chunk)
+    g = torch.Generator().manual_seed(3)
+    full = torch.randn(3, 40, 9, generator=g, dtype=dtype)
+    full[0, :5] = -0.0
+    full[1, :5, -1] = torch.tensor([1e-30, -1e-30, 1e30, -3.0, 0.5], dtype=dtype)
+    w = torch.randn(3, 40, 8, generator=g, dtype=dtype)
+    w[2, :4] = -0.0
+    results = []
+    for divide in (torch.div, guards.divide):
+        leaf = full.clone().requires_grad_(True)
+        num, den = leaf[..., :-1], leaf[..., -1:]
+        ((divide(num, den) * w).sum() + (num * den).sum()).backward()
+        results.append((divide(num, den).detach(), leaf.grad))
+    for ours, composed in zip(results[1], results[0], strict=True):
+        assert torch.equal(bits(ours), bits(composed))
+
+
 def test_rpka_gradients_with_firing_guards_are_the_composed_clamps(monkeypatch):
     """Where the hull guard fires (the slow path), RPKA's gradients are those of the
     composed clamp, bit for bit (issue 16: a faster clamp must not move a training run)."""

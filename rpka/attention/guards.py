@@ -106,8 +106,9 @@ class _ClampToRange(torch.autograd.Function):
         ctx.save_for_backward(x, v, lo, hi)
         ctx.idle = idle
         ctx.mark_non_differentiable(lo, hi)
-        # strictly inside, the clamp is the identity: a copy, bit for bit its result
-        clamped = x.clone() if idle else torch.minimum(torch.maximum(x, lo), hi)
+        # strictly inside, the clamp is the identity: x itself (autograd returns a view of
+        # it, with this function's gradient), no copy held beside the x saved above
+        clamped = x if idle else torch.minimum(torch.maximum(x, lo), hi)
         return clamped, lo, hi
 
     @staticmethod
@@ -115,11 +116,69 @@ class _ClampToRange(torch.autograd.Function):
         x, v, lo, hi = ctx.saved_tensors
         want_x, want_v = ctx.needs_input_grad[:2]
         idle = ctx.idle if ctx.idle is not None else strictly_inside(x, lo, hi)
-        if idle:  # the guard is idle everywhere
-            return grad.clone() if want_x else None, torch.zeros_like(v) if want_v else None
+        if idle:  # the guard is idle everywhere: the identity's gradient, not a copy of it
+            return grad if want_x else None, torch.zeros_like(v) if want_v else None
         grad_x, grad_lo, grad_hi = _clamp_grads(grad, x, lo, hi)
         grad_v = _spread(grad_hi, hi, v) + _spread(grad_lo, lo, v) if want_v else None
         return grad_x if want_x else None, grad_v
+
+
+class _Divide(torch.autograd.Function):
+    """``num / den`` (den broadcast to num's shape) that saves its quotient instead of num.
+
+    The gradients are autograd's own for division (``DivBackward0``), bit for bit:
+    ``grad / den`` for num and ``-grad * ((num / den) / den)`` for den, each summed to its
+    input's shape. ``num / den`` there is the forward's quotient, the same division of the
+    same values, so it is read back instead of recomputed. The composed op keeps num alive
+    for backward (in the Nystrom readout a view that holds the whole (n x (d_v + 1))
+    product) beside the quotient the value-hull clamp saves anyway; this one keeps only
+    the quotient (issue 39: peak memory of a training step). Tested against the composed
+    division bit for bit (tests/test_training_speed.py).
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, num: Tensor, den: Tensor):
+        ratio = num / den
+        ctx.save_for_backward(ratio, den)
+        ctx.shapes = num.shape, den.shape
+        return ratio
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor):
+        ratio, den = ctx.saved_tensors
+        num_shape, den_shape = ctx.shapes
+        want_num, want_den = ctx.needs_input_grad
+        grad_num = (grad / den).sum_to_size(num_shape) if want_num else None
+        grad_den = _divisor_grad(grad, ratio, den).sum_to_size(den_shape) if want_den else None
+        return grad_num, grad_den
+
+
+DIVISOR_CHUNK = 2**16  # elements per chunk of _divisor_grad's temporaries, at least one row
+
+
+def _divisor_grad(grad: Tensor, ratio: Tensor, den: Tensor) -> Tensor:
+    """``-grad * (ratio / den)`` (grad and ratio of one shape), summed over the last dim
+    where den is 1 there (its broadcast dim in the guards): then in chunks of the leading
+    dim (one index of it at least), so that the two temporaries of the product stay
+    cache-sized (each row sums the same, row by row). Otherwise the whole product, unsummed."""
+    if den.shape[-1] != 1 or den.shape[:-1] != grad.shape[:-1] or grad.dim() < 2:
+        return grad.neg().mul_(ratio / den)
+    out = den.new_empty(den.shape)
+    step = max(1, DIVISOR_CHUNK // max(grad[:1].numel(), 1))
+    for start in range(0, grad.shape[0], step):
+        part = slice(start, start + step)
+        # (-grad) * (ratio / den), autograd's operand order, the product written in place
+        product = grad[part].neg().mul_(ratio[part] / den[part])
+        torch.sum(product, -1, keepdim=True, out=out[part])
+    return out
+
+
+def divide(num: Tensor, den: Tensor) -> Tensor:
+    """``num / den`` through :class:`_Divide` (same dtype, num of the quotient's shape),
+    else the plain op."""
+    if num.dtype != den.dtype or torch.broadcast_shapes(num.shape, den.shape) != num.shape:
+        return num / den
+    return _Divide.apply(num, den)
 
 
 def _clamp_grads(grad: Tensor, x: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, ...]:
@@ -208,7 +267,7 @@ def guarded_ratio(
         ``clamped`` output entries clamped, with totals ``rows`` and ``entries``.
     """
     low = den < floor
-    out, clamped = clamp_to_values(num / torch.where(low, floor, den), v)
+    out, clamped = clamp_to_values(divide(num, torch.where(low, floor, den)), v)
     counts = {
         "denominator": low.sum(),
         "rows": torch.tensor(low.numel()),

@@ -320,7 +320,8 @@ class RPKAttention(AttentionMethod):
         per_call = self.pivot_refresh == "call"
         compute = frame.compute
         q_s = q.to(compute) * frame.q_scale
-        k_s = k.to(compute) * frame.k_scale - frame.key_shift  # guard 1: exact invariance
+        # guard 1 (exact invariance); the shift subtracted in place: one (n x d) copy fewer
+        k_s = (k.to(compute) * frame.k_scale).sub_(frame.key_shift)
         points = torch.cat([q_s, k_s], dim=-2) if self.pivot_set == "joint" else k_s
         key = (tuple(points.shape[:-2]), points.shape[-2], self.rank)
         pivots = None if per_call else self.pivot_cache.matching(key)  # this batch's draw

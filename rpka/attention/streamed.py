@@ -64,6 +64,15 @@ def _zero_invalid_(grad_logits: Tensor, valid: Tensor | None) -> Tensor:
     return grad_logits if valid is None else grad_logits.masked_fill_(~valid.unsqueeze(-2), 0.0)
 
 
+def _bmm_into(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """``out[...] = a @ b`` for 3-d a, b: the product written into ``out`` (a batch slice of a
+    result) without a temporary where the dtypes agree, else narrowed into it as ``=`` does."""
+    if out.dtype == a.dtype == b.dtype:
+        torch.bmm(a, b, out=out)
+    else:
+        out.copy_(a @ b)
+
+
 def _landmark_norm_grad(grad_logits: Tensor, landmarks: Tensor) -> Tensor:
     """Gradient through ``- |s|^2 / 2`` of :func:`landmark_logits`: ``-colsum(grad) s``."""
     return -grad_logits.sum(-2).unsqueeze(-1) * landmarks
@@ -114,7 +123,7 @@ class KeyMoments(torch.autograd.Function):
             grad_v[g] = (terms @ grad_moments[g])[..., :-1]  # narrowed as .to() would
             grad_logits = (grad_moments[g] @ v1.transpose(-1, -2)).transpose(-1, -2).mul_(terms)
             grad_logits = _zero_invalid_(grad_logits, mask_g)
-            grad_k[g] = grad_logits @ landmarks[g]
+            _bmm_into(grad_k[g], grad_logits, landmarks[g])
             grad_lm[g] = (k_g.transpose(-1, -2) @ grad_logits).transpose(-1, -2)
             grad_lm[g] += _landmark_norm_grad(grad_logits, landmarks[g])
         return grad_k, grad_v, grad_lm, None
@@ -126,7 +135,13 @@ class Readout(torch.autograd.Function):
     Inputs x (B, n, d), landmarks (B, r, d), valid (B, r), log_scale (B, r) (the core's
     detached log scales), core (B, r, p). ``a = exp(logits - row max)`` with
     ``logits = x.s - |s|^2/2 + log_scale`` (-inf on invalid landmarks); returns
-    ``a @ core`` (B, n, p) and ``a.sum(-1)`` (B, n, 1).
+    ``full = a @ core`` (B, n, p) as its numerator and denominator, the views
+    ``full[..., :-1]`` and ``full[..., -1:]``, and ``a.sum(-1)`` (B, n, 1).
+
+    Two views and not ``full``: autograd would give each slice of ``full`` a gradient of
+    full size, zeros but for the slice, and add the two (2 fills, 2 copies and an add of
+    (n x p) per call); backward here writes the two parts into one buffer instead, then
+    adds 0.0 as that sum did (``-0.0 + 0.0`` is ``+0.0``): the same bits.
     """
 
     @staticmethod
@@ -151,13 +166,13 @@ class Readout(torch.autograd.Function):
             a = Readout._weights(
                 x[g], landmarks[g], None if mask is None else mask[g], log_scale[g]
             )
-            full[g] = a @ core[g]
+            _bmm_into(full[g], a, core[g])
             total[g] = a.sum(-1, keepdim=True)
         ctx.save_for_backward(x, landmarks, valid, log_scale, core)
-        return full, total
+        return full[..., :-1], full[..., -1:], total
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad_full: Tensor, grad_total: Tensor):
+    def backward(ctx: FunctionCtx, grad_num: Tensor, grad_den: Tensor, grad_total: Tensor):
         x, landmarks, valid, log_scale, core = ctx.saved_tensors
         grad_x, grad_lm = torch.empty_like(x), torch.empty_like(landmarks)
         grad_core = torch.empty_like(core)
@@ -166,10 +181,11 @@ class Readout(torch.autograd.Function):
         for g in batch_groups(x.shape[0], item_bytes, x.device):
             mask_g = None if mask is None else mask[g]
             a = Readout._weights(x[g], landmarks[g], mask_g, log_scale[g])
-            grad_core[g] = a.transpose(-1, -2) @ grad_full[g]
-            grad_a = (grad_full[g] @ core[g].transpose(-1, -2)).add_(grad_total[g])
+            grad_full = torch.cat([grad_num[g], grad_den[g]], -1).add_(0.0)  # as the slices' sum
+            grad_core[g] = a.transpose(-1, -2) @ grad_full
+            grad_a = (grad_full @ core[g].transpose(-1, -2)).add_(grad_total[g])
             grad_logits = _zero_invalid_(grad_a.mul_(a), mask_g)
-            grad_x[g] = grad_logits @ landmarks[g]
+            _bmm_into(grad_x[g], grad_logits, landmarks[g])
             grad_lm[g] = (x[g].transpose(-1, -2) @ grad_logits).transpose(-1, -2)
             grad_lm[g] += _landmark_norm_grad(grad_logits, landmarks[g])
         return grad_x, grad_lm, None, None, grad_core
@@ -199,8 +215,8 @@ def nystrom_softmax_streamed(
     if key_dtype != CORE_DTYPE and too_sharp(rho):  # widen: the float64 pass decides
         rho, moments = KeyMoments.apply(k_s, v, landmarks.to(CORE_DTYPE), valid)
     core = solve_graded(rho, moments, landmarks, valid, k_s.dtype)
-    full, total = Readout.apply(q_s, landmarks, valid, core.log_scale, core.scaled)
-    tiny = torch.finfo(full.dtype).tiny  # keeps 0/0 out if every term vanished
+    num, den, total = Readout.apply(q_s, landmarks, valid, core.log_scale, core.scaled)
+    tiny = torch.finfo(num.dtype).tiny  # keeps 0/0 out if every term vanished
     floor = (den_floor * total).clamp(min=tiny)
-    out, counts = guarded_ratio(full[..., :-1], full[..., -1:], floor, v)
+    out, counts = guarded_ratio(num, den, floor, v)
     return out.reshape(*batch_shape, *out.shape[-2:]), counts
