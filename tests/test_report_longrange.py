@@ -275,3 +275,29 @@ def test_a_separate_positive_control_is_read_only_where_the_study_has_none(gated
     separate = study_index.longrange_positive_controls(longrange_index, gated_study)
     assert sorted(separate) == [f"longrange-{c}" for c in SMOKE.contexts]
     assert all("positive_control" in str(path) for path in separate.values())
+
+
+def test_wall_time_ratios_never_decide_the_cost():
+    """Issue 40: a study without a timing file answers quality, not cost - its training
+    wall-time ratios moved with load (the positive control, exact's arithmetic, read 0.6x)."""
+    index = {"contexts": {"512": {"gate_passed": True}}}
+    point = {
+        "context": 512,
+        "arm": "rpka-r16",
+        "method": "rpka",
+        "rank": 16,
+        "gap_mean": 0.98,
+        "gap_ci_low": 0.96,
+        "gap_ci_high": 1.0,
+        "verdict": "non-inferior",
+        "step_ratio": 0.75,
+        "margin_gap": 0.95,
+        "step_source": longrange.STEP_SOURCE_RUNS,
+    }
+    full = {**point, "arm": "rpka-r4096", "rank": 4096, "step_ratio": 0.6,
+            "positive_control": True}  # fmt: skip
+    text = longrange.answer_text(index, [point, full])
+    assert "Yes" not in text and "Cost not decided" in text
+    assert "reads 0.60× at 512" in text and "r 16 at 512" in text
+    timed = {**point, "step_source": longrange.STEP_SOURCE_TIMING}
+    assert "Yes" in longrange.answer_text(index, [timed, full])

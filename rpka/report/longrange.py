@@ -22,6 +22,7 @@ from rpka import paths
 from rpka.attention import method_label
 from rpka.io import read_json_checked
 from rpka.report.figures_frontier import plot_longrange_answer
+from rpka.report.narrative import untimed_answer
 from rpka.report.tables import verdict_word
 from rpka.report.text import esc, num
 from rpka.study.longctx import FILE_NAME as LONGCTX_FILE
@@ -213,9 +214,14 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
         p for p in points if not p.get("positive_control") and p.get("gap_mean") is not None
     ]
     rpka = [p for p in low_rank if p.get("method") == "rpka"]
+    margin = num(points[0].get("margin_gap") if points else None, ".2f")
+    if low_rank and all(p.get("step_source") == STEP_SOURCE_RUNS for p in low_rank):
+        controls = [f"{_ratio(p['step_ratio'])} at {p['context']:,}" for p in points
+                    if p.get("positive_control") and p.get("step_ratio")]  # fmt: skip
+        good = [_point(p) for p in rpka if p.get("verdict") == NON_INFERIOR]
+        return untimed_answer(good, controls, margin)
     cheaper_rpka = [p for p in rpka if cheaper_step(p.get("step_ratio"))]
     paying = paying_points(points)
-    margin = num(points[0].get("margin_gap") if points else None, ".2f")
     if paying:
         named = "; ".join(
             f"{p['context']:,} tokens, r {p['rank']}: gap recovered {_gap(p)}, step "

@@ -468,3 +468,18 @@ def superseded(report: Mapping[str, Any], previous: Mapping[str, Any]) -> str:
 
 def _delta(c: Mapping[str, Any]) -> str:
     return f"{c['delta_mean']:+.3g} [{c['ci_low']:+.3g}, {c['ci_high']:+.3g}]"
+
+
+def untimed_answer(good: list[str], controls: list[str], margin: str) -> str:
+    """The long-range answer where every step ratio is a training wall time: cost is not
+    decided (issue 40: cost ratios come from the timing file only), quality is. ``good``:
+    the non-inferior RPKA points in words; ``controls``: the positive control's step
+    ratios (exact attention's own arithmetic: how far wall times stray from 1)."""
+    noise = f" (the positive control, exact's own arithmetic, reads {', '.join(controls)})"
+    return (
+        "**Does RPKA pay at long range?** Cost not decided: this study has no timing file "
+        "(`python -m rpka steptime`: one thread, CPU time, arms interleaved), and its "
+        f"training wall-time step ratios moved with machine load{noise if controls else ''}, "
+        f"so they are a record only. Non-inferior (gap recovered above {margin}): "
+        f"{', '.join(good) or 'no RPKA rank'}."
+    )
