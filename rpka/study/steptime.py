@@ -3,16 +3,16 @@
     python -m rpka steptime --preset longrange-power --out DIR [--contexts 4096]
         [--arms ...] [--repeats 7] [--warmup 2]
 
-Every arm's training step (``rpka.training.train.train_step``: forward, loss, backward, gradient
-clipping, Adam update - the code the study trains with) at each context, measured in **one
-process on one thread**, the arms **interleaved** within each repeat (repeat i times arm
-a, then b, ..., the starting arm rotated every repeat, so that a drift of the machine's
-load falls on every arm alike), ``warmup`` untimed repeats first and ``repeats`` >= 7
-timed ones. Each step is timed twice: process CPU time (``time.process_time``, what the
-study's cost is) and wall time. The model is the study's (S = ``seeds_per_job`` stacked
-members, batch ``batch_size`` each, the evaluation jobs' shape) on a few windows of the
-study's own track (the step does not depend on how many windows there are). The load
-average before and after is recorded; so is the peak memory of one step per arm
+Every arm's training step (``rpka.training.train.train_step``: forward, loss, backward,
+gradient clipping, Adam update - the code the study trains with) at each context, measured in
+**one process on one thread**, the arms **interleaved** within each repeat in a fresh seeded
+random order (``rpka.speed.timing.interleaved``: a drift of the machine's load falls on every
+arm alike, and no arm always runs right after exact's cache-filling step), ``warmup`` untimed
+repeats first and ``repeats`` >= 7 timed ones. Each step is timed twice: process CPU time
+(``time.process_time``, what the study's cost is) and wall time. The model is the study's (S =
+``seeds_per_job`` stacked members, batch ``batch_size`` each, the evaluation jobs' shape) on a
+few windows of the study's own track (the step does not depend on how many windows there are).
+The load average before and after is recorded; so is the peak memory of one step per arm
 (``rpka.speed.scaling.peak_memory_mib``, as ``rpka.study.longctx.training_step_peak_mib``).
 
 Per context and arm: the per-repeat CPU and wall seconds, their medians, and the **step
@@ -26,10 +26,11 @@ ratio in a verdict, table or sentence of the study reads from it (``rpka.verdict
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import resource
 import statistics
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from rpka.config.bench import BenchConfig, LongContextConfig
 from rpka.io import write_result_json
 from rpka.paths import STEPTIME_FILE, resolve
 from rpka.speed.scaling import peak_memory_mib
+from rpka.speed.timing import interleaved
 from rpka.training.curriculum import WARM_START_KEY
 from rpka.training.run_config import make_run_config
 from rpka.training.train import Members, Run, member_batches, setup_run, train_step
@@ -87,12 +89,13 @@ def arm_run(bench: BenchConfig, arm: str, data_dir: str) -> Run:
     return setup_run(run_config)
 
 
-def timed_step(run: Run, members: Members, step: int) -> tuple[float, float]:
-    """One training step of ``run``: (CPU seconds, wall seconds)."""
+def step_call(run: Run, members: Members) -> Callable[[], object]:
+    """One training step of ``run`` per call, on one batch drawn up front (the step's cost
+    does not depend on the windows; drawing them is not the step), the step counter advanced
+    each call as in training."""
     batch = member_batches(run.n_train, run.train.batch_size, run.data_generators)[0]
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    train_step(run, members, batch.to(run.device), 0, step)
-    return time.process_time() - cpu0, time.perf_counter() - wall0
+    batch, steps = batch.to(run.device), itertools.count()
+    return lambda: train_step(run, members, batch, 0, next(steps))
 
 
 def step_peak_mib(run: Run, members: Members) -> float:
@@ -107,14 +110,13 @@ def time_context(
     """Every arm's step at one context, interleaved (module docstring)."""
     runs = {arm: arm_run(bench, arm, data_dir) for arm in arms}
     members = {arm: Members(len(run.seeds), run.device) for arm, run in runs.items()}
-    seconds: dict[str, dict[str, list[float]]] = {a: {c: [] for c in CLOCKS} for a in arms}
-    for repeat in range(warmup + repeats):
-        shift = repeat % len(arms)
-        for arm in arms[shift:] + arms[:shift]:
-            cpu_s, wall_s = timed_step(runs[arm], members[arm], repeat)
-            if repeat >= warmup:
-                seconds[arm]["cpu"].append(cpu_s)
-                seconds[arm]["wall"].append(wall_s)
+    times_ms = interleaved(
+        {arm: step_call(run, members[arm]) for arm, run in runs.items()}, warmup, repeats
+    )
+    seconds = {
+        arm: {clock: [ms / 1e3 for ms in times_ms[arm][f"{clock}_ms"]] for clock in CLOCKS}
+        for arm in arms
+    }
     baseline = bench.decision.baseline_arm if bench.decision.baseline_arm in arms else None
     out = {}
     for arm, run in runs.items():
@@ -155,7 +157,7 @@ def run_steptime(
         "steptime_version": STEPTIME_VERSION,
         "preset": config.preset,
         "protocol": (
-            f"one process, one thread; arms interleaved each repeat (start rotated); "
+            f"one process, one thread; arms interleaved each repeat (seeded random order); "
             f"{warmup} untimed warm-up repeat(s), {repeats} timed; training step of "
             f"{config.bench.execution.seeds_per_job} stacked seed(s) x batch "
             f"{config.bench.design.train.batch_size}"
