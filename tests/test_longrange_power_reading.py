@@ -61,6 +61,12 @@ def test_the_study_gets_its_own_frontier_and_answer(study, tmp_path):
     frontier = json.loads((out / entry["frontier_json"]).read_text())
     assert sorted(frontier["tracks"]) == sorted(f"longrange-{c}" for c in entry["contexts"])
     assert set(frontier["longrange_answer"]["per_length"]) == set(entry["contexts"])
+    assert frontier["longrange_answer"]["pending_lengths"] == []  # every length is in
+    entry["landed"][1]["complete"] = False  # as if the second length were still landing
+    index.write_power_frontier(entry, out)
+    second = entry["landed"][1]["context"]
+    answer = json.loads((out / entry["frontier_json"]).read_text())["longrange_answer"]
+    assert answer["pending_lengths"] == [second]
     items = power_section({"longrange_power": entry}, out, Figures(), None)
     html = "".join(getattr(item, "data", "") for item in items)
     assert "The pre-registered study" in html and "leave one seed out" in html

@@ -3,7 +3,7 @@ seed s", the sign-flip interval beside the verdict, the timing file's ratios whe
 
 from __future__ import annotations
 
-from rpka.report import longrange
+from rpka.report import longrange, longrange_answer
 
 TIMED = {"mean": 0.55, "ci_low": 0.5, "ci_high": 0.6}
 
@@ -11,7 +11,7 @@ TIMED = {"mean": 0.55, "ci_low": 0.5, "ci_high": 0.6}
 def _index(timing_file):
     robustness = {
         "rpka-r16": {"robust": False, "rests_on_seeds": [105], "step_ratio_cpu": TIMED,
-                     "signflip_ci": {"low": -0.01, "high": 0.04}},
+                     "peak_ratio_step": 1.22, "signflip_ci": {"low": -0.01, "high": 0.04}},
         "rpka-r128": {"robust": True, "rests_on_seeds": [], "step_ratio_cpu": None,
                       "signflip_ci": {"low": None, "high": None}},
     }  # fmt: skip
@@ -27,8 +27,10 @@ def test_the_table_names_the_seed_a_verdict_rests_on_and_reads_the_timing_file()
     assert rows.loc["`rpka-r16`", "leave one seed out"] == "rests on seed 105"
     assert rows.loc["`rpka-r128`", "leave one seed out"] == "robust"
     assert rows.loc["`rpka-r16`", "CPU step (× exact) [95 % CI]"] == "0.55× [0.50, 0.60]"
+    assert rows.loc["`rpka-r16`", "peak memory (× exact)"] == "1.22×"  # the timing file's too
     assert rows.loc["`rpka-r16`", "sign-flip interval (decides)"].startswith("[-0.01")
     assert "train step (× exact)" not in table.columns  # no wall-time ratio beside it
+    assert longrange.DELTA_COLUMN not in table.columns  # no longctx.json: no t interval
     untimed = longrange.verdicts_table(_index(None), None, None)
     assert "CPU step (× exact) [95 % CI]" not in untimed.columns
 
@@ -38,9 +40,16 @@ def test_the_answer_waits_for_the_timing_file_then_names_n_star():
                                       "step_ratio_cpu": TIMED}},
               "n_star": {"rpka": 2048, "nystrom-uniform": None}, "tie": False,
               "rule": "the rule", "untimed_lengths": []}  # fmt: skip
-    text = longrange.robust_answer_text({"longrange_answer": answer})
+    text = longrange_answer.robust_answer_text({"longrange_answer": answer})
     assert "n* for RPKA: 2,048 tokens" in text and "uniform landmarks: not reached" in text
     assert "`rpka-r64` at 0.55× [0.50, 0.60]" in text
+    answer["pending_lengths"] = [4096]  # a longer length still landing: n* stands
+    text = longrange_answer.robust_answer_text({"longrange_answer": answer})
+    assert "n* for RPKA: 2,048 tokens;" in text
+    assert "uniform landmarks: not reached at the lengths read; 4,096 tokens not read yet" in text
+    answer["pending_lengths"] = [1024]  # a shorter one still landing: n* is a bound
+    text = longrange_answer.robust_answer_text({"longrange_answer": answer})
+    assert "n* for RPKA: at most 2,048 tokens (1,024 tokens not read yet)" in text
     answer["untimed_lengths"] = [2048]
-    assert "n* not decided" in longrange.robust_answer_text({"longrange_answer": answer})
-    assert longrange.robust_answer_text({}) == ""
+    assert "n* not decided" in longrange_answer.robust_answer_text({"longrange_answer": answer})
+    assert longrange_answer.robust_answer_text({}) == ""

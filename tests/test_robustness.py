@@ -15,6 +15,7 @@ from rpka.verdict.robustness import (
     arm_robustness,
     longrange_answer,
     one_sided_lower,
+    peak_ratio_of,
     signflip_interval,
 )
 from rpka.verdict.significance import sign_flip_pvalue
@@ -108,5 +109,13 @@ def test_the_answer_is_the_shortest_length_robust_and_cheaper():
     assert answer["per_length"]["2048"]["cheapest"] == "nystrom-uniform-r64"
     assert answer["n_star"] == {"rpka": 2048, "nystrom-uniform": 2048} and answer["tie"]
     frontiers[2048]["rows"][1]["robust"] = False
-    again = longrange_answer(frontiers)
+    again = longrange_answer(frontiers, pending=[4096])
     assert again["n_star"]["nystrom-uniform"] is None and not again["tie"]
+    assert again["pending_lengths"] == [4096] and answer["pending_lengths"] == []
+
+
+def test_a_steps_peak_memory_ratio_comes_from_the_timing_file():
+    timing = {"contexts": {"2048": {"exact": {"peak_mib": 150.0}, "rpka-r16": {"peak_mib": 183.0}}}}
+    assert peak_ratio_of(timing, "2048", "rpka-r16", "exact") == pytest.approx(1.22)
+    assert peak_ratio_of(timing, "4096", "rpka-r16", "exact") is None  # length not timed
+    assert peak_ratio_of(None, "2048", "rpka-r16", "exact") is None

@@ -19,9 +19,15 @@ import pandas as pd
 from IPython.display import Markdown
 
 from rpka import paths
-from rpka.attention import method_label
 from rpka.io import read_json_checked
 from rpka.report.figures_frontier import plot_longrange_answer
+from rpka.report.longrange_answer import (
+    NA,
+    cpu_ratio_text,
+    lengths_text,
+    ratio_text,
+    robust_answer_text,
+)
 from rpka.report.narrative import untimed_answer
 from rpka.report.tables import verdict_word
 from rpka.report.text import esc, num
@@ -29,10 +35,10 @@ from rpka.study.longctx import FILE_NAME as LONGCTX_FILE
 from rpka.study.steps import LONGRANGE_TRACK
 from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, STEP_TIE, cheaper_step
 
-NA = "n/a"
 NOT_RUN = "not run"
 STEP_SOURCE_TIMING = "steptime"  # a step ratio from the timing file (rpka.study.steptime)
 STEP_SOURCE_RUNS = "training wall time"  # one from the runs' recorded medians
+DELTA_COLUMN = "delta test MSE [95 % CI]"  # the t interval of arm - exact (longctx.json)
 LOCALITY_FILE = "locality.json"  # scripts/longrange_locality.py, beside longctx.json
 
 
@@ -51,13 +57,6 @@ def load_files(
 def _contexts(index: Mapping[str, Any] | None) -> list[tuple[int, dict[str, Any]]]:
     contexts = (index or {}).get("contexts") or {}
     return sorted(((int(c), e) for c, e in contexts.items()), key=lambda kv: kv[0])
-
-
-def _lengths(values: list[int]) -> str:
-    named = [f"{v:,}" for v in values]
-    if not named:
-        return NA
-    return named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
 
 
 def frontier_track(frontier: Mapping[str, Any] | None, context: int) -> dict[str, Any] | None:
@@ -124,10 +123,6 @@ def paying_points(points: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     ]
 
 
-def _ratio(x: float | None) -> str:
-    return NA if x is None else f"{x:.2f}×"
-
-
 def _gap(p: Mapping[str, Any]) -> str:
     if p.get("gap_mean") is None:
         return NA
@@ -174,7 +169,7 @@ def setup_text(
     warm = ((longctx_file or {}).get("config") or {}).get("warm_start_from")
     longer = [c for c in contexts if warm and c > warm]
     curriculum = (
-        f"At {_lengths(longer)} tokens every run - each arm, controls included - first "
+        f"At {lengths_text(longer)} tokens every run - each arm, controls included - first "
         f"trains at {warm:,} tokens with its own rate, seeds and steps, then as many steps "
         "at its own length from those weights, learned positions stretched (a curriculum, "
         "`rpka.curriculum`: from scratch exact attention did not learn at 2,048 tokens). "
@@ -182,7 +177,7 @@ def setup_text(
         else ""
     )
     return (
-        f"**Set-up.** Task `{esc(task)}` trained at {_lengths(contexts)} tokens; arms "
+        f"**Set-up.** Task `{esc(task)}` trained at {lengths_text(contexts)} tokens; arms "
         f"{', '.join(f'`{esc(a)}`' for a in arms) or NA}; {seeds or NA} evaluation seeds. "
         f"{curriculum}"
         f"How far back the evidence the forecast needs lies: {where}. A length is informative "
@@ -193,7 +188,7 @@ def setup_text(
 
 
 def _point(p: Mapping[str, Any]) -> str:
-    return f"r {p['rank']} at {p['context']:,} ({_ratio(p.get('step_ratio'))}, {_gap(p)})"
+    return f"r {p['rank']} at {p['context']:,} ({ratio_text(p.get('step_ratio'))}, {_gap(p)})"
 
 
 def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]) -> str:
@@ -216,7 +211,7 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
     rpka = [p for p in low_rank if p.get("method") == "rpka"]
     margin = num(points[0].get("margin_gap") if points else None, ".2f")
     if low_rank and all(p.get("step_source") == STEP_SOURCE_RUNS for p in low_rank):
-        controls = [f"{_ratio(p['step_ratio'])} at {p['context']:,}" for p in points
+        controls = [f"{ratio_text(p['step_ratio'])} at {p['context']:,}" for p in points
                     if p.get("positive_control") and p.get("step_ratio")]  # fmt: skip
         good = [_point(p) for p in rpka if p.get("verdict") == NON_INFERIOR]
         return untimed_answer(good, controls, margin)
@@ -225,30 +220,32 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
     if paying:
         named = "; ".join(
             f"{p['context']:,} tokens, r {p['rank']}: gap recovered {_gap(p)}, step "
-            f"{_ratio(p['step_ratio'])} exact's" + (f", peak memory {_ratio(p.get('peak_ratio'))}"
-                                                     if p.get("peak_ratio") is not None else "")
+            f"{ratio_text(p['step_ratio'])} exact's"
+            + (f", peak memory {ratio_text(p.get('peak_ratio'))}"
+               if p.get("peak_ratio") is not None else "")
             for p in paying
         )  # fmt: skip
         text = f"**Does RPKA pay at long range?** Yes: {named}."
         unpaid = [c for c in gated if c not in {p["context"] for p in paying}]
         if unpaid:
             text += (
-                f" At {_lengths(unpaid)} tokens no rank is both (non-inferior: gap recovered "
+                f" At {lengths_text(unpaid)} tokens no rank is both (non-inferior: gap recovered "
                 f"above {margin}; cheaper: a step below {1 - STEP_TIE:.2f}× exact's)"
             )
             there = [p for p in cheaper_rpka if p["context"] in unpaid]
             text += (": cheaper there " + ", ".join(map(_point, there)) if there else "") + "."
     else:
         text = (
-            f"**Does RPKA pay at long range?** Not shown: at the gated lengths ({_lengths(gated)} "
-            "tokens) no RPKA rank is both cheaper per training step than exact and non-inferior "
+            "**Does RPKA pay at long range?** Not shown: at the gated lengths "
+            f"({lengths_text(gated)} tokens) no RPKA rank is both cheaper per training step "
+            "than exact and non-inferior "
             f"(gap recovered above {margin})."
         )
         if rpka:
             best = max(rpka, key=lambda p: p["gap_mean"])
             text += (
                 f" Best: {best['context']:,} tokens, r {best['rank']}, gap recovered "
-                f"{_gap(best)} at {_ratio(best.get('step_ratio'))} exact's step."
+                f"{_gap(best)} at {ratio_text(best.get('step_ratio'))} exact's step."
             )
         if cheaper_rpka:
             text += " Cheaper than exact: " + ", ".join(map(_point, cheaper_rpka)) + "."
@@ -266,7 +263,7 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
         text += (
             " Cheaper and non-inferior without residual pivoting: "
             + ", ".join(
-                f"`{esc(p['arm'])}` at {p['context']:,} tokens ({_ratio(p['step_ratio'])}, "
+                f"`{esc(p['arm'])}` at {p['context']:,} tokens ({ratio_text(p['step_ratio'])}, "
                 f"{_gap(p)})"
                 for p in peers
             )  # fmt: skip
@@ -326,36 +323,6 @@ def gates_table(index: Mapping[str, Any] | None) -> pd.DataFrame:
     ])  # fmt: skip
 
 
-def robust_answer_text(frontier: Mapping[str, Any] | None) -> str:
-    """The answer by the pre-registered rule (``frontier.json``'s ``longrange_answer``,
-    ``rpka.verdict.robustness``): per length the cheapest robustly non-inferior arm and its CPU
-    step ratio, and n* for RPKA and uniform landmarks; empty without it."""
-    answer = (frontier or {}).get("longrange_answer")
-    if not answer:
-        return ""
-    untimed = answer.get("untimed_lengths") or []
-    parts = []
-    for length, entry in answer["per_length"].items():
-        if entry.get("unread"):
-            parts.append(f"{int(length):,} tokens: {esc(entry['unread'])}")
-            continue
-        best = entry.get("cheapest")
-        robust = ", ".join(f"`{esc(a)}`" for a in entry["robust_non_inferior"]) or "none"
-        cost = f", cheapest `{esc(best)}` at {_cpu_ratio(entry['step_ratio_cpu'])}" if best else ""
-        parts.append(f"{int(length):,} tokens: robustly non-inferior {robust}{cost}")
-    if untimed:
-        stars = (f"n* not decided: no timing file (python -m rpka steptime) for "
-                 f"{_lengths(untimed)} tokens")  # fmt: skip
-    else:
-        stars = "; ".join(
-            f"n* for {method_label(m, long=True)}: "
-            + (f"{n:,} tokens" if n is not None else "not reached up to the longest length")
-            for m, n in answer["n_star"].items()
-        ) + (" (a tie)" if answer.get("tie") else "")  # fmt: skip
-    return (f"**By the study's answer rule** ({esc(answer['rule'])}): " + "; ".join(parts)
-            + f". {stars}.")  # fmt: skip
-
-
 def loo_word(robustness: Mapping[str, Any] | None) -> str:
     """A verdict's leave-one-seed-out reading: "robust", "rests on seed s" (the seeds whose
     drop changes it), or n/a (no robustness computed)."""
@@ -374,13 +341,6 @@ def _signflip(robustness: Mapping[str, Any] | None) -> str:
     return f"[{num(ci.get('low'))}, {num(ci.get('high'))}]"
 
 
-def _cpu_ratio(ratio: Mapping[str, Any] | None) -> str:
-    if not ratio:
-        return NA
-    low, high = num(ratio["ci_low"], ".2f"), num(ratio["ci_high"], ".2f")
-    return f"{_ratio(ratio['mean'])} [{low}, {high}]"
-
-
 def verdicts_table(
     index: Mapping[str, Any] | None,
     frontier: Mapping[str, Any] | None,
@@ -391,7 +351,8 @@ def verdicts_table(
     recovered [95 % CI], its reading and its leave-one-seed-out robustness ("robust" /
     "rests on seed s"), the training step (the CPU-time ratio of ``steptime.json`` [95 %
     CI] where the study was timed, else the runs' wall-time medians) and peak memory
-    against exact's - quality beside speed and memory."""
+    against exact's - quality beside speed and memory. Without ``longctx.json`` the t
+    interval's column (:data:`DELTA_COLUMN`) is left out: nothing would fill it."""
     costs = cost_rows(longctx_file)
     rows = []
     for context, entry in _contexts(index):
@@ -405,25 +366,30 @@ def verdicts_table(
             interval = (g or {}).get("gap_recovered") or {}
             gap = {f"gap_{k}": interval.get(k) for k in ("mean", "ci_low", "ci_high")}
             step = (
-                {"CPU step (× exact) [95 % CI]": _cpu_ratio((r or {}).get("step_ratio_cpu"))}
+                {"CPU step (× exact) [95 % CI]": cpu_ratio_text((r or {}).get("step_ratio_cpu"))}
                 if timed
-                else {"train step (× exact)": _ratio(cost.get("step_ratio_vs_exact"))}
+                else {"train step (× exact)": ratio_text(cost.get("step_ratio_vs_exact"))}
             )
             rows.append({
                 "length": f"{context:,}",
                 "arm": f"`{esc(arm)}`",
                 "verdict vs exact": verdict_word(verdict) if entry.get("gate_passed")
                 else f"{verdict_word(verdict)} (gate failed)",
-                "delta test MSE [95 % CI]": NA if c.get("delta_mean") is None else
+                DELTA_COLUMN: NA if c.get("delta_mean") is None else
                 f"{num(c['delta_mean'])} [{num(c.get('ci_low'))}, {num(c.get('ci_high'))}]",
                 "sign-flip interval (decides)": _signflip(r),
                 "gap recovered [95 % CI]": _gap(gap) if g else NA,
                 "gap reading": g.get("verdict", NA) if g else NA,
                 "leave one seed out": loo_word(r),
                 **step,
-                "peak memory (× exact)": _ratio(cost.get("peak_ratio_vs_exact")),
+                "peak memory (× exact)": ratio_text(
+                    (r or {}).get("peak_ratio_step") if timed else cost.get("peak_ratio_vs_exact")
+                ),
             })  # fmt: skip
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if longctx_file is None and rows:  # the t interval comes from longctx.json alone
+        frame = frame.drop(columns=DELTA_COLUMN)
+    return frame
 
 
 def _step_source_words(points: list[Mapping[str, Any]]) -> str:
@@ -443,8 +409,9 @@ def answer_caption(points: list[Mapping[str, Any]]) -> tuple[str, str]:
     """(caption, alt text) of the answer figure, every point's numbers in it."""
     margin = points[0].get("margin_gap") if points else None
     parts = [
-        f"{p['context']:,} tokens {esc(p['arm'])}: {_gap(p)}, step {_ratio(p.get('step_ratio'))}, "
-        f"peak memory {_ratio(p.get('peak_ratio'))}, {p.get('verdict', NA)}"
+        f"{p['context']:,} tokens {esc(p['arm'])}: {_gap(p)}, "
+        f"step {ratio_text(p.get('step_ratio'))}, "
+        f"peak memory {ratio_text(p.get('peak_ratio'))}, {p.get('verdict', NA)}"
         for p in points
     ]
     caption = (

@@ -19,7 +19,8 @@ from typing import Any
 from IPython.display import Markdown
 
 from rpka.report.figures_frontier import plot_gap_per_seed
-from rpka.report.longrange import gates_table, robust_answer_text, verdicts_table
+from rpka.report.longrange import gates_table, verdicts_table
+from rpka.report.longrange_answer import robust_answer_text
 from rpka.report.page import optional_json
 from rpka.study.progress import progress_line
 

@@ -20,9 +20,11 @@ import pandas as pd
 
 from rpka import paths
 from rpka.config.presets import MECHANISM_TRACK, STUDY_TRACKS
+from rpka.config.presets_longctx import POWER_PRESET
 from rpka.io import read_json_checked
 from rpka.paths import resolve
 from rpka.report import narrative, rank_law, tables
+from rpka.report.longrange_answer import robust_answer_text
 from rpka.study import steps as study
 from rpka.study.cost import cost_model_json, measured_cpu_s
 from rpka.study.progress import power_status
@@ -361,7 +363,9 @@ def render(preset: str = "full") -> str:
     if results["scaling_cpu"]:
         parts.append("**Scaling.** " + narrative.scaling_summary(results["scaling_cpu"]))
     if power := power_status(paths.results_dir(preset)):  # the pre-registered study's progress
-        parts.append(power)
+        frontier = resolve(f"{paths.results_dir(preset)}/{POWER_PRESET}/{paths.FRONTIER_FILE}")
+        answer = robust_answer_text(read_json_checked(frontier)) if frontier.exists() else ""
+        parts.append(f"{power} {answer}".strip())  # and its answer from the lengths read
     if results["rank_law"]:
         parts.append("**What sets the rank** (docs/rank_law.md). "
                      + rank_law.summary_sentence(results["rank_law"]))  # fmt: skip

@@ -233,10 +233,14 @@ def _steptime(folder: Path, index_dir: Path) -> tuple[dict[str, Any] | None, str
 
 def write_power_frontier(power: dict[str, Any] | None, out: Path) -> None:
     """The pre-registered study's own frontier with its answer (``power["frontier_json"]``)
-    from its complete lengths whose two-control gate passed; nothing before one is."""
+    from its complete lengths whose two-control gate passed (its lengths still landing are
+    named, ``pending_lengths``); nothing before one is."""
     if gated := longrange_gated(power, out):
         timings = longrange_timings(power, out / power["preset"], out)
-        write_frontier(gated, out / power["frontier_json"], longrange=timings)
+        pending = [row["context"] for row in power["landed"] if not row["complete"]]
+        write_frontier(
+            gated, out / power["frontier_json"], longrange=timings, longrange_pending=pending
+        )
 
 
 def longrange_line(path: Path, index_dir: Path, timing: LongRangeTiming) -> dict[str, Any] | None:
@@ -268,7 +272,7 @@ def longrange_robustness(report: dict[str, Any], timing: LongRangeTiming) -> dic
     except ValueError:  # no control arm: no gap, no verdict to test
         return {}
     add_robustness(entry, report, timing)
-    keys = ("verdict", *ROBUSTNESS_KEYS, "step_ratio_cpu", "timing_file")
+    keys = ("verdict", *ROBUSTNESS_KEYS, "step_ratio_cpu", "peak_ratio_step", "timing_file")
     return {row["arm"]: {k: row[k] for k in keys} for row in entry["rows"]}
 
 

@@ -44,7 +44,12 @@ from rpka.config.presets_tracks import MEAN_CONTROL
 from rpka.io import read_json, write_result_json
 from rpka.paths import DROP_IN_FILE
 from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, gap_recovered
-from rpka.verdict.robustness import arm_robustness, longrange_answer, step_ratio_of
+from rpka.verdict.robustness import (
+    arm_robustness,
+    longrange_answer,
+    peak_ratio_of,
+    step_ratio_of,
+)
 from rpka.verdict.stats import paired_comparison
 
 # the methods on the frontier: those that draw landmarks (rpka.attention.METHOD_INFO)
@@ -355,9 +360,11 @@ def add_robustness(
     entry: dict[str, Any], report: Mapping[str, Any], timing: LongRangeTiming
 ) -> None:
     """Each row of a long-range length's frontier ``entry`` gains its leave-one-seed-out
-    robustness (:data:`ROBUSTNESS_KEYS`, ``rpka.verdict.robustness.arm_robustness`` on the gap and
-    on arm - exact per seed), ``step_ratio_cpu`` from the timing file and its name. A row
-    from another bench (a positive control trained on its own) gets ``robust`` None."""
+    robustness (:data:`ROBUSTNESS_KEYS`, ``rpka.verdict.robustness.arm_robustness`` on the gap
+    and on arm - exact per seed), ``step_ratio_cpu`` and ``peak_ratio_step`` (a step's peak
+    memory over exact's) from the timing file and its name (where the length was timed,
+    ``step_ratio`` is that file's mean too: no row keeps a ratio of training wall times beside
+    it). A row from another bench (a positive control trained on its own) gets ``robust`` None."""
     arms = report["arms"]
     base = arms[report["baseline_arm"]]
     exact, seeds = base["full"]["per_seed"], base["seeds"]
@@ -375,7 +382,12 @@ def add_robustness(
             found = arm_robustness(row["gap_recovered"]["per_seed"], diffs, seeds, decide)
             row.update({key: found[key] for key in ROBUSTNESS_KEYS})
         row["step_ratio_cpu"] = step_ratio_of(timing.timing, str(timing.context), row["arm"])
+        row["peak_ratio_step"] = peak_ratio_of(
+            timing.timing, str(timing.context), row["arm"], report["baseline_arm"]
+        )
         row["timing_file"] = timing.timing_file
+        if row["step_ratio_cpu"] is not None:  # the timing file is the one source of a cost
+            row["step_ratio"] = row["step_ratio_cpu"]["mean"]  # ratio; wall times: run files
 
 
 def write_frontier(
@@ -385,6 +397,7 @@ def write_frontier(
     mqar: Sequence[Path] = (),
     positive_controls: Mapping[str, Path] | None = None,
     longrange: Mapping[str, LongRangeTiming] | None = None,
+    longrange_pending: Sequence[int] = (),
 ) -> dict[str, Any]:
     """``frontier.json`` at ``out`` from the bench reports of the gated tracks
     (track -> path); with a ``drop_in.json`` beside a report, its drop-in curve
@@ -396,7 +409,8 @@ def write_frontier(
     trained only its positive control), that control (:func:`add_positive_control`); with
     ``longrange`` (track -> :class:`LongRangeTiming`), those tracks' rows gain their
     robustness and CPU step ratios (:func:`add_robustness`) and the result the study's
-    answer, ``longrange_answer`` (``rpka.verdict.robustness.longrange_answer``)."""
+    answer, ``longrange_answer`` (``rpka.verdict.robustness.longrange_answer``; its lengths
+    not all in yet: ``longrange_pending``)."""
     tracks = {}
     for track, path in reports.items():
         report = read_json(path)
@@ -418,7 +432,7 @@ def write_frontier(
     result = {"what": __doc__.split("\n\n")[0], "tracks": tracks}
     if longrange:
         lengths = {t.context: tracks[name] for name, t in longrange.items() if name in tracks}
-        result["longrange_answer"] = longrange_answer(lengths)
+        result["longrange_answer"] = longrange_answer(lengths, longrange_pending)
         result["longrange_answer"]["untimed_lengths"] = sorted(
             t.context for name, t in longrange.items() if name in tracks and t.timing is None
         )

@@ -130,6 +130,17 @@ def step_ratio_of(timing: Mapping[str, Any] | None, context: str, arm: str) -> d
     return None if ratio is None else {k: ratio[k] for k in ("mean", "ci_low", "ci_high")}
 
 
+def peak_ratio_of(
+    timing: Mapping[str, Any] | None, context: str, arm: str, baseline: str
+) -> float | None:
+    """An arm's peak memory of a training step over ``baseline``'s at ``context``, from a
+    ``steptime.json`` (None: no timing file, or the arms or length not timed)."""
+    arms = ((timing or {}).get("contexts") or {}).get(str(context), {})
+    exact = arms.get(baseline, {}).get("peak_mib")
+    peak = arms.get(arm, {}).get("peak_mib")
+    return None if peak is None or not exact else peak / exact
+
+
 def _robust_non_inferior(row: Mapping[str, Any]) -> bool:
     return row.get("verdict") == NON_INFERIOR and bool(row.get("robust"))
 
@@ -137,13 +148,17 @@ def _robust_non_inferior(row: Mapping[str, Any]) -> bool:
 UNREAD = "not read: the positive control is not non-inferior (docs/longrange_protocol.md)"
 
 
-def longrange_answer(frontiers: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+def longrange_answer(
+    frontiers: Mapping[int, Mapping[str, Any]], pending: Sequence[int] = ()
+) -> dict[str, Any]:
     """The study's answer from its long-range frontiers (length -> frontier entry, rows
     carrying ``robust`` and ``step_ratio_cpu``): per length the cheapest robustly
     non-inferior arm, and n* per method of the study's
-    ``rpka.config.presets_longctx.ANSWER_METHODS`` (None: not reached). A length whose
-    positive control (exact by construction) is not non-inferior is not read (``unread``):
-    the pipeline, not the estimator, would be wrong there."""
+    ``rpka.config.presets_longctx.ANSWER_METHODS`` (None: not reached at a read length). A
+    length whose positive control (exact by construction) is not non-inferior is not read
+    (``unread``): the pipeline, not the estimator, would be wrong there. ``pending``: the
+    study's lengths whose runs are not all in (``pending_lengths``): an n* of None is then
+    "not reached yet", and an n* longer than a pending length is an upper bound."""
     per_length: dict[str, Any] = {}
     n_star: dict[str, int | None] = {m: None for m in ANSWER_METHODS}
     for length in sorted(frontiers):
@@ -173,6 +188,7 @@ def longrange_answer(frontiers: Mapping[int, Mapping[str, Any]]) -> dict[str, An
         "per_length": per_length,
         "n_star": n_star,
         "tie": len(values) == 1 and None not in values,  # both reached at the same length
+        "pending_lengths": sorted(int(n) for n in pending),
         "rule": f"cheaper: CPU step ratio to exact ≤ {CHEAPER_RATIO_MAX} with its upper 95 % "
         f"bound below {CHEAPER_UPPER_MAX} (steptime.json); n*: the shortest length where some "
         "rank of the method is robustly non-inferior and cheaper; None: not reached",
