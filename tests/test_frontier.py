@@ -6,6 +6,7 @@ import pytest
 from scipy import stats
 
 from rpka.io import read_json, write_json
+from rpka.report import frontier as report_frontier
 from rpka.verdict.decision import gap_recovered
 from rpka.verdict.frontier import (
     add_positive_control,
@@ -125,6 +126,7 @@ def test_track_frontier_finds_r_star_and_reads_the_positive_control(tmp_path):
     rows = {r["arm"]: r for r in frontier["rows"]}
     assert rows["rpka-r8"]["verdict"] == "not shown"
     assert rows["rpka-r32"]["rank_over_n"] == 32 / 128 and rows["rpka-r32"]["step_ratio"] == 2.0
+    assert rows["rpka-r32"]["step_source"] == "training wall time"  # no timing file: a record
     (pivot,) = frontier["pivoting"]
     assert pivot["versus"] == "nystrom-uniform-r32" and pivot["delta"] < 0  # RPKA better
     assert pivot["prob_improvement"] == 1.0
@@ -374,3 +376,13 @@ def test_a_pair_count_where_exact_did_not_learn_is_kept_but_not_read(tmp_path):
     fig = report.figures_recall.plot_mqar(mqar, tmp_path)
     labels = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert labels and not any("24p" in label for label in labels)  # 24 pairs not drawn
+
+
+def test_the_caption_says_where_each_step_ratio_was_measured():
+    timed = {"margin_gap": 0.95, "rows": [{"step_source": "steptime_tracks.json"}]}
+    wall = {"margin_gap": 0.95, "rows": [{"step_source": None}]}  # an older frontier row
+    both = report_frontier.step_sources({"tracks": {"lm": timed, "longrange-512": wall}})
+    assert both.startswith("one-thread CPU time from steptime_tracks.json; training wall times")
+    assert "training wall" not in report_frontier.step_sources({"tracks": {"lm": timed}})
+    caption, _ = report_frontier.frontier_caption({"tracks": {"lm": timed}})
+    assert "one-thread CPU time from steptime_tracks.json" in caption

@@ -17,6 +17,7 @@ from rpka.verdict.robustness import (
     one_sided_lower,
     peak_ratio_of,
     signflip_interval,
+    with_longctx_timing,
 )
 from rpka.verdict.significance import sign_flip_pvalue
 
@@ -119,3 +120,21 @@ def test_a_steps_peak_memory_ratio_comes_from_the_timing_file():
     assert peak_ratio_of(timing, "2048", "rpka-r16", "exact") == pytest.approx(1.22)
     assert peak_ratio_of(timing, "4096", "rpka-r16", "exact") is None  # length not timed
     assert peak_ratio_of(None, "2048", "rpka-r16", "exact") is None
+
+
+def test_a_long_context_studys_step_ratios_come_from_its_timing_file():
+    longctx = {"preset": "full", "rows": [
+        {"context": 2048, "arm": "rpka-r64", "step_ms": 700.0, "step_ratio_vs_exact": 0.48},
+        {"context": 512, "arm": "rpka-r64", "step_ms": 300.0, "step_ratio_vs_exact": 1.9},
+    ]}  # fmt: skip
+    ratio = {"mean": 0.501, "ci_low": 0.486, "ci_high": 0.517}
+    timing = {"preset": "full", "contexts": {"2048": {
+        "rpka-r64": {"cpu_s_median": 0.7377, "step_ratio_cpu": ratio}}}}  # fmt: skip
+    timed = with_longctx_timing(longctx, timing)
+    row, untimed = timed["rows"]
+    assert row["step_ratio_vs_exact"] == 0.501 and row["step_ratio_ci"] == [0.486, 0.517]
+    assert row["step_ms"] == pytest.approx(737.7) and row["step_source"] == "steptime.json"
+    assert untimed == longctx["rows"][1]  # a length the file did not time keeps its record
+    assert longctx["rows"][0]["step_ratio_vs_exact"] == 0.48  # the file's content untouched
+    assert with_longctx_timing(longctx, {**timing, "preset": "quick"}) is longctx
+    assert with_longctx_timing(None, timing) is None

@@ -9,9 +9,18 @@ import pytest
 from scipy import stats
 
 from rpka.cli.longrange import steptime_main
+from rpka.config.presets import get_preset
 from rpka.config.presets_longctx import get_longctx_preset
 from rpka.io import CorruptFileError, read_json
-from rpka.study.steptime import MIN_REPEATS, STEPTIME_FILE, ratio_summary, run_steptime
+from rpka.paths import TRACK_STEPTIME_FILE
+from rpka.study.steptime import (
+    MIN_REPEATS,
+    STEPTIME_FILE,
+    ratio_summary,
+    run_steptime,
+    run_track_steptime,
+)
+from rpka.verdict.robustness import with_step_timing
 
 
 def test_the_ratio_interval_is_the_t_interval_of_the_per_repeat_ratios():
@@ -54,3 +63,34 @@ def test_too_few_repeats_or_an_unknown_arm_are_refused(tmp_path):
         steptime_main(
             ["--preset", "longrange-power-smoke", "--repeats", "3", "--out", str(tmp_path)]
         )
+
+
+def test_the_short_tracks_timing_file_overlays_only_a_bench_of_its_shape(tmp_path):
+    result = run_track_steptime("smoke", tmp_path, repeats=MIN_REPEATS, warmup=1, tracks=["recall"])
+    stored = read_json(tmp_path / TRACK_STEPTIME_FILE)  # sealed
+    assert list(stored["tracks"]) == ["recall"] and stored["tracks"] == result["tracks"]
+    timed = stored["tracks"]["recall"]
+    assert list(timed)[0] == "exact" and len(timed["exact"]["cpu_s"]) == MIN_REPEATS
+    config = json.loads(json.dumps(get_preset("smoke", "recall").to_dict()))
+    wall = {"step_ms_median": {"exact": 99.0}, "step_ratio_vs_baseline": {"exact": 1.0}}
+    report = {"track": "recall", "config": config, "timings": wall}
+    overlaid = with_step_timing(report, stored)
+    arm = next(a for a in timed if a != "exact")
+    ratio = timed[arm]["step_ratio_cpu"]
+    assert overlaid["timings"]["step_ratio_vs_baseline"][arm] == ratio["mean"]
+    assert overlaid["timings"]["step_ratio_ci"][arm] == [ratio["ci_low"], ratio["ci_high"]]
+    assert overlaid["timings"]["step_ms_median"]["exact"] == timed["exact"]["cpu_s_median"] * 1e3
+    assert overlaid["timings"]["step_source"] == TRACK_STEPTIME_FILE
+    assert report["timings"] is wall and wall["step_ms_median"] == {"exact": 99.0}  # untouched
+    other = {**report, "config": {**config, "track": {**config["track"], "seed": 12345}}}
+    assert with_step_timing(other, stored) is other  # another bench's shape: its own times
+    assert with_step_timing(report, None) is report
+
+
+def test_the_tracks_mode_refuses_a_long_range_preset_or_its_options(tmp_path):
+    for argv in (["--preset", "longrange", "--tracks"],
+                 ["--preset", "smoke", "--tracks", "--contexts", "72"],
+                 ["--preset", "smoke", "--tracks", "no-such-track"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            steptime_main([*argv, "--out", str(tmp_path)])
+    assert not (tmp_path / TRACK_STEPTIME_FILE).exists()

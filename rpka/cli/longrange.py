@@ -14,6 +14,7 @@ import torch
 from rpka import paths
 from rpka.cli.args import check_out_dir, check_out_file, make_parser, path_arg
 from rpka.config.bench import LongContextConfig
+from rpka.config.presets import STUDY_PRESETS, STUDY_TRACKS
 from rpka.config.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
 from rpka.paths import resolve
 from rpka.study import cost_longctx, steptime
@@ -65,6 +66,12 @@ def steptime_parser() -> argparse.ArgumentParser:
         help=f"timed repeats, >= {steptime.MIN_REPEATS} (default %(default)s)",
     )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=2, help="untimed repeats first, >= 1")
+    parser.add_argument(
+        "--tracks", nargs="*", metavar="TRACK",
+        help="time the study's short tracks instead (--preset a study preset: "
+        f"{', '.join(STUDY_PRESETS)}; no names: all of {', '.join(STUDY_TRACKS)}) -> "
+        f"{paths.TRACK_STEPTIME_FILE}",
+    )  # fmt: skip
     return parser
 
 
@@ -72,6 +79,8 @@ def steptime_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """``python -m rpka steptime``: time every arm's step (rpka.study.steptime)."""
     parser = steptime_parser()
     args = parser.parse_args(argv)
+    if args.tracks is not None:
+        return _track_steptime(parser, args)
     config = _preset_or_exit(parser, args.preset, args.contexts)
     out = resolve(args.out or paths.results_dir(config.preset))
     check_out_dir(parser, "--out", out)
@@ -81,4 +90,24 @@ def steptime_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error(str(err))
     print("\n".join(steptime.steptime_lines(result)), file=sys.stdout)
     print(f"written to {out / steptime.STEPTIME_FILE}")
+    return result
+
+
+def _track_steptime(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """``steptime --tracks``: the study's short tracks (rpka.study.steptime.run_track_steptime)."""
+    if args.preset not in STUDY_PRESETS:
+        presets = ", ".join(STUDY_PRESETS)
+        parser.error(f"--preset with --tracks: one of {presets}, not {args.preset}")
+    if args.contexts or args.arms:
+        parser.error("--contexts and --arms time the long-range study: not with --tracks")
+    out = resolve(args.out or paths.results_dir(args.preset))
+    check_out_dir(parser, "--out", out)
+    try:
+        result = steptime.run_track_steptime(
+            args.preset, out, args.repeats, args.warmup, args.tracks or None
+        )
+    except ValueError as err:
+        parser.error(str(err))
+    print("\n".join(steptime.steptime_lines(result)), file=sys.stdout)
+    print(f"written to {out / paths.TRACK_STEPTIME_FILE}")
     return result

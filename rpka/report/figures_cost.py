@@ -114,7 +114,8 @@ def plot_error_vs_time(
 
     The error is each arm's paired test-metric difference from the baseline (mean over
     seeds, unadjusted 95 % CI bars; the baseline sits at 0). Columns: the arm's median
-    training step on this track at its length (``timings.step_ms_median``); with
+    training step on this track at its length (``timings.step_ms_median``: one-thread CPU
+    time from the study's timing file where it has one, the label says so); with
     ``latency_ms`` (:func:`rpka.speed.scaling.forward_latency`), also the attention's forward
     latency at ``latency_length`` tokens, its title naming that length and the track's
     (it is another benchmark's length, not the track's). Rows: :func:`arm_panels`. The
@@ -122,7 +123,9 @@ def plot_error_vs_time(
     over every arm) is dashed through those of its arms a panel shows, circled.
     """
     tokens = report["arms"][report["baseline_arm"]].get("attention_tokens")
-    costs = [(report["timings"]["step_ms_median"], "training step, median ms")]
+    timed = report["timings"].get("step_source")  # a timing file (with_step_timing), else walls
+    step_label = f"training step, median CPU ms ({timed})" if timed else "training step, median ms"
+    costs = [(report["timings"]["step_ms_median"], step_label)]
     if latency_ms:
         costs.append((latency_ms, f"attention forward latency at n = {latency_length} ms"))
     panels = arm_panels(report)

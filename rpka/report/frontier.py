@@ -26,7 +26,7 @@ from rpka.report.text import esc
 from rpka.tracks import get_task
 from rpka.verdict.aggregate import study_aggregate
 from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, UNDEFINED
-from rpka.verdict.frontier import unread_pairs
+from rpka.verdict.frontier import STEP_SOURCE_WALL, unread_pairs
 from rpka.verdict.stats import ALPHA
 
 RULE = (
@@ -228,14 +228,27 @@ def track_sentence(track: str, entry: Mapping[str, Any]) -> str:
     return text
 
 
+def step_sources(frontier: Mapping[str, Any]) -> str:
+    """Where the frontier's step ratios were measured, in words: the timing files (one
+    thread, CPU time, arms interleaved) and, for a panel without one, training wall times."""
+    rows = [row for track in frontier["tracks"].values() for row in track.get("rows", [])]
+    sources = {row.get("step_source") or STEP_SOURCE_WALL for row in rows}
+    timed = sorted(s for s in sources if s.endswith(".json"))
+    words = f"one-thread CPU time from {', '.join(timed)}" if timed else ""
+    if STEP_SOURCE_WALL in sources:
+        wall = f"{STEP_SOURCE_WALL}s (a record, not a cost) where a panel has no timing file"
+        words = f"{words}; {wall}" if words else wall
+    return words
+
+
 def frontier_caption(frontier: Mapping[str, Any]) -> tuple[str, str]:
     tracks = ", ".join(frontier["tracks"])
     caption = (
         "Rank frontier per track: mean gap recovered with its 95 % t interval against rank "
         "over the points pivoted (log axis); shaded: the non-inferior zone; each point "
         "labelled with its rank and its training step's ratio to exact attention's (same "
-        "track, same length). " + RULE.format(alpha=ALPHA, margin=next(iter(
-            frontier["tracks"].values()))["margin_gap"])
+        f"track, same length; {step_sources(frontier)}). "
+        + RULE.format(alpha=ALPHA, margin=next(iter(frontier["tracks"].values()))["margin_gap"])
     )  # fmt: skip
     alt = f"Gap recovered against relative rank for the tracks {tracks}, with r* marked."
     return caption, alt

@@ -34,10 +34,11 @@ from rpka.report.text import esc, num
 from rpka.study.longctx import FILE_NAME as LONGCTX_FILE
 from rpka.study.steps import LONGRANGE_TRACK
 from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, STEP_TIE, cheaper_step
+from rpka.verdict.frontier import STEP_SOURCE_WALL
 
 NOT_RUN = "not run"
 STEP_SOURCE_TIMING = "steptime"  # a step ratio from the timing file (rpka.study.steptime)
-STEP_SOURCE_RUNS = "training wall time"  # one from the runs' recorded medians
+STEP_SOURCE_RUNS = STEP_SOURCE_WALL  # one from the runs' recorded medians
 DELTA_COLUMN = "delta test MSE [95 % CI]"  # the t interval of arm - exact (longctx.json)
 LOCALITY_FILE = "locality.json"  # scripts/longrange_locality.py, beside longctx.json
 

@@ -197,8 +197,13 @@ def step_times(report: Mapping) -> str:
         f"`{arm}` {t['step_ms_median'][arm]:.1f} ms ({ratios[arm]:.2f}×)"
         for arm in t["step_ms_median"]
     ]
+    how = (
+        f"one thread, CPU time, arms interleaved ({t['step_source']})"
+        if t.get("step_source")
+        else "training wall time, one thread per worker"
+    )
     return (
-        f"Median training step ({t['step_members']} seeds stacked, one thread per worker): "
+        f"Median training step ({t['step_members']} seeds stacked, {how}): "
         + "; ".join(parts)
         + "."
     )

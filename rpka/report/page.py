@@ -33,6 +33,7 @@ from rpka.report.figures_headline import primary_comparison
 from rpka.study import steps as study
 from rpka.tracks import get_task
 from rpka.verdict import stats
+from rpka.verdict.robustness import with_step_timing
 
 # --------------------------------------------------------------------------- page
 
@@ -188,13 +189,14 @@ def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dic
     """
     path = paths.resolve(study_json)
     tracks: dict[str, dict[str, Any]] = {}
+    timing = optional_json(path.parent / paths.TRACK_STEPTIME_FILE)  # the steps' cost, timed
     if path.exists():
         index = read_json_checked(path, ("tracks",))
         for name, indexed in index["tracks"].items():
             bench = path.parent / indexed["bench_report"]
             if not bench.exists():
                 raise FileNotFoundError(f"{path} names {indexed['bench_report']}: not found")
-            report = read_json_checked(bench, BENCH_REPORT_KEYS)
+            report = with_step_timing(read_json_checked(bench, BENCH_REPORT_KEYS), timing)
             tracks[name] = _entry(name, report, indexed, bench)
         source, longctx = str(study_json), index.get("longctx")
         longrange, extensions = index.get("longrange"), index.get("extensions") or {}
@@ -203,7 +205,7 @@ def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dic
         for name in STUDY_TRACKS:
             bench = paths.resolve(paths.bench_report(preset, get_task(name).out_dir))
             if bench.exists():
-                report = read_json_checked(bench, BENCH_REPORT_KEYS)
+                report = with_step_timing(read_json_checked(bench, BENCH_REPORT_KEYS), timing)
                 tracks[name] = _entry(name, report, {}, bench)
         source, longctx = f"{paths.results_dir(preset)} (no study.json)", None
         longrange, extensions, power = None, {}, None
@@ -247,6 +249,8 @@ def targets(
     results: dict[str, Any] = dict.fromkeys(STUDY_TRACKS)
     results |= {name: t["report"] for name, t in study["tracks"].items()}
     results |= {"mechanism": mechanism, "scaling_cpu": scaling, "decode": decode}
-    results["longctx"] = optional_json(paths.longctx_json(study["preset"]))
+    results["longctx"] = readme.timed_longctx(
+        optional_json(paths.longctx_json(study["preset"])), paths.results_dir(study["preset"])
+    )
     cost = readme.cost_table(study["preset"], results)
     return readme.targets_table({**results, "scaling_gpu": gpu}, cost)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -30,6 +31,7 @@ from rpka.study.cost import cost_model_json, measured_cpu_s
 from rpka.study.progress import power_status
 from rpka.tracks import get_task
 from rpka.verdict.frontier import forward_speedup
+from rpka.verdict.robustness import with_longctx_timing, with_step_timing
 from rpka.verdict.stats import ALPHA
 
 BEGIN = "<!-- BEGIN rpka summary (python -m rpka summary --preset full --readme README.md) -->"
@@ -50,9 +52,14 @@ def _load(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict[str, 
 
 def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
     """Every result file the summary reads (None where a file is missing)."""
+    timing = _load(f"{paths.results_dir(preset)}/{paths.TRACK_STEPTIME_FILE}")
     benches = {
         name: _load(paths.bench_report(preset, get_task(name).out_dir), BENCH_KEYS)
         for name in STUDY_TRACKS
+    }
+    benches = {  # every step ratio from the timing file where the study has one
+        name: None if report is None else with_step_timing(report, timing)
+        for name, report in benches.items()
     }
     mechanism_dir = get_task(MECHANISM_TRACK).out_dir  # the study's mechanism check
     return {
@@ -60,18 +67,31 @@ def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
         "mechanism": _load(paths.mechanism_json(preset, mechanism_dir)),
         "mechanism_followup": _load(paths.mechanism_followup_json(preset, mechanism_dir)),
         "scaling_cpu": _load(paths.scaling_cpu_json(preset)),
-        "longctx": _load(paths.longctx_json(preset)),
+        "longctx": timed_longctx(_load(paths.longctx_json(preset)), paths.results_dir(preset)),
         "decode": _load(DECODE_JSON),
         "scaling_gpu": _load(GPU_JSON),
         "rank_law": _load(paths.RANK_LAW_JSON),
     }
 
 
+def timed_longctx(
+    longctx: dict[str, Any] | None, folder: str | os.PathLike
+) -> dict[str, Any] | None:
+    """A long-context study's ``longctx.json`` content with its step ratios from the
+    ``steptime.json`` in ``folder`` (``rpka.verdict.robustness.with_longctx_timing``; the
+    runs' wall times where that file is missing)."""
+    return with_longctx_timing(longctx, _load(Path(folder) / paths.STEPTIME_FILE))
+
+
 def arm_table(report: Mapping[str, Any]) -> pd.DataFrame:
     """One row per arm: points, test metric (mean ± sd), paired delta with its CI, Holm p,
-    wins, training-step time against the baseline's; then the reference predictors."""
+    wins, training-step time against the baseline's (one-thread CPU time from the study's
+    timing file where it has one, else the runs' wall times); then the reference predictors."""
     metric = report["metric"]
     timing = report["timings"]
+    step_column = (
+        "train step CPU ms (× exact)" if timing.get("step_source") else "train step ms (× exact)"
+    )
     rows = []
     for name, arm in report["arms"].items():
         full = arm["full"]
@@ -90,7 +110,7 @@ def arm_table(report: Mapping[str, Any]) -> pd.DataFrame:
         else:
             row["delta vs exact [95 % CI]"] = row["Holm p"] = row["wins"] = "baseline"
         step, ratio = timing["step_ms_median"].get(name), timing["step_ratio_vs_baseline"].get(name)
-        row["train step ms (× exact)"] = f"{step:.0f} ({ratio:.2f}×)" if step else "n/a"
+        row[step_column] = f"{step:.3g} ({ratio:.2f}×)" if step else "n/a"
         rows.append(row)
     return pd.DataFrame(rows)
 

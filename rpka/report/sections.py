@@ -159,7 +159,7 @@ def longctx_text(
         f"contexts of {lengths} tokens (preset {', '.join(f'`{p}`' for p in presets)}), the "
         f"primary arm {', '.join(f'`{p}`' for p in primaries)} against exact attention with "
         "the same rule as the tracks (Section 2): the attention gate first, then the primary "
-        "comparison; training step and peak memory are measured in the same runs. Its task "
+        f"comparison; {_step_words(longctx_file)}. Its task "
         "(`forecast-regimes`) repeats each regime within a window's last segments, so the "
         "evidence can lie near the end (the long-range task's locality is measured, this "
         "one's is not), and its "
@@ -171,13 +171,31 @@ def longctx_text(
     )
 
 
+def _step_source(longctx_file: Mapping[str, Any] | None) -> str | None:
+    """The timing file every row's training step comes from (None: the runs' wall times,
+    ``rpka.report.readme.timed_longctx``)."""
+    rows = (longctx_file or {}).get("rows", [])
+    return rows[0]["step_source"] if rows and all(r.get("step_source") for r in rows) else None
+
+
+def _step_words(longctx_file: Mapping[str, Any] | None) -> str:
+    """Where the study's training-step ratios come from, in words."""
+    if source := _step_source(longctx_file):
+        return (f"its training steps are timed on one thread, CPU time, arms interleaved "
+                f"({source}), the peak memory in the same runs")  # fmt: skip
+    return "training step and peak memory are measured in the same runs"
+
+
 def longctx_caption(longctx_file: Mapping[str, Any]) -> tuple[str, str]:
     """(caption, alt) of the long-context training figure."""
     primary = ((longctx_file.get("config") or {}).get("bench") or {}).get("primary_arm", NA)
     contexts = ", ".join(f"{int(c):,}" for c in longctx_file.get("contexts", []))
+    source = _step_source(longctx_file)
+    step = f"one-thread CPU time, {source}" if source else "the runs' wall times"
     caption = (
         f"**Training at long context ({OLDER_STUDY}), at {contexts} tokens.** Per context "
-        "and arm: the median training step and the peak memory of a step (both log scale), "
+        f"and arm: the median training step ({step}) and the peak memory of a step (both "
+        "log scale), "
         "the test MSE (mean ± sd over the evaluation seeds) and its paired difference from "
         f"exact's (mean, 95 % t interval); the primary arm `{primary}` marked in the "
         "legend. The verdicts are the table's (the tracks' rule)."

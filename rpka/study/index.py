@@ -128,7 +128,8 @@ def write_study_index(
                    latency_sweep(out),
                    mqar if len(mqar) > 1 else (),
                    longrange_positive_controls(longrange, out),
-                   longrange_timings(longrange, out / paths.LONGRANGE, out))  # fmt: skip
+                   longrange_timings(longrange, out / paths.LONGRANGE, out),
+                   step_timing=read_if_there(out / paths.TRACK_STEPTIME_FILE))  # fmt: skip
     write_power_frontier(power, out)
     return index
 

@@ -43,13 +43,15 @@ from rpka.bench import DEFAULT_DATA_DIR
 from rpka.bench.report import load_average
 from rpka.checks import require
 from rpka.config.bench import BenchConfig, LongContextConfig
+from rpka.config.presets import STUDY_TRACKS, get_preset
 from rpka.io import write_result_json
-from rpka.paths import STEPTIME_FILE, resolve
+from rpka.paths import STEPTIME_FILE, TRACK_STEPTIME_FILE, resolve
 from rpka.speed.scaling import peak_memory_mib
 from rpka.speed.timing import interleaved
 from rpka.training.curriculum import WARM_START_KEY
 from rpka.training.run_config import make_run_config
 from rpka.training.train import Members, Run, member_batches, setup_run, train_step
+from rpka.verdict.robustness import step_shape
 
 STEPTIME_VERSION = 1
 MIN_REPEATS = 7  # the protocol's floor of timed repeats per arm
@@ -107,7 +109,8 @@ def step_peak_mib(run: Run, members: Members) -> float:
 def time_context(
     bench: BenchConfig, arms: list[str], repeats: int, warmup: int, data_dir: str
 ) -> dict[str, Any]:
-    """Every arm's step at one context, interleaved (module docstring)."""
+    """Every arm's step of one bench (a long-range context, or a study track), interleaved
+    (module docstring)."""
     runs = {arm: arm_run(bench, arm, data_dir) for arm in arms}
     members = {arm: Members(len(run.seeds), run.device) for arm, run in runs.items()}
     times_ms = interleaved(
@@ -132,6 +135,70 @@ def time_context(
     return out
 
 
+def _check_repeats(repeats: int, warmup: int) -> None:
+    require(isinstance(repeats, int) and repeats >= MIN_REPEATS, "repeats",
+            f"an integer >= {MIN_REPEATS}", repeats)  # fmt: skip
+    require(isinstance(warmup, int) and warmup >= 1, "warmup", "an integer >= 1", warmup)
+
+
+def _with_baseline(bench: BenchConfig, arms: list[str] | None) -> list[str]:
+    """``arms`` (default: every arm of ``bench``), checked, the baseline first if absent:
+    every ratio is against it."""
+    names = [a.name for a in bench.design.arms]
+    chosen = list(arms) if arms else names
+    unknown = sorted(set(chosen) - set(names))
+    require(not unknown, "arms", f"names among {names}", unknown)
+    baseline = bench.decision.baseline_arm
+    return chosen if baseline in chosen else [baseline, *chosen]
+
+
+def _timing_file(
+    preset: str,
+    key: str,
+    benches: dict[str, tuple[BenchConfig, list[str]]],
+    path: Path,
+    repeats: int,
+    warmup: int,
+    shape: str,
+    shapes: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Time each bench's arms (:func:`time_context`, one thread) and write ``path`` (sealed):
+    ``result[key][name]`` per bench ``name``; ``shape`` says what one step trains, and
+    ``shapes`` (per bench, ``rpka.verdict.robustness.step_shape``) what a report must match."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    data_dir = str(resolve(DEFAULT_DATA_DIR))
+    baselines = sorted({bench.decision.baseline_arm for bench, _ in benches.values()})
+    result: dict[str, Any] = {
+        "steptime_version": STEPTIME_VERSION,
+        "preset": preset,
+        "protocol": (
+            f"one process, one thread; arms interleaved each repeat (seeded random order); "
+            f"{warmup} untimed warm-up repeat(s), {repeats} timed; training step of {shape}"
+            "; CPU time (time.process_time) and wall time (time.perf_counter); step ratio: "
+            f"mean of per-repeat ratios to {', '.join(baselines)}, {CONFIDENCE:.0%} "
+            "t-interval"
+        ),
+        "repeats": repeats,
+        "warmup": warmup,
+        "torch_threads": 1,
+        "numerics": numerics.record(),  # the protocol times native kernels: rpka.numerics
+        "load_average_start": load_average(),
+        key: {},
+    }
+    if shapes is not None:
+        result["shapes"] = shapes
+    try:
+        for name, (bench, arms) in benches.items():
+            result[key][name] = time_context(bench, arms, repeats, warmup, data_dir)
+    finally:
+        torch.set_num_threads(threads)
+    result["load_average_end"] = load_average()
+    result["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    write_result_json(path, result)
+    return result
+
+
 def run_steptime(
     config: LongContextConfig,
     out_dir: str | os.PathLike,
@@ -141,63 +208,58 @@ def run_steptime(
 ) -> dict[str, Any]:
     """Time every arm's step at every context of ``config`` on one thread; write and return
     ``<out_dir>/steptime.json`` (sealed)."""
-    require(isinstance(repeats, int) and repeats >= MIN_REPEATS, "repeats",
-            f"an integer >= {MIN_REPEATS}", repeats)  # fmt: skip
-    require(isinstance(warmup, int) and warmup >= 1, "warmup", "an integer >= 1", warmup)
-    names = [a.name for a in config.bench.design.arms]
-    chosen = list(arms) if arms else names
-    unknown = sorted(set(chosen) - set(names))
-    require(not unknown, "arms", f"names among {names}", unknown)
-    if config.bench.decision.baseline_arm not in chosen:  # every ratio is against exact
-        chosen = [config.bench.decision.baseline_arm, *chosen]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    small, data_dir = timing_config(config), str(resolve(DEFAULT_DATA_DIR))
-    result: dict[str, Any] = {
-        "steptime_version": STEPTIME_VERSION,
-        "preset": config.preset,
-        "protocol": (
-            f"one process, one thread; arms interleaved each repeat (seeded random order); "
-            f"{warmup} untimed warm-up repeat(s), {repeats} timed; training step of "
-            f"{config.bench.execution.seeds_per_job} stacked seed(s) x batch "
-            f"{config.bench.design.train.batch_size}"
-            "; CPU time (time.process_time) and wall time (time.perf_counter); step ratio: "
-            f"mean of per-repeat ratios to {config.bench.decision.baseline_arm}, {CONFIDENCE:.0%} "
-            "t-interval"
-        ),
-        "repeats": repeats,
-        "warmup": warmup,
-        "torch_threads": 1,
-        "numerics": numerics.record(),  # the protocol times native kernels: rpka.numerics
-        "load_average_start": load_average(),
-        "contexts": {},
-    }
-    try:
-        for context in config.contexts:
-            bench = small.bench_for(context)
-            result["contexts"][str(context)] = time_context(
-                bench, chosen, repeats, warmup, data_dir
-            )
-    finally:
-        torch.set_num_threads(threads)
-    result["load_average_end"] = load_average()
-    result["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    write_result_json(Path(out_dir) / STEPTIME_FILE, result)
-    return result
+    _check_repeats(repeats, warmup)
+    chosen = _with_baseline(config.bench, arms)
+    small = timing_config(config)
+    benches = {str(c): (small.bench_for(c), chosen) for c in config.contexts}
+    shape = (
+        f"{config.bench.execution.seeds_per_job} stacked seed(s) x batch "
+        f"{config.bench.design.train.batch_size}"
+    )
+    return _timing_file(
+        config.preset, "contexts", benches, Path(out_dir) / STEPTIME_FILE, repeats, warmup, shape
+    )
+
+
+def run_track_steptime(
+    preset: str,
+    out_dir: str | os.PathLike,
+    repeats: int = MIN_REPEATS,
+    warmup: int = 2,
+    tracks: list[str] | None = None,
+) -> dict[str, Any]:
+    """Time every arm's step of each study track's bench of ``preset`` (``STUDY_TRACKS``;
+    ``tracks``: these only), the arms of a track interleaved, one thread; write and return
+    ``<out_dir>/steptime_tracks.json`` (sealed, key ``tracks``). The short tracks' cost
+    ratios are read from it
+    (``rpka.verdict.robustness.with_step_timing``), never from training wall times."""
+    _check_repeats(repeats, warmup)
+    names = list(tracks) if tracks else list(STUDY_TRACKS)
+    unknown = sorted(set(names) - set(STUDY_TRACKS))
+    require(not unknown, "tracks", f"names among {list(STUDY_TRACKS)}", unknown)
+    benches = {}
+    for name in names:
+        bench = get_preset(preset, name)
+        benches[name] = (bench, _with_baseline(bench, None))
+    shape = "each track's evaluation job (its stacked seeds x its batch)"
+    path = Path(out_dir) / TRACK_STEPTIME_FILE
+    shapes = {name: step_shape(bench.to_dict()) for name, (bench, _) in benches.items()}
+    return _timing_file(preset, "tracks", benches, path, repeats, warmup, shape, shapes)
 
 
 def steptime_lines(result: dict[str, Any]) -> list[str]:
     """A plain-text table: median CPU ms, CPU step ratio [95 % CI], peak MiB per arm."""
-    lines = [f"{'context':>7} {'arm':<22} {'cpu ms':>9} {'ratio vs exact [95% CI]':>28} "
+    key = "contexts" if "contexts" in result else "tracks"
+    lines = [f"{key[:-1]:>14} {'arm':<22} {'cpu ms':>9} {'ratio vs exact [95% CI]':>28} "
              f"{'peak MiB':>9}"]  # fmt: skip
-    for context, arms in result["contexts"].items():
+    for context, arms in result[key].items():
         for arm, entry in arms.items():
             ratio = entry["step_ratio_cpu"]
             text = "-"
             if ratio and ratio["ci_low"] is not None:
                 text = f"{ratio['mean']:.3f} [{ratio['ci_low']:.3f}, {ratio['ci_high']:.3f}]"
             lines.append(
-                f"{context:>7} {arm:<22} {entry['cpu_s_median'] * 1e3:>9.1f} {text:>28} "
+                f"{context:>14} {arm:<22} {entry['cpu_s_median'] * 1e3:>9.1f} {text:>28} "
                 f"{entry['peak_mib']:>9.1f}"
             )
     lines.append(f"load average {result['load_average_start']} -> {result['load_average_end']}")

@@ -49,9 +49,11 @@ from rpka.verdict.robustness import (
     longrange_answer,
     peak_ratio_of,
     step_ratio_of,
+    with_step_timing,
 )
 from rpka.verdict.stats import paired_comparison
 
+STEP_SOURCE_WALL = "training wall time"  # a step ratio from the runs' medians: a record only
 # the methods on the frontier: those that draw landmarks (rpka.attention.METHOD_INFO)
 LOW_RANK_METHODS = LANDMARK_METHODS
 PIVOTING_PEERS = tuple(m for m in LANDMARK_METHODS if METHOD_INFO[m].family == "peer")
@@ -117,7 +119,11 @@ def exact_by_construction(arm: Mapping[str, Any], n_points: int, causal_block: i
 def _rows(report: Mapping[str, Any], control: str, margin_gap: float) -> list[dict[str, Any]]:
     arms, direction = report["arms"], report["metric_direction"]
     exact = arms[report["baseline_arm"]]["full"]["per_seed"]
-    ratios = report.get("timings", {}).get("step_ratio_vs_baseline", {})
+    timings = report.get("timings", {})
+    ratios = timings.get("step_ratio_vs_baseline", {})
+    # where the ratio was measured: a timing file (rpka.verdict.robustness.with_step_timing)
+    # or, without one, the training runs' wall times (a record, not a cost claim)
+    source = timings.get("step_source") or STEP_SOURCE_WALL
     rows = []
     for name, arm in arms.items():
         if arm.get("method") not in LOW_RANK_METHODS or arm.get("rank") is None:
@@ -132,7 +138,7 @@ def _rows(report: Mapping[str, Any], control: str, margin_gap: float) -> list[di
             "rank_over_n": arm["rank"] / n_points, "n_points": n_points,
             "gap_recovered": {k: gap[k] for k in ("mean", "ci_low", "ci_high", "per_seed")},
             "p_non_inferior": gap["p_value"], "verdict": gap["verdict"],
-            "step_ratio": ratios.get(name),
+            "step_ratio": ratios.get(name), "step_source": source,
         })  # fmt: skip
     return sorted(rows, key=_row_order)
 
@@ -388,6 +394,7 @@ def add_robustness(
         row["timing_file"] = timing.timing_file
         if row["step_ratio_cpu"] is not None:  # the timing file is the one source of a cost
             row["step_ratio"] = row["step_ratio_cpu"]["mean"]  # ratio; wall times: run files
+            row["step_source"] = timing.timing_file
 
 
 def write_frontier(
@@ -398,6 +405,7 @@ def write_frontier(
     positive_controls: Mapping[str, Path] | None = None,
     longrange: Mapping[str, LongRangeTiming] | None = None,
     longrange_pending: Sequence[int] = (),
+    step_timing: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``frontier.json`` at ``out`` from the bench reports of the gated tracks
     (track -> path); with a ``drop_in.json`` beside a report, its drop-in curve
@@ -410,10 +418,12 @@ def write_frontier(
     ``longrange`` (track -> :class:`LongRangeTiming`), those tracks' rows gain their
     robustness and CPU step ratios (:func:`add_robustness`) and the result the study's
     answer, ``longrange_answer`` (``rpka.verdict.robustness.longrange_answer``; its lengths
-    not all in yet: ``longrange_pending``)."""
+    not all in yet: ``longrange_pending``). With ``step_timing`` (the study's
+    ``steptime_tracks.json``) each timed track's step ratios come from it
+    (``rpka.verdict.robustness.with_step_timing``), not from its training wall times."""
     tracks = {}
     for track, path in reports.items():
-        report = read_json(path)
+        report = with_step_timing(read_json(path), step_timing)
         tracks[track] = track_frontier(report)
         if track in (positive_controls or {}):
             add_positive_control(tracks[track], read_json(positive_controls[track]))
