@@ -1,11 +1,13 @@
-"""Pinned CPU numerics: the same float results on any x86 CPU with AVX2.
+"""Pinned CPU numerics: the same float results on any x86 CPU with AVX2 of one vendor.
 
 PyTorch picks its vectorised kernels (ATen's ``CPU capability``), MKL its BLAS code path
 and oneDNN its instruction set from the processor it finds. A machine with AVX-512 or AMX
 and one without run different kernels, whose float sums round differently: a training
 run's scores then differ in the third or fourth digit between machines, enough to flip a
 seed on a task that learns abruptly. Pinning every library to its AVX2 path (which every
-x86 CPU since 2013 has) makes one torch wheel give the same bits everywhere.
+x86 CPU since 2013 has) makes one torch wheel give the same bits on every CPU of a
+vendor; MKL honours its AVX2 branch on Intel only, so elsewhere it is pinned to its
+COMPATIBLE branch (:func:`pinned_environment`, docs/reproducibility.md).
 
 Each library reads its setting once, at its first operation (checked on torch 2.13: after
 ``import torch`` but before any op the environment still takes effect; after one op it no
@@ -39,6 +41,33 @@ PINNED_ENVIRONMENT = {
     "NUMBA_CPU_NAME": "haswell",
 }
 PINNED_CAPABILITY = "AVX2"  # what torch.backends.cpu.get_cpu_capability() then reports
+# MKL honours its AVX2 branch on Intel processors only: elsewhere it falls back to its own
+# choice ("CNR:AUTO" under MKL_VERBOSE=1, seen on an AMD EPYC with AVX-512), so its sums
+# follow that CPU. Its COMPATIBLE branch is honoured on every processor; pinning uses it
+# wherever the AVX2 branch is not honoured (measured: docs/reproducibility.md).
+INTEL = "GenuineIntel"
+MKL_BRANCH_ELSEWHERE = "COMPATIBLE"
+
+
+def cpu_vendor() -> str:
+    """The x86 vendor string (``GenuineIntel``, ``AuthenticAMD``; "unknown" where the
+    platform does not say): MKL's reproducible branches depend on it."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def pinned_environment(vendor: str | None = None) -> dict[str, str]:
+    """:data:`PINNED_ENVIRONMENT` for this CPU's vendor (default: :func:`cpu_vendor`):
+    MKL's AVX2 branch on Intel, its COMPATIBLE branch elsewhere."""
+    vendor = cpu_vendor() if vendor is None else vendor
+    mkl = PINNED_ENVIRONMENT["MKL_CBWR"] if vendor == INTEL else MKL_BRANCH_ELSEWHERE
+    return {**PINNED_ENVIRONMENT, "MKL_CBWR": mkl}
 
 
 class NumericsWarning(UserWarning):
@@ -57,11 +86,11 @@ def mode() -> str:
 
 
 def pin() -> str:
-    """Set :data:`PINNED_ENVIRONMENT` in this process (and so in every process it starts)
+    """Set :func:`pinned_environment` in this process (and so in every process it starts)
     unless the mode is ``native``; returns the mode. Called by ``rpka/__init__``."""
     requested = mode()
     if requested == PINNED:
-        os.environ.update(PINNED_ENVIRONMENT)
+        os.environ.update(pinned_environment())
     return requested
 
 
@@ -77,6 +106,7 @@ def record() -> dict[str, Any]:
         "pinned": requested == PINNED and capability == PINNED_CAPABILITY,
         "cpu_capability": capability,
         "environment": {key: os.environ.get(key) for key in PINNED_ENVIRONMENT},
+        "cpu_vendor": cpu_vendor(),
         "torch": torch.__version__,
     }
 

@@ -2,11 +2,14 @@
 
 Every attention method's output and gradients on fixed inputs (non-causal and causal),
 and a smoke bench's per-seed scores (sweep and evaluation runs, one epoch). Under the
-pinned CPU numerics (``rpka.numerics``) they are the same on any AVX2 x86 CPU with the
-project's torch wheel; ``tests/test_reproducibility.py`` fails when one moves and names the
-likely cause.
+pinned CPU numerics (``rpka.numerics``) they are the same on any AVX2 x86 CPU of one vendor
+with the project's torch wheel; the reference holds one entry per CPU vendor, since MKL's
+pinned branch is the AVX2 one on Intel and the COMPATIBLE one elsewhere
+(``rpka.numerics.pinned_environment``). ``tests/test_reproducibility.py`` fails when one
+moves and names the likely cause.
 
-    .venv/bin/python tests/reproducibility.py --write   # after an intended change only
+    .venv/bin/python tests/reproducibility.py --write   # this vendor's entry, after an
+                                                        # intended change only
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from rpka import numerics
 from rpka.attention import build
 from rpka.bench import InProcessExecutor, run_bench
 from rpka.config.presets import get_preset
-from rpka.io import read_run_file, write_json
+from rpka.io import read_json, read_run_file, write_json
 
 REFERENCE = Path(__file__).parent / "data" / "reproducibility.json"
 
@@ -90,9 +93,16 @@ def compute() -> dict[str, Any]:
     }
 
 
+def vendor_entry(reference: dict[str, Any], vendor: str | None = None) -> dict[str, Any] | None:
+    """The reference computed on this CPU vendor's pinned numerics (None: none recorded)."""
+    return reference["by_vendor"].get(vendor or numerics.cpu_vendor())
+
+
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit(__doc__)
     torch.set_num_threads(1)
-    write_json(REFERENCE, compute())
-    print(f"wrote {REFERENCE}")
+    stored = read_json(REFERENCE) if REFERENCE.exists() else {"by_vendor": {}}
+    stored["by_vendor"][numerics.cpu_vendor()] = compute()
+    write_json(REFERENCE, stored)
+    print(f"wrote {REFERENCE} ({numerics.cpu_vendor()})")

@@ -14,7 +14,12 @@ import torch
 from rpka import numerics
 from rpka.io import read_json
 
-REFERENCE = read_json(reproducibility.REFERENCE)
+# this CPU vendor's entry (MKL pins a different branch per vendor: rpka.numerics)
+REFERENCE = reproducibility.vendor_entry(read_json(reproducibility.REFERENCE))
+NO_REFERENCE = (
+    f"no reproducibility reference for {numerics.cpu_vendor()} CPUs: compute one with "
+    "`.venv/bin/python tests/reproducibility.py --write` on one"
+)
 
 
 def _likely_cause() -> str:
@@ -35,6 +40,8 @@ def _likely_cause() -> str:
 
 @pytest.fixture(scope="module")
 def pinned() -> None:
+    if REFERENCE is None:
+        pytest.skip(NO_REFERENCE)
     if not numerics.record()["pinned"]:
         pytest.fail(f"the suite does not run pinned numerics: {numerics.record()}")
 
@@ -43,7 +50,7 @@ def test_the_suite_runs_pinned_numerics():
     state = numerics.record()
     assert state["pinned"], state
     assert state["cpu_capability"] == numerics.PINNED_CAPABILITY
-    assert all(os.environ[k] == v for k, v in numerics.PINNED_ENVIRONMENT.items())
+    assert all(os.environ[k] == v for k, v in numerics.pinned_environment().items())
 
 
 @pytest.mark.parametrize("case", sorted(reproducibility.ATTENTION_CASES))
@@ -98,3 +105,16 @@ def test_an_op_before_rpka_is_warned_about():
     if capability == numerics.PINNED_CAPABILITY:
         pytest.skip("this CPU's native kernels are the pinned ones: nothing to warn about")
     assert probe.returncode != 0 and "NumericsWarning" in probe.stderr
+
+
+def test_mkl_runs_the_branch_pinning_asked_for():
+    """MKL honours MKL_CBWR=AVX2 on Intel CPUs only (elsewhere it silently runs its own
+    choice, "CNR:AUTO"): pinning asks for the branch this vendor honours, and MKL says so."""
+    assert numerics.pinned_environment("GenuineIntel")["MKL_CBWR"] == "AVX2"
+    assert numerics.pinned_environment("AuthenticAMD")["MKL_CBWR"] == "COMPATIBLE"
+    code = "import rpka, torch; a = torch.ones(64, 64); a @ a"
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED_ENVIRONMENT}
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "MKL_VERBOSE": "1"},
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    branch = numerics.pinned_environment()["MKL_CBWR"]
+    assert f"CNR:{branch}" in out.stdout + out.stderr, (out.stdout + out.stderr)[-500:]

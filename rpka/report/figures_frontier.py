@@ -21,6 +21,7 @@ from rpka.io import save_figure
 from rpka.report import palette
 from rpka.report.figures import legend_entries, panel_grid
 from rpka.verdict.decision import MARGIN_GAP, STEP_TIE
+from rpka.verdict.frontier import STEP_SOURCE_WALL
 
 # one colour, marker and place of the rank notes per method (the registry's), in every panel
 METHOD_COLOURS = {m: palette.method_colour(m) for m in LANDMARK_METHODS}
@@ -50,7 +51,8 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
         offset = LABEL_OFFSETS[method]  # methods at one rank do not write over each other
         for i, (r, xi, gi) in enumerate(zip(rows, x, g, strict=True)):
             ratio = r.get("step_ratio")
-            note = f"r{r['rank']}" + (f", {ratio:.1f}x step" if ratio else "")
+            wall = " (wall)" if r.get("step_source") == STEP_SOURCE_WALL else ""  # a record
+            note = f"r{r['rank']}" + (f", {ratio:.1f}x step{wall}" if ratio else "")
             if r["arm"] == positive:
                 note += "\n(positive control)"
             # neighbouring ranks alternate below and above their point

@@ -1,7 +1,11 @@
-"""One timing protocol for the long-range study's cost (issue 40): ``python -m rpka steptime``.
+"""One timing protocol for the study's cost ratios (issue 40): ``python -m rpka steptime``.
 
     python -m rpka steptime --preset longrange-power --out DIR [--contexts 4096]
         [--arms ...] [--repeats 7] [--warmup 2]
+    python -m rpka steptime --preset full --tracks [TRACK ...]    # the short tracks' benches
+
+The first times a long-context study's arms per length (``steptime.json`` beside it), the
+second each short track's bench of a study (``steptime_tracks.json``); both the same way:
 
 Every arm's training step (``rpka.training.train.train_step``: forward, loss, backward,
 gradient clipping, Adam update - the code the study trains with) at each context, measured in
@@ -231,8 +235,8 @@ def run_track_steptime(
     """Time every arm's step of each study track's bench of ``preset`` (``STUDY_TRACKS``;
     ``tracks``: these only), the arms of a track interleaved, one thread; write and return
     ``<out_dir>/steptime_tracks.json`` (sealed, key ``tracks``). The short tracks' cost
-    ratios are read from it
-    (``rpka.verdict.robustness.with_step_timing``), never from training wall times."""
+    ratios are read from it (``rpka.verdict.robustness.with_step_timing``), never from
+    training wall times."""
     _check_repeats(repeats, warmup)
     names = list(tracks) if tracks else list(STUDY_TRACKS)
     unknown = sorted(set(names) - set(STUDY_TRACKS))
