@@ -299,5 +299,6 @@ def test_wall_time_ratios_never_decide_the_cost():
     text = longrange.answer_text(index, [point, full])
     assert "Yes" not in text and "Cost not decided" in text
     assert "reads 0.60× at 512" in text and "r 16 at 512" in text
+    assert "0.75×" not in text  # an arm's wall-time ratio is not quoted beside its verdict
     timed = {**point, "step_source": longrange.STEP_SOURCE_TIMING}
     assert "Yes" in longrange.answer_text(index, [timed, full])

@@ -188,8 +188,11 @@ def setup_text(
     )
 
 
-def _point(p: Mapping[str, Any]) -> str:
-    return f"r {p['rank']} at {p['context']:,} ({ratio_text(p.get('step_ratio'))}, {_gap(p)})"
+def _point(p: Mapping[str, Any], step: bool = True) -> str:
+    """"r 16 at 512 (0.75×, gap)"; without ``step`` (a wall-time ratio, no cost claim) the
+    gap alone."""
+    cost = f"{ratio_text(p.get('step_ratio'))}, " if step else ""
+    return f"r {p['rank']} at {p['context']:,} ({cost}{_gap(p)})"
 
 
 def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]) -> str:
@@ -214,7 +217,7 @@ def answer_text(index: Mapping[str, Any] | None, points: list[Mapping[str, Any]]
     if low_rank and all(p.get("step_source") == STEP_SOURCE_RUNS for p in low_rank):
         controls = [f"{ratio_text(p['step_ratio'])} at {p['context']:,}" for p in points
                     if p.get("positive_control") and p.get("step_ratio")]  # fmt: skip
-        good = [_point(p) for p in rpka if p.get("verdict") == NON_INFERIOR]
+        good = [_point(p, step=False) for p in rpka if p.get("verdict") == NON_INFERIOR]
         return untimed_answer(good, controls, margin)
     cheaper_rpka = [p for p in rpka if cheaper_step(p.get("step_ratio"))]
     paying = paying_points(points)
