@@ -15,11 +15,10 @@ from rpka.verdict.robustness import (
     arm_robustness,
     longrange_answer,
     one_sided_lower,
-    peak_ratio_of,
     signflip_interval,
-    with_longctx_timing,
 )
 from rpka.verdict.significance import sign_flip_pvalue
+from rpka.verdict.step_cost import peak_ratio_of, with_longctx_timing
 
 COMMITTED = "data/results/full/longrange/longctx/context-{}/bench_report.json"
 

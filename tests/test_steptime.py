@@ -20,7 +20,7 @@ from rpka.study.steptime import (
     run_steptime,
     run_track_steptime,
 )
-from rpka.verdict.robustness import with_step_timing
+from rpka.verdict.step_cost import with_step_timing
 
 
 def test_the_ratio_interval_is_the_t_interval_of_the_per_repeat_ratios():

@@ -189,8 +189,8 @@ def setup_text(
 
 
 def _point(p: Mapping[str, Any], step: bool = True) -> str:
-    """"r 16 at 512 (0.75×, gap)"; without ``step`` (a wall-time ratio, no cost claim) the
-    gap alone."""
+    """An RPKA point in words, "r 16 at 512 (0.75×, gap)"; without ``step`` (a wall-time
+    ratio, no cost claim) the gap alone."""
     cost = f"{ratio_text(p.get('step_ratio'))}, " if step else ""
     return f"r {p['rank']} at {p['context']:,} ({cost}{_gap(p)})"
 

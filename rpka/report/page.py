@@ -33,7 +33,7 @@ from rpka.report.figures_headline import primary_comparison
 from rpka.study import steps as study
 from rpka.tracks import get_task
 from rpka.verdict import stats
-from rpka.verdict.robustness import with_step_timing
+from rpka.verdict.step_cost import with_step_timing
 
 # --------------------------------------------------------------------------- page
 

@@ -31,8 +31,8 @@ from rpka.study.cost import cost_model_json, measured_cpu_s
 from rpka.study.progress import power_status
 from rpka.tracks import get_task
 from rpka.verdict.frontier import forward_speedup
-from rpka.verdict.robustness import with_longctx_timing, with_step_timing
 from rpka.verdict.stats import ALPHA
+from rpka.verdict.step_cost import with_longctx_timing, with_step_timing
 
 BEGIN = "<!-- BEGIN rpka summary (python -m rpka summary --preset full --readme README.md) -->"
 END = "<!-- END rpka summary -->"
@@ -78,7 +78,7 @@ def timed_longctx(
     longctx: dict[str, Any] | None, folder: str | os.PathLike
 ) -> dict[str, Any] | None:
     """A long-context study's ``longctx.json`` content with its step ratios from the
-    ``steptime.json`` in ``folder`` (``rpka.verdict.robustness.with_longctx_timing``; the
+    ``steptime.json`` in ``folder`` (``rpka.verdict.step_cost.with_longctx_timing``; the
     runs' wall times where that file is missing)."""
     return with_longctx_timing(longctx, _load(Path(folder) / paths.STEPTIME_FILE))
 

@@ -24,7 +24,7 @@ ratio against exact**: per repeat the arm's step over exact's step in the same r
 mean of those ratios and a 95 % t-interval from their spread (``scipy.stats.t``; the
 repeats are the replicates). Written atomically, sealed with its checksum
 (``rpka.io.write_result_json``), to ``<out>/steptime.json`` beside the study; every cost
-ratio in a verdict, table or sentence of the study reads from it (``rpka.verdict.robustness``).
+ratio in a verdict, table or sentence of the study reads from it (``rpka.verdict.step_cost``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from rpka.speed.timing import interleaved
 from rpka.training.curriculum import WARM_START_KEY
 from rpka.training.run_config import make_run_config
 from rpka.training.train import Members, Run, member_batches, setup_run, train_step
-from rpka.verdict.robustness import step_shape
+from rpka.verdict.step_cost import step_shape
 
 STEPTIME_VERSION = 1
 MIN_REPEATS = 7  # the protocol's floor of timed repeats per arm
@@ -168,7 +168,7 @@ def _timing_file(
 ) -> dict[str, Any]:
     """Time each bench's arms (:func:`time_context`, one thread) and write ``path`` (sealed):
     ``result[key][name]`` per bench ``name``; ``shape`` says what one step trains, and
-    ``shapes`` (per bench, ``rpka.verdict.robustness.step_shape``) what a report must match."""
+    ``shapes`` (per bench, ``rpka.verdict.step_cost.step_shape``) what a report must match."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     data_dir = str(resolve(DEFAULT_DATA_DIR))
@@ -235,7 +235,7 @@ def run_track_steptime(
     """Time every arm's step of each study track's bench of ``preset`` (``STUDY_TRACKS``;
     ``tracks``: these only), the arms of a track interleaved, one thread; write and return
     ``<out_dir>/steptime_tracks.json`` (sealed, key ``tracks``). The short tracks' cost
-    ratios are read from it (``rpka.verdict.robustness.with_step_timing``), never from
+    ratios are read from it (``rpka.verdict.step_cost.with_step_timing``), never from
     training wall times."""
     _check_repeats(repeats, warmup)
     names = list(tracks) if tracks else list(STUDY_TRACKS)

@@ -44,14 +44,9 @@ from rpka.config.presets_tracks import MEAN_CONTROL
 from rpka.io import read_json, write_result_json
 from rpka.paths import DROP_IN_FILE
 from rpka.verdict.decision import MARGIN_GAP, NON_INFERIOR, gap_recovered
-from rpka.verdict.robustness import (
-    arm_robustness,
-    longrange_answer,
-    peak_ratio_of,
-    step_ratio_of,
-    with_step_timing,
-)
+from rpka.verdict.robustness import arm_robustness, longrange_answer
 from rpka.verdict.stats import paired_comparison
+from rpka.verdict.step_cost import peak_ratio_of, step_ratio_of, with_step_timing
 
 STEP_SOURCE_WALL = "training wall time"  # a step ratio from the runs' medians: a record only
 # the methods on the frontier: those that draw landmarks (rpka.attention.METHOD_INFO)
@@ -121,7 +116,7 @@ def _rows(report: Mapping[str, Any], control: str, margin_gap: float) -> list[di
     exact = arms[report["baseline_arm"]]["full"]["per_seed"]
     timings = report.get("timings", {})
     ratios = timings.get("step_ratio_vs_baseline", {})
-    # where the ratio was measured: a timing file (rpka.verdict.robustness.with_step_timing)
+    # where the ratio was measured: a timing file (rpka.verdict.step_cost.with_step_timing)
     # or, without one, the training runs' wall times (a record, not a cost claim)
     source = timings.get("step_source") or STEP_SOURCE_WALL
     rows = []
@@ -420,7 +415,7 @@ def write_frontier(
     answer, ``longrange_answer`` (``rpka.verdict.robustness.longrange_answer``; its lengths
     not all in yet: ``longrange_pending``). With ``step_timing`` (the study's
     ``steptime_tracks.json``) each timed track's step ratios come from it
-    (``rpka.verdict.robustness.with_step_timing``), not from its training wall times."""
+    (``rpka.verdict.step_cost.with_step_timing``), not from its training wall times."""
     tracks = {}
     for track, path in reports.items():
         report = with_step_timing(read_json(path), step_timing)
