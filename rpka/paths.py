@@ -60,6 +60,7 @@ FRONTIER_FILE = "frontier.json"  # in a study's results folder
 LONGCTX_FILE = "longctx.json"  # in a long-context study's folder
 STEPTIME_FILE = "steptime.json"  # beside it: every arm's step timed (rpka.study.steptime)
 TRACK_STEPTIME_FILE = "steptime_tracks.json"  # a study's short tracks' steps, timed alike
+COST_MODEL_FILE = "cost_model.json"  # a study's price (python -m rpka cost), beside its results
 POSITIVE_CONTROL = "positive_control"  # in a long-range folder: a positive control's own study
 SCALING_CPU_FILE = "scaling_cpu.json"  # in a study's results folder: its latency sweep
 SWAP_AUDIT_FILE = "swap_audit.json"  # in a study's results folder: rpka.swap's audit

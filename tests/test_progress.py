@@ -27,3 +27,17 @@ def test_counts_follow_the_run_files_and_the_plan(tmp_path):
 
 def test_no_folder_no_sentence(tmp_path):
     assert progress.power_status(tmp_path) is None
+
+
+def test_each_length_names_its_price_when_the_study_was_priced(tmp_path):
+    config = LONGRANGE_PRESETS["longrange-power-smoke"]
+    first = config.contexts[0]
+    arms = {a.name: {"predicted_cpu_s": 100.0} for a in config.bench_for(first).design.arms}
+    write_json(tmp_path / "cost_model.json", {"contexts": {str(first): {"arms": arms}}})
+    runs = tmp_path / "longctx" / f"context-{first}" / "runs"
+    runs.mkdir(parents=True)
+    write_json(runs / "0.json", {"split": "val", "cpu_s": 10.0})
+    rows = progress.landed(config, tmp_path)
+    assert rows[0]["predicted_cpu_s"] == 100.0 * len(arms)
+    assert all(r["predicted_cpu_s"] is None for r in rows[1:])  # a length not priced
+    assert f"10 CPU-s, the length priced at {100 * len(arms):,.0f}" in progress.progress_line(rows)

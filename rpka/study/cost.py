@@ -219,7 +219,7 @@ def study_benches(preset: str) -> list[tuple[str, BenchConfig, Path]]:
 
 def cost_model_json(preset: str) -> Path:
     """``data/results/<preset>/cost_model.json``."""
-    return resolve(paths.results_dir(preset)) / "cost_model.json"
+    return resolve(paths.results_dir(preset)) / paths.COST_MODEL_FILE
 
 
 def run_cost_model(

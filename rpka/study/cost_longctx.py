@@ -34,7 +34,7 @@ from rpka.paths import resolve
 from rpka.study.cost import Probe, measured_cpu_s, predict_bench, price, probe, probes_of
 
 LONGCTX_COST_VERSION = 1
-COST_FILE = "cost_model.json"
+COST_FILE = paths.COST_MODEL_FILE  # the length-by-length price, in the study's folder
 
 
 def scaled_probes(bench: dict[str, Any], factor: float) -> dict[tuple[str, int], Probe]:

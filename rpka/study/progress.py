@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rpka import paths
 from rpka.bench.jobs import job_groups
 from rpka.config.bench import LongContextConfig
 from rpka.config.presets_longctx import POWER_PRESET, power_as_run
@@ -26,8 +27,12 @@ def landed(
     """Per context of ``configs`` (one study, or one configuration per length where its
     arms differ by length, ``power_as_run``): ``{"context", "planned": {phase: jobs},
     "landed": {phase: jobs}, "cpu_s", "complete"}`` from the run files under
-    ``<out>/longctx/context-<n>/runs`` (a context with no folder has landed nothing)."""
+    ``<out>/longctx/context-<n>/runs`` (a context with no folder has landed nothing), and
+    ``predicted_cpu_s``: the price of those jobs from ``<out>/cost_model.json`` (``python -m
+    rpka cost --longctx``, summed over the arms as run; None without the file)."""
     configs = [configs] if isinstance(configs, LongContextConfig) else configs
+    price_file = Path(out) / paths.COST_MODEL_FILE
+    price = read_json(price_file) if price_file.exists() else None
     rows = []
     for config, context in ((c, n) for c in configs for n in c.contexts):
         planned = {"sweep": 0, "eval": 0}
@@ -38,8 +43,21 @@ def landed(
         done = {phase: sum(SPLIT_PHASE[f["split"]] == phase for f in files) for phase in planned}
         rows.append({"context": context, "planned": planned, "landed": done,
                      "cpu_s": sum(f.get("cpu_s") or 0.0 for f in files),
+                     "predicted_cpu_s": predicted_cpu_s(price, config, context),
                      "complete": done == planned})  # fmt: skip
     return rows
+
+
+def predicted_cpu_s(
+    price: dict[str, Any] | None, config: LongContextConfig, context: int
+) -> float | None:
+    """The price of ``config``'s arms at ``context`` in a ``cost_model.json`` (None where
+    the file or that length or an arm is not priced)."""
+    arms = (((price or {}).get("contexts") or {}).get(str(context)) or {}).get("arms") or {}
+    names = [arm.name for arm in config.bench_for(context).design.arms]
+    if not names or any(name not in arms for name in names):
+        return None
+    return sum(arms[name]["predicted_cpu_s"] for name in names)
 
 
 def progress_line(rows: list[dict[str, Any]]) -> str:
@@ -53,7 +71,13 @@ def progress_line(rows: list[dict[str, Any]]) -> str:
         parts.append(
             f"{row['context']:,} tokens: {landed_jobs['eval']} of {planned['eval']} evaluation "
             f"jobs and {landed_jobs['sweep']} of {planned['sweep']} sweep runs, "
-            f"{row['cpu_s']:,.0f} CPU-s" + (" (complete)" if row["complete"] else "")
+            f"{row['cpu_s']:,.0f} CPU-s"
+            + (
+                f", the length priced at {row['predicted_cpu_s']:,.0f}"
+                if row.get("predicted_cpu_s")
+                else ""
+            )
+            + (" (complete)" if row["complete"] else "")
         )
     return "; ".join(parts)
 
