@@ -15,8 +15,11 @@ def _index(timing_file):
         "rpka-r128": {"robust": True, "rests_on_seeds": [], "step_ratio_cpu": None,
                       "signflip_ci": {"low": None, "high": None}},
     }  # fmt: skip
-    verdicts = {"rpka-r16": "inconclusive", "rpka-r128": "equivalent"}
-    entry = {"gate_passed": True, "verdicts": verdicts, "robustness": robustness}
+    verdicts = {"rpka-r16": "inconclusive", "rpka-r128": "equivalent",
+                "mean-attention": "significant loss"}  # fmt: skip
+    entry = {"gate_passed": True, "verdicts": verdicts, "robustness": robustness,
+             "step_ratio_cpu": {"mean-attention": {"mean": 0.09, "ci_low": 0.08,
+                                                   "ci_high": 0.1}}}  # fmt: skip
     entry["timing_file"] = timing_file
     return {"contexts": {"1024": entry}}
 
@@ -28,6 +31,7 @@ def test_the_table_names_the_seed_a_verdict_rests_on_and_reads_the_timing_file()
     assert rows.loc["`rpka-r128`", "leave one seed out"] == "robust"
     assert rows.loc["`rpka-r16`", "CPU step (× exact) [95 % CI]"] == "0.55× [0.50, 0.60]"
     assert rows.loc["`rpka-r16`", "peak memory (× exact)"] == "1.22×"  # the timing file's too
+    assert rows.loc["`mean-attention`", "CPU step (× exact) [95 % CI]"] == "0.09× [0.08, 0.10]"
     assert rows.loc["`rpka-r16`", "sign-flip interval (decides)"].startswith("[-0.01")
     assert "train step (× exact)" not in table.columns  # no wall-time ratio beside it
     assert longrange.DELTA_COLUMN not in table.columns  # no longctx.json: no t interval

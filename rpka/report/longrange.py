@@ -369,8 +369,9 @@ def verdicts_table(
             c = cost.get("comparison") or {}
             interval = (g or {}).get("gap_recovered") or {}
             gap = {f"gap_{k}": interval.get(k) for k in ("mean", "ci_low", "ci_high")}
+            cpu = (r or {}).get("step_ratio_cpu") or (entry.get("step_ratio_cpu") or {}).get(arm)
             step = (
-                {"CPU step (× exact) [95 % CI]": cpu_ratio_text((r or {}).get("step_ratio_cpu"))}
+                {"CPU step (× exact) [95 % CI]": cpu_ratio_text(cpu)}
                 if timed
                 else {"train step (× exact)": ratio_text(cost.get("step_ratio_vs_exact"))}
             )

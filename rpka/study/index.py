@@ -33,6 +33,7 @@ from rpka.verdict.frontier import (
     track_frontier,
     write_frontier,
 )
+from rpka.verdict.step_cost import step_ratio_of
 
 
 def track_entry(report: dict[str, Any], report_path: Path, index_dir: Path) -> dict[str, Any]:
@@ -261,6 +262,9 @@ def longrange_line(path: Path, index_dir: Path, timing: LongRangeTiming) -> dict
     }
     line["timing_file"] = timing.timing_file
     line["robustness"] = longrange_robustness(report, timing)
+    line["step_ratio_cpu"] = {  # every arm's, the controls' too (the robustness rows: low rank)
+        arm: step_ratio_of(timing.timing, str(timing.context), arm) for arm in line["verdicts"]
+    }
     return line
 
 
