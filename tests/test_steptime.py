@@ -12,7 +12,7 @@ from rpka.cli.longrange import steptime_main
 from rpka.config.presets import get_preset
 from rpka.config.presets_longctx import get_longctx_preset
 from rpka.io import CorruptFileError, read_json
-from rpka.paths import TRACK_STEPTIME_FILE
+from rpka.paths import BENCH_REPORT_FILE, TRACK_STEPTIME_FILE
 from rpka.study.steptime import (
     MIN_REPEATS,
     STEPTIME_FILE,
@@ -94,3 +94,14 @@ def test_the_tracks_mode_refuses_a_long_range_preset_or_its_options(tmp_path):
         with pytest.raises(SystemExit):
             steptime_main([*argv, "--out", str(tmp_path)])
     assert not (tmp_path / TRACK_STEPTIME_FILE).exists()
+
+
+def test_an_extension_bench_is_timed_as_its_report_ran_it(tmp_path, smoke_study_report):
+    report, out = smoke_study_report
+    extensions = {"smoke-extension": out / BENCH_REPORT_FILE}
+    run_track_steptime("smoke", tmp_path, MIN_REPEATS, 1, tracks=[], extensions=extensions)
+    stored = read_json(tmp_path / TRACK_STEPTIME_FILE)
+    assert list(stored["tracks"]) == ["smoke-extension"]  # keyed by the bench, not its track
+    assert with_step_timing(report, stored)["timings"]["step_source"] == TRACK_STEPTIME_FILE
+    with pytest.raises(ValueError, match="tracks"):  # nothing to time
+        run_track_steptime("smoke", tmp_path, MIN_REPEATS, 1, tracks=[])

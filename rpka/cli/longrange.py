@@ -18,6 +18,7 @@ from rpka.config.presets import STUDY_PRESETS, STUDY_TRACKS
 from rpka.config.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
 from rpka.paths import resolve
 from rpka.study import cost_longctx, steptime
+from rpka.study.index import FRONTIER_EXTENSIONS
 
 
 def _preset_or_exit(
@@ -69,7 +70,8 @@ def steptime_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tracks", nargs="*", metavar="TRACK",
         help="time the study's short tracks instead (--preset a study preset: "
-        f"{', '.join(STUDY_PRESETS)}; no names: all of {', '.join(STUDY_TRACKS)}) -> "
+        f"{', '.join(STUDY_PRESETS)}; no names: all of {', '.join(STUDY_TRACKS)} and the "
+        f"frontier extensions it has run, {', '.join(FRONTIER_EXTENSIONS)}) -> "
         f"{paths.TRACK_STEPTIME_FILE}",
     )  # fmt: skip
     return parser
@@ -102,10 +104,17 @@ def _track_steptime(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--contexts and --arms time the long-range study: not with --tracks")
     out = resolve(args.out or paths.results_dir(args.preset))
     check_out_dir(parser, "--out", out)
+    names = args.tracks or [*STUDY_TRACKS, *FRONTIER_EXTENSIONS]
+    extensions = {  # the frontier's extension benches the study has run, as they were run
+        name: report
+        for name in FRONTIER_EXTENSIONS
+        if name in names and (report := out / name / paths.BENCH_REPORT_FILE).exists()
+    }
     try:
         result = steptime.run_track_steptime(
-            args.preset, out, args.repeats, args.warmup, args.tracks or None
-        )
+            args.preset, out, args.repeats, args.warmup,
+            [n for n in names if n not in FRONTIER_EXTENSIONS], extensions,
+        )  # fmt: skip
     except ValueError as err:
         parser.error(str(err))
     print("\n".join(steptime.steptime_lines(result)), file=sys.stdout)

@@ -48,7 +48,7 @@ from rpka.bench.report import load_average
 from rpka.checks import require
 from rpka.config.bench import BenchConfig, LongContextConfig
 from rpka.config.presets import STUDY_TRACKS, get_preset
-from rpka.io import write_result_json
+from rpka.io import read_json, write_result_json
 from rpka.paths import STEPTIME_FILE, TRACK_STEPTIME_FILE, resolve
 from rpka.speed.scaling import peak_memory_mib
 from rpka.speed.timing import interleaved
@@ -231,20 +231,23 @@ def run_track_steptime(
     repeats: int = MIN_REPEATS,
     warmup: int = 2,
     tracks: list[str] | None = None,
+    extensions: dict[str, str | os.PathLike] | None = None,
 ) -> dict[str, Any]:
     """Time every arm's step of each study track's bench of ``preset`` (``STUDY_TRACKS``;
-    ``tracks``: these only), the arms of a track interleaved, one thread; write and return
-    ``<out_dir>/steptime_tracks.json`` (sealed, key ``tracks``). The short tracks' cost
-    ratios are read from it (``rpka.verdict.step_cost.with_step_timing``), never from
+    ``tracks``: these only) and of each ``extensions`` bench (name -> its bench report,
+    whose configuration it rebuilds), the arms of a bench interleaved, one thread; write and
+    return ``<out_dir>/steptime_tracks.json`` (sealed, key ``tracks``). The short tracks'
+    cost ratios are read from it (``rpka.verdict.step_cost.with_step_timing``), never from
     training wall times."""
     _check_repeats(repeats, warmup)
-    names = list(tracks) if tracks else list(STUDY_TRACKS)
+    names = list(STUDY_TRACKS) if tracks is None else list(tracks)
     unknown = sorted(set(names) - set(STUDY_TRACKS))
     require(not unknown, "tracks", f"names among {list(STUDY_TRACKS)}", unknown)
-    benches = {}
-    for name in names:
-        bench = get_preset(preset, name)
-        benches[name] = (bench, _with_baseline(bench, None))
+    configs = {name: get_preset(preset, name) for name in names}
+    for name, report in (extensions or {}).items():
+        configs[name] = BenchConfig.from_dict(read_json(report)["config"])
+    require(bool(configs), "tracks", "at least one track or extension", names)
+    benches = {name: (bench, _with_baseline(bench, None)) for name, bench in configs.items()}
     shape = "each track's evaluation job (its stacked seeds x its batch)"
     path = Path(out_dir) / TRACK_STEPTIME_FILE
     shapes = {name: step_shape(bench.to_dict()) for name, (bench, _) in benches.items()}
@@ -254,7 +257,7 @@ def run_track_steptime(
 def steptime_lines(result: dict[str, Any]) -> list[str]:
     """A plain-text table: median CPU ms, CPU step ratio [95 % CI], peak MiB per arm."""
     key = "contexts" if "contexts" in result else "tracks"
-    lines = [f"{key[:-1]:>14} {'arm':<22} {'cpu ms':>9} {'ratio vs exact [95% CI]':>28} "
+    lines = [f"{key[:-1]:>17} {'arm':<22} {'cpu ms':>9} {'ratio vs exact [95% CI]':>28} "
              f"{'peak MiB':>9}"]  # fmt: skip
     for context, arms in result[key].items():
         for arm, entry in arms.items():
@@ -263,7 +266,7 @@ def steptime_lines(result: dict[str, Any]) -> list[str]:
             if ratio and ratio["ci_low"] is not None:
                 text = f"{ratio['mean']:.3f} [{ratio['ci_low']:.3f}, {ratio['ci_high']:.3f}]"
             lines.append(
-                f"{context:>14} {arm:<22} {entry['cpu_s_median'] * 1e3:>9.1f} {text:>28} "
+                f"{context:>17} {arm:<22} {entry['cpu_s_median'] * 1e3:>9.1f} {text:>28} "
                 f"{entry['peak_mib']:>9.1f}"
             )
     lines.append(f"load average {result['load_average_start']} -> {result['load_average_end']}")

@@ -48,14 +48,17 @@ def step_shape(config: Mapping[str, Any]) -> dict[str, Any]:
 def with_step_timing(report: dict[str, Any], timing: Mapping[str, Any] | None) -> dict[str, Any]:
     """``report`` (a bench report, in memory) with its ``timings``' step medians and ratios
     taken from ``timing`` (a ``steptime_tracks.json``) where that file timed a bench of the
-    same :func:`step_shape` (an extension bench of another shape keeps its own): CPU
+    same :func:`step_shape` (a track's, or an extension's; another shape keeps its own): CPU
     milliseconds and the mean per-repeat ratio to the baseline; ``step_ratio_ci`` holds
     the intervals and ``step_source`` names the file. The training runs' wall-time medians
     stay in the files as a record; the file on disk is never changed."""
-    track = report.get("track")
-    timed = ((timing or {}).get("tracks") or {}).get(track)
-    shape = ((timing or {}).get("shapes") or {}).get(track)
-    if not timed or shape != step_shape(report.get("config") or {}):
+    shapes = (timing or {}).get("shapes") or {}
+    if not shapes or not report.get("config"):
+        return report
+    shape = step_shape(report["config"])
+    bench = next((name for name, timed in shapes.items() if timed == shape), None)
+    timed = ((timing or {}).get("tracks") or {}).get(bench)
+    if not timed:  # no bench of this shape was timed: the report keeps its own record
         return report
     timings = dict(report.get("timings") or {})
     ratios = {a: e["step_ratio_cpu"] for a, e in timed.items() if e["step_ratio_cpu"]}
