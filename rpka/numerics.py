@@ -22,6 +22,7 @@ results are then reproducible on this kind of CPU only). Costs, measured: docs/r
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import warnings
@@ -49,6 +50,7 @@ INTEL = "GenuineIntel"
 MKL_BRANCH_ELSEWHERE = "COMPATIBLE"
 
 
+@functools.cache  # the processor does not change under a running process
 def cpu_vendor() -> str:
     """The x86 vendor string (``GenuineIntel``, ``AuthenticAMD``; "unknown" where the
     platform does not say): MKL's reproducible branches depend on it."""

@@ -53,14 +53,13 @@ def _load(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict[str, 
 def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
     """Every result file the summary reads (None where a file is missing)."""
     timing = _load(f"{paths.results_dir(preset)}/{paths.TRACK_STEPTIME_FILE}")
-    benches = {
-        name: _load(paths.bench_report(preset, get_task(name).out_dir), BENCH_KEYS)
-        for name in STUDY_TRACKS
-    }
-    benches = {  # every step ratio from the timing file where the study has one
-        name: None if report is None else with_step_timing(report, timing)
-        for name, report in benches.items()
-    }
+
+    def bench(name: str) -> dict[str, Any] | None:
+        """A track's bench report, its step ratios from the timing file where it has one."""
+        report = _load(paths.bench_report(preset, get_task(name).out_dir), BENCH_KEYS)
+        return None if report is None else with_step_timing(report, timing)
+
+    benches = {name: bench(name) for name in STUDY_TRACKS}
     mechanism_dir = get_task(MECHANISM_TRACK).out_dir  # the study's mechanism check
     return {
         **benches,

@@ -95,18 +95,22 @@ def arm_run(bench: BenchConfig, arm: str, data_dir: str) -> Run:
     return setup_run(run_config)
 
 
-def step_call(run: Run, members: Members) -> Callable[[], object]:
-    """One training step of ``run`` per call, on one batch drawn up front (the step's cost
-    does not depend on the windows; drawing them is not the step), the step counter advanced
-    each call as in training."""
-    batch = member_batches(run.n_train, run.train.batch_size, run.data_generators)[0]
-    batch, steps = batch.to(run.device), itertools.count()
+def first_batch(run: Run) -> torch.Tensor:
+    """The run's first training batch, on its device: drawn once, up front (a step's cost
+    does not depend on the windows it trains on; drawing them is not the step)."""
+    batches = member_batches(run.n_train, run.train.batch_size, run.data_generators)
+    return batches[0].to(run.device)
+
+
+def step_call(run: Run, members: Members, batch: torch.Tensor) -> Callable[[], object]:
+    """One training step of ``run`` on ``batch`` per call, the step counter advanced each
+    call as in training."""
+    steps = itertools.count()
     return lambda: train_step(run, members, batch, 0, next(steps))
 
 
-def step_peak_mib(run: Run, members: Members) -> float:
-    """Peak memory of one training step above what the run held before it (MiB)."""
-    batch = member_batches(run.n_train, run.train.batch_size, run.data_generators)[0]
+def step_peak_mib(run: Run, members: Members, batch: torch.Tensor) -> float:
+    """Peak memory of one training step on ``batch`` above what the run held before it (MiB)."""
     return peak_memory_mib(lambda: train_step(run, members, batch, 0, 0), run.device.type)
 
 
@@ -117,8 +121,11 @@ def time_context(
     (module docstring)."""
     runs = {arm: arm_run(bench, arm, data_dir) for arm in arms}
     members = {arm: Members(len(run.seeds), run.device) for arm, run in runs.items()}
+    batches = {arm: first_batch(run) for arm, run in runs.items()}
     times_ms = interleaved(
-        {arm: step_call(run, members[arm]) for arm, run in runs.items()}, warmup, repeats
+        {arm: step_call(run, members[arm], batches[arm]) for arm, run in runs.items()},
+        warmup,
+        repeats,
     )
     seconds = {
         arm: {clock: [ms / 1e3 for ms in times_ms[arm][f"{clock}_ms"]] for clock in CLOCKS}
@@ -127,7 +134,7 @@ def time_context(
     baseline = bench.decision.baseline_arm if bench.decision.baseline_arm in arms else None
     out = {}
     for arm, run in runs.items():
-        entry: dict[str, Any] = {"peak_mib": step_peak_mib(run, members[arm])}
+        entry: dict[str, Any] = {"peak_mib": step_peak_mib(run, members[arm], batches[arm])}
         entry["members"] = len(run.seeds)
         for clock in CLOCKS:
             entry[f"{clock}_s"] = seconds[arm][clock]
@@ -163,11 +170,11 @@ def _timing_file(
     path: Path,
     repeats: int,
     warmup: int,
-    shape: str,
+    step_words: str,
     shapes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Time each bench's arms (:func:`time_context`, one thread) and write ``path`` (sealed):
-    ``result[key][name]`` per bench ``name``; ``shape`` says what one step trains, and
+    ``result[key][name]`` per bench ``name``; ``step_words`` says what one step trains, and
     ``shapes`` (per bench, ``rpka.verdict.step_cost.step_shape``) what a report must match."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -178,7 +185,7 @@ def _timing_file(
         "preset": preset,
         "protocol": (
             f"one process, one thread; arms interleaved each repeat (seeded random order); "
-            f"{warmup} untimed warm-up repeat(s), {repeats} timed; training step of {shape}"
+            f"{warmup} untimed warm-up repeat(s), {repeats} timed; training step of {step_words}"
             "; CPU time (time.process_time) and wall time (time.perf_counter); step ratio: "
             f"mean of per-repeat ratios to {', '.join(baselines)}, {CONFIDENCE:.0%} "
             "t-interval"
@@ -216,13 +223,12 @@ def run_steptime(
     chosen = _with_baseline(config.bench, arms)
     small = timing_config(config)
     benches = {str(c): (small.bench_for(c), chosen) for c in config.contexts}
-    shape = (
+    step_words = (
         f"{config.bench.execution.seeds_per_job} stacked seed(s) x batch "
         f"{config.bench.design.train.batch_size}"
     )
-    return _timing_file(
-        config.preset, "contexts", benches, Path(out_dir) / STEPTIME_FILE, repeats, warmup, shape
-    )
+    path = Path(out_dir) / STEPTIME_FILE
+    return _timing_file(config.preset, "contexts", benches, path, repeats, warmup, step_words)
 
 
 def run_track_steptime(
@@ -248,10 +254,10 @@ def run_track_steptime(
         configs[name] = BenchConfig.from_dict(read_json(report)["config"])
     require(bool(configs), "tracks", "at least one track or extension", names)
     benches = {name: (bench, _with_baseline(bench, None)) for name, bench in configs.items()}
-    shape = "each track's evaluation job (its stacked seeds x its batch)"
+    step_words = "each track's evaluation job (its stacked seeds x its batch)"
     path = Path(out_dir) / TRACK_STEPTIME_FILE
     shapes = {name: step_shape(bench.to_dict()) for name, (bench, _) in benches.items()}
-    return _timing_file(preset, "tracks", benches, path, repeats, warmup, shape, shapes)
+    return _timing_file(preset, "tracks", benches, path, repeats, warmup, step_words, shapes)
 
 
 def steptime_lines(result: dict[str, Any]) -> list[str]:

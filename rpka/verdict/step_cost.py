@@ -57,7 +57,7 @@ def with_step_timing(report: dict[str, Any], timing: Mapping[str, Any] | None) -
         return report
     shape = step_shape(report["config"])
     bench = next((name for name, timed in shapes.items() if timed == shape), None)
-    timed = ((timing or {}).get("tracks") or {}).get(bench)
+    timed = (timing.get("tracks") or {}).get(bench)
     if not timed:  # no bench of this shape was timed: the report keeps its own record
         return report
     timings = dict(report.get("timings") or {})
