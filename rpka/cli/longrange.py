@@ -18,7 +18,7 @@ from rpka.config.presets import STUDY_PRESETS, STUDY_TRACKS
 from rpka.config.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
 from rpka.paths import resolve
 from rpka.study import cost_longctx, steptime
-from rpka.study.index import FRONTIER_EXTENSIONS
+from rpka.study.index import FRONTIER_EXTENSIONS, extension_reports
 
 
 def _preset_or_exit(
@@ -106,9 +106,7 @@ def _track_steptime(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     check_out_dir(parser, "--out", out)
     names = args.tracks or [*STUDY_TRACKS, *FRONTIER_EXTENSIONS]
     extensions = {  # the frontier's extension benches the study has run, as they were run
-        name: report
-        for name in FRONTIER_EXTENSIONS
-        if name in names and (report := out / name / paths.BENCH_REPORT_FILE).exists()
+        name: report for name, report in extension_reports(out).items() if name in names
     }
     try:
         result = steptime.run_track_steptime(

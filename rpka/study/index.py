@@ -73,17 +73,22 @@ FRONTIER_EXTENSIONS: dict[str, str] = {
 MQAR_BENCHES: tuple[str, ...] = ("recall", *(f"recall-pairs-{p}" for p in RECALL_PAIRS_EPOCHS))
 
 
+def extension_reports(out: Path) -> dict[str, Path]:
+    """The :data:`FRONTIER_EXTENSIONS` benches the study in the results folder ``out`` has
+    run -> their bench reports (each in the folder named after it)."""
+    found = {name: out / name / paths.BENCH_REPORT_FILE for name in FRONTIER_EXTENSIONS}
+    return {name: path for name, path in found.items() if path.exists()}
+
+
 def extension_entries(out: Path) -> dict[str, dict[str, Any]]:
     """The :data:`FRONTIER_EXTENSIONS` benches found in the results folder ``out``: a
     :func:`track_entry` each, with ``title`` and ``attention_tokens`` (the primary arm's)."""
     entries = {}
-    for name, title in FRONTIER_EXTENSIONS.items():
-        path = out / name / paths.BENCH_REPORT_FILE
-        report = read_if_there(path, INDEX_KEYS)
-        if report is not None:
-            tokens = report["arms"][report["primary_arm"]].get("attention_tokens")
-            entries[name] = {**track_entry(report, path, out), "title": title,
-                             "attention_tokens": tokens}  # fmt: skip
+    for name, path in extension_reports(out).items():
+        report = read_json_checked(path, INDEX_KEYS)
+        tokens = report["arms"][report["primary_arm"]].get("attention_tokens")
+        entries[name] = {**track_entry(report, path, out), "title": FRONTIER_EXTENSIONS[name],
+                         "attention_tokens": tokens}  # fmt: skip
     return entries
 
 
