@@ -25,6 +25,9 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
+import subprocess
+import sys
 import warnings
 from typing import Any
 
@@ -51,17 +54,51 @@ MKL_BRANCH_ELSEWHERE = "COMPATIBLE"
 
 
 @functools.cache  # the processor does not change under a running process
-def cpu_vendor() -> str:
-    """The x86 vendor string (``GenuineIntel``, ``AuthenticAMD``; "unknown" where the
-    platform does not say): MKL's reproducible branches depend on it."""
+def _cpuinfo(field: str) -> str:
+    """The first ``field`` of /proc/cpuinfo ("unknown" where the platform does not say)."""
     try:
         with open("/proc/cpuinfo") as info:
             for line in info:
-                if line.startswith("vendor_id"):
+                if line.split(":", 1)[0].strip() == field:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return "unknown"
+
+
+def cpu_vendor() -> str:
+    """The x86 vendor string (``GenuineIntel``, ``AuthenticAMD``; "unknown" where the
+    platform does not say): MKL's reproducible branches depend on it."""
+    return _cpuinfo("vendor_id")
+
+
+def cpu_model() -> str:
+    """The processor's model name (e.g. ``AMD EPYC 7B13``), recorded beside its vendor."""
+    return _cpuinfo("model name")
+
+
+# MKL_VERBOSE=1 makes MKL print the branch it really runs on each call ("CNR:AVX2",
+# "CNR:COMPATIBLE", "CNR:OFF"); MKL_CBWR=AVX2 is ignored on non-Intel CPUs, so the
+# environment alone does not say what ran (issue 53)
+_MKL_PROBE = "import torch; x = torch.ones(8, 8); x @ x"
+_MKL_BRANCH = re.compile(r"CNR:(\S+)")
+
+
+@functools.cache  # one probe per process: the branch depends on the CPU and environment only
+def mkl_branch() -> str:
+    """The MKL branch a fresh process with this environment runs on this CPU, read from
+    ``MKL_VERBOSE`` output of one matrix product ("unknown" where MKL does not say, e.g.
+    a torch built without MKL). A subprocess: MKL prints it only when set before its start."""
+    env = {**os.environ, "MKL_VERBOSE": "1"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _MKL_PROBE], env=env, capture_output=True, text=True,
+            timeout=120, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    found = _MKL_BRANCH.search(done.stdout + done.stderr)
+    return found.group(1) if found else "unknown"
 
 
 def pinned_environment(vendor: str | None = None) -> dict[str, str]:
@@ -98,7 +135,8 @@ def pin() -> str:
 
 def record() -> dict[str, Any]:
     """What this process's numerics are, for a result file: the requested mode, torch's
-    actual kernel dispatch, the pinned variables as set, torch's version, and ``pinned``
+    actual kernel dispatch, the pinned variables as set, the CPU (vendor and model) and
+    the MKL branch it really ran, torch's version, and ``pinned``
     (True only if the mode is pinned and torch really runs its AVX2 kernels)."""
     torch = importlib.import_module("torch")  # not at module level: pin() runs before it
     capability = torch.backends.cpu.get_cpu_capability()
@@ -109,6 +147,8 @@ def record() -> dict[str, Any]:
         "cpu_capability": capability,
         "environment": {key: os.environ.get(key) for key in PINNED_ENVIRONMENT},
         "cpu_vendor": cpu_vendor(),
+        "cpu_model": cpu_model(),
+        "mkl_branch": mkl_branch(),  # what MKL ran, not what was asked (MKL_CBWR)
         "torch": torch.__version__,
     }
 

@@ -458,6 +458,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
     "summary": (summary_main, "the study's results in Markdown (the README's results block)"),
     "cost": (cost_main, "predict each bench's CPU time from its configuration (probes)"),
     "steptime": (cli_longrange.steptime_main, "every arm's training step, one thread, interleaved"),
+    "decision": (cli_longrange.decision_main, "the long-range decision study: power, reading"),
     "swap": (swap_command.main, "audit your own model with its SDPA calls swapped (docs/swap.md)"),
     "rank-law": (rank_law_command.main, "what sets the rank (docs/rank_law.md)"),
 }

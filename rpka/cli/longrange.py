@@ -15,9 +15,14 @@ from rpka import paths
 from rpka.cli.args import check_out_dir, check_out_file, make_parser, path_arg
 from rpka.config.bench import LongContextConfig
 from rpka.config.presets import STUDY_PRESETS, STUDY_TRACKS
-from rpka.config.presets_longctx import LONGCTX_PRESETS, get_longctx_preset
+from rpka.config.presets_longctx import (
+    LONGCTX_PRESETS,
+    POWER_PRESET,
+    V2_CONTEXT,
+    get_longctx_preset,
+)
 from rpka.paths import resolve
-from rpka.study import cost_longctx, steptime
+from rpka.study import cost_longctx, longrange_v2, steptime
 from rpka.study.index import FRONTIER_EXTENSIONS, extension_reports
 
 
@@ -117,4 +122,40 @@ def _track_steptime(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(str(err))
     print("\n".join(steptime.steptime_lines(result)), file=sys.stdout)
     print(f"written to {out / paths.TRACK_STEPTIME_FILE}")
+    return result
+
+
+def decision_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """``python -m rpka decision {power,read}``: the long-range decision study (issue 53,
+    docs/longrange_protocol_v2.md) - its power from the pilot, or its reading so far."""
+    parser = make_parser("decision", longrange_v2.__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "step", choices=("power", "read"),
+        help="power: the power table from the pilot (power.json); read: the protocol's "
+        "reading of the runs landed so far (longrange_v2.json)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--results", type=path_arg, default=paths.COMMITTED_RESULTS,
+        help="the folder holding longrange-power/ (the pilot) and longrange-v2/ "
+        "(default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sims", type=int, default=longrange_v2.POWER_SIMULATIONS,
+        help="power: simulations per scenario, 100-100000 (default %(default)s)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if not 100 <= args.sims <= 100_000:
+        parser.error(f"--sims must be in 100..100000, got {args.sims}")
+    results = resolve(args.results)
+    pilot = results / POWER_PRESET / paths.longctx_context_dir(V2_CONTEXT)
+    if not (pilot / paths.BENCH_REPORT_FILE).exists():
+        parser.error(f"--results: no pilot bench report under {pilot}")
+    if args.step == "power":
+        result = longrange_v2.write_power(results, args.sims)
+        print("\n".join(longrange_v2.power_lines(result)))
+    else:
+        result = longrange_v2.read_study(results)
+        print("\n".join(longrange_v2.reading_lines(result)))
+    name = longrange_v2.POWER_FILE if args.step == "power" else longrange_v2.READING_FILE
+    print(f"written to {longrange_v2.study_dir(results) / name}")
     return result

@@ -410,3 +410,48 @@ def power_as_run() -> list[LongContextConfig]:
             config = with_arms(config, [a for a in config.bench.design.arm_names if a != positive])
         lengths.append(config)
     return lengths
+
+# --------------------------------------------------------------------------- long range, v2
+# Issue 53: the decision study (docs/longrange_protocol_v2.md), registered before its runs.
+# 4,096 tokens only, the curriculum's 512 first; the arms its two questions need (RPKA
+# against uniform landmarks at rank 64, and RPKA r64 against exact) and uniform r128, the
+# pilot's cheapest robust arm; mean-attention as the negative control. The local-window
+# control is left out: its gate passed in the pilot (p 1.5e-5) and it costs ~245 CPU-s a seed
+# and ran out of memory with two workers (protocol, "Price"). 32 seeds no earlier study used,
+# each with its own data; one interim look after the first 16 (V2_INTERIM_SEEDS).
+V2_PRESET = "longrange-v2"
+V2_CONTEXT = 4096
+V2_RANK = 64
+V2_EVAL_SEEDS = tuple(range(300, 332))
+V2_INTERIM_SEEDS = V2_EVAL_SEEDS[:16]
+V2_ARMS = (
+    EXACT,
+    rpka_arm(V2_RANK, residual_solve=LONGCTX_RESIDUAL_SOLVE),
+    peer_arm("nystrom-uniform", V2_RANK),
+    peer_arm("nystrom-uniform", 2 * V2_RANK),
+    MEAN_CONTROL,
+)
+LONGRANGE_PRESETS[V2_PRESET] = long_preset(
+    V2_PRESET,
+    (V2_CONTEXT,),
+    4000,
+    256,
+    LONGRANGE_TRACK,
+    V2_ARMS,
+    LONGRANGE_WARM_START,
+    model=LONGCTX_MODEL,
+    train=LONGRANGE_TRAIN,
+    primary_arm=f"rpka-r{V2_RANK}",
+    learning_rates=(1e-2,),
+    sweep_seeds=(0,),
+    eval_seeds=V2_EVAL_SEEDS,
+    data_per_seed=True,
+    seeds_per_job=4,
+)
+LONGCTX_PRESETS[V2_PRESET] = LONGRANGE_PRESETS[V2_PRESET]
+# The same study on the interim look's 16 seeds: run first, so the interim's runs land before
+# the rest (its run ids are the full study's: a run id depends on the run, not the preset)
+V2_INTERIM_PRESET = f"{V2_PRESET}-interim"
+LONGCTX_PRESETS[V2_INTERIM_PRESET] = LONGRANGE_PRESETS[V2_INTERIM_PRESET] = get_longctx_preset(
+    V2_PRESET, eval_seeds=V2_INTERIM_SEEDS
+)
