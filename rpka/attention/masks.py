@@ -83,6 +83,17 @@ class PrefixMask:
         """Whether a call needs the method's causal form."""
         return any(call.causal for group in self.groups for call in group.calls)
 
+    def unmasked(self, keys: int) -> bool:
+        """Nothing hidden: every row sees every one of the S = ``keys`` keys."""
+        return bool(self.keep.all()) and bool((self.counts == keys).all())
+
+    def dense(self) -> Tensor:
+        """The boolean mask (U, 1, L, S) of form (P) (``per_head``: units are (batch, head)
+        pairs, reshape to (B, H, L, S)) - for a call passed to exact attention."""
+        rank = self.keep.cumsum(-1) - 1
+        visible = self.keep.unsqueeze(-2) & (rank.unsqueeze(-2) < self.counts.unsqueeze(-1))
+        return visible.unsqueeze(1)
+
     def plain_causal(self, length: int, keys: int) -> bool:
         """SDPA's ``is_causal`` mask itself: L = S, every key kept, row i sees i + 1 keys."""
         if length != keys or not bool(self.keep.all()):
