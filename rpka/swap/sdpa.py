@@ -19,8 +19,9 @@ SDPA's contract, and what of it is served (docs/swap.md has the table):
 * ``is_causal=True`` with ``L == S``: the method's causal form (RPKA's blockwise causal
   path; ``exact``); the non-causal peers refuse it;
 * ``enable_gqa=True``: k and v heads are repeated to the query heads, as SDPA does;
-* ``attn_mask``: served only when it is SDPA's causal mask or masks nothing (bool, or
-  float with 0 and -inf / the dtype's minimum) - read, not assumed;
+* ``attn_mask``: served when it is SDPA's causal mask, masks nothing, or is key padding
+  alone or with a causal part (``rpka.attention.masks``; bool, or float with 0 and -inf /
+  the dtype's minimum) - read, not assumed;
 * ``dropout_p > 0``: never (SDPA drops attention weights; an approximation has none).
 
 A call that cannot be served raises :class:`SwapRefused` with one line naming the
