@@ -30,8 +30,8 @@ does. A call that cannot be served (dropout > 0 in training, ``softcap``, a
 without a causal form) raises ``rpka.swap.SwapRefused`` with one line, or with
 ``fallback="exact"`` runs transformers' ``sdpa_attention_forward`` and is counted.
 
-transformers is an optional dependency (``pip install -e .[hf]``): importing this module
-does not import it; :func:`register` does.
+transformers is an optional dependency (``pip install -e .[hf]``): this module imports it
+(an ImportError naming the extra without it); ``import rpka`` does not import this module.
 """
 
 from __future__ import annotations
@@ -46,6 +46,19 @@ from torch import Tensor, nn
 
 from rpka.attention import build, masks, options_of
 from rpka.swap.sdpa import FALLBACKS, SwapRefused
+
+try:  # the optional extra hf; `import rpka` never comes here
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import (
+        AttentionMaskInterface,
+        bidirectional_mask_function,
+        causal_mask_function,
+        prepare_padding_mask,
+        sdpa_mask,
+    )
+except ImportError as err:
+    raise ImportError("rpka.hf needs transformers >= 5: pip install -e .[hf]") from err
 
 # the names transformers itself registers: never replaced
 RESERVED = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
@@ -95,13 +108,10 @@ class HFAttention:
         """transformers' mask interface (``sdpa_mask``'s arguments): causal or
         bidirectional masks with padding become a planned key mask; other patterns the
         dense boolean mask of ``sdpa_mask`` (read by the attention function)."""
-        from transformers.masking_utils import (
-            bidirectional_mask_function,
-            causal_mask_function,
-            prepare_padding_mask,
-            sdpa_mask,
-        )
-
+        if isinstance(attention_mask, masks.PrefixMask):
+            # planned already: generate with a static cache prepares the mask before the
+            # forward (create_masks_for_generate), which hands it here again
+            return attention_mask
         if mask_function not in (causal_mask_function, bidirectional_mask_function):
             return sdpa_mask(
                 batch_size=batch_size,
@@ -217,8 +227,6 @@ class HFAttention:
                 f"call of {type(module).__name__}: {reason}; register with fallback='exact' "
                 "to run such calls exactly (counted as not served)"
             )
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         dense = mask if isinstance(mask, Tensor) else plan.dense()
         self.passed += 1
         self.reasons[reason.split(" (")[0]] += 1
@@ -249,11 +257,6 @@ def register(name: str = "rpka", method: str = "rpka", rank: int = 64, **options
     Registering a name again replaces its method (models already set to it use the new
     one). Bad options raise ``ValueError`` now, before any model runs.
     """
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-    except ImportError as err:
-        raise ImportError("rpka.hf needs transformers: pip install -e .[hf]") from err
     if not isinstance(name, str) or not name or name in RESERVED or name.startswith("paged"):
         raise ValueError(f"name must be a new attention implementation name, got {name!r}")
     fallback = options.pop("fallback", "error")

@@ -103,24 +103,35 @@ def test_below_full_rank_the_method_serves_every_call(kind):
     assert (out - output(model, ids, mask))[real].abs().max() > 1e-6
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
-def test_generate_with_left_padding(kind):
+@pytest.mark.parametrize("kind, cache", [("gpt2", None), ("llama", None), ("llama", "static")])
+def test_generate_with_left_padding(kind, cache):
     """Prefill (causal + left padding) and every cached decode step (one query on the
-    kept keys) are served: at full rank the greedy tokens are sdpa's."""
+    kept keys) are served: at full rank the greedy tokens are sdpa's. A static cache
+    prepares the key mask before the forward (create_masks_for_generate)."""
     ids, mask = batch("left")
+    args = {"max_new_tokens": 4, "do_sample": False, "cache_implementation": cache}
     tokens = {}
     for rank in (FULL, 4):
-        name = rpka.hf.register(f"rpka-test-gen-{kind}-{rank}", rank=rank, causal_block=4)
+        name = rpka.hf.register(f"rpka-test-gen-{kind}-{cache}-{rank}", rank=rank, causal_block=4)
         model = build(kind, name)
-        tokens[rank] = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False
-        )
+        tokens[rank] = model.generate(input_ids=ids, attention_mask=mask, **args)
         # the prefill and 3 decode steps (the 4th token needs no attention), every layer
         assert rpka.hf.registration(name).served == 4 * model.config.num_hidden_layers
     model.set_attn_implementation("sdpa")
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    ref = model.generate(input_ids=ids, attention_mask=mask, **args)
     assert torch.equal(tokens[FULL], ref)
     assert tokens[4].shape == ref.shape
+
+
+def test_a_four_dim_mask_of_the_user_is_read():
+    name = rpka.hf.register("rpka-test-4d", rank=FULL, causal_block=4)
+    model = build("llama", name)
+    ids, mask = batch("left")
+    dense = (torch.ones(N, N, dtype=torch.bool).tril() & mask.bool()[:, None, :])[:, None]
+    out = output(model, ids, dense)
+    model.set_attn_implementation("sdpa")
+    assert rpka.hf.registration(name).served == 2
+    assert (out - output(model, ids, dense)).abs().max() < 1e-10
 
 
 def test_what_cannot_be_served_is_refused_in_one_line_or_run_exactly():
@@ -166,9 +177,7 @@ def test_bad_registrations_are_refused_before_any_model_runs(kwargs, error):
 
 
 def test_importing_rpka_does_not_import_transformers():
-    code = (
-        "import sys, rpka, rpka.attention, rpka.swap, rpka.hf; print('transformers' in sys.modules)"
-    )
+    code = "import sys, rpka, rpka.attention, rpka.swap; print('transformers' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )

@@ -83,6 +83,16 @@ class PrefixMask:
         """Whether a call needs the method's causal form."""
         return any(call.causal for group in self.groups for call in group.calls)
 
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """The shape (U, 1, L, S) of :meth:`dense`: callers that hold a prepared mask read
+        its shape and ``ndim`` (transformers' generate with a static cache)."""
+        return (self.keep.shape[0], 1, self.counts.shape[-1], self.keep.shape[-1])
+
+    @property
+    def ndim(self) -> int:
+        return 4
+
     def unmasked(self, keys: int) -> bool:
         """Nothing hidden: every row sees every one of the S = ``keys`` keys."""
         return bool(self.keep.all()) and bool((self.counts == keys).all())
@@ -216,7 +226,7 @@ def from_mask(mask: Tensor, q_shape: tuple[int, ...], keys: int) -> PrefixMask |
     keep, counts = prefix_counts(visible)
     fill = fill_of(visible, soft, counts)
     keep, counts = keep.reshape(*m_lead, keys), counts.reshape(*m_lead, -1).expand(*m_lead, length)
-    if len(lead) == 4 - 2 and m_lead[-1] == 1:  # (B or 1, 1): one mask for every head
+    if len(lead) == 2 and m_lead[-1] == 1:  # 4-d q, a mask of (B or 1, 1): every head alike
         per_head = False
         keep, counts = (x.expand(lead[0], *x.shape[1:])[:, 0] for x in (keep, counts))
     elif len(lead) != 2 and all(a == 1 for a in m_lead):  # one mask for the one batch unit
