@@ -256,11 +256,31 @@ def from_padding(keep: Tensor, length: int, causal: bool, offset: int = 0) -> Pr
 # ----------------------------------------------------------------------------- serving
 
 
-def gather_keys(x: Tensor, keep: Tensor, n: int) -> Tensor:
-    """The first n kept keys of x (G, h, S, e) in order, keep (G, S) -> (G, h, n, e)."""
+def kept_order(keep: Tensor, n: int) -> Tensor | int:
+    """Positions of the first n kept keys, keep (G, S) -> (G, n) long; or, where they are
+    one run of positions shared by the group (left or right padding), its start."""
     order = torch.sort((~keep).to(torch.uint8), dim=-1, stable=True).indices[:, :n]
+    start = order[:1, :1]
+    if bool((order == start + torch.arange(n, device=order.device)).all()):
+        return int(start)
+    return order
+
+
+def gather_keys(x: Tensor, order: Tensor | int, n: int) -> Tensor:
+    """The n kept keys of x (G, h, S, e) at ``order`` (:func:`kept_order`) -> (G, h, n, e):
+    a view for a run, a gathered copy otherwise."""
+    if isinstance(order, int):
+        return x.narrow(-2, order, n)
     index = order[:, None, :, None].expand(x.shape[0], x.shape[1], n, x.shape[-1])
     return x.gather(-2, index)
+
+
+def take_units(x: Tensor, members: Tensor) -> Tensor:
+    """x's units ``members`` (sorted): a view where they are consecutive, else a copy."""
+    first, count = int(members[0]), members.numel()
+    if int(members[-1]) - first + 1 == count:
+        return x.narrow(0, first, count)
+    return x.index_select(0, members)
 
 
 def attend(
@@ -273,31 +293,47 @@ def attend(
     """Masked attention by ``method(q, k, v, causal)`` on the kept keys.
 
     q (B, H, L, E), k (B, H, S, E), v (B, H, S, Ev) -> (B, H, L, Ev); ``mask`` from
-    :func:`from_mask` or :func:`from_padding`. Differentiable (gathers and index copies).
+    :func:`from_mask` or :func:`from_padding`. Each group's output is assembled apart and
+    the groups put back in order once (no copy of the whole output per group).
+    Differentiable (gathers, index copies, one concatenation).
     """
     batch, heads, length = q.shape[:3]
     if mask.per_head:
         q, k, v = (x.reshape(batch * heads, 1, *x.shape[-2:]) for x in (q, k, v))
-    shape = (*q.shape[:-1], v.shape[-1])
-    if mask.fill == "mean":  # SDPA's uniform softmax over all S keys
-        out = v.mean(-2, keepdim=True).expand(shape)
-    else:
-        out = v.new_zeros(shape)
+    out = v.new_empty(*q.shape[:-1], v.shape[-1])
     for group in mask.groups:
         members = group.members
-        if not group.calls:
-            continue
-        q_g = q.index_select(0, members)
-        keep = mask.keep.index_select(0, members)
-        k_g, v_g = (gather_keys(x.index_select(0, members), keep, group.keys) for x in (k, v))
-        out_g = out.index_select(0, members)
-        for call in group.calls:
-            part = method(
-                q_g.index_select(2, call.rows),
-                k_g[..., : call.keys, :],
-                v_g[..., : call.keys, :],
-                call.causal,
-            )
-            out_g = out_g.index_copy(2, call.rows, part.to(out_g.dtype))
-        out = out.index_copy(0, members, out_g)
+        q_g, k_g, v_g = (take_units(x, members) for x in (q, k, v))
+        # written in place into a fresh tensor (autograd records it): no copy per group
+        out.index_copy_(0, members, attend_group(method, q_g, k_g, v_g, mask, group))
     return out.reshape(batch, heads, length, -1)
+
+
+def attend_group(
+    method: Callable[[Tensor, Tensor, Tensor, bool], Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: PrefixMask,
+    group: Group,
+) -> Tensor:
+    """One group's output (G, h, L, Ev): its calls on the gathered kept keys, fully masked
+    rows filled as SDPA fills them (:data:`FILLS`)."""
+    length = q.shape[-2]
+    if len(group.calls) == 1 and group.calls[0].rows.numel() == length:
+        out = None  # one call covers every row: nothing to fill
+    elif mask.fill == "mean":  # SDPA's uniform softmax over all S keys
+        out = v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1])
+    else:
+        out = v.new_zeros(*q.shape[:-1], v.shape[-1])
+    order = kept_order(take_units(mask.keep, group.members), group.keys)
+    k_g, v_g = (gather_keys(x, order, group.keys) for x in (k, v)) if group.calls else (k, v)
+    for call in group.calls:
+        part = method(
+            q if out is None else q.index_select(2, call.rows),
+            k_g[..., : call.keys, :],
+            v_g[..., : call.keys, :],
+            call.causal,
+        )
+        out = part if out is None else out.index_copy(2, call.rows, part.to(out.dtype))
+    return out
