@@ -112,17 +112,18 @@ class HFAttention:
             # planned already: generate with a static cache prepares the mask before the
             # forward (create_masks_for_generate), which hands it here again
             return attention_mask
+        dense = {
+            "batch_size": batch_size,
+            "q_length": q_length,
+            "kv_length": kv_length,
+            "q_offset": q_offset,
+            "kv_offset": kv_offset,
+            "mask_function": mask_function,
+            "attention_mask": attention_mask,
+            **kwargs,
+        }
         if mask_function not in (causal_mask_function, bidirectional_mask_function):
-            return sdpa_mask(
-                batch_size=batch_size,
-                q_length=q_length,
-                kv_length=kv_length,
-                q_offset=q_offset,
-                kv_offset=kv_offset,
-                mask_function=mask_function,
-                attention_mask=attention_mask,
-                **kwargs,
-            )
+            return sdpa_mask(**dense)
         device = kwargs.get("device", "cpu")
         padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
         if padding is None:
@@ -132,7 +133,10 @@ class HFAttention:
             keep = keep.expand(batch_size, kv_length)
         # query i sits at position q_offset + i, key j at kv_offset + j (the cache's frame)
         offset = int(q_offset) - int(kv_offset)
-        return masks.from_padding(keep, q_length, mask_function is causal_mask_function, offset)
+        try:
+            return masks.from_padding(keep, q_length, mask_function is causal_mask_function, offset)
+        except masks.MaskRefused:  # a chunk of queries after a cache: the attention refuses it
+            return sdpa_mask(**dense)
 
     # ------------------------------------------------------------ the attention function
 
@@ -152,15 +156,9 @@ class HFAttention:
         (B, L, H, Ev) and no attention weights."""
         groups = getattr(module, "num_key_value_groups", 1)
         key, value = (x.repeat_interleave(groups, 1) if groups > 1 else x for x in (key, value))
-        length, keys = query.shape[-2], key.shape[-2]
-        if attention_mask is None:  # no mask function ran: the module's own causality
-            causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", 0))
-            attention_mask = masks.from_padding(
-                torch.ones(query.shape[0], keys, dtype=torch.bool, device=query.device),
-                length,
-                causal and length > 1,
-                keys - length,  # the last L positions of the keys (transformers' alignment)
-            )
+        keys = key.shape[-2]
+        if attention_mask is None:  # no mask built: the module's own causality
+            attention_mask = self._unmasked(module, query, keys, is_causal)
         plan, reason = self._plan(query, attention_mask, dropout, kwargs)
         if reason is not None:
             return self._pass(
@@ -173,6 +171,22 @@ class HFAttention:
         out = self._attend(q, k, v, plan).to(dtype)
         self.served += 1
         return out.transpose(1, 2).contiguous(), None
+
+    @staticmethod
+    def _unmasked(
+        module: nn.Module, query: Tensor, keys: int, is_causal: bool | None
+    ) -> masks.PrefixMask | Tensor:
+        """The plan of a call without a mask: causal (the module's ``is_causal``, the last L
+        of S positions, as transformers aligns them) or not; the dense causal mask where
+        it cannot be planned (then read and refused)."""
+        length = query.shape[-2]
+        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", 0))
+        keep = torch.ones(query.shape[0], keys, dtype=torch.bool, device=query.device)
+        try:
+            return masks.from_padding(keep, length, causal and length > 1, keys - length)
+        except masks.MaskRefused:
+            ones = torch.ones(length, keys, dtype=torch.bool, device=query.device)
+            return ones.tril(keys - length)[None, None]
 
     def _plan(
         self, query: Tensor, mask: masks.PrefixMask | Tensor, dropout: float, kwargs: dict

@@ -193,3 +193,28 @@ def test_bfloat16_is_computed_in_float32_and_returned_in_bfloat16():
     ref = output(model, ids, mask)
     assert out.dtype == torch.bfloat16 and rpka.hf.registration(name).served == 2
     assert (out.float() - ref.float()).abs().max() < 2e-2  # bfloat16's own rounding
+
+
+def test_a_chunk_of_queries_after_a_cache_is_refused_or_run_exactly():
+    """L > 1 queries on a cache (chunked prefill): their prefixes jump, not servable."""
+    ids, mask = batch("left")
+    config = llama()[0]
+    outs = {}
+    for fallback in ("error", "exact", "sdpa"):
+        name = "sdpa"
+        if fallback != "sdpa":
+            rank = 4 if fallback == "error" else FULL  # exact: the prefill reproduces sdpa's
+            name = rpka.hf.register(f"rpka-test-chunk-{fallback}", rank=rank, fallback=fallback)
+        model = build("llama", name)
+        cache = transformers.DynamicCache(config=config)
+        with torch.no_grad():
+            model(input_ids=ids[:, :8], attention_mask=mask[:, :8], cache=cache)
+            if fallback == "error":
+                with pytest.raises(SwapRefused, match="a chunk of queries after a cache"):
+                    model(input_ids=ids[:, 8:], attention_mask=mask, cache=cache)
+                continue
+            outs[fallback] = model(input_ids=ids[:, 8:], attention_mask=mask, cache=cache).logits
+    counts = rpka.hf.registration("rpka-test-chunk-exact")
+    assert (counts.served, counts.passed) == (2, 2)  # the prefill served, the chunk passed
+    # the chunk ran transformers' SDPA on the cache the served (full-rank) prefill left
+    assert (outs["exact"] - outs["sdpa"]).abs().max() < 1e-10
