@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers", reason="the hf extra: pip ins
 
 import rpka.hf  # noqa: E402
 from rpka.attention import masks  # noqa: E402
-from rpka.swap import SwapRefused  # noqa: E402
+from rpka.swap import SwapRefused, swap  # noqa: E402
 
 FULL = 10_000  # above every point count below: full rank
 VOCAB, N = 50, 12
@@ -218,3 +218,19 @@ def test_a_chunk_of_queries_after_a_cache_is_refused_or_run_exactly():
     assert (counts.served, counts.passed) == (2, 2)  # the prefill served, the chunk passed
     # the chunk ran transformers' SDPA on the cache the served (full-rank) prefill left
     assert (outs["exact"] - outs["sdpa"]).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_the_sdpa_implementation_with_padding_is_served_by_swap(kind):
+    """Without registering: transformers' own sdpa masks (bool, L x S) are read by
+    rpka.swap and served, prefill and decode, exact at full rank."""
+    model = build(kind, "sdpa")
+    ids, mask = batch(MODELS[kind][1])
+    ref = output(model, ids, mask)
+    with swap("rpka", rank=FULL, causal_block=4) as s:
+        out = output(model, ids, mask)
+        if kind != "bert":
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+    layers = model.config.num_hidden_layers
+    assert (s.swapped, s.passed) == ((1 if kind == "bert" else 4) * layers, 0)
+    assert (out - ref).abs().max() < 1e-10
