@@ -16,7 +16,7 @@ from rpka.swap import SwapRefused, swap  # noqa: E402
 
 FULL = 10_000  # above every point count below: full rank
 VOCAB, N = 50, 12
-PADS = (0, 3, 5)  # tokens of padding per batch element
+PADS = (1, 3, 5)  # tokens of padding per batch element: at most N - 1 kept
 
 
 def batch(side="left"):
@@ -223,11 +223,12 @@ def test_a_chunk_of_queries_after_a_cache_is_refused_or_run_exactly():
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_the_sdpa_implementation_with_padding_is_served_by_swap(kind):
     """Without registering: transformers' own sdpa masks (bool, L x S) are read by
-    rpka.swap and served, prefill and decode, exact at full rank."""
+    rpka.swap and served, prefill and decode; exact where RPKA is on the kept points (rank
+    N - 1 < S, pivoting the at most N - 1 kept keys; the swap runs rank >= S as SDPA)."""
     model = build(kind, "sdpa")
     ids, mask = batch(MODELS[kind][1])
     ref = output(model, ids, mask)
-    with swap("rpka", rank=FULL, causal_block=4) as s:
+    with swap("rpka", rank=N - 1, pivot_set="keys", causal_block=4) as s:
         out = output(model, ids, mask)
         if kind != "bert":
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)

@@ -1,19 +1,26 @@
 """Key padding and causal + key padding masks served by the methods (issue 52, item 4):
-rpka.attention.masks, through rpka.swap. References: torch SDPA with the same mask."""
+rpka.attention.masks, directly and through rpka.swap. References: torch SDPA with the same
+mask. rpka.swap runs a call with rank >= S keys by exact SDPA itself, so the swap's served
+path is checked at rank S - 1 with methods exact on the kept points there (every batch
+element has padding: at most S - 1 kept keys)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rpka.attention import masks
+from rpka.attention import build, masks
 from rpka.swap import SwapRefused, swap
 
 SDPA = F.scaled_dot_product_attention
 FULL = 10_000  # above every point count below: full rank
 EXACT_AT_FULL_RANK = ("rpka", "nystrom-uniform", "keys-coreset")
 B, H, N, E = 3, 2, 14, 8
-PADS = torch.tensor([0, 3, 6])  # tokens of padding per batch element
+PADS = torch.tensor([1, 3, 6])  # tokens of padding per batch element: at most N - 1 kept
+BELOW = N - 1  # below the swap's full rank (S = N), at or above every call's kept keys
+# exact at rank BELOW on the kept points: RPKA pivoting the keys only (a causal block's past
+# holds at most N - 1 kept positions), the key coreset
+EXACT_BELOW = {"rpka": {"pivot_set": "keys", "causal_block": 4}, "keys-coreset": {}}
 
 
 def qkv(dtype=torch.float64, lead=(B, H), n=N, s=N, seed=0):
@@ -59,12 +66,29 @@ CASES = [
 
 @pytest.mark.parametrize("method, kind, form", CASES)
 def test_full_rank_reproduces_sdpa_with_the_same_mask(method, kind, form):
-    """Every row, fully masked rows included (SDPA's 0, or its uniform mean at the
-    dtype's minimum), to float64 round-off; causal_block 4 < N: across blocks."""
+    """The method on the kept keys (masks.attend), every row - fully masked rows included
+    (SDPA's 0, or its uniform mean at the dtype's minimum) - to float64 round-off;
+    causal_block 4 < N: the causal estimate runs across blocks."""
     q, k, v = qkv()
     mask = as_form(kinds()[kind], form, q.dtype)
     options = {"causal_block": 4} if method == "rpka" else {}
-    with swap(method, rank=FULL, **options) as s:
+    forms = {c: build(method, rank=FULL, causal=c, **options) for c in (False, method == "rpka")}
+    plan = masks.from_mask(mask, tuple(q.shape), N)
+    out = masks.attend(lambda *a: forms[a[3]](*a[:3]), q, k, v, plan)
+    assert (out - SDPA(q, k, v, attn_mask=mask)).abs().max() < 1e-12
+
+
+SWAP_CASES = [
+    (method, kind) for method in EXACT_BELOW for kind in kinds()
+    if method == "rpka" or "causal" not in kind
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("method, kind", SWAP_CASES)
+def test_the_swap_serves_padding_exactly_where_the_method_is_exact(method, kind):
+    q, k, v = qkv()
+    mask = kinds()[kind]
+    with swap(method, rank=BELOW, **EXACT_BELOW[method]) as s:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert (s.swapped, s.passed) == (1, 0)
     assert (out - SDPA(q, k, v, attn_mask=mask)).abs().max() < 1e-12
@@ -81,8 +105,10 @@ def test_below_full_rank_masked_keys_contribute_exactly_zero(kind):
     k2, v2 = k + 50 * hidden, v - 50 * hidden
     outs = []
     for keys, values in ((k, v), (k2, v2)):
-        with swap("rpka", rank=6, causal_block=4, generator=torch.Generator().manual_seed(3)):
+        draws = torch.Generator().manual_seed(3)
+        with swap("rpka", rank=6, causal_block=4, generator=draws) as s:
             outs.append(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask))
+        assert s.swapped == 1
     assert torch.equal(outs[0], outs[1])
     seeing = mask.any(-1, keepdim=True).expand_as(outs[0])
     ref = SDPA(q, k, v, attn_mask=mask)
@@ -94,7 +120,7 @@ def test_fully_masked_rows_get_what_sdpa_returns():
     mask = kinds()["causal + left padding"]
     empty = ~mask.any(-1)  # (B, 1, L)
     assert empty.sum() == PADS.sum()
-    with swap("rpka", rank=FULL):
+    with swap("rpka", rank=4, causal_block=4):  # the fill does not depend on the rank
         zero = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         mean = F.scaled_dot_product_attention(q, k, v, attn_mask=as_form(mask, "min", q.dtype))
     rows = empty.expand(B, H, N)
@@ -107,7 +133,7 @@ def test_a_per_head_mask_three_dim_inputs_and_gqa_are_served():
     per_head = torch.stack([real(), real("right")], 1)[:, :, None, :]  # (B, H, 1, S)
     q3, k3, v3 = (x[0] for x in qkv())  # (H, n, E): no batch dim
     g_k, g_v = k[:, :1], v[:, :1]  # one kv head for two query heads
-    with swap("rpka", rank=FULL) as s:
+    with swap("keys-coreset", rank=BELOW) as s:
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=per_head)
         b = F.scaled_dot_product_attention(q3, k3, v3, attn_mask=real()[1])
         c = F.scaled_dot_product_attention(q, g_k, g_v, attn_mask=per_head, enable_gqa=True)
@@ -124,7 +150,7 @@ def test_a_cached_decode_step_with_left_padding_is_key_padding():
     mask = real()[:, None, None, :]
     plan = masks.from_mask(mask, tuple(q.shape), N)
     assert not plan.causal and len(plan.groups) == len(PADS)
-    with swap("nystrom-uniform", rank=FULL) as s:  # no causal form needed
+    with swap("keys-coreset", rank=BELOW) as s:  # no causal form needed
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert s.swapped == 1 and torch.allclose(out, SDPA(q, k, v, attn_mask=mask), atol=1e-12)
 
@@ -137,20 +163,21 @@ def test_gradients_at_full_rank_are_sdpa_s():
         if attend == "sdpa":
             out = SDPA(q, k, v, attn_mask=mask)
         else:
-            with swap("rpka", rank=FULL, causal_block=4):
+            with swap("rpka", rank=BELOW, **EXACT_BELOW["rpka"]) as s:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            assert s.swapped == 1
         out.square().sum().backward()
         grads.append([x.grad for x in (q, k, v)])
     for ours, ref in zip(*grads, strict=True):
         assert torch.allclose(ours, ref, atol=1e-10)
 
 
-def test_a_padded_torch_encoder_layer_is_served_exactly_at_full_rank():
+def test_a_padded_torch_encoder_layer_is_served_exactly_where_the_method_is():
     layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     layer = layer.double().train()  # train: the fused fast path does not call SDPA
     x = torch.randn(2, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    padding = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
-    with swap("rpka", rank=FULL) as s:
+    padding = torch.tensor([[False] * 5 + [True], [False] * 4 + [True] * 2])
+    with swap("keys-coreset", rank=5) as s:  # below S = 6, at least the kept keys
         out = layer(x, src_key_padding_mask=padding)
     assert (s.swapped, s.passed) == (1, 0)
     assert torch.allclose(out, layer(x, src_key_padding_mask=padding), atol=1e-12)
