@@ -20,6 +20,9 @@
   ``sdpa_mask`` and read by :func:`rpka.attention.masks.from_mask`: served if they are
   key padding (+ causal), refused otherwise.
 
+Full rank means exact, as in ``rpka.swap``: a call (or a padded call's part) on at most
+``rank`` kept keys runs exact attention on them (torch SDPA), counted as served.
+
 What runs: prefill with left or right padding - causal RPKA on the real tokens (a
 decoder), non-causal on every kept key (an encoder); a cached decode step (L = 1) - the
 method's non-causal form on the query and every kept cached key (no decoding state is
@@ -42,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rpka.attention import build, masks, options_of
@@ -213,13 +217,20 @@ class HFAttention:
         return plan, None
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, plan: masks.PrefixMask) -> Tensor:
+        """The method on the kept keys; a call on at most ``rank`` of them is exact
+        attention (full rank means exact, as in ``rpka.swap``)."""
         length, keys = q.shape[-2], k.shape[-2]
-        if len(plan.groups) == 1 and plan.groups[0].members.numel() == q.shape[0]:
-            if plan.plain_causal(length, keys):  # no padding: the call as it is
-                return self.modules[True](q, k, v)
-            if plan.unmasked(keys):
-                return self.modules[False](q, k, v)
-        return masks.attend(lambda q, k, v, causal: self.modules[causal](q, k, v), q, k, v, plan)
+        rank = self.options.get("rank", 0)
+        whole = len(plan.groups) == 1 and plan.groups[0].members.numel() == q.shape[0]
+        causal = whole and plan.plain_causal(length, keys)
+        if whole and (causal or plan.unmasked(keys)):  # no padding: the call as it is
+            if keys <= rank:  # every key a landmark
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return self.modules[causal](q, k, v)
+        return masks.attend(self._method, q, k, v, plan, rank)
+
+    def _method(self, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+        return self.modules[causal](q, k, v)
 
     def _pass(
         self,

@@ -71,7 +71,7 @@ def output(model, ids, mask):
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_full_rank_is_the_sdpa_implementation_on_a_padded_batch(kind):
     """Every position, padded ones included (a fully masked row is 0 in both), to float64
-    round-off; causal_block 4 < N: the causal estimate runs across blocks."""
+    round-off: a rank that reaches the kept keys is exact attention on them."""
     name = rpka.hf.register(f"rpka-test-full-{kind}", rank=FULL, causal_block=4)
     seen = []  # what the attention function receives as the mask: a plan, never L x S
     served = transformers.AttentionInterface._global_mapping[name]
@@ -223,12 +223,12 @@ def test_a_chunk_of_queries_after_a_cache_is_refused_or_run_exactly():
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_the_sdpa_implementation_with_padding_is_served_by_swap(kind):
     """Without registering: transformers' own sdpa masks (bool, L x S) are read by
-    rpka.swap and served, prefill and decode; exact where RPKA is on the kept points (rank
-    N - 1 < S, pivoting the at most N - 1 kept keys; the swap runs rank >= S as SDPA)."""
+    rpka.swap and served, prefill and decode; exact at rank N - 1 < S, which reaches the
+    at most N - 1 kept keys of every call of the prefill."""
     model = build(kind, "sdpa")
     ids, mask = batch(MODELS[kind][1])
     ref = output(model, ids, mask)
-    with swap("rpka", rank=N - 1, pivot_set="keys", causal_block=4) as s:
+    with swap("rpka", rank=N - 1, causal_block=4) as s:
         out = output(model, ids, mask)
         if kind != "bert":
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)

@@ -1,8 +1,8 @@
 """Key padding and causal + key padding masks served by the methods (issue 52, item 4):
 rpka.attention.masks, directly and through rpka.swap. References: torch SDPA with the same
-mask. rpka.swap runs a call with rank >= S keys by exact SDPA itself, so the swap's served
-path is checked at rank S - 1 with methods exact on the kept points there (every batch
-element has padding: at most S - 1 kept keys)."""
+mask. Full rank means exact: rpka.swap runs a call with rank >= S by SDPA itself, and a
+masked call on at most `rank` kept keys by exact attention on them; the methods' own path
+on the kept keys is checked through masks.attend at their full rank on the kept points."""
 
 import pytest
 import torch
@@ -18,9 +18,6 @@ EXACT_AT_FULL_RANK = ("rpka", "nystrom-uniform", "keys-coreset")
 B, H, N, E = 3, 2, 14, 8
 PADS = torch.tensor([1, 3, 6])  # tokens of padding per batch element: at most N - 1 kept
 BELOW = N - 1  # below the swap's full rank (S = N), at or above every call's kept keys
-# exact at rank BELOW on the kept points: RPKA pivoting the keys only (a causal block's past
-# holds at most N - 1 kept positions), the key coreset
-EXACT_BELOW = {"rpka": {"pivot_set": "keys", "causal_block": 4}, "keys-coreset": {}}
 
 
 def qkv(dtype=torch.float64, lead=(B, H), n=N, s=N, seed=0):
@@ -78,17 +75,13 @@ def test_full_rank_reproduces_sdpa_with_the_same_mask(method, kind, form):
     assert (out - SDPA(q, k, v, attn_mask=mask)).abs().max() < 1e-12
 
 
-SWAP_CASES = [
-    (method, kind) for method in EXACT_BELOW for kind in kinds()
-    if method == "rpka" or "causal" not in kind
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("method, kind", SWAP_CASES)
-def test_the_swap_serves_padding_exactly_where_the_method_is_exact(method, kind):
+@pytest.mark.parametrize("method, kind", [(m, kind) for m, kind, form in CASES if form == "bool"])
+def test_the_swap_is_exact_where_the_rank_reaches_the_kept_keys(method, kind):
+    """Rank N - 1 < S: the swap serves the call, each of its calls on at most N - 1 kept
+    keys by exact attention on them (every key a landmark)."""
     q, k, v = qkv()
     mask = kinds()[kind]
-    with swap(method, rank=BELOW, **EXACT_BELOW[method]) as s:
+    with swap(method, rank=BELOW) as s:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert (s.swapped, s.passed) == (1, 0)
     assert (out - SDPA(q, k, v, attn_mask=mask)).abs().max() < 1e-12
@@ -156,16 +149,17 @@ def test_a_cached_decode_step_with_left_padding_is_key_padding():
 
 
 def test_gradients_at_full_rank_are_sdpa_s():
+    """RPKA's own path on the kept keys (causal blocks, right-padded rows), differentiated."""
     mask = kinds()["causal + right padding"]
+    forms = {c: build("rpka", rank=FULL, causal=c, causal_block=4) for c in (False, True)}
+    plan = masks.from_mask(mask, (B, H, N, E), N)
     grads = []
     for attend in ("sdpa", "rpka"):
         q, k, v = (x.requires_grad_() for x in qkv())
         if attend == "sdpa":
             out = SDPA(q, k, v, attn_mask=mask)
         else:
-            with swap("rpka", rank=BELOW, **EXACT_BELOW["rpka"]) as s:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            assert s.swapped == 1
+            out = masks.attend(lambda *a: forms[a[3]](*a[:3]), q, k, v, plan)
         out.square().sum().backward()
         grads.append([x.grad for x in (q, k, v)])
     for ours, ref in zip(*grads, strict=True):

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 FILLS = ("zero", "mean")  # what a fully masked row returns (SDPA's answer for the mask type)
@@ -289,23 +290,31 @@ def attend(
     k: Tensor,
     v: Tensor,
     mask: PrefixMask,
+    exact_keys: int = 0,
 ) -> Tensor:
     """Masked attention by ``method(q, k, v, causal)`` on the kept keys.
 
     q (B, H, L, E), k (B, H, S, E), v (B, H, S, Ev) -> (B, H, L, Ev); ``mask`` from
-    :func:`from_mask` or :func:`from_padding`. Each group's output is assembled apart and
-    the groups put back in order once (no copy of the whole output per group).
-    Differentiable (gathers, index copies, one concatenation).
+    :func:`from_mask` or :func:`from_padding`. A call on at most ``exact_keys`` kept keys
+    runs exact attention (SDPA) instead: a rank that reaches a call's keys makes each of
+    them a landmark, and full rank means exact (pass the method's rank). Each group's
+    output is written once into the result. Differentiable (gathers, index copies).
     """
     batch, heads, length = q.shape[:3]
     if mask.per_head:
         q, k, v = (x.reshape(batch * heads, 1, *x.shape[-2:]) for x in (q, k, v))
+
+    def run(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+        if k.shape[-2] <= exact_keys:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return method(q, k, v, causal)
+
     out = v.new_empty(*q.shape[:-1], v.shape[-1])
     for group in mask.groups:
         members = group.members
         q_g, k_g, v_g = (take_units(x, members) for x in (q, k, v))
         # written in place into a fresh tensor (autograd records it): no copy per group
-        out.index_copy_(0, members, attend_group(method, q_g, k_g, v_g, mask, group))
+        out.index_copy_(0, members, attend_group(run, q_g, k_g, v_g, mask, group))
     return out.reshape(batch, heads, length, -1)
 
 
@@ -326,8 +335,10 @@ def attend_group(
         out = v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1])
     else:
         out = v.new_zeros(*q.shape[:-1], v.shape[-1])
+    if not group.calls:  # every row fully masked
+        return out
     order = kept_order(take_units(mask.keep, group.members), group.keys)
-    k_g, v_g = (gather_keys(x, order, group.keys) for x in (k, v)) if group.calls else (k, v)
+    k_g, v_g = (gather_keys(x, order, group.keys) for x in (k, v))
     for call in group.calls:
         part = method(
             q if out is None else q.index_select(2, call.rows),

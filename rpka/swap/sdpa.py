@@ -409,7 +409,8 @@ class SDPASwap(contextlib.ContextDecorator):
             q = q * (scale * math.sqrt(q.shape[-1]))
         q4, k4, v4 = as_four_dims(q), as_four_dims(k), as_four_dims(v)
         if padding is not None:
-            out = masks.attend(lambda *a: self.modules[a[3]](*a[:3]), q4, k4, v4, padding)
+            rank = self.options.get("rank", 0)  # a call on at most `rank` kept keys: exact
+            out = masks.attend(lambda *a: self.modules[a[3]](*a[:3]), q4, k4, v4, padding, rank)
         else:
             out = self.modules[causal](q4, k4, v4)
         return out.reshape(*q.shape[:-1], v.shape[-1])
