@@ -209,3 +209,16 @@ def test_a_peer_without_a_causal_form_refuses_causal_padding_naming_the_mask():
         with swap("keys-coreset", rank=4):
             q, k, v = qkv()
             F.scaled_dot_product_attention(q, k, v, attn_mask=kinds()["causal + left padding"])
+
+
+def test_a_batch_element_with_every_key_masked_gets_sdpa_s_answer():
+    q, k, v = qkv()
+    keep = real().clone()
+    keep[1] = False  # element 1: nothing to attend to
+    for form in ("bool", "min"):
+        mask = as_form(keep[:, None, None, :], form, q.dtype)
+        with swap("rpka", rank=4) as s:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert s.swapped == 1
+        ref = SDPA(q, k, v, attn_mask=mask)
+        assert torch.allclose(out[1], ref[1], atol=1e-12)  # 0, or the uniform mean
