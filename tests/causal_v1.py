@@ -102,7 +102,9 @@ def causal_forward(q_s, k_s, v, block_size, sampler, den_floor):
     v_low = to_blocks(torch.cummin(v, dim=-2).values, b)
     v_high = to_blocks(torch.cummax(v, dim=-2).values, b)
     is_real = to_blocks(torch.ones_like(v[..., :1], dtype=torch.bool), b)
-    guards = {k: torch.zeros((), dtype=torch.long) for k in ("denominator", "rows", "clamped", "entries")}
+    guards = {
+        k: torch.zeros((), dtype=torch.long) for k in ("denominator", "rows", "clamped", "entries")
+    }
     outs = [combine(scores[..., 0, :, :], v_b[..., 0, :, :], v_low, v_high, den_floor)[0]]
     ppp = sampler.points_per_position
     draws = draw_blocks(n_blocks, b, sampler.rank, ppp)

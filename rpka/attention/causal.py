@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -181,6 +182,65 @@ def count_exact_rows(guards: dict[str, Tensor], out: Tensor, rows: Tensor | None
     count_guards(guards, never, never.expand_as(out), rows)
 
 
+# ----------------------------------------------------------------------------- value range
+
+
+def _running_extreme_blocks(v_b: Tensor, pick: Callable[..., Tensor]) -> Tensor:
+    """The running extreme ``pick`` (torch.maximum / minimum) of blocks v_b (..., C, b, d)
+    over the flattened rows: a scan inside the blocks (b ops on (..., C, d) slices), then the
+    blocks' running extreme carried in. ``torch.cummax`` along -2 ran at ~75 ns an entry
+    (index bookkeeping, strided reads): 0.6 s of a 1.6 s causal call at 8,192 tokens
+    (issue 55 profile); this is ~12x faster and picks the same values (min/max are exact)."""
+    out = torch.empty_like(v_b)
+    out[..., 0, :] = v_b[..., 0, :]
+    for i in range(1, v_b.shape[-2]):
+        pick(out[..., i - 1, :], v_b[..., i, :], out=out[..., i, :])
+    if v_b.shape[-3] > 1:
+        tops = out[..., :-1, -1, :].clone()  # (..., C - 1, d): each block's extreme so far
+        for c in range(1, tops.shape[-2]):  # C - 1 steps on (..., d): cheap
+            pick(tops[..., c - 1, :], tops[..., c, :], out=tops[..., c, :])
+        pick(out[..., 1:, :, :], tops.unsqueeze(-2), out=out[..., 1:, :, :])
+    return out
+
+
+class _RunningExtreme(torch.autograd.Function):
+    """``to_blocks(torch.cummax(v, -2).values, b)`` (or cummin), bitwise, faster forward.
+
+    The backward is cummax's own (``zeros.scatter_add_(-2, indices, grad)``, torch's
+    ``cummaxmin_backward``) with the indices from ``torch.cummax``: it runs only when the
+    value-range guard fired (:func:`clamp_between` passes no gradient to idle bounds), so
+    gradients are those of the composed ops bit for bit.
+    """
+
+    @staticmethod
+    def forward(ctx, v: Tensor, block_size: int, largest: bool) -> Tensor:  # noqa: D102
+        ctx.save_for_backward(v)
+        ctx.largest = largest
+        n = v.shape[-2]
+        out = _running_extreme_blocks(
+            to_blocks(v, block_size), torch.maximum if largest else torch.minimum
+        )
+        tail = out.shape[-3] * block_size - n
+        if tail:  # padding rows read 0, as to_blocks pads the running extreme of v
+            out[..., -1, block_size - tail :, :] = 0
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: D102
+        (v,) = ctx.saved_tensors
+        n = v.shape[-2]
+        extreme = torch.cummax if ctx.largest else torch.cummin
+        indices = extreme(v.detach(), dim=-2).indices
+        grad = grad.flatten(-3, -2)[..., :n, :]
+        return torch.zeros_like(v).scatter_add_(-2, indices, grad), None, None
+
+
+def running_range(v: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
+    """Guard 3's bounds: the running min and max of v (..., n, d_v) over positions ``<= t``,
+    as blocks (..., C, b, d_v) (padding rows 0)."""
+    return _RunningExtreme.apply(v, block_size, False), _RunningExtreme.apply(v, block_size, True)
+
+
 # ----------------------------------------------------------------------------- forward
 
 
@@ -219,8 +279,7 @@ def causal_forward(
     k_local = torch.cat([k_s[..., :b, :], k_c[..., b:, :]], dim=-2)
     q_b, k_b, v_b = (to_blocks(x, b) for x in (q_s, k_local, v))
     scores = local_scores(q_b, k_b, causal=True)  # (..., C, b, b)
-    v_low = to_blocks(torch.cummin(v, dim=-2).values, b)
-    v_high = to_blocks(torch.cummax(v, dim=-2).values, b)
+    v_low, v_high = running_range(v, b)
     is_real = to_blocks(torch.ones_like(v[..., :1], dtype=torch.bool), b)  # not padding
 
     guards = empty_guards(q_s.device)

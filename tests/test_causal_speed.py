@@ -1,0 +1,64 @@
+"""Issue 55: the faster causal forward is the old one bit for bit (outputs, q/k/v gradients,
+guard counts), against the frozen copy in ``tests/causal_v1.py``, on the lm track's shapes
+and on long ones, with guards idle and firing."""
+
+import causal_v1
+import pytest
+import torch
+
+from rpka.attention.causal import causal_forward, running_range, scaled
+from rpka.attention.causal_landmarks import LandmarkSampler
+
+
+def inputs(n, d=16, bh=(2, 2), dtype=torch.float32, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*bh, n, d, generator=g, dtype=dtype) * scale for _ in range(3)]
+
+
+def run(forward, xs, block, rank, pivot_set, seed=0):
+    xs = [x.clone().requires_grad_(True) for x in xs]
+    sampler = LandmarkSampler(
+        rank, "rpc", pivot_set, "gauss", 0.5, torch.Generator().manual_seed(seed)
+    )
+    out, guards = forward(*scaled(*xs), block, sampler, 1e-6)[:2]
+    out.sin().sum().backward()
+    return out.detach(), [x.grad for x in xs], {k: int(v) for k, v in guards.items()}
+
+
+CONFIGS = [  # (n, block, rank, pivot_set, scale): the lm track (64 tokens, block 16), long, sharp
+    (64, 16, 16, "joint", 1.0),
+    (64, 16, 32, "joint", 1.0),
+    (64, 16, 64, "joint", 1.0),
+    (64, 16, 96, "joint", 1.0),
+    (33, 8, 4, "joint", 1.0),
+    (45, 16, 8, "keys", 30.0),  # guards fire, last block partial
+    (200, 8, 8, "joint", 3.0),
+    (300, 16, 16, "keys", 1.0),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("n", "block", "rank", "pivot_set", "scale"), CONFIGS)
+def test_forward_and_gradients_are_the_old_path_bit_for_bit(
+    n, block, rank, pivot_set, scale, dtype
+):
+    xs = inputs(n, dtype=dtype, scale=scale)
+    new = run(causal_forward, xs, block, rank, pivot_set)
+    old = run(causal_v1.causal_forward, xs, block, rank, pivot_set)
+    assert torch.equal(new[0], old[0])
+    for g_new, g_old in zip(new[1], old[1], strict=True):
+        assert torch.equal(g_new, g_old)
+    assert new[2] == old[2]
+
+
+@pytest.mark.parametrize(("n", "block"), [(1, 1), (7, 3), (64, 16), (65, 16), (100, 64)])
+def test_running_range_is_cummin_cummax(n, block):
+    v = torch.randn(2, 3, n, 5, dtype=torch.float64, requires_grad=True)
+    low, high = running_range(v, block)
+    ref_low = causal_v1.to_blocks(torch.cummin(v, -2).values, block)
+    ref_high = causal_v1.to_blocks(torch.cummax(v, -2).values, block)
+    assert torch.equal(low, ref_low) and torch.equal(high, ref_high)
+    w = torch.randn_like(low)
+    grads = torch.autograd.grad((low * w).sum() + (high * w.flip(-1)).sum(), v)[0]
+    ref = torch.autograd.grad((ref_low * w).sum() + (ref_high * w.flip(-1)).sum(), v)[0]
+    assert torch.equal(grads, ref)
