@@ -84,6 +84,7 @@ from rpka.attention.causal_landmarks import (
     LandmarkSampler,
     LandmarkSet,
     Moments,
+    WideKeys,
     draw_blocks,
     epoch_moments,
     first_draw_from,
@@ -287,6 +288,7 @@ def causal_forward(
     landmarks = moments = None
     ppp = sampler.points_per_position
     draws = draw_blocks(n_blocks, b, sampler.rank, ppp)
+    wide = WideKeys.of(k_c, v, (n_blocks - 1) * b)  # the keys any past part reads
     for start, stop in itertools.pairwise([*draws, n_blocks]):  # one landmark epoch each
         rows = slice(start, stop)
         if past_is_exact(start, b, sampler.rank, ppp):  # one block, its past keys as they are
@@ -303,7 +305,7 @@ def causal_forward(
             outs.append(out)
             continue
         landmarks = LandmarkSet.draw(sampler, q_s[..., : start * b, :], k_c[..., : start * b, :])
-        moments = epoch_moments(landmarks, k_c, v, start, stop, b)  # block s: keys < sb
+        moments = epoch_moments(landmarks, wide, start, stop, b)  # block s: keys < sb
         blocks = landmarks.per_block()
         core = blocks.solve(moments)
         past = (blocks.past_logits(q_b[..., start:stop, :, :], core), core.scaled)
@@ -340,6 +342,10 @@ class CausalOptions:  # the attributes of RPKAttention read here (typing aid onl
     block_size: int
     generator: torch.Generator | None
     pivot_backend: str
+    method: str
+    block_size: int | None
+    refresh: str
+    residual_solve: str
 
 
 def sampler_of(attn: CausalOptions) -> LandmarkSampler:
@@ -351,6 +357,10 @@ def sampler_of(attn: CausalOptions) -> LandmarkSampler:
         attn.tempering,
         attn.generator,
         attn.pivot_backend,
+        attn.method,
+        attn.block_size,
+        attn.refresh,
+        attn.residual_solve,
     )
 
 

@@ -19,15 +19,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rpka.attention.accelerated import accelerated_pivots
 from rpka.attention.nystrom import (
+    CORE_DTYPE,
     Core,
+    finite_or_zero,
     gather_points,
     key_moments,
     landmark_cholesky,
     landmark_logits,
     solve_core,
 )
-from rpka.attention.rpcholesky import rpcholesky
+from rpka.attention.pivot_state import PointSet
+from rpka.attention.rpcholesky import rpcholesky, weighting_power
+
+# Pools of at least this many points are drawn by the attention's pivot method (the
+# accelerated block + rejection RPCholesky by default, the same law as the plain loop);
+# smaller ones by the plain loop. Measured (issue 55, one thread, (8, N, 64) float32, rank
+# 64): plain 3.4 / 5.1 / 38 / 450 ms at N = 128 / 256 / 2,048 / 16,384 points, accelerated
+# 5.3 / 3.3 / 3.5 / 3.5 ms. Short contexts (the lm track: 64 tokens, pools <= 96 points)
+# keep the plain loop and their draws.
+ACCELERATE_FROM_POINTS = 256
 
 # ----------------------------------------------------------------------------- schedule
 
@@ -77,6 +89,10 @@ class LandmarkSampler:
     tempering: float
     generator: torch.Generator | None = None
     pivot_backend: str = "auto"  # rpcholesky's loop: compiled on the CPU, torch elsewhere
+    pivot_method: str = "plain"  # "accelerated": large pools by accelerated_pivots
+    candidates: int | None = None  # the accelerated method's options (RPKAttention's)
+    refresh: str = "auto"
+    residual_solve: str = "triangular"
 
     @property
     def points_per_position(self) -> int:
@@ -88,7 +104,29 @@ class LandmarkSampler:
         Validity is False for padded or skipped pivots (their landmark rows are zero).
         """
         points = torch.cat([q_s, k_c], dim=-2) if self.pivot_set == "joint" else k_c
-        pivots = rpcholesky(
+        pivots = self.pivots(points)
+        pivots = F.pad(pivots, (0, self.rank - pivots.shape[-1]), value=-1)  # rank capped at m
+        return gather_points(points, pivots), pivots >= 0  # differentiable in q and k
+
+    @torch.no_grad()
+    def pivots(self, points: Tensor) -> Tensor:
+        """Pivot indices (..., r') into points (..., N, d), -1 in unused slots."""
+        n_points = points.shape[-2]
+        if self.pivot_method == "accelerated" and n_points >= ACCELERATE_FROM_POINTS:
+            flat = points.reshape(-1, n_points, points.shape[-1])
+            tau = weighting_power(self.weighting, self.tempering)
+            state = accelerated_pivots(
+                PointSet([flat], dtype=flat.dtype),
+                self.rank,
+                self.pivot_rule,
+                self.generator,
+                log_weight=tau * flat.pow(2).sum(-1) if tau > 0 else None,  # rpcholesky's
+                block_size=self.candidates,
+                refresh=self.refresh,
+                residual_solve=self.residual_solve,
+            )
+            return state.pivots.reshape(*points.shape[:-2], -1)  # -1 where none was drawn
+        return rpcholesky(
             points,
             self.rank,
             self.pivot_rule,
@@ -97,8 +135,6 @@ class LandmarkSampler:
             tempering=self.tempering,
             pivot_backend=self.pivot_backend,
         ).pivots
-        pivots = F.pad(pivots, (0, self.rank - pivots.shape[-1]), value=-1)  # rank capped at m
-        return gather_points(points, pivots), pivots >= 0  # differentiable in q and k
 
 
 @dataclass
@@ -172,21 +208,68 @@ class Moments:
 
 
 def prefix_merge(moments: Moments) -> Moments:
-    """Inclusive prefix merge along the last batch dimension (Hillis-Steele scan).
+    """Inclusive prefix merge along the last batch dimension, one entry at a time.
 
-    Entry ``s`` of the result merges entries ``0..s``; it reads no later entry, and takes
-    ``ceil(log2 S)`` vectorised rounds instead of ``S`` sequential ones.
+    Entry ``s`` of the result merges entries ``0..s`` in order (``((m_0 + m_1) + m_2) ...``,
+    the order in which decoding folds blocks in); it reads no later entry. Each step is a few
+    ops on one (..., r, d_v + 1) slice: S steps of that size cost ~log2(S) times less than
+    the Hillis-Steele scan's log2(S) passes over all S entries (136 of 688 ms at 8,192
+    tokens, issue 55). For S <= 2 the two scans are the same ops.
     """
-    size, stride = moments.rho.shape[-2], 1
-    while stride < size:
-        merged = moments.part(slice(None, -stride)).merge(moments.part(slice(stride, None)))
-        moments = Moments.cat([moments.part(slice(None, stride)), merged])
-        stride *= 2
-    return moments
+    parts = [moments.part(0)]
+    for s in range(1, moments.rho.shape[-2]):
+        parts.append(parts[-1].merge(moments.part(s)))
+    return Moments(torch.stack([p.rho for p in parts], -2), torch.stack([p.num for p in parts], -3))
+
+
+@dataclass
+class WideKeys:
+    """Centred keys (..., n, d) and values (..., n, d_v) for the key side (float64).
+
+    Without gradients they are widened once per call, ``[v, 1]`` included (``key_moments``
+    widened each epoch's prefix again: 6 copies of (8, 8,192, 64) at 8,192 tokens). With
+    gradients each use widens its own slice, as before: the gradients of k and v are then
+    summed over the uses in their own dtype, bit for bit the old path's.
+    """
+
+    keys: Tensor
+    values: Tensor
+    widened: bool
+
+    @classmethod
+    def of(cls, k_c: Tensor, v: Tensor, rows: int) -> WideKeys:
+        """The first ``rows`` positions of k_c, v widened, or (with gradients) k_c, v."""
+        if torch.is_grad_enabled() and (k_c.requires_grad or v.requires_grad):
+            return cls(k_c, v, False)  # whole: a slice more would reorder the grad's sums
+        k_c, v = k_c[..., :rows, :], v[..., :rows, :]
+        return cls(k_c.to(CORE_DTYPE), with_ones(v.to(CORE_DTYPE)), True)
+
+    def moments(
+        self, landmarks: LandmarkSet, rows: slice, block_size: int | None = None
+    ) -> Moments:
+        """:func:`key_moments` of the keys ``rows`` (in blocks of ``block_size`` if given)."""
+        keys, values = self.keys[..., rows, :], self.values[..., rows, :]
+        if not self.widened:
+            keys, values = keys.to(CORE_DTYPE), with_ones(values.to(CORE_DTYPE))
+        points, valid = landmarks.points, landmarks.valid
+        if block_size is not None:
+            keys = keys.unflatten(-2, (-1, block_size))
+            values = values.unflatten(-2, (-1, block_size))
+            points, valid = points.unsqueeze(-3), valid.unsqueeze(-2)
+        # key_moments' ops, on the widened inputs
+        logits = landmark_logits(keys, points.to(CORE_DTYPE), valid)  # (..., m, r)
+        rho = finite_or_zero(logits.amax(-2).detach())
+        terms = torch.exp(logits - rho.unsqueeze(-2))
+        return Moments(rho, terms.transpose(-1, -2) @ values)
+
+
+def with_ones(v: Tensor) -> Tensor:
+    """``[v, 1]``: (..., m, d_v) -> (..., m, d_v + 1)."""
+    return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
 
 
 def epoch_moments(
-    landmarks: LandmarkSet, k_c: Tensor, v: Tensor, start: int, stop: int, block_size: int
+    landmarks: LandmarkSet, wide: WideKeys, start: int, stop: int, block_size: int
 ) -> Moments:
     """Moments ``M_c`` for the blocks ``c = start .. stop-1`` of one landmark epoch.
 
@@ -194,11 +277,8 @@ def epoch_moments(
     then one block at a time, merged by :func:`prefix_merge`. Shapes (..., stop - start, ...).
     """
     b = block_size
-    first = landmarks.moments(k_c[..., : start * b, :], v[..., : start * b, :]).unsqueeze()
+    first = wide.moments(landmarks, slice(0, start * b)).unsqueeze()
     if stop - start == 1:
         return first
-    later = slice(start * b, (stop - 1) * b)
-    k_blocks = k_c[..., later, :].unflatten(-2, (-1, b))
-    v_blocks = v[..., later, :].unflatten(-2, (-1, b))
-    blocks = landmarks.per_block().moments(k_blocks, v_blocks)
+    blocks = wide.moments(landmarks, slice(start * b, (stop - 1) * b), b)
     return prefix_merge(Moments.cat([first, blocks]))
