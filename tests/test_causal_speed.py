@@ -5,9 +5,11 @@ and on long ones, with guards idle and firing."""
 import causal_v1
 import pytest
 import torch
+import torch.nn.functional as F
 
+from rpka.attention import build, causal
 from rpka.attention.causal import causal_forward, running_range, scaled
-from rpka.attention.causal_landmarks import LandmarkSampler
+from rpka.attention.causal_landmarks import ACCELERATE_FROM_POINTS, LandmarkSampler
 
 
 def inputs(n, d=16, bh=(2, 2), dtype=torch.float32, scale=1.0, seed=0):
@@ -85,3 +87,90 @@ def test_running_range_is_cummin_cummax(n, block):
     grads = torch.autograd.grad((low * w).sum() + (high * w.flip(-1)).sum(), v)[0]
     ref = torch.autograd.grad((ref_low * w).sum() + (ref_high * w.flip(-1)).sum(), v)[0]
     assert torch.equal(grads, ref)
+
+
+# ----------------------------------------------------------------------------- fused path
+
+
+def causal_rpka(rank, block, pivot_set="joint", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return build(
+        "rpka", rank=rank, causal=True, causal_block=block, pivot_set=pivot_set, generator=g
+    )
+
+
+@pytest.fixture
+def fused_everywhere(monkeypatch):
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+
+
+def reference_path(monkeypatch):
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 10**9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("n", "block", "rank", "pivot_set"),
+    [(300, 16, 16, "joint"), (257, 8, 64, "keys"), (130, 64, 8, "joint")],
+)
+def test_fused_local_part_moves_round_off_only(monkeypatch, n, block, rank, pivot_set, dtype):
+    xs = inputs(n, dtype=dtype, scale=2.0)
+    with torch.no_grad():
+        monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+        fused_attn = causal_rpka(rank, block, pivot_set)
+        fused = fused_attn(*xs)
+        reference_path(monkeypatch)
+        ref_attn = causal_rpka(rank, block, pivot_set)
+        ref = ref_attn(*xs)
+    assert rel(fused, ref) < RTOL[dtype]
+    assert fused_attn.guard_counts["rows"] == ref_attn.guard_counts["rows"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("pivot_set", ["joint", "keys"])
+def test_fused_path_at_full_rank_is_exact_causal_sdpa(fused_everywhere, pivot_set, dtype):
+    q, k, v = inputs(96, dtype=dtype)
+    with torch.no_grad():
+        out = causal_rpka(2 * 96, 8, pivot_set)(q, k, v)
+    exact = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert rel(out, exact) < RTOL[dtype]
+
+
+@pytest.mark.parametrize("pivot_set", ["joint", "keys"])
+def test_fused_path_and_accelerated_pivots_do_not_leak(fused_everywhere, pivot_set):
+    # 320 positions, block 8: pools reach 640 points, past ACCELERATE_FROM_POINTS
+    q, k, v = inputs(320, dtype=torch.float32)
+    with torch.no_grad():
+        out = causal_rpka(16, 8, pivot_set)(q, k, v)
+        for t in (0, 7, 8, 130, 255, 256, 300):
+            g = torch.Generator().manual_seed(t)
+            changed = [x.clone() for x in (q, k, v)]
+            for x in changed:
+                x[..., t + 1 :, :] = 3 * torch.randn(x[..., t + 1 :, :].shape, generator=g)
+            new = causal_rpka(16, 8, pivot_set)(*changed)
+            assert torch.equal(new[..., : t + 1, :], out[..., : t + 1, :]), t
+
+
+def test_the_fused_path_is_inference_only(fused_everywhere):
+    q, k, v = (x.requires_grad_(True) for x in inputs(200, scale=30.0))
+    assert not causal.LocalPart.takes_fused(q, k, v)
+    out = causal_rpka(16, 16)(q, k, v)
+    out.square().mean().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+    with torch.no_grad():
+        assert causal.LocalPart.takes_fused(q, k, v)
+        assert torch.isfinite(causal_rpka(16, 16)(q, k, v)).all()
+
+
+def test_long_pools_take_the_accelerated_pivots_and_plain_is_kept_on_request():
+    sampler = LandmarkSampler(8, "rpc", "keys", "gauss", 0.5, torch.Generator().manual_seed(0))
+    points = torch.randn(2, ACCELERATE_FROM_POINTS, 4)
+    plain = sampler.pivots(points)
+    again = LandmarkSampler(8, "rpc", "keys", "gauss", 0.5, torch.Generator().manual_seed(0))
+    assert torch.equal(again.pivots(points), plain)  # pivot_method "plain": the compiled loop
+    fast = LandmarkSampler(
+        8, "rpc", "keys", "gauss", 0.5, torch.Generator().manual_seed(0), pivot_method="accelerated"
+    ).pivots(points)
+    assert fast.shape == plain.shape and ((fast >= 0) & (fast < points.shape[-2])).all()
+    for row in fast.flatten(0, -2):
+        assert row.unique().numel() == row.numel()  # distinct pivots
