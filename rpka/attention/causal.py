@@ -94,7 +94,8 @@ from rpka.attention.causal_landmarks import (
     past_is_exact,
 )
 from rpka.attention.guards import clamp_between, hull_tolerance
-from rpka.attention.nystrom import finite_or_zero
+from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero
+from rpka.attention.nystrom_chunked import narrow_key_dtype
 
 # ----------------------------------------------------------------------------- one row set
 
@@ -349,9 +350,13 @@ def causal_forward(
     block_size: int,
     sampler: LandmarkSampler,
     den_floor: float,
+    key_precision: str = "float64",
 ) -> tuple[Tensor, dict[str, Tensor], ForwardTail]:
     """Causal RPKA, eqs. (1)-(2), for scaled q_s, k_s (..., n, d) and v (..., n, d_v).
 
+    ``key_precision``: RPKAttention's; ``"auto"`` lets the fused (long inference) path
+    compute the key moments in float32 while the logits stay moderate
+    (:func:`narrow_key_dtype`); every other path widens them to float64.
     Returns out (..., n, d_v), guard counts and the :class:`ForwardTail`.
     """
     n, b = q_s.shape[-2], block_size
@@ -389,7 +394,10 @@ def causal_forward(
             outs.append(out)
             continue
         landmarks = LandmarkSet.draw(sampler, q_s[..., : start * b, :], k_c[..., : start * b, :])
-        moments = epoch_moments(landmarks, wide, start, stop, b)  # block s: keys < sb
+        dtype = CORE_DTYPE
+        if local.fused:
+            dtype = narrow_key_dtype(key_precision, landmarks.points, landmarks.valid)
+        moments = epoch_moments(landmarks, wide, start, stop, b, dtype)  # block s: keys < sb
         blocks = landmarks.per_block()
         core = blocks.solve(moments)
         past = (blocks.past_logits(q_b[..., start:stop, :, :], core), core.scaled)
@@ -427,6 +435,7 @@ class CausalOptions:  # the attributes of RPKAttention read here (typing aid onl
     block_size: int
     generator: torch.Generator | None
     pivot_backend: str
+    key_precision: str
     method: str
     block_size: int | None
     refresh: str
@@ -459,6 +468,6 @@ def scaled(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def attend(attn: CausalOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, dict]:
     """Causal RPKA forward for ``RPKAttention(causal=True)``: out (B, H, n, d_v), guards."""
     out, guards, _ = causal_forward(
-        *scaled(q, k, v), attn.causal_block, sampler_of(attn), attn.den_floor
+        *scaled(q, k, v), attn.causal_block, sampler_of(attn), attn.den_floor, attn.key_precision
     )
     return out.to(q.dtype), guards

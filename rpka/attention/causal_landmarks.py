@@ -30,6 +30,7 @@ from rpka.attention.nystrom import (
     landmark_logits,
     solve_core,
 )
+from rpka.attention.nystrom_chunked import too_sharp
 from rpka.attention.pivot_state import PointSet
 from rpka.attention.rpcholesky import rpcholesky, weighting_power
 
@@ -224,40 +225,54 @@ def prefix_merge(moments: Moments) -> Moments:
 
 @dataclass
 class WideKeys:
-    """Centred keys (..., n, d) and values (..., n, d_v) for the key side (float64).
+    """Centred keys (..., n, d) and values (..., n, d_v) for the key side, in its dtype.
 
-    Without gradients they are widened once per call, ``[v, 1]`` included (``key_moments``
-    widened each epoch's prefix again: 6 copies of (8, 8,192, 64) at 8,192 tokens). With
-    gradients each use widens its own slice, as before: the gradients of k and v are then
-    summed over the uses in their own dtype, bit for bit the old path's.
+    Without gradients they are converted once per call and dtype, ``[v, 1]`` included
+    (``key_moments`` widened each epoch's prefix again: 6 copies of (8, 8,192, 64) at 8,192
+    tokens). With gradients each use widens its own slice to float64, as before: the
+    gradients of k and v are then summed over the uses in their own dtype, bit for bit the
+    old path's.
     """
 
     keys: Tensor
     values: Tensor
-    widened: bool
+    converted: dict[torch.dtype, tuple[Tensor, Tensor]]
 
     @classmethod
     def of(cls, k_c: Tensor, v: Tensor, rows: int) -> WideKeys:
-        """The first ``rows`` positions of k_c, v widened, or (with gradients) k_c, v."""
+        """The first ``rows`` positions of k_c, v (with gradients: all of them)."""
         if torch.is_grad_enabled() and (k_c.requires_grad or v.requires_grad):
-            return cls(k_c, v, False)  # whole: a slice more would reorder the grad's sums
-        k_c, v = k_c[..., :rows, :], v[..., :rows, :]
-        return cls(k_c.to(CORE_DTYPE), with_ones(v.to(CORE_DTYPE)), True)
+            return cls(k_c, v, {})  # whole: a slice more would reorder the grad's sums
+        return cls(k_c[..., :rows, :], v[..., :rows, :], {})
+
+    def inputs(self, rows: slice, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Keys and ``[v, 1]`` of ``rows`` in ``dtype``."""
+        if torch.is_grad_enabled() and (self.keys.requires_grad or self.values.requires_grad):
+            keys, values = self.keys[..., rows, :], self.values[..., rows, :]
+            return keys.to(dtype), with_ones(values.to(dtype))
+        if dtype not in self.converted:
+            values = self.values.to(dtype)
+            self.converted[dtype] = (self.keys.to(dtype), with_ones(values))
+        keys, values = self.converted[dtype]
+        return keys[..., rows, :], values[..., rows, :]
 
     def moments(
-        self, landmarks: LandmarkSet, rows: slice, block_size: int | None = None
+        self,
+        landmarks: LandmarkSet,
+        rows: slice,
+        block_size: int | None = None,
+        dtype: torch.dtype = CORE_DTYPE,
     ) -> Moments:
-        """:func:`key_moments` of the keys ``rows`` (in blocks of ``block_size`` if given)."""
-        keys, values = self.keys[..., rows, :], self.values[..., rows, :]
-        if not self.widened:
-            keys, values = keys.to(CORE_DTYPE), with_ones(values.to(CORE_DTYPE))
+        """:func:`key_moments` of the keys ``rows`` (in blocks of ``block_size`` if given),
+        computed in ``dtype`` (float64: ``key_moments`` bit for bit)."""
+        keys, values = self.inputs(rows, dtype)
         points, valid = landmarks.points, landmarks.valid
         if block_size is not None:
             keys = keys.unflatten(-2, (-1, block_size))
             values = values.unflatten(-2, (-1, block_size))
             points, valid = points.unsqueeze(-3), valid.unsqueeze(-2)
-        # key_moments' ops, on the widened inputs
-        logits = landmark_logits(keys, points.to(CORE_DTYPE), valid)  # (..., m, r)
+        # key_moments' ops, on the converted inputs
+        logits = landmark_logits(keys, points.to(dtype), valid)  # (..., m, r)
         rho = finite_or_zero(logits.amax(-2).detach())
         terms = torch.exp(logits - rho.unsqueeze(-2))
         return Moments(rho, terms.transpose(-1, -2) @ values)
@@ -269,16 +284,25 @@ def with_ones(v: Tensor) -> Tensor:
 
 
 def epoch_moments(
-    landmarks: LandmarkSet, wide: WideKeys, start: int, stop: int, block_size: int
+    landmarks: LandmarkSet,
+    wide: WideKeys,
+    start: int,
+    stop: int,
+    block_size: int,
+    dtype: torch.dtype = CORE_DTYPE,
 ) -> Moments:
     """Moments ``M_c`` for the blocks ``c = start .. stop-1`` of one landmark epoch.
 
     ``M_c`` covers the keys before block ``c``: the prefix before ``start`` in one piece,
     then one block at a time, merged by :func:`prefix_merge`. Shapes (..., stop - start, ...).
+    ``dtype``: the key side's (float64, or float32 where :func:`narrow_key_dtype` allows it,
+    redone in float64 if a logit reference turns out past the limit - ``too_sharp``).
     """
     b = block_size
-    first = wide.moments(landmarks, slice(0, start * b)).unsqueeze()
-    if stop - start == 1:
-        return first
-    blocks = wide.moments(landmarks, slice(start * b, (stop - 1) * b), b)
-    return prefix_merge(Moments.cat([first, blocks]))
+    first = wide.moments(landmarks, slice(0, start * b), dtype=dtype).unsqueeze()
+    if stop - start > 1:
+        blocks = wide.moments(landmarks, slice(start * b, (stop - 1) * b), b, dtype)
+        first = prefix_merge(Moments.cat([first, blocks]))
+    if dtype != CORE_DTYPE and too_sharp(first.rho):
+        return epoch_moments(landmarks, wide, start, stop, block_size)
+    return first
