@@ -173,17 +173,16 @@ def fused_local(q_b: Tensor, k_b: Tensor, v_b: Tensor) -> tuple[Tensor, Tensor]:
     """Causal softmax inside every block by SDPA's fused CPU kernel.
 
     q_b, k_b (..., C, b, d), v_b (..., C, b, d_v) -> the normalised local output
-    (..., C, b, d_v) and its log-sum-exp ``log sum_{j <= i} e^{s_ij}`` (..., C, b, 1) on the
-    scale of the local log-terms ``s_ij = q~_i.k'_j - |q~_i|^2/2`` (the kernel's logits are
-    ``q~_i.k'_j``: scale 1 on the scaled inputs).
+    (..., C, b, d_v) and its log-sum-exp ``log sum_{j <= i} e^{q~_i.k'_j}`` (..., C, b, 1):
+    the local log-terms ``s_ij`` plus the row's ``|q~_i|^2/2``, which cancels in eq. (1) (the
+    past logits are taken on the same scale, :meth:`LandmarkSet.past_logits_unshifted`).
     """
     shape = q_b.shape[:-1]
     flat = [x.reshape(1, -1, *x.shape[-2:]) for x in (q_b, k_b, v_b)]
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         *flat, 0.0, True, scale=1.0
     )
-    lse = lse.reshape(shape).unsqueeze(-1) - q_b.pow(2).sum(-1, keepdim=True) / 2
-    return out.reshape(*shape, v_b.shape[-1]), lse
+    return out.reshape(*shape, v_b.shape[-1]), lse.reshape(shape).unsqueeze(-1)
 
 
 def combine_fused(
@@ -208,6 +207,9 @@ def combine_fused(
     floored = past_den < floor
     den = (local_den + torch.where(floored, floor, past_den)).clamp(min=torch.finfo(lse.dtype).tiny)
     out = torch.addcmul(past_sum[..., :-1], local, local_den).div_(den)
+    outside = (out < v_low) | (out > v_high)
+    if not bool(outside.any()):  # the usual case: no entry to clamp, none past the tolerance
+        return out, floored, outside
     tol = hull_tolerance(v_low, v_high)
     clamped = (out < v_low - tol) | (out > v_high + tol)
     return torch.minimum(torch.maximum(out, v_low, out=out), v_high, out=out), floored, clamped
@@ -400,7 +402,8 @@ def causal_forward(
         moments = epoch_moments(landmarks, wide, start, stop, b, dtype)  # block s: keys < sb
         blocks = landmarks.per_block()
         core = blocks.solve(moments)
-        past = (blocks.past_logits(q_b[..., start:stop, :, :], core), core.scaled)
+        logits = blocks.past_logits_unshifted if local.fused else blocks.past_logits
+        past = (logits(q_b[..., start:stop, :, :], core), core.scaled)
         bounds = (v_low[..., rows, :, :], v_high[..., rows, :, :], den_floor, past)
         if local.fused:
             out, floored, clamped = combine_fused(

@@ -175,6 +175,19 @@ class LandmarkSet:
         logits = landmark_logits(q_s, self.points, self.valid) - half_sq
         return logits + core.log_scale.unsqueeze(-2)
 
+    def past_logits_unshifted(self, q_s: Tensor, core: Core) -> Tensor:
+        """:meth:`past_logits` plus ``|q~_i|^2/2`` (the row's common factor, which cancels in
+        eq. (1)): one ``baddbmm`` with a bias per landmark, for the fused path (its local
+        log-sum-exp is taken on the same scale, :func:`causal.fused_local`)."""
+        bias = core.log_scale - self.points.pow(2).sum(-1) / 2
+        bias = bias.masked_fill(~self.valid, float("-inf")).unsqueeze(-2)  # (..., 1, r)
+        batch = q_s.shape[:-2]
+        r, d = self.points.shape[-2:]
+        points = self.points.expand(*batch, r, d).reshape(-1, r, d)
+        flat_q = q_s.reshape(-1, *q_s.shape[-2:])
+        bias = bias.expand(*batch, 1, r).reshape(-1, 1, r)
+        return torch.baddbmm(bias, flat_q, points.transpose(-1, -2)).reshape(*batch, -1, r)
+
 
 # ----------------------------------------------------------------------------- moments
 
