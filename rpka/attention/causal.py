@@ -332,7 +332,9 @@ def running_range(v: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
 def to_blocks(x: Tensor, block_size: int) -> Tensor:
     """(..., n, e) -> (..., ceil(n/b), b, e), zero padded at the end."""
     pad = -x.shape[-2] % block_size
-    return F.pad(x, (0, 0, 0, pad)).unflatten(-2, (-1, block_size))
+    if pad:
+        x = F.pad(x, (0, 0, 0, pad))
+    return x.unflatten(-2, (-1, block_size))  # a view when nothing is padded
 
 
 @dataclass
@@ -415,7 +417,14 @@ def causal_forward(
             )
         count_guards(guards, floored, clamped, is_real[..., rows, :, :])
         outs.append(out)
-    out = torch.cat([outs[0].unsqueeze(-3), *outs[1:]], dim=-3).flatten(-3, -2)[..., :n, :]
+    if local.fused:  # write every block's rows into the local output, no concatenation
+        for (start, stop), part in zip(
+            itertools.pairwise([*draws, n_blocks]), outs[1:], strict=True
+        ):
+            local.out[..., start:stop, :, :] = part
+        out = local.out.flatten(-3, -2)[..., :n, :]
+    else:
+        out = torch.cat([outs[0].unsqueeze(-3), *outs[1:]], dim=-3).flatten(-3, -2)[..., :n, :]
     tail = ForwardTail(
         centre if n >= b else None,
         landmarks,

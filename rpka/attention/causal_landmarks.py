@@ -284,11 +284,32 @@ class WideKeys:
             keys = keys.unflatten(-2, (-1, block_size))
             values = values.unflatten(-2, (-1, block_size))
             points, valid = points.unsqueeze(-3), valid.unsqueeze(-2)
+        if dtype != CORE_DTYPE:  # the fused path's narrow key side: fewer passes, in place
+            return narrow_moments(keys, values, points.to(dtype), valid)
         # key_moments' ops, on the converted inputs
         logits = landmark_logits(keys, points.to(dtype), valid)  # (..., m, r)
         rho = finite_or_zero(logits.amax(-2).detach())
         terms = torch.exp(logits - rho.unsqueeze(-2))
         return Moments(rho, terms.transpose(-1, -2) @ values)
+
+
+@torch.no_grad()
+def narrow_moments(keys: Tensor, values: Tensor, points: Tensor, valid: Tensor) -> Moments:
+    """:func:`key_moments`' moments for inference: the logits in one ``baddbmm`` (bias
+    ``-|z|^2/2``, -inf for invalid landmarks), shifted and exponentiated in place.
+    keys (..., m, d), values (..., m, d_v + 1), points (..., r, d), valid (..., r)."""
+    r, d = points.shape[-2:]
+    batch = torch.broadcast_shapes(keys.shape[:-2], points.shape[:-2])
+    bias = (-points.pow(2).sum(-1) / 2).masked_fill(~valid, float("-inf")).unsqueeze(-2)
+    flat_k = keys.expand(*batch, *keys.shape[-2:]).reshape(-1, *keys.shape[-2:])
+    flat_p = points.expand(*batch, r, d).reshape(-1, r, d)
+    bias = bias.expand(*batch, 1, r).reshape(-1, 1, r)
+    logits = torch.baddbmm(bias, flat_k, flat_p.transpose(-1, -2))  # (B, m, r)
+    rho = finite_or_zero(logits.amax(-2))
+    terms = logits.sub_(rho.unsqueeze(-2)).exp_()
+    flat_v = values.expand(*batch, *values.shape[-2:]).reshape(-1, *values.shape[-2:])
+    num = terms.transpose(-1, -2) @ flat_v
+    return Moments(rho.reshape(*batch, r), num.reshape(*batch, r, -1))
 
 
 def with_ones(v: Tensor) -> Tensor:
