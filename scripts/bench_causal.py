@@ -23,6 +23,7 @@ harness, two layers the package keeps independent (pyproject.toml, import-linter
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import statistics
 import sys
@@ -35,6 +36,7 @@ from torch import Tensor, nn
 
 from rpka import numerics
 from rpka.attention import build
+from rpka.attention.rpka import RPKAttention
 from rpka.io import write_result_json
 from rpka.speed.scaling import peak_memory_mib
 from rpka.speed.timing import MIN_REPEATS, interleaved
@@ -74,8 +76,17 @@ def exact_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def default_block() -> int:
+    """RPKAttention's default ``causal_block`` (the one a user gets)."""
+    return inspect.signature(RPKAttention).parameters["causal_block"].default
+
+
+BLOCK: dict[str, int] = {}  # --block, when given: every RPKA arm's causal_block
+
+
 def rpka_causal(rank: int, seed: int) -> nn.Module:
-    return build("rpka", rank=rank, causal=True, generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    return build("rpka", rank=rank, causal=True, generator=g, **BLOCK)
 
 
 def summarise(times: dict[str, dict[str, list[float]]], base: str) -> dict[str, dict]:
@@ -197,7 +208,7 @@ def decoder_rows(
     torch.manual_seed(seed)
     model = TinyGPT(vocab=256, length=n, width=width, layers=layers, heads=heads).eval()
     tokens = torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(seed))
-    swapped = swap("rpka", rank=rank, generator=torch.Generator().manual_seed(seed))
+    swapped = swap("rpka", rank=rank, generator=torch.Generator().manual_seed(seed), **BLOCK)
 
     def exact() -> object:
         return model(tokens)
@@ -227,6 +238,9 @@ def _load() -> list[float] | None:
 
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
+    if args.block is not None:
+        BLOCK["causal_block"] = args.block
+    args.block = args.block or default_block()
     result = {
         "harness": "rpka.speed.causal_bench (interleaved, CPU time beside wall time)",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -270,7 +284,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="result JSON (written atomically)")
     p.add_argument("--lengths", type=_positive, nargs="+", default=[2048, 4096, 8192])
     p.add_argument("--ranks", type=_positive, nargs="+", default=[64, 16])
-    p.add_argument("--block", type=_positive, default=64, help="RPKA's default causal_block")
+    p.add_argument("--block", type=_positive, default=None, help="causal_block (default: RPKA's)")
     p.add_argument("--train-length", type=_positive, default=4096)
     p.add_argument("--train-rank", type=_positive, default=64)
     p.add_argument("--memory-length", type=_positive, default=4096)

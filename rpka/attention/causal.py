@@ -233,6 +233,22 @@ class LocalPart:
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q_s, k_s, v))
         return not grad and q_s.device.type == "cpu" and q_s.shape[-2] >= FUSED_FROM_POSITIONS
 
+    def combine(self, rows: slice, v_b: Tensor, *bounds: object) -> tuple[Tensor, Tensor, Tensor]:
+        """Eq. (1) for the blocks ``rows`` with a past: :func:`combine` or
+        :func:`combine_fused`; ``bounds``: their ``(v_low, v_high, den_floor, past)``."""
+        if self.fused:
+            return combine_fused(self.out[..., rows, :, :], self.lse[..., rows, :, :], *bounds)
+        return combine(self.scores[..., rows, :, :], v_b[..., rows, :, :], *bounds)
+
+    def assemble(self, outs: list[Tensor], draws: list[int], n: int) -> Tensor:
+        """The output (..., n, d_v) from block 0's rows and one part per epoch."""
+        if not self.fused:
+            return torch.cat([outs[0].unsqueeze(-3), *outs[1:]], dim=-3).flatten(-3, -2)[..., :n, :]
+        epochs = itertools.pairwise([*draws, self.out.shape[-3]])
+        for (start, stop), part in zip(epochs, outs[1:], strict=True):  # in place, no cat
+            self.out[..., start:stop, :, :] = part
+        return self.out.flatten(-3, -2)[..., :n, :]
+
     def scores_of(self, block: int) -> Tensor:
         """The log-terms of one block (..., b, b)."""
         if self.fused:
@@ -407,24 +423,10 @@ def causal_forward(
         logits = blocks.past_logits_unshifted if local.fused else blocks.past_logits
         past = (logits(q_b[..., start:stop, :, :], core), core.scaled)
         bounds = (v_low[..., rows, :, :], v_high[..., rows, :, :], den_floor, past)
-        if local.fused:
-            out, floored, clamped = combine_fused(
-                local.out[..., rows, :, :], local.lse[..., rows, :, :], *bounds
-            )
-        else:
-            out, floored, clamped = combine(
-                local.scores[..., rows, :, :], v_b[..., rows, :, :], *bounds
-            )
+        out, floored, clamped = local.combine(rows, v_b, *bounds)
         count_guards(guards, floored, clamped, is_real[..., rows, :, :])
         outs.append(out)
-    if local.fused:  # write every block's rows into the local output, no concatenation
-        for (start, stop), part in zip(
-            itertools.pairwise([*draws, n_blocks]), outs[1:], strict=True
-        ):
-            local.out[..., start:stop, :, :] = part
-        out = local.out.flatten(-3, -2)[..., :n, :]
-    else:
-        out = torch.cat([outs[0].unsqueeze(-3), *outs[1:]], dim=-3).flatten(-3, -2)[..., :n, :]
+    out = local.assemble(outs, draws, n)
     tail = ForwardTail(
         centre if n >= b else None,
         landmarks,
