@@ -2,6 +2,10 @@
 guard counts), against the frozen copy in ``tests/causal_v1.py``, on the lm track's shapes
 and on long ones, with guards idle and firing."""
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import causal_v1
 import pytest
 import torch
@@ -10,6 +14,8 @@ import torch.nn.functional as F
 from rpka.attention import build, causal
 from rpka.attention.causal import causal_forward, running_range, scaled
 from rpka.attention.causal_landmarks import ACCELERATE_FROM_POINTS, LandmarkSampler
+from rpka.attention.rpka import CAUSAL_BLOCK
+from rpka.io import read_json
 
 
 def inputs(n, d=16, bh=(2, 2), dtype=torch.float32, scale=1.0, seed=0):
@@ -174,3 +180,60 @@ def test_long_pools_take_the_accelerated_pivots_and_plain_is_kept_on_request():
     assert fast.shape == plain.shape and ((fast >= 0) & (fast < points.shape[-2])).all()
     for row in fast.flatten(0, -2):
         assert row.unique().numel() == row.numel()  # distinct pivots
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+
+def bench_module():
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "bench_causal", root / "scripts" / "bench_causal.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_causal_smoke_run_writes_every_measure(tmp_path):
+    bench = bench_module()
+    out = tmp_path / "causal.json"
+    bench.main(["--smoke", "--out", str(out)])
+    saved = read_json(out)
+    assert saved["causal_block"] == CAUSAL_BLOCK and saved["threads"] == 1
+    arms = {(r["n"], r["arm"]) for r in saved["forward"]}
+    assert arms == {(n, a) for n in (128, 256) for a in (bench.EXACT, "rpka-r64", "rpka-r16")}
+    for row in saved["forward"]:
+        assert row["cpu_ms"] > 0 and len(row["cpu_ms_all"]) == 1
+        if row["arm"] != bench.EXACT:
+            assert row["measured_over_ideal"] == pytest.approx(
+                row["flop_ideal_speedup"] / row["speedup_cpu"]
+            )
+    assert {r["arm"] for r in saved["forward_backward"]} == {bench.EXACT, "rpka-r64"}
+    assert all(r["peak_mib"] > 0 for r in saved["peak_memory"])
+    swapped = next(r for r in saved["decoder"] if r["arm"] == "rpka-r64")
+    assert swapped["sdpa_calls_served"] > 0 and swapped["sdpa_calls_passed"] == 0
+
+
+def test_flop_ideal_grows_with_length_and_falls_with_rank():
+    bench = bench_module()
+    assert bench.flop_ideal_speedup(8192, 64, 256) == pytest.approx(
+        2 * bench.flop_ideal_speedup(4096, 64, 256)
+    )
+    assert bench.flop_ideal_speedup(4096, 16, 256) > bench.flop_ideal_speedup(4096, 64, 256)
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--repeats", "3"], "--repeats must be >= 7"),
+        (["--decoder-width", "250"], "multiple of --decoder-heads"),
+        (["--lengths", "0"], "positive integer"),
+        (["--warmup", "-1"], "--warmup must be >= 0"),
+    ],
+)
+def test_bench_causal_refuses_bad_arguments(tmp_path, capsys, argv, match):
+    with pytest.raises(SystemExit):
+        bench_module().main(["--out", str(tmp_path / "x.json"), *argv])
+    assert match in capsys.readouterr().err
