@@ -237,3 +237,21 @@ def test_bench_causal_refuses_bad_arguments(tmp_path, capsys, argv, match):
     with pytest.raises(SystemExit):
         bench_module().main(["--out", str(tmp_path / "x.json"), *argv])
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+def test_decoding_after_a_fused_prefill_follows_the_forward(fused_everywhere, dtype, tol):
+    # 400 positions, block 16: pools of the later draws exceed ACCELERATE_FROM_POINTS, and
+    # the prompt (300) is prefilled on the fused path; the steps redraw at block 32
+    q, k, v = inputs(400, dtype=dtype, scale=1.5)
+    with torch.no_grad():
+        full_attn = causal_rpka(8, 16)
+        full = full_attn(q, k, v)
+        attn = causal_rpka(8, 16)
+        out, state = attn.prefill(q[..., :300, :], k[..., :300, :], v[..., :300, :])
+        outs = [out]
+        for t in range(300, 400):
+            step, state = attn.step(*(x[..., t : t + 1, :] for x in (q, k, v)), state)
+            outs.append(step)
+    assert (torch.cat(outs, dim=-2) - full).abs().max() < tol
+    assert attn.guard_counts["rows"] == full_attn.guard_counts["rows"]
