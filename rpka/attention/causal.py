@@ -69,6 +69,13 @@ past part ``O(n r d)``; folding ``O(n r d)``; the draws run RPCholesky on prefix
 double, ``O(n r (d + r))`` in all, plus ``O(n r d)`` to rebuild ``M`` for new landmarks;
 an ``O(log(n/b))``-deep prefix merge over blocks. Memory ``O(n (b + r))``.
 
+**Two forms of the same sums** (issue 55, docs/speed.md "Causal RPKA at the op's limit"):
+with gradients, on other devices and below ``FUSED_FROM_POSITIONS`` the local part is
+written out (:func:`local_scores`, :func:`combine`: the reference, and the ops every
+committed result ran); inference on long sequences runs it as one fused SDPA call on the
+stacked blocks with its log-sum-exp (:func:`fused_local`, :func:`combine_fused`) and the
+key side in ``key_precision``. They agree to round-off.
+
 **Decoding** (``prefill`` / ``step``, one token at a time): ``causal_decode``.
 """
 
