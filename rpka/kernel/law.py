@@ -40,6 +40,7 @@ RHO_STATISTICS = ("rho_bound", "logit_range", "logit_std")  # the first is prima
 KEY_RESIDUAL = 0.05  # keys' effective rank: at most 5 % of their centred energy left
 # above this rank RPKA's accelerated sampler's rejection rounds stall (rpka.study.dropin)
 PLAIN_PIVOTS_ABOVE = 64
+PLANTED_NOISE = 0.3  # planted heads: cluster noise, relative to a unit centre
 LAW_FILE = "data/results/full/rank_law/rank_law.json"  # where predict_rank's fit lives
 
 
@@ -104,10 +105,13 @@ def ladder_errors(
     method: str,
     ranks: Sequence[int],
     seeds: Sequence[int] = PIVOT_SEEDS,
+    stop_at: float | None = None,
 ) -> np.ndarray:
     """Relative Frobenius error ||out - exact||_F / ||exact||_F per rank, pivot seed and
     head, over the head's items, float64 (the approximation, not round-off). q, k, v
-    (B, H, n, d) -> (R, seeds, H). The reference is torch SDPA on the same q, k, v."""
+    (B, H, n, d) -> (R', seeds, H), R' = len(ranks) unless ``stop_at``: the ladder stops
+    after the first rank where every head's error (mean over seeds) is at most it. The
+    reference is torch SDPA on the same q, k, v."""
     q, k, v = (t.double() for t in (q, k, v))
     exact = F.scaled_dot_product_attention(q, k, v)
     norm = exact.square().sum((0, 2, 3)).sqrt()  # (H,)
@@ -117,6 +121,8 @@ def ladder_errors(
             approx = _method(method, rank, seed)(q, k, v)
             error = (approx - exact).square().sum((0, 2, 3)).sqrt() / norm
             out[i, j] = torch.nan_to_num(error, nan=math.inf).numpy()
+        if stop_at is not None and (out[i].mean(0) <= stop_at).all():
+            return out[: i + 1]
     return out
 
 
@@ -130,6 +136,34 @@ def r_eps_interval(ranks: Sequence[int], errors: np.ndarray, eps: float) -> tupl
         return int(ranks[-1]), math.inf
     first = int(hit[0])
     return (int(ranks[first - 1]) if first else 0), float(ranks[first])
+
+
+def planted_head(
+    rho: float, d: int, n: int, p: int, items: int = 2, seed: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Planted q, k, v (items, n, d) with ``rho_bound`` = rho exactly: keys in ``p``
+    clusters (unit-norm centres, noise 0.3), centred and scaled to max ||k_j - k_bar|| = 1;
+    queries pointing at the centres (noise 0.3) with max ||q_i|| = rho sqrt(d), so a query
+    aligned with a key sees logits spread over about rho; v ~ N(0, 1). float64."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (items, n, d)
+
+    def unit(x: Tensor) -> Tensor:
+        return x / x.norm(dim=-1, keepdim=True)
+
+    centres = unit(torch.randn(items, p, d, generator=g, dtype=torch.float64))
+    pick = torch.randint(p, (items, n), generator=g)
+    k = centres.gather(1, pick[..., None].expand(shape))
+    k = k + PLANTED_NOISE * torch.randn(shape, generator=g, dtype=torch.float64) / d**0.5
+    k = k - k.mean(-2, keepdim=True)
+    k = k / k.norm(dim=-1).amax(-1)[:, None, None]
+    pick = torch.randint(p, (items, n), generator=g)
+    q = unit(centres.gather(1, pick[..., None].expand(shape))
+             + PLANTED_NOISE * torch.randn(shape, generator=g, dtype=torch.float64) / d**0.5)  # fmt: skip
+    q = q * torch.rand(items, n, 1, generator=g, dtype=torch.float64).sqrt()  # norms vary
+    q = q / q.norm(dim=-1).amax(-1)[:, None, None] * rho * d**0.5
+    v = torch.randn(shape, generator=g, dtype=torch.float64)
+    return q, k, v
 
 
 def law_features(

@@ -7,6 +7,9 @@
     python -m rpka rank-law confirm --cells NAME --rank R  # RPKA, uniform trained at R, R/2
     python -m rpka rank-law planted                     # the planted positive control
     python -m rpka rank-law index                       # the fit and rank_law.json
+    python -m rpka rank-law heads                       # law v2: heads.json (per head)
+    python -m rpka rank-law planted-law                 # law v2: planted_heads.json
+    python -m rpka rank-law fit-v2                      # law v2: the fit, held-out reading
 
 ``--cells`` defaults to the grid (``rpka.study.rank_law.grid.grid_cells``); a cell outside it
 (the held-out one) is named ``p<p>-n<n>-d<d>-<background>``.
@@ -29,10 +32,13 @@ from rpka.study.rank_law.grid import (
     grid_cells,
     parse_cell,
 )
+from rpka.study.rank_law.heads import measure_heads, write_planted_heads
 from rpka.study.rank_law.law import predict, write_index
+from rpka.study.rank_law.law_v2 import write_law_v2
 from rpka.study.rank_law.planted import write_planted
 
-STAGES = ("price", "train", "dropin", "predict", "confirm", "planted", "index")
+STAGES = ("price", "train", "dropin", "predict", "confirm", "planted", "index", "heads",
+          "planted-law", "fit-v2")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,6 +61,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     progress = not args.no_progress
+    if args.stage == "heads":
+        measure_heads(args.results)
+        return 0
+    if args.stage == "planted-law":
+        write_planted_heads(args.results)
+        return 0
+    if args.stage == "fit-v2":
+        write_law_v2(args.results, log=print)
+        return 0
     if args.stage == "index":
         write_index(args.results, log=print)
         return 0

@@ -1,0 +1,2 @@
+def write_law_v2(results, log=print):
+    raise NotImplementedError
