@@ -158,8 +158,8 @@ def planted_head(
     k = k - k.mean(-2, keepdim=True)
     k = k / k.norm(dim=-1).amax(-1)[:, None, None]
     pick = torch.randint(p, (items, n), generator=g)
-    q = unit(centres.gather(1, pick[..., None].expand(shape))
-             + PLANTED_NOISE * torch.randn(shape, generator=g, dtype=torch.float64) / d**0.5)  # fmt: skip
+    noise = PLANTED_NOISE * torch.randn(shape, generator=g, dtype=torch.float64) / d**0.5
+    q = unit(centres.gather(1, pick[..., None].expand(shape)) + noise)
     q = q * torch.rand(items, n, 1, generator=g, dtype=torch.float64).sqrt()  # norms vary
     q = q / q.norm(dim=-1).amax(-1)[:, None, None] * rho * d**0.5
     v = torch.randn(shape, generator=g, dtype=torch.float64)
@@ -167,13 +167,19 @@ def planted_head(
 
 
 def law_features(
-    stats: dict[str, float], d: int, n: int, eps: float, p: int, terms: Sequence[str]
+    stats: dict[str, float],
+    d: int,
+    n: int,
+    eps: float,
+    p: int,
+    terms: Sequence[str],
+    statistic: str = "rho_bound",
 ) -> np.ndarray:
-    """The law's regressors in the registered order: 1, rho (the primary statistic), log2 d,
-    log2 n, log2(1/eps), log2 p - those of ``terms`` (a term that does not vary in the fit
-    is left out)."""
+    """The law's regressors in the registered order: 1, rho (``statistic``, by default the
+    primary one), log2 d, log2 n, log2(1/eps), log2 p - those of ``terms`` (a term that
+    does not vary in the fit is left out)."""
     values = {
-        "rho": stats["rho_bound"],
+        "rho": stats[statistic],
         "log2_d": math.log2(d),
         "log2_n": math.log2(n),
         "log2_inv_eps": math.log2(1 / eps),
@@ -229,6 +235,6 @@ def predict_rank(
         raise ValueError(f"method must be one of {sorted(fits)} (fitted), got {method!r}")
     law = fits[method]
     n, d = k.shape[-2], k.shape[-1]
-    x = law_features(head_statistics(q, k), d, n, eps, p, law["terms"])
+    x = law_features(head_statistics(q, k), d, n, eps, p, law["terms"], law["statistic"])
     log2_rank = float(x @ np.asarray(law["coef"]))
     return int(min(full_rank(method, n), max(1, math.ceil(2 ** min(log2_rank, 62)))))

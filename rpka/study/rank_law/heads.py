@@ -172,23 +172,36 @@ def measure_heads(
     scratch: str | Path = SCRATCH,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
-    """``<results>/heads.json``: every registered model's head rows, written after each
-    model (a rerun skips the models already there)."""
-    path = Path(results) / HEADS_FILE
-    done = read_json(path) if path.exists() else {"rows": [], "models": {}}
+    """Measure every model of ``models`` not yet measured (its part file in ``scratch``),
+    then write ``<results>/heads.json`` from every registered model's part there (in the
+    registered order): two processes may measure different models side by side."""
+    parts = Path(scratch) / "parts"
     for model in models:
-        if model.track in done["models"]:
+        part = parts / f"{model.track}.json"
+        if part.exists():
             continue
-        rows, seconds = model_rows(model, scratch)
-        done["rows"] += rows
-        done["models"][model.track] = {"bench": model.bench, "role": model.role,
-                                       "heads": len(rows) // (len(METHODS) * len(EPSILONS)),
-                                       "measure_cpu_s": seconds}  # fmt: skip
-        done["what"] = (__doc__ or "").split("\n\n")[0]
-        write_result_json(path, done)
+        rows, seconds = model_rows(model, Path(scratch) / model.track)
+        heads = len(rows) // (len(METHODS) * len(EPSILONS))
+        about = {"bench": model.bench, "role": model.role, "heads": heads,
+                 "measure_cpu_s": seconds}  # fmt: skip
+        write_result_json(part, {"rows": rows, "model": about})
         if log is not None:
-            log(f"{model.track}: {done['models'][model.track]['heads']} heads, {seconds:.0f} CPU-s")
-    return done
+            log(f"{model.track}: {heads} heads, {seconds:.0f} CPU-s")
+    return combine_heads(results, scratch)
+
+
+def combine_heads(results: str | Path, scratch: str | Path = SCRATCH) -> dict[str, Any]:
+    """``<results>/heads.json`` from the registered models' part files present."""
+    out: dict[str, Any] = {"what": (__doc__ or "").split("\n\n")[0], "models": {}, "rows": []}
+    for model in MODELS:
+        part = Path(scratch) / "parts" / f"{model.track}.json"
+        if part.exists():
+            read = read_json(part)
+            out["models"][model.track] = read["model"]
+            out["rows"] += read["rows"]
+    out["missing"] = [m.track for m in MODELS if m.track not in out["models"]]
+    write_result_json(Path(results) / HEADS_FILE, out)
+    return out
 
 
 # the planted grid (docs/rank_law.md): rho, d, n, p
