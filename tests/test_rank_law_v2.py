@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch.nn.functional as F
 
+from rpka.io import read_json
 from rpka.kernel import law as kernel_law
+from rpka.paths import REPO_ROOT
 from rpka.study.rank_law import command as rank_law_command
 from rpka.study.rank_law import law, law_v2
 from rpka.study.rank_law.dropin import DROPIN_FILE
@@ -250,3 +252,28 @@ def test_law_v2_recovers_the_planted_law_and_reads_the_held_out_tracks(tmp_path)
     assert figs.count == 1 and len(items) == 2
     assert "**held**" in items[1].data and "held out" in items[1].data
     assert section.law_v2_items({}, figs) == []
+
+
+# --------------------------------------------------------------------------- predict_rank
+
+
+@pytest.mark.skipif(
+    not (REPO_ROOT / kernel_law.LAW_FILE).exists(), reason="the committed rank_law.json"
+)
+def test_predict_rank_with_the_planted_law_predicts_unseen_planted_heads():
+    """The planted law committed in rank_law.json (fitted on rho 1-16, d 16 / 64, n 128-512,
+    p 1 / 8) predicts RPKA's r_0.03 on planted heads outside that grid (d 32, n 192 / 384,
+    p 2 / 4, rho 3 / 6 / 12, fresh seeds), measured here: median |log2 predicted /
+    observed| at most 1 (one ladder rung)."""
+    fit = {"rpka": read_json(REPO_ROOT / kernel_law.LAW_FILE)["law_v2"]["planted"]["rpka"]}
+    errors = []
+    for i, (rho, n, p) in enumerate([(r, n, p) for r in (3.0, 6.0, 12.0)
+                                     for n, p in ((384, 2), (192, 4))]):  # fmt: skip
+        q, k, v = kernel_law.planted_head(rho, 32, n, p, items=2, seed=1000 + i)
+        predicted = kernel_law.predict_rank(q, k, eps=0.03, p=p, fit=fit)
+        ranks = kernel_law.rank_ladder("rpka", n)
+        qkv = (t.unsqueeze(1) for t in (q, k, v))
+        measured = kernel_law.ladder_errors(*qkv, "rpka", ranks, stop_at=0.03)
+        _, observed = kernel_law.r_eps_interval(ranks[: len(measured)], measured[:, :, 0], 0.03)
+        errors.append(abs(math.log2(predicted / observed)))
+    assert float(np.median(errors)) <= 1.0
