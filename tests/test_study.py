@@ -95,10 +95,11 @@ def test_other_studies_keep_only_a_rank_sweep_and_the_control():
         ), name
         # the long-range presets (two-control gate) add the local-window control, and
         # may add uniform landmarks and (issue 40's study) the keys coreset
+        # (issue 53's decision study: uniform landmarks, no local control, by its protocol)
         extra = (
             {"local", "nystrom-uniform", "keys-coreset"}
             if bench.decision.gate_needs_local
-            else set()
+            else {"nystrom-uniform"} if name.startswith("longrange-v2") else set()
         )
         methods = {a.method for a in bench.design.arms}
         assert {"exact", "rpka", "mean"} <= methods <= {"exact", "rpka", "mean"} | extra, name

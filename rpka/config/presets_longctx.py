@@ -452,6 +452,6 @@ LONGCTX_PRESETS[V2_PRESET] = LONGRANGE_PRESETS[V2_PRESET]
 # The same study on the interim look's 16 seeds: run first, so the interim's runs land before
 # the rest (its run ids are the full study's: a run id depends on the run, not the preset)
 V2_INTERIM_PRESET = f"{V2_PRESET}-interim"
-LONGCTX_PRESETS[V2_INTERIM_PRESET] = LONGRANGE_PRESETS[V2_INTERIM_PRESET] = get_longctx_preset(
-    V2_PRESET, eval_seeds=V2_INTERIM_SEEDS
+LONGCTX_PRESETS[V2_INTERIM_PRESET] = LONGRANGE_PRESETS[V2_INTERIM_PRESET] = dataclasses.replace(
+    get_longctx_preset(V2_PRESET, eval_seeds=V2_INTERIM_SEEDS), preset=V2_INTERIM_PRESET
 )

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 from scipy import optimize, stats
 
+from rpka.verdict.decision import NON_INFERIOR
+
 # A seed "failed" above 4x the pilot exact arm's median test MSE at 4,096 tokens (0.02151,
 # 16 seeds 200-215): 0.0860. The pilot's test MSEs fall in clusters (learned 0.016-0.030,
 # part-learned 0.044-0.063, then 0.098, 0.118-0.166, 0.24-0.38, 0.51-0.67, the
@@ -196,7 +198,7 @@ def read_questions(mse: Mapping[str, Sequence[float]], alpha: float) -> dict[str
     rel_q2 = relative_mse(rpka, exact, alpha)
     more_failures = fails_q2["p_a_fails_more"] <= alpha
     if rel_q2["bound"] is not None and rel_q2["bound"] < RELATIVE_MARGIN and not more_failures:
-        q2 = "non-inferior"
+        q2 = NON_INFERIOR
     elif more_failures or (rel_q2["low"] is not None and rel_q2["low"] > RELATIVE_MARGIN):
         q2 = "inferior"
     else:
