@@ -62,7 +62,7 @@ from rpka.io import CorruptFileError, atomic_write_text, write_result_json
 from rpka.paths import resolve
 from rpka.report import readme
 from rpka.speed import decoding, scaling
-from rpka.study import cost, longctx, results_check
+from rpka.study import cost, longctx, reproduction, results_check
 from rpka.study import steps as study
 from rpka.study.rank_law import command as rank_law_command
 from rpka.swap import command as swap_command
@@ -245,7 +245,17 @@ def longctx_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 def report_main(argv: Sequence[str] | None = None) -> None:
     parser = report_parser()
     args = parser.parse_args(argv)
-    steps = pipeline.preset_steps(args.preset, from_results=args.from_results)
+    if args.publish and args.preset not in paths.PUBLISHED_PRESETS:
+        parser.error(
+            f"--publish: preset {args.preset} has no committed study (committed: "
+            f"{', '.join(paths.PUBLISHED_PRESETS)})"
+        )
+    if args.publish and args.out != paths.OUT:
+        parser.error("--publish writes into the committed study: it takes no --out")
+    select_layout(args)
+    if args.html is None:
+        args.html = str(resolve(paths.report_html(args.preset)))
+    steps = pipeline.preset_steps(args.preset, from_results=args.from_results, publish=args.publish)
     if args.print_parameters:
         print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
         return
@@ -271,6 +281,19 @@ def report_main(argv: Sequence[str] | None = None) -> None:
         fail("report", str(err))
 
 
+def select_layout(args: argparse.Namespace) -> None:
+    """Where this report reads and writes (``rpka.paths``, through the environment so that
+    its notebook kernels see the same): a user's run under ``<out>/<preset>/`` (the
+    committed study only read), or with ``--publish`` the committed study itself."""
+    for name in (paths.OUTPUT_ENV, paths.READ_COMMITTED_ENV):
+        os.environ.pop(name, None)
+    if args.publish:
+        return
+    os.environ[paths.OUTPUT_ENV] = str(args.out)
+    if args.from_results:
+        os.environ[paths.READ_COMMITTED_ENV] = "1"
+
+
 def _run_report(args: argparse.Namespace, steps: list[pipeline.Step]) -> None:
     """The checked ``report`` command, under its preset's lock: compute, run, render."""
     parallel = args.parallel
@@ -281,6 +304,12 @@ def _run_report(args: argparse.Namespace, steps: list[pipeline.Step]) -> None:
     prediction = None if args.from_results else cost.stored_prediction(args.preset)
     if prediction is not None:  # before hours of compute: say how many
         print(cost.prediction_line(prediction), flush=True)
+    if not args.from_results and (copied := reproduction.seed_results(args.preset)):
+        print(
+            f"{paths.results_dir(args.preset)}: {copied} file(s) of the committed study "
+            "copied in to resume from (the committed study is only read)",
+            flush=True,
+        )
     if overlap and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"  # the notebook kernels, started later
         torch.set_num_threads(1)
@@ -300,6 +329,16 @@ def _run_report(args: argparse.Namespace, steps: list[pipeline.Step]) -> None:
         )
     except pipeline.PipelineError as err:
         raise SystemExit(f"report failed: {err}") from None
+    if args.publish:
+        published = resolve(paths.committed_report_html(args.preset))
+        atomic_write_text(published, Path(args.html).read_text(encoding="utf-8"))
+        print(f"published: {published}")
+    check = reproduction.compare(
+        paths.results_dir(args.preset), paths.committed_results_dir(args.preset)
+    )
+    if paths.output_dir(args.preset):
+        reproduction.write_check(check, paths.output_dir(args.preset))
+    print("\n".join(reproduction.lines(check)))
 
 
 # --------------------------------------------------------------------------- scaling, decode

@@ -481,13 +481,21 @@ class NotebookQueue:
             papermill_log.disabled = was_disabled
 
 
-def preset_steps(preset: str, from_results: bool = False) -> list[Step]:
+def preset_steps(preset: str, from_results: bool = False, publish: bool = False) -> list[Step]:
     """The notebooks of the study, in order, with the preset's parameters. ``from_results``
     (``report --from-results``): the notebooks compute nothing and draw their figures into
-    ``reports/<preset>/figures`` - the results and figures there may be committed ones."""
+    ``<report folder>/figures`` - the results there may be committed ones - unless
+    ``publish``: then into the committed ``figures/<preset>``, which the published report
+    embeds."""
     params = notebook_parameters(preset)
     out_dir = resolve(paths.report_dir(preset))
-    if from_results:
+    if from_results and publish:
+        params = {
+            name: {**values, "figures_dir": paths.committed_figures_dir(preset),
+                   "compute_missing": False}
+            for name, values in params.items()
+        }  # fmt: skip
+    elif from_results:
         figures = f"{paths.report_dir(preset)}/figures"
         params = {
             name: {**values, "figures_dir": figures, "compute_missing": False}
