@@ -183,3 +183,70 @@ def test_a_changed_verdict_or_missing_run_is_a_difference(two_studies):
 def test_the_committed_study_against_itself_is_said_so():
     folder = paths.committed_results_dir("standard")
     assert reproduction.compare(folder, folder)["outcome"] == reproduction.SAME_STUDY
+
+
+# --------------------------------------------------------------------------- a re-sealed edit
+
+
+def _hostile_edit(folder):
+    """The campaign's sequence (issue 56): the primary mean of a committed bench report set
+    to -123 and its checksum deleted, then the folder sealed again."""
+    path = folder / "bench_report.json"
+    data = json.loads(path.read_text())
+    data["arms"][data["primary_arm"]]["full"]["mean"] = -123.0
+    data.pop("sha256")
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _seal_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("seal", REPO_ROOT / "scripts/seal_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_seal_script_refuses_an_edited_summary(tmp_path, capsys):
+    folder = tmp_path / "full"
+    shutil.copytree(REPO_ROOT / "data/results/standard", folder)
+    path = _hostile_edit(folder)
+    edited = path.read_bytes()
+    assert _seal_script().main([str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "not sealed: its summaries disagree with its own per-seed scores" in err
+    assert ".full.mean is -123.0" in err
+    assert path.read_bytes() == edited  # nothing written
+
+
+def test_the_report_refuses_an_edited_summary_even_when_resealed(tmp_path, monkeypatch):
+    from rpka.io import CorruptFileError, seal_result_json
+    from rpka.study import results_check
+
+    results = tmp_path / "data" / "results" / "standard"
+    shutil.copytree(REPO_ROOT / "data/results/standard", results)
+    seal_result_json(_hostile_edit(results))  # sealed past the script's check
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
+    monkeypatch.delenv(paths.OUTPUT_ENV, raising=False)
+    with pytest.raises(CorruptFileError, match=r"full\.mean is -123\.0 but its per-seed"):
+        results_check.check_study("standard")
+
+
+@pytest.mark.parametrize(
+    "edit, found",
+    [
+        (lambda r: r["arms"]["exact"]["full"].__setitem__("n", 99), "exact.full.n is 99"),
+        (lambda r: r["arms"]["exact"]["full"].__setitem__("std", 0.5), "exact.full.std is 0.5"),
+        (lambda r: r["arms"][r["primary_arm"]]["comparison"].update(verdict="significant win"),
+         "comparison.verdict is 'significant win' but its per-seed scores give"),
+        (lambda r: r["idea"]["full"].__setitem__("mean", 1.0), "idea.full.mean is 1.0"),
+    ],
+)  # fmt: skip
+def test_every_summary_is_recomputed_from_the_per_seed_scores(edit, found):
+    from rpka.verdict.consistency import bench_report_problems
+
+    report = read_json(REPO_ROOT / "data/results/standard/bench_report.json")
+    assert bench_report_problems(report) == []
+    edit(report)
+    assert any(found in problem for problem in bench_report_problems(report))

@@ -484,23 +484,16 @@ class NotebookQueue:
 def preset_steps(preset: str, from_results: bool = False, publish: bool = False) -> list[Step]:
     """The notebooks of the study, in order, with the preset's parameters. ``from_results``
     (``report --from-results``): the notebooks compute nothing and draw their figures into
-    ``<report folder>/figures`` - the results there may be committed ones - unless
-    ``publish``: then into the committed ``figures/<preset>``, which the published report
-    embeds."""
+    ``<report folder>/figures`` - or, ``publish``ed, the committed ``figures/<preset>``."""
     params = notebook_parameters(preset)
     out_dir = resolve(paths.report_dir(preset))
-    if from_results and publish:
+    if from_results:
+        figures = paths.committed_figures_dir(preset) if publish else f"{out_dir}/figures"
         params = {
-            name: {**values, "figures_dir": paths.committed_figures_dir(preset),
+            name: {**values, "figures_dir": str(_relative(Path(figures), REPO_ROOT)),
                    "compute_missing": False}
             for name, values in params.items()
         }  # fmt: skip
-    elif from_results:
-        figures = f"{paths.report_dir(preset)}/figures"
-        params = {
-            name: {**values, "figures_dir": figures, "compute_missing": False}
-            for name, values in params.items()
-        }
     return [
         Step(NOTEBOOK_DIR / name, out_dir / name, parameters) for name, parameters in params.items()
     ]

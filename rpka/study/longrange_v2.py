@@ -22,7 +22,7 @@ from rpka.config.presets_longctx import (
     V2_PRESET,
     get_longctx_preset,
 )
-from rpka.io import read_json, write_json
+from rpka.io import read_json, write_result_json
 from rpka.verdict import longrange_v2 as rule
 
 PROTOCOL = "docs/longrange_protocol_v2.md"
@@ -63,7 +63,7 @@ def write_power(results: str | Path = paths.COMMITTED_RESULTS, n_sims: int = POW
             {a: pilot[a] for a in QUESTION_ARMS}, POWER_SEEDS, n_sims
         ),
     }
-    write_json(study_dir(results) / POWER_FILE, result)
+    write_result_json(study_dir(results) / POWER_FILE, result)
     return result
 
 
@@ -140,7 +140,7 @@ def read_study(results: str | Path = paths.COMMITTED_RESULTS) -> dict[str, Any]:
             "reading": rule.read_questions(pooled, rule.ALPHA),
             "note": "secondary: the pilot fixed the failure threshold, so it is not independent",
         }
-    write_json(folder / READING_FILE, result)
+    write_result_json(folder / READING_FILE, result)
     return result
 
 
