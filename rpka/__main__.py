@@ -16,7 +16,15 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 # schema uses. Marked absent in this process only (jsonschema then skips that one checker).
 sys.modules.setdefault("rfc3987_syntax", None)
 
-from rpka.cli.commands import main  # noqa: E402  (after the log level)
+from rpka import numerics  # noqa: E402  (after the log level)
+
+try:  # the study's entry point pins the CPU numerics before anything loads torch
+    numerics.pin()
+except ValueError as err:  # a bad RPKA_NUMERICS: one line, exit 2, as every command refuses
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(2)
+
+from rpka.cli.commands import main  # noqa: E402  (after pinning)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,10 +11,15 @@ COMPATIBLE branch (:func:`pinned_environment`, docs/reproducibility.md).
 
 Each library reads its setting once, at its first operation (checked on torch 2.13: after
 ``import torch`` but before any op the environment still takes effect; after one op it no
-longer does). So ``rpka/__init__`` calls :func:`pin` before anything imports torch or
-numba, and every process the package starts (pool and Dask workers, notebook kernels)
-inherits the environment. :func:`record` says what a process actually runs with; run files
-and timing files store it, so a result made with native numerics says so.
+longer does). Pinning is the study's choice, not the library's: importing ``rpka``,
+``rpka.attention`` or ``rpka.swap`` changes nothing in a user's process (on an AMD EPYC
+the COMPATIBLE branch makes a user's own float32 matmul ~3x slower; issue 52). The study's
+entry points call :func:`pin` - ``python -m rpka`` first thing, and ``rpka.config`` on
+import, which the notebooks, workers and tests import before torch runs an operation -
+and every process they start inherits the environment. :func:`record` says what a process
+actually runs with, ``pinned: false`` wherever pinning came too late to be sure (torch or
+numba loaded before :func:`pin` changed the environment); run files and timing files store
+it, so a result made with native or unsure numerics says so.
 
 Opt-out for speed runs: ``RPKA_NUMERICS=native`` (the libraries choose their fastest path;
 results are then reproducible on this kind of CPU only). Costs, measured: docs/reproducibility.md.
@@ -124,11 +129,29 @@ def mode() -> str:
     return requested
 
 
+# Set by pin() when it changed the environment after torch or numba had been imported: they
+# may have read their settings already, so nothing this process computes counts as pinned
+_LATE: list[str] = []
+_LIBRARIES = ("torch", "numba")
+
+
+def _environment_pinned() -> bool:
+    """Whether every pinned variable holds this vendor's pinned value right now."""
+    return all(os.environ.get(key) == value for key, value in pinned_environment().items())
+
+
 def pin() -> str:
     """Set :func:`pinned_environment` in this process (and so in every process it starts)
-    unless the mode is ``native``; returns the mode. Called by ``rpka/__init__``."""
+    unless the mode is ``native``; returns the mode. Called by the study's entry points
+    (``python -m rpka``, ``rpka.config``); a user may call it before importing torch.
+
+    Where the environment was not pinned yet and torch or numba is already imported, the
+    libraries may have read their settings: :func:`record` then says ``pinned: false``."""
     requested = mode()
-    if requested == PINNED:
+    if requested == PINNED and not _environment_pinned():
+        loaded = [name for name in _LIBRARIES if name in sys.modules]
+        if loaded and not _LATE:
+            _LATE.extend(loaded)
         os.environ.update(pinned_environment())
     return requested
 
@@ -141,9 +164,18 @@ def record() -> dict[str, Any]:
     torch = importlib.import_module("torch")  # not at module level: pin() runs before it
     capability = torch.backends.cpu.get_cpu_capability()
     requested = mode()
+    expected_mkl = pinned_environment()["MKL_CBWR"]
+    pinned = (
+        requested == PINNED
+        and capability == PINNED_CAPABILITY
+        and _environment_pinned()
+        and not _LATE
+        and mkl_branch() in (expected_mkl, "unknown")
+    )
     return {
         "mode": requested,
-        "pinned": requested == PINNED and capability == PINNED_CAPABILITY,
+        "pinned": pinned,
+        "pinned_late": list(_LATE),  # libraries loaded before pin() changed the environment
         "cpu_capability": capability,
         "environment": {key: os.environ.get(key) for key in PINNED_ENVIRONMENT},
         "cpu_vendor": cpu_vendor(),
@@ -160,12 +192,20 @@ def check() -> bool:
         return True
     state = record()
     if not state["pinned"]:
+        if state["pinned_late"]:
+            why = (f"{' and '.join(state['pinned_late'])} loaded before the numerics were "
+                   "pinned, so they may run their own kernels")  # fmt: skip
+        elif not _environment_pinned():
+            why = "this process never pinned them (importing rpka alone does not)"
+        elif state["cpu_capability"] != PINNED_CAPABILITY:
+            why = (f"torch dispatches {state['cpu_capability']} kernels (pinned: "
+                   f"{PINNED_CAPABILITY}): it ran an operation before the numerics were pinned")
+        else:
+            why = f"MKL runs its {state['mkl_branch']} branch, not the pinned one"
         warnings.warn(
-            f"CPU numerics are not pinned: torch dispatches {state['cpu_capability']} kernels "
-            f"(pinned: {PINNED_CAPABILITY}), because torch ran an operation before rpka was "
-            "imported. Import rpka first (or set the variables of "
-            "rpka.numerics.PINNED_ENVIRONMENT before starting Python) for results that "
-            "reproduce on another CPU.",
+            f"CPU numerics are not pinned: {why}. Call rpka.numerics.pin() before importing "
+            "torch (or set the variables of rpka.numerics.PINNED_ENVIRONMENT before starting "
+            "Python) for results that reproduce on another CPU; results record pinned: false.",
             NumericsWarning,
             stacklevel=2,
         )

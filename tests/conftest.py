@@ -5,12 +5,15 @@ faster and far steadier with one thread than with two threads fighting over a bu
 2-core machine (the Makefile also exports OMP_NUM_THREADS=1 for the notebook kernels).
 """
 
-import pytest
-import torch
+from rpka import numerics
 
-import rpka  # noqa: F401  (pins the CPU numerics: before any torch op runs)
-from rpka.bench import InProcessExecutor, run_bench
-from rpka.config.presets import get_preset
+numerics.pin()  # the tests compare committed numbers: pinned, before torch loads
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from rpka.bench import InProcessExecutor, run_bench  # noqa: E402
+from rpka.config.presets import get_preset  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -20,14 +20,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
-import rpka  # noqa: F401  (pins the CPU numerics: before any torch op runs)
 from rpka import numerics
-from rpka.attention import build
-from rpka.bench import InProcessExecutor, run_bench
-from rpka.config.presets import get_preset
-from rpka.io import read_json, read_run_file, write_json
+
+numerics.pin()  # as a script too: the reference is computed with pinned numerics
+
+import torch  # noqa: E402
+
+from rpka.attention import build  # noqa: E402
+from rpka.bench import InProcessExecutor, run_bench  # noqa: E402
+from rpka.config.presets import get_preset  # noqa: E402
+from rpka.io import read_json, read_run_file, write_json  # noqa: E402
 
 REFERENCE = Path(__file__).parent / "data" / "reproducibility.json"
 

@@ -39,6 +39,10 @@ modules); never the study, the report or the command line.
 
 from __future__ import annotations
 
+from rpka import numerics
+
+numerics.pin()  # a study stage: pinned CPU numerics before torch runs (rpka.numerics)
+
 import concurrent.futures as cf
 import os
 import time

@@ -9,3 +9,7 @@ notebooks with papermill and renders the HTML report.
 May import: every other stage (it is the top layer); nothing imports it but
 ``rpka.__main__``.
 """
+
+from rpka import numerics
+
+numerics.pin()  # a study stage: pinned CPU numerics before torch runs (rpka.numerics)

@@ -10,3 +10,7 @@ and ``presets_longctx`` (the long-context studies).
 May import: ``rpka.tracks``, ``rpka.model``, ``rpka.attention`` and the root modules (io,
 paths, checks, numerics); nothing from the stages above.
 """
+
+from rpka import numerics
+
+numerics.pin()  # a study stage: pinned CPU numerics before torch runs (rpka.numerics)

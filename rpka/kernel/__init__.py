@@ -10,3 +10,7 @@ May import: ``rpka.training`` and ``rpka.verdict`` (a trained run, the frontier'
 every stage below them (config, tracks, model, attention, the root modules); never the
 bench, the study, the report or the command line.
 """
+
+from rpka import numerics
+
+numerics.pin()  # a study stage: pinned CPU numerics before torch runs (rpka.numerics)

@@ -21,6 +21,10 @@ readers: ``rpka.study``, ``rpka.verdict``, ``rpka.speed``, ``rpka.config``, ``rp
 ...); nothing below it imports it (a forbidden contract).
 """
 
+from rpka import numerics
+
+numerics.pin()  # a study stage: pinned CPU numerics before torch runs (rpka.numerics)
+
 from rpka.report import (
     appendix,
     frontier,

@@ -8,3 +8,7 @@ decoding latency against context length.
 May import: ``rpka.config`` and every stage below it (tracks, model, attention, the root
 modules); nothing from training, verdict, kernel, bench, study, report or cli.
 """
+
+from rpka import numerics
+
+numerics.pin()  # a study stage: pinned CPU numerics before torch runs (rpka.numerics)

@@ -12,3 +12,7 @@ May import: ``rpka.bench`` and every stage below it (kernel, training, verdict, 
 config, tracks, model, attention and the root modules); never ``rpka.report`` or
 ``rpka.cli``.
 """
+
+from rpka import numerics
+
+numerics.pin()  # a study stage: pinned CPU numerics before torch runs (rpka.numerics)

@@ -171,4 +171,3 @@ def reading_lines(result: Mapping[str, Any]) -> list[str]:
                          f"Q2 {q['q2']['answer']}")  # fmt: skip
     lines.append(f"study: {reading['stopped_at']}")
     return lines
-

@@ -56,6 +56,84 @@ TORCH_SDPA = torch._C._nn.scaled_dot_product_attention  # what F's name is bound
 # set while a call is being served: SDPA calls made by the method itself (RPKA's exact
 # short-cut, the exact method) or by an observer go to the original function
 _SERVING = threading.local()
+# A float16 / bfloat16 call (autocast included) is computed in float32 and returned in its
+# dtype: the methods' Cholesky and pivot draws need float32's range and precision
+WIDENED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class _Dispatch:
+    """The one function installed as ``F.scaled_dot_product_attention`` while any swap is
+    active, in any thread: it sends each call to the innermost swap active **in the calling
+    thread** (a per-thread stack), or to the function it replaced. Installed when the first
+    swap enters, and the replaced function put back when the last one exits - whatever the
+    order of exits, and however threads interleave - so no swap can stay installed."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active = 0  # swaps entered and not exited, all threads
+        self.replaced: Callable[..., Tensor] | None = None
+        self.local = threading.local()
+
+    def stack(self) -> list[SDPASwap]:
+        """The calling thread's active swaps, innermost last."""
+        if not hasattr(self.local, "stack"):
+            self.local.stack = []
+        return self.local.stack
+
+    @property
+    def original(self) -> Callable[..., Tensor]:
+        """The SDPA the dispatcher replaced (torch's own when none is installed)."""
+        return self.replaced or TORCH_SDPA
+
+    def enter(self, swap: SDPASwap) -> None:
+        with self.lock:
+            if self.active == 0:
+                self.replaced = F.scaled_dot_product_attention
+                F.scaled_dot_product_attention = dispatch  # type: ignore[assignment]
+            self.active += 1
+        self.stack().append(swap)
+
+    def exit(self, swap: SDPASwap) -> None:
+        stack = self.stack()
+        # the innermost entry of this swap, wherever it is: exits may come out of order
+        del stack[len(stack) - 1 - stack[::-1].index(swap)]
+        with self.lock:
+            self.active -= 1
+            if self.active == 0:
+                if F.scaled_dot_product_attention is dispatch:  # else someone patched over us
+                    F.scaled_dot_product_attention = self.replaced  # type: ignore[assignment]
+                self.replaced = None
+
+
+_DISPATCH = _Dispatch()
+
+
+@torch.compiler.disable  # dynamo runs it eagerly (a graph break): the methods are not traceable
+def dispatch(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """``F.scaled_dot_product_attention`` while a swap is active: the calling thread's
+    innermost swap serves the call; a thread with none, or a call made while one is being
+    served, runs the replaced function."""
+    args = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal,
+            "scale": scale, "enable_gqa": enable_gqa}  # fmt: skip
+    stack = _DISPATCH.stack()
+    if not stack or getattr(_SERVING, "active", False):
+        return _DISPATCH.original(query, key, value, **args)
+    return stack[-1].call(query, key, value, args)
+
+
+def active_swap() -> SDPASwap | None:
+    """The calling thread's innermost active swap (None outside any)."""
+    stack = _DISPATCH.stack()
+    return stack[-1] if stack else None
 
 
 class SwapRefused(RuntimeError):
@@ -87,6 +165,19 @@ def serving() -> Any:
         _SERVING.active = before
 
 
+def check_arguments(args: dict[str, Any]) -> None:
+    """Refuse what SDPA itself refuses, naming the argument (before any work): a mask that
+    is not a tensor, a dropout probability outside [0, 1] (nan included), a scale that is
+    not a finite number."""
+    mask, dropout, scale = args["attn_mask"], args["dropout_p"], args["scale"]
+    if mask is not None and not isinstance(mask, Tensor):
+        raise TypeError(f"attn_mask must be a Tensor or None, got {type(mask).__name__}")
+    if not isinstance(dropout, int | float) or not 0.0 <= dropout <= 1.0:
+        raise ValueError(f"dropout_p must be a number in [0, 1], got {dropout!r}")
+    if scale is not None and (not isinstance(scale, int | float) or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+
+
 def causal_mask_kind(mask: Tensor, length: int, keys: int) -> str | None:
     """What a mask (..., L, S) does: ``"none"`` (masks nothing), ``"causal"`` (SDPA's
     ``is_causal`` mask, every slice), or None (anything else - not servable)."""
@@ -116,8 +207,10 @@ def refusal(
     tensors = (q, k, v)
     if any(not isinstance(x, Tensor) for x in tensors):
         return "q, k, v must be tensors", False
-    if q.dtype not in SERVED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"dtype {q.dtype}/{k.dtype}/{v.dtype} (served: float32, float64)", False
+    dtypes = (*SERVED_DTYPES, *WIDENED_DTYPES)
+    if q.dtype not in dtypes or k.dtype != q.dtype or v.dtype != q.dtype:
+        served = "float32, float64; float16, bfloat16 computed in float32"
+        return f"dtype {q.dtype}/{k.dtype}/{v.dtype} (served: {served})", False
     if q.device.type not in SERVED_DEVICES or not q.device == k.device == v.device:
         return f"device {q.device}/{k.device}/{v.device} (served: one cpu or cuda device)", False
     if not 2 <= q.dim() == k.dim() == v.dim():
@@ -209,22 +302,23 @@ class SDPASwap(contextlib.ContextDecorator):
         self.records: list[CallRecord] | None = [] if record else None
         self.site: Callable[[], str | None] | None = None
         self.observer: Callable[..., None] | None = None
-        self._saved: list[Callable[..., Tensor]] = []  # a stack: the decorator may re-enter
+        self._depth = 0  # entries not yet exited: the decorator may re-enter
         self._calls = 0
         self._at_entry = (0, 0)
         self.warn_at_exit = True  # the audit reports the swapped share in its table instead
 
     def __enter__(self) -> SDPASwap:
-        if not self._saved:  # the outermost entry: the exit warning counts from here
+        if self._depth == 0:  # the outermost entry: the exit warning counts from here
             self._at_entry = (self.swapped, self.passed)
-        self._saved.append(F.scaled_dot_product_attention)
-        F.scaled_dot_product_attention = self._replacement  # type: ignore[assignment]
+        self._depth += 1
+        _DISPATCH.enter(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        F.scaled_dot_product_attention = self._saved.pop()  # type: ignore[assignment]
+        _DISPATCH.exit(self)
+        self._depth -= 1
         swapped, passed = self.swapped - self._at_entry[0], self.passed - self._at_entry[1]
-        if passed and self.warn_at_exit and not self._saved:  # passed on: never silent
+        if passed and self.warn_at_exit and self._depth == 0:  # passed on: never silent
             detail = ", ".join(f"{reason}: {n}" for reason, n in self.reasons.most_common(3))
             warnings.warn(
                 f"rpka.swap: {passed} of {passed + swapped} SDPA calls ran exact attention, "
@@ -234,35 +328,14 @@ class SDPASwap(contextlib.ContextDecorator):
 
     @property
     def original(self) -> Callable[..., Tensor]:
-        """The SDPA this block replaced: the latest function saved on entry that is not a
-        swap's (a re-entered decorator or a swap nested in another saved one), else torch's
-        own - never a swap, so a call passed on can never come back here."""
-        for fn in reversed(self._saved):
-            if not isinstance(getattr(fn, "__self__", None), SDPASwap):
-                return fn
-        return TORCH_SDPA
+        """The SDPA this swap passes calls on to: the function installed before any swap
+        was active (torch's own unless something else had patched it) - never a swap."""
+        return _DISPATCH.original
 
-    def _replacement(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        attn_mask: Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> Tensor:
-        args = {
-            "attn_mask": attn_mask,
-            "dropout_p": dropout_p,
-            "is_causal": is_causal,
-            "scale": scale,
-            "enable_gqa": enable_gqa,
-        }
+    def call(self, query: Tensor, key: Tensor, value: Tensor, args: dict[str, Any]) -> Tensor:
+        """Serve one SDPA call (the dispatcher's, in the thread that entered this swap)."""
+        check_arguments(args)  # what SDPA itself refuses, refused naming the argument
         original = self.original
-        if getattr(_SERVING, "active", False):
-            return original(query, key, value, **args)
         if self.method == "exact":
             reason, causal = None, False
         else:
@@ -276,10 +349,10 @@ class SDPASwap(contextlib.ContextDecorator):
             )
         start = time.process_time()
         with serving():
-            if reason is not None or self.method == "exact":
+            if reason is not None or self.method == "exact" or self.is_full_rank(key):
                 out = original(query, key, value, **args)
             else:
-                out = self.serve(query, key, value, causal, scale, enable_gqa)
+                out = self.serve(query, key, value, causal, args["scale"], args["enable_gqa"])
         record = CallRecord(index, site, reason is None, reason, time.process_time() - start)
         self._count(record)
         if self.observer is not None:
@@ -296,10 +369,23 @@ class SDPASwap(contextlib.ContextDecorator):
         if self.records is not None:
             self.records.append(record)
 
+    def is_full_rank(self, key: Tensor) -> bool:
+        """Whether the rank reaches the call's number of keys S: then every key is a
+        landmark, and the call is served by exact attention (the original SDPA with the
+        call's own arguments) - full rank means exact, for every method, causal or not."""
+        rank = self.options.get("rank")
+        return rank is not None and rank >= key.shape[-2]
+
     def serve(
         self, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None, gqa: bool
     ) -> Tensor:
-        """The method on q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev)."""
+        """The method on q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev);
+        float16 / bfloat16 computed in float32 (autocast off inside) and returned in the
+        input's dtype."""
+        if q.dtype in WIDENED_DTYPES:
+            with torch.autocast(q.device.type, enabled=False):
+                out = self.serve(q.float(), k.float(), v.float(), causal, scale, gqa)
+            return out.to(q.dtype)
         if gqa and q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
             repeats = q.shape[-3] // k.shape[-3]  # SDPA's GQA: each kv head serves a group
             k, v = k.repeat_interleave(repeats, -3), v.repeat_interleave(repeats, -3)

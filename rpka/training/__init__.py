@@ -9,3 +9,7 @@ jobs run (a local pool, inline or Dask).
 May import: ``rpka.config`` and every stage below it (tracks, model, attention, the root
 modules); nothing from verdict, speed, swap, kernel, bench, study, report or cli.
 """
+
+from rpka import numerics
+
+numerics.pin()  # a study stage: pinned CPU numerics before torch runs (rpka.numerics)

@@ -1,0 +1,191 @@
+"""Issue 52: the swap as a PyTorch user drives it - a swap that cannot stay installed
+(out-of-order exits, overlapping threads), torch.compile, full rank meaning exact, half
+precision and autocast, and the arguments SDPA itself refuses."""
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rpka.swap import SwapRefused, swap
+from rpka.swap.sdpa import TORCH_SDPA
+
+SDPA = F.scaled_dot_product_attention  # what the module attribute is outside every swap
+
+
+def qkv(L, S, heads=2, e=8, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, heads, n, e, generator=g).to(dtype) for n in (L, S, S))
+
+
+# ------------------------------------------------------------------------- ownership
+
+
+def test_out_of_order_exits_put_sdpa_back():
+    """The issue's exact sequence: a enters, b enters, a exits, b exits."""
+    a, b = swap("rpka", rank=8), swap("rpka", rank=4)
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    q, k, v = qkv(32, 32)
+    F.scaled_dot_product_attention(q, k, v)  # still inside b: served by b
+    assert b.swapped == 1 and a.swapped == 0
+    b.__exit__(None, None, None)
+    assert F.scaled_dot_product_attention is SDPA
+    assert torch.allclose(F.scaled_dot_product_attention(q, k, v), TORCH_SDPA(q, k, v))
+
+
+def test_overlapping_threads_end_with_the_original_back_and_serve_only_their_own_calls():
+    """Two threads whose blocks overlap (t1 enters, t2 enters, t1 exits, t2 exits): SDPA
+    is restored; while t1 is inside, a call from the main thread (in no swap) is exact."""
+    q, k, v = qkv(32, 32)
+    steps = [threading.Event() for _ in range(4)]
+    served = {}
+
+    def worker(name, enter_after, entered, exit_after, exited):
+        steps[enter_after].wait(5) if enter_after is not None else None
+        with swap("rpka", rank=4) as s:
+            F.scaled_dot_product_attention(q, k, v)
+            steps[entered].set()
+            steps[exit_after].wait(5)
+        served[name] = s.swapped
+        steps[exited].set()
+
+    t1 = threading.Thread(target=worker, args=("t1", None, 0, 1, 2))
+    t2 = threading.Thread(target=worker, args=("t2", 0, 1, 2, 3))
+    t1.start()
+    t2.start()
+    steps[0].wait(5)
+    outside = F.scaled_dot_product_attention(q, k, v)  # main thread: in no swap
+    t1.join(10)
+    t2.join(10)
+    assert served == {"t1": 1, "t2": 1}
+    assert torch.allclose(outside, TORCH_SDPA(q, k, v), atol=1e-6)
+    assert F.scaled_dot_product_attention is SDPA
+
+
+def test_a_swap_entered_twice_as_a_decorator_exits_cleanly():
+    s = swap("rpka", rank=4)
+
+    @s
+    def attend(depth):
+        return attend(depth - 1) if depth else F.scaled_dot_product_attention(*qkv(16, 16))
+
+    attend(3)
+    assert s.swapped == 1 and F.scaled_dot_product_attention is SDPA
+
+
+# ------------------------------------------------------------------------- torch.compile
+
+
+class Block(nn.Module):
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(1, -1, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_compiled_model_inside_a_swap_is_served_and_exact_outside(backend, causal):
+    """Dynamo runs the dispatcher eagerly (a graph break): the compiled model's calls are
+    served by RPKA, the same as the eager model's with the same pivot draws; outside the
+    swap the compiled model recompiles to torch's SDPA."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Block(causal)
+    x = torch.randn(1, 256, 16)  # above the causal path's exact local block
+    compiled = torch.compile(model, backend=backend)
+    exact = compiled(x)  # compiled before the swap: torch's SDPA in the graph
+    with torch.no_grad():
+        torch.manual_seed(1)
+        with swap("rpka", rank=8) as s_eager:
+            eager = model(x)
+        torch.manual_seed(1)
+        with swap("rpka", rank=8) as s_compiled:
+            served = compiled(x)
+    assert s_eager.swapped == s_compiled.swapped == 1
+    assert torch.allclose(served, eager, atol=1e-5)
+    assert not torch.allclose(served, exact, atol=1e-3)  # rank 8 of 256 keys: approximated
+    assert torch.allclose(compiled(x), model(x), atol=1e-6)  # outside: exact again
+
+
+# ------------------------------------------------------------------------- full rank
+
+
+@pytest.mark.parametrize("method", ["rpka", "nystrom-uniform", "keys-coreset"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(200, 200), (120, 200)])
+def test_full_rank_means_exact(method, causal, shape):
+    """Issue 52: rank >= the number of keys gives SDPA's result (the issue's L = S = 200 at
+    rank 200 was 0.24 off), causal or not, L != S included."""
+    L, S = shape
+    if causal and L != S:
+        pytest.skip("SDPA's is_causal with L != S is top-left aligned: not served by swap")
+    q, k, v = qkv(L, S)
+    ref = TORCH_SDPA(q, k, v, is_causal=causal)
+    try:
+        with swap(method, rank=S) as s:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    except SwapRefused as err:  # a non-causal peer refuses causal calls: never approximates
+        assert causal and "is_causal" in str(err)
+        return
+    assert s.swapped == 1
+    assert torch.allclose(out, ref, atol=1e-6, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------- dtypes
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_is_computed_in_float32_and_returned_in_its_dtype(dtype):
+    q, k, v = qkv(64, 64, dtype=dtype)
+    with swap("rpka", rank=64) as s:  # full rank: exact, through the widened path
+        out = F.scaled_dot_product_attention(q, k, v)
+    assert out.dtype == dtype and s.swapped == 1
+    ref = TORCH_SDPA(*(x.float() for x in (q, k, v)))
+    assert torch.allclose(out.float(), ref, atol=2e-2)
+    with swap("rpka", rank=8) as s:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.dtype == dtype and s.swapped == 1 and torch.isfinite(out).all()
+
+
+def test_cpu_autocast_is_served():
+    torch.manual_seed(0)
+    model, x = Block(causal=True), torch.randn(1, 64, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16), swap("rpka", rank=8) as s:
+        out = model(x)
+    assert s.swapped == 1 and out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+def test_an_integer_dtype_is_refused_naming_it():
+    q, k, v = (x.to(torch.int32) for x in qkv(8, 8))
+    with pytest.raises(SwapRefused, match="dtype torch.int32"), swap("rpka", rank=4):
+        F.scaled_dot_product_attention(q, k, v)
+
+
+# ------------------------------------------------------------------------- hostile campaign
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"dropout_p": float("nan")}, ValueError, "dropout_p must be a number in [0, 1], got nan"),
+        ({"dropout_p": -0.1}, ValueError, "dropout_p must be a number in [0, 1], got -0.1"),
+        ({"attn_mask": True}, TypeError, "attn_mask must be a Tensor or None, got bool"),
+        ({"scale": float("nan")}, ValueError, "scale must be a finite number or None, got nan"),
+    ],
+)
+@pytest.mark.parametrize("fallback", ["error", "exact"])
+def test_arguments_sdpa_refuses_are_refused_naming_them(kwargs, error, words, fallback):
+    """Issue 52, item 9: these were served as if valid, or failed naming something else."""
+    with pytest.raises(error) as caught, swap("rpka", rank=4, fallback=fallback):
+        F.scaled_dot_product_attention(*qkv(8, 8), **kwargs)
+    assert str(caught.value) == words
+    assert F.scaled_dot_product_attention is SDPA
