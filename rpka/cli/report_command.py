@@ -31,6 +31,18 @@ from rpka.study import steps as study
 def report_main(argv: Sequence[str] | None = None) -> None:
     parser = report_parser()
     args = parser.parse_args(argv)
+    saved = {name: os.environ.get(name) for name in (paths.OUTPUT_ENV, paths.READ_COMMITTED_ENV)}
+    try:
+        _report(parser, args)
+    finally:  # the layout is this command's: a caller in the same process keeps its own
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.publish and args.preset not in paths.PUBLISHED_PRESETS:
         parser.error(
             f"--publish: preset {args.preset} has no committed study (committed: "

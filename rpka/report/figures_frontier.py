@@ -54,7 +54,7 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
             wall = " (wall)" if r.get("step_source") == STEP_SOURCE_WALL else ""  # a record
             note = f"r{r['rank']}" + (f", {ratio:.1f}x step{wall}" if ratio else "")
             if r["arm"] == positive:
-                note += "\n(positive control)"
+                note += "\n(wiring check)"
             # neighbouring ranks alternate below and above their point
             dy = offset[1] if i % 2 == 0 else offset[1] + 26
             ax.annotate(note, (xi, gi), xytext=(offset[0], dy), textcoords="offset points",
@@ -208,7 +208,7 @@ def _answer_panel(
         colour = colours[int(p["context"])]
         if p.get("positive_control"):  # exact by construction: a hollow star, no label
             ax.errorbar([x], [g], yerr=yerr, color=colour, marker="*", ms=10, mfc="none",
-                        capsize=3, label="full rank (positive control)")  # fmt: skip
+                        capsize=3, label="full rank (wiring check)")  # fmt: skip
             continue
         ax.errorbar([x], [g], yerr=yerr, color=colour,
                     marker=METHOD_MARKERS.get(p.get("method"), "o"), ms=6, capsize=3,

@@ -95,7 +95,7 @@ def arm_table(report: Mapping[str, Any]) -> pd.DataFrame:
     for name, arm in report["arms"].items():
         full = arm["full"]
         row = {
-            "arm": f"`{name}`" + (" (primary)" if name == report["primary_arm"] else ""),
+            "arm": tables.arm_label(report, name, code=True),
             "attention": tables.points_label(arm),
             f"test {metric} (mean ± sd)": f"{full['mean']:.4f} ± {full['std']:.4f}",
         }
