@@ -20,9 +20,12 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 .PHONY: setup test report publish lab lint clean-results help
 
 help:
-	@echo "make report [PRESET=smoke|quick|standard|full]   run the study (default standard: a fresh clone resumes the committed runs, ~4 min; ~30 min from scratch) and render reports/<preset>/rpka_report.html"
-	@echo "make test                               the whole test suite (pytest + nbval + ruff)"
+	@echo "make report [PRESET=smoke|quick|standard|full]   run a study into out/<preset>/ (ignored by git) and compare it with the committed one (default standard: a fresh clone resumes the committed runs, ~14 min; ~66 min from scratch; budget 30 min); report: out/<preset>/rpka_report.html"
+	@echo "make test                               the whole test suite (pytest + nbval + ruff), ~11 min on a fresh clone"
+	@echo "make lint                               ruff over the repository"
 	@echo "make lab                                open the notebooks in JupyterLab (kernel: Python (rpka))"
+	@echo "make publish PRESET=standard|full [FROM_RESULTS=1]   the one step that rewrites the committed study (data/results/, figures/, docs/ reports)"
+	@echo "make clean-results                      remove your runs and reports (out/, reports/), never the committed study"
 	@echo "make setup TORCH_SPEC='torch==2.13.0'   (re)install with another torch (e.g. a CUDA build)"
 
 $(BIN)/python:

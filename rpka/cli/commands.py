@@ -31,6 +31,7 @@ import torch
 
 from rpka import bench, numerics, paths
 from rpka.cli import longrange as cli_longrange
+from rpka.cli import pipeline  # noqa: F401 - the report's driver, as cli.pipeline
 from rpka.cli.args import (
     COST_STEPS_RANGE,
     SEEDS_RANGE,
@@ -56,7 +57,7 @@ from rpka.config.presets import STUDY_TRACKS, get_preset
 from rpka.config.presets_longctx import LONGCTX_PRESETS, get_longctx_preset, with_arms
 from rpka.io import CorruptFileError, atomic_write_text, write_result_json
 from rpka.paths import resolve
-from rpka.report import readme
+from rpka.report import readme, readme_table
 from rpka.speed import decoding, scaling
 from rpka.study import cost, longctx, results_check
 from rpka.study import steps as study
@@ -343,10 +344,10 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
     results_check.check_study(args.preset)  # every file whole, sealed, well-typed
     index = study.write_study_index(args.preset)  # study.json: where every reader starts
     print(f"study index: {paths.study_json(args.preset)} ({len(index['tracks'])} track(s))")
-    block = readme.render(args.preset)
     if args.readme is None or text is None:
-        print(block)
+        print(readme.render(args.preset))  # the full summary (the report's appendix E)
         return
+    block = readme_table.readme_block(args.preset)  # the README's short table
     try:
         atomic_write_text(args.readme, readme.replace_block(text, block))
     except OSError as err:
