@@ -250,3 +250,14 @@ def test_every_summary_is_recomputed_from_the_per_seed_scores(edit, found):
     assert bench_report_problems(report) == []
     edit(report)
     assert any(found in problem for problem in bench_report_problems(report))
+
+
+def test_every_notebooks_parameter_cell_lists_the_valid_presets():
+    """A reader opening a notebook sees which presets it takes (issue 56)."""
+    from rpka.config.presets import STUDY_PRESETS
+
+    for notebook in sorted((REPO_ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(notebook.read_text())["cells"]
+        (cell,) = [c for c in cells if "parameters" in c["metadata"].get("tags", [])]
+        line = next(x for x in cell["source"] if x.startswith("preset = "))
+        assert all(f"'{name}'" in line for name in STUDY_PRESETS), (notebook.name, line)

@@ -187,3 +187,10 @@ def test_the_readmes_prose_is_short_lined_and_defines_its_terms():
         assert term in README, term
     assert "<!-- BEGIN decision study answer" in README
     assert "<!-- END decision study answer -->" in README
+
+
+def test_docs_swap_names_every_registered_method():
+    from rpka.attention import REGISTRY
+
+    text = (REPO_ROOT / "docs/swap.md").read_text()
+    assert [name for name in REGISTRY if f"`{name}`" not in text] == []

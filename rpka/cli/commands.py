@@ -385,7 +385,11 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
     "bench": (bench_main, "benchmark (--track NAME): lr sweep, seeds, bench_report.json"),
-    "longctx": (longctx_main, "long-context training: exact vs rpka at contexts 512 and 2,048"),
+    "longctx": (
+        longctx_main,
+        "long-context training: exact vs low-rank arms at each preset's "
+        "lengths (--preset; up to 4,096 tokens)",
+    ),
     "report": (report_main, "run the study and render the HTML report"),
     "scaling": (scaling_main, "attention latency against length and rank"),
     "decode": (decode_main, "per-token decoding latency against context length"),
