@@ -101,6 +101,5 @@ def readme_block(preset: str = "full") -> str:
     return (
         f"Generated from the `{preset}` study's result files (`python -m rpka summary\n"
         f"--preset {preset} --readme README.md`); every track, arm, target and cost is in the\n"
-        f"[report]({link}), its appendix D the full summary.\n\n"
-        + table.to_markdown(index=False)
+        f"[report]({link}), its appendix D the full summary.\n\n" + table.to_markdown(index=False)
     )
