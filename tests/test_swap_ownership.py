@@ -3,6 +3,7 @@
 precision and autocast, and the arguments SDPA itself refuses."""
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -189,3 +190,85 @@ def test_arguments_sdpa_refuses_are_refused_naming_them(kwargs, error, words, fa
         F.scaled_dot_product_attention(*qkv(8, 8), **kwargs)
     assert str(caught.value) == words
     assert F.scaled_dot_product_attention is SDPA
+
+
+# ------------------------------------------------------------------------- audit honesty
+
+
+class WithLogits:
+    """A Hugging Face ModelOutput's shape of interest: logits as an attribute."""
+
+    def __init__(self, logits):
+        self.logits = logits
+
+
+class Wrapped(nn.Module):
+    """A causal model whose output is a ModelOutput-like object, or a tuple."""
+
+    def __init__(self, as_tuple: bool) -> None:
+        super().__init__()
+        self.block, self.as_tuple = Block(causal=True), as_tuple
+
+    def forward(self, x):
+        out = self.block(x)
+        return (out, out.sum()) if self.as_tuple else WithLogits(out)
+
+
+def test_a_method_that_served_nothing_gets_no_row_but_a_warning():
+    """Issue 52, item 6: uniform landmarks on a causal model served no call; its rows read
+    metric change 0 and output error NaN, a free lunch. Now: no rows, a warning, and
+    attrs['not_served'] says which and why."""
+    from rpka.swap import audit
+
+    torch.manual_seed(0)
+    model, x = Block(causal=True), torch.randn(1, 256, 16)
+    with pytest.warns(UserWarning, match="nystrom-uniform at rank 8 served no SDPA call"):
+        table = audit(model, x, ranks=[8], methods=["rpka", "nystrom-uniform"], repeats=1,
+                      metric=lambda out: float(out.mean()))  # fmt: skip
+    assert set(table["method"]) == {"rpka"}
+    assert [(r["method"], r["rank"]) for r in table.attrs["not_served"]] == [("nystrom-uniform", 8)]
+    assert "is_causal=True" in next(iter(table.attrs["not_served"][0]["reasons"]))
+
+
+@pytest.mark.parametrize("as_tuple", [False, True])
+def test_model_output_objects_and_tuples_are_scored_by_their_logits(as_tuple):
+    from rpka.swap import audit
+
+    torch.manual_seed(0)
+    model, x = Wrapped(as_tuple), torch.randn(1, 256, 16)
+    table = audit(model, x, ranks=[8, 256], methods=["rpka"], repeats=1)
+    errors = dict(zip(table["rank"], table["model_output_error"], strict=True))
+    assert 0 < errors[8] < 1 and errors[256] < 1e-5  # measured, and exact at full rank
+
+
+def test_the_command_line_takes_a_model_file_and_names_what_fails(tmp_path, capsys):
+    """`--model ./mymodel.py:f` (a traceback before), a file that fails on import, and
+    targets that do not fit the output: one line each, exit 2."""
+    from rpka.swap import command
+
+    tests = str(Path(__file__).parent)
+    (tmp_path / "mymodel.py").write_text(
+        f"import sys\nsys.path.insert(0, {tests!r})\nfrom test_swap_ownership import Wrapped\n"
+        "def f():\n    return Wrapped(as_tuple=False)\n"
+    )
+    (tmp_path / "broken.py").write_text("raise RuntimeError('no GPU here')\n")
+    torch.save(torch.randn(1, 256, 16), tmp_path / "x.pt")
+    torch.save({"inputs": torch.randn(1, 256, 16), "targets": torch.randint(0, 5, (3,))},
+               tmp_path / "xt.pt")  # fmt: skip
+    out = str(tmp_path / "out")
+    table = command.main(["--model", f"{tmp_path}/mymodel.py:f", "--batch", str(tmp_path / "x.pt"),
+                          "--ranks", "8", "--repeats", "1", "--out", out])  # fmt: skip
+    assert list(table["method"]) == ["rpka"]
+    capsys.readouterr()
+    for argv, says in [
+        (["--model", f"{tmp_path}/broken.py:f", "--batch", "b"], "RuntimeError: no GPU here"),
+        (["--model", f"{tmp_path}/absent.py:f", "--batch", "b"], "no file"),
+        (
+            ["--model", f"{tmp_path}/mymodel.py:f", "--batch", str(tmp_path / "xt.pt")],
+            "the targets do not fit the model's output (1, 2, 256, 8) float32",
+        ),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            command.main([*argv, "--out", out])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 
 from rpka.attention import REGISTRY
 from rpka.io import write_json
-from rpka.swap.measure import audit, plot_errors, run_model
+from rpka.swap.measure import audit, plot_errors, primary_tensor, run_model
 from rpka.swap.sdpa import SwapRefused
 
 COLUMNS = ["method", "rank", "site", "swapped", "output_error", "logit_std", "metric_change"]
@@ -48,28 +49,62 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m rpka swap",
         description="audit a saved model with its SDPA calls swapped (docs/swap.md)",
     )
-    p.add_argument("--model", required=True, help="pkg.module:factory (called with no args)")
+    p.add_argument(
+        "--model", required=True,
+        help="pkg.module:factory or path/to/file.py:factory (called with no arguments)",
+    )  # fmt: skip
     p.add_argument("--weights", type=Path, help="the model's state_dict (torch.save)")
-    p.add_argument("--batch", type=Path, required=True, help="inputs (torch.save)")
-    p.add_argument("--ranks", type=int, nargs="+", default=[16, 64])
+    p.add_argument(
+        "--batch", type=Path, required=True,
+        help="torch.save'd inputs: a tensor, a tuple/list (positional) or a dict (keyword "
+        'arguments); or {"inputs": ..., "targets": ...} to add the loss as the end metric',
+    )  # fmt: skip
+    p.add_argument(
+        "--ranks", type=int, nargs="+", default=[16, 64],
+        help="ranks (landmarks) to audit, integers >= 1; >= the keys of a call: exact "
+        "(default %(default)s)",
+    )  # fmt: skip
     p.add_argument("--methods", nargs="+", default=["rpka"], choices=sorted(REGISTRY))
-    p.add_argument("--option", action="append", default=[], metavar="METHOD.KEY=VALUE")
-    p.add_argument("--fallback", choices=("exact", "error"), default="exact")
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds (after a warm-up)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("rpka_swap_audit"))
+    p.add_argument(
+        "--option", action="append", default=[], metavar="METHOD.KEY=VALUE",
+        help="a method's option, e.g. rpka.causal_block=16 (repeatable)",
+    )  # fmt: skip
+    p.add_argument(
+        "--fallback", choices=("exact", "error"), default="exact",
+        help="a call the method cannot serve: run it exactly (counted) or stop",
+    )  # fmt: skip
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed rounds after a warm-up, >= 1 (default 3)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0,
+        help="the RNG seed every pass starts from (pivot draws) (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--out", type=Path, default=Path("rpka_swap_audit"),
+        help="folder for audit.json and audit.png (default %(default)s)",
+    )  # fmt: skip
     return p
 
 
 def load_factory(spec: str) -> Callable[[], nn.Module]:
-    """``pkg.module:factory`` -> the callable (one line naming what is missing)."""
-    module_name, _, name = spec.partition(":")
+    """``pkg.module:factory`` or ``path/to/file.py:factory`` -> the callable (one line
+    naming what is missing or what failed while importing it)."""
+    module_name, _, name = spec.rpartition(":")
     if not module_name or not name:
-        fail(f"argument --model: {spec!r} is not of the form pkg.module:factory")
+        fail(f"argument --model: {spec!r} is not of the form pkg.module:factory or file.py:factory")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        fail(f"argument --model: cannot import {module_name!r} ({err})")
+        if module_name.endswith(".py") or "/" in module_name:
+            path = Path(module_name)
+            if not path.is_file():
+                fail(f"argument --model: no file {path}")
+            loader = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except Exception as err:  # the user's module: a missing name or a failure inside it
+        fail(f"argument --model: cannot import {module_name!r} ({type(err).__name__}: {err})")
     factory = getattr(module, name, None)
     if not callable(factory):
         fail(f"argument --model: {module_name!r} has no callable {name!r}")
@@ -138,7 +173,10 @@ def loss_metric(targets: Any) -> Callable[[Any], float] | None:
     if not isinstance(targets, Tensor):
         return None
 
-    def loss(out: Any) -> float:
+    def loss(output: Any) -> float:
+        out = primary_tensor(output)  # a Hugging Face ModelOutput: its logits
+        if out is None:
+            raise TypeError(f"the model's output {type(output).__name__} holds no tensor")
         if not targets.is_floating_point():
             return float(F.cross_entropy(out.flatten(0, -2).float(), targets.flatten()))
         return float(F.mse_loss(out.float(), targets.float()))
@@ -147,15 +185,28 @@ def loss_metric(targets: Any) -> Callable[[Any], float] | None:
 
 
 def check_batch(model: nn.Module, batch: Any, metric: Callable[[Any], float] | None) -> None:
-    """One plain forward (and the metric): a batch the model does not take is one line."""
+    """One plain forward, then the metric: inputs the model does not take, and targets the
+    loss cannot compare with its output, are one line each, naming which."""
     try:
         with torch.no_grad():
             out = run_model(model, batch)
-            if metric is not None:
-                metric(out)
     except Exception as err:
-        line = str(err).splitlines()[0] if str(err) else type(err).__name__
-        fail(f"argument --batch: the model does not take inputs {describe(batch)}: {line}")
+        fail(f"argument --batch: the model does not take inputs {describe(batch)}: {_line(err)}")
+    if metric is None:
+        return
+    try:
+        metric(out)
+    except Exception as err:
+        scored = primary_tensor(out)
+        shown = describe(scored) if scored is not None else type(out).__name__
+        fail(
+            f"argument --batch: the targets do not fit the model's output {shown} (the loss "
+            f"needs logits (..., V) for integer targets, or the output's shape): {_line(err)}"
+        )
+
+
+def _line(err: Exception) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def check_out(folder: Path) -> None:

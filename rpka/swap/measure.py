@@ -29,6 +29,7 @@ import contextlib
 import math
 import statistics
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -224,7 +225,25 @@ def _scalar(metric: Metric | None, output: Any) -> float:
     return float(value.item() if isinstance(value, Tensor) else value)
 
 
+def primary_tensor(output: Any) -> Tensor | None:
+    """The tensor a model's output is scored by: the output itself, a Hugging Face
+    ``ModelOutput``'s (or a dict's) ``logits``, else the first tensor of a tuple, list or
+    dict (``last_hidden_state`` for an encoder); None where there is none."""
+    if isinstance(output, Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, Mapping):
+        logits = output.get("logits")
+    if isinstance(logits, Tensor):
+        return logits
+    values = output.values() if isinstance(output, Mapping) else output
+    if isinstance(values, tuple | list) or isinstance(output, Mapping):
+        return next((v for v in values if isinstance(v, Tensor)), None)
+    return None
+
+
 def _output_error(out: Any, ref: Any) -> float:
+    out, ref = primary_tensor(out), primary_tensor(ref)
     if isinstance(out, Tensor) and isinstance(ref, Tensor) and out.shape == ref.shape:
         den = float(torch.linalg.vector_norm(ref.double()))
         num = float(torch.linalg.vector_norm(out.double() - ref.double()))
@@ -251,7 +270,11 @@ def audit(
     does (``"exact"``: runs exactly, counted in ``swapped``; ``"error"``: raises). A
     ``torch.Generator`` among the options is reset to its state at the call before each
     pass. The model's mode is left as it is. Raises :class:`SwapRefused` when the model made no
-    SDPA call, or when no method served any call."""
+    SDPA call, or when no method served any call. A (method, rank) that served no call gets
+    no row (it would show exact attention's numbers under the method's name) and a warning;
+    ``table.attrs["not_served"]`` lists them with their reasons. A model's output is scored
+    by :func:`primary_tensor` (a Hugging Face ``ModelOutput``'s logits, a tuple's first
+    tensor)."""
     if not ranks or any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in ranks):
         raise ValueError(f"ranks must be positive integers, got {list(ranks)}")
     if not isinstance(repeats, int) or repeats < 1:
@@ -294,6 +317,17 @@ def audit(
         if not any(run.swapper.swapped for run, _ in passes):
             reasons = sorted({r for run, _ in passes for r in run.swapper.reasons})
             raise SwapRefused(f"no SDPA call could be served by {list(methods)}: {reasons}")
+        not_served = [
+            {"method": m, "rank": r, "reasons": dict(run.swapper.reasons)}
+            for (m, r), (run, _) in zip(grid, passes, strict=True)
+            if not run.swapper.swapped
+        ]
+        for row in not_served:  # no row in the table: it measured exact attention, not it
+            warnings.warn(
+                f"rpka.swap.audit: {row['method']} at rank {row['rank']} served no SDPA call "
+                f"(every call ran exact attention: {row['reasons']}); left out of the table",
+                stacklevel=2,
+            )
         times = interleaved_times(
             model,
             batch,
@@ -302,7 +336,9 @@ def audit(
             repeats,
             seed,
         )
-    return _table(exact, out_exact, passes, grid, times, metric, repeats, seed)
+    table = _table(exact, out_exact, passes, grid, times, metric, repeats, seed)
+    table.attrs["not_served"] = not_served
+    return table
 
 
 def _table(
@@ -321,6 +357,8 @@ def _table(
     exact_s, exact_site_s = times[0]
     rows = []
     for (m, r), (run, out), (forward_s, site_s) in zip(grid, passes, times[1:], strict=True):
+        if not run.swapper.swapped:
+            continue  # served nothing: a row would show exact attention as a free lunch
         value = _scalar(metric, out)
         for site, stats in per_site(run.swapper.records or []).items():
             errors = run.errors.get(site, [])
