@@ -60,6 +60,9 @@ def test_the_superseded_long_range_study_is_not_a_reading():
     """The older 8-seed long-range study (frontier.json's longrange-<n>) is superseded by the
     pre-registered 16-seed one: Figure 1 does not show it as a finding (issue 53, item 3)."""
     rows = [_row("rpka", 64, "non-inferior")]
-    assert when_map.map_points(_frontier(rows, "longrange-2048"), None, SWEEP).empty
-    text, _ = when_map.caption(when_map.map_points(_frontier(rows), None, SWEEP))
+    older = _frontier(rows, "longrange-2048")
+    assert when_map.map_points(older, None, SWEEP, superseded=True).empty
+    assert len(when_map.map_points(older, None, SWEEP)) == 1  # a study without the 16-seed one
+    text, _ = when_map.caption(when_map.map_points(_frontier(rows), None, SWEEP, superseded=True))
     assert "8-seed study is superseded and not shown" in text
+    assert "superseded" not in when_map.caption(when_map.map_points(older, None, SWEEP))[0]

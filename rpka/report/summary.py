@@ -101,17 +101,19 @@ def _join(items: list[str]) -> str:
     return items[0] if len(items) == 1 else "; ".join(items[:-1]) + "; and " + items[-1]
 
 
-def answer_sentence(frontier: Mapping[str, Any] | None) -> str:
+def answer_sentence(frontier: Mapping[str, Any] | None, superseded: bool = False) -> str:
     """When RPKA stops losing, at what cost, and whether the positive control ties: one
-    sentence per the frontier file (Markdown); without a frontier, says so."""
+    sentence per the frontier file (Markdown); without a frontier, says so. ``superseded``
+    (the study also ran the pre-registered 16-seed long-range study): the older 8-seed
+    study's frontier tracks (``longrange-<n>``) are left out, and the sentence says so."""
     tracks = (frontier or {}).get("tracks") or {}
     if not tracks:
         return (
             "**When does RPKA stop losing, at what cost?** Not answered: this study has no "
             "rank frontier (`frontier.json`)."
         )
-    superseded = [name for name in tracks if name.startswith(LONGRANGE_PREFIX)]
-    tracks = {name: entry for name, entry in tracks.items() if name not in superseded}
+    left_out = [name for name in tracks if superseded and name.startswith(LONGRANGE_PREFIX)]
+    tracks = {name: entry for name, entry in tracks.items() if name not in left_out}
     if not tracks:
         return "**When does RPKA stop losing, at what cost?** Not answered on the short tracks."
     margin = next(iter(tracks.values())).get("margin_gap")
@@ -135,7 +137,7 @@ def answer_sentence(frontier: Mapping[str, Any] | None) -> str:
         f"exact attention, 0 no attention) {_join(clauses)}. The wiring check (the positive "
         f"control: a rank exact by construction) {'; it '.join(control)}."
         + (" The long-range answer is the pre-registered 16-seed study's (below); the older "
-           "8-seed long-range study is superseded and not read here." if superseded else "")
+           "8-seed long-range study is superseded and not read here." if left_out else "")
     )  # fmt: skip
 
 
@@ -259,15 +261,22 @@ def longrange_rows(
     return rows
 
 
-def all_tracks_note() -> str:
-    """What the table's columns mean (Markdown)."""
+def all_tracks_note(superseded: bool = False) -> str:
+    """What the table's columns mean (Markdown); ``superseded``: the long-range rows are
+    the older 8-seed study's (:func:`longrange_rows`)."""
     return (
         "*Gate*: the track's attention gate (uniform attention clearly worse than exact); a "
         "failed gate makes every verdict of the track uninformative. On the long-range rows "
         "it is the two-control gate (exact clearly better than both uniform attention and a "
-        "local window); those rows are the older 8-seed long-range study, *superseded* by "
-        "the pre-registered 16-seed study (docs/longrange_protocol.md; a decision study, "
-        "docs/longrange_protocol_v2.md, is running). *Wiring check*: the positive control, "
+        "local window)"
+        + (
+            "; those rows are the older 8-seed long-range study, *superseded* by the "
+            "pre-registered 16-seed study (docs/longrange_protocol.md; a decision study, "
+            "docs/longrange_protocol_v2.md, is running)"
+            if superseded
+            else ""
+        )
+        + ". *Wiring check*: the positive control, "
         "a rank exact by construction, which must tie with exact. *Primary verdict*: the "
         "pre-registered primary arm against exact on the track's own metric (Section 2). "
         "*r\\**: the smallest RPKA rank whose gap recovered is non-inferior (Section 1), "
@@ -343,13 +352,13 @@ def headline_rows(
             "verdict": verdict_word(c.get("verdict", NA)),
         })  # fmt: skip
     gates = ((study.get("longrange") or {}).get("contexts")) or {}
+    name = "long range, 8 seeds, superseded" if study.get("longrange_power") else "long range"
     for context, report in (longrange or {}).items():
         passed = (gates.get(str(context)) or {}).get("gate_passed")
         gate = "passed" if passed else "failed"
         c = report["arms"][report["primary_arm"]].get("comparison") or {}
         rows.append({
-            "label": f"long range, 8 seeds, superseded ({context:,} tokens): "
-            f"{report['primary_arm']}",
+            "label": f"{name} ({context:,} tokens): {report['primary_arm']}",
             "gap": primary_gap(report) if passed else None,
             "gate": gate, "margin_gap": MARGIN_GAP,
             "verdict": verdict_word(c.get("verdict", NA)),

@@ -70,13 +70,16 @@ def map_points(
     frontier: Mapping[str, Any] | None,
     rank_law: Mapping[str, Any] | None,
     sweep: Mapping[str, Any] | None,
+    superseded: bool = False,
 ) -> pd.DataFrame:
     """One row per reading: study, method, tokens, rank, rank_over_points, source
-    ("trained" / "drop-in"), non_inferior, op_speedup, category."""
+    ("trained" / "drop-in"), non_inferior, op_speedup, category. ``superseded`` (the study
+    also ran the pre-registered 16-seed long-range study): the older 8-seed study's
+    frontier tracks are not readings (``attrs["superseded"]`` says so to the caption)."""
     speedup = _speedups(sweep)
     rows = []
     for track, entry in ((frontier or {}).get("tracks") or {}).items():
-        if track.startswith(SUPERSEDED_PREFIX):  # the 8-seed long-range study: superseded
+        if superseded and track.startswith(SUPERSEDED_PREFIX):  # the 8-seed study
             continue
         for row in entry["rows"]:
             if row["rank"] >= row["n_points"]:  # the positive control: exact by identity
@@ -98,7 +101,9 @@ def map_points(
         row["rank_over_points"] = row["rank"] / row["points"]
         row["op_speedup"] = speedup.get((row["method"], row["tokens"], row["rank"]))
         row["category"] = _category(row["non_inferior"], row["op_speedup"])
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.attrs["superseded"] = superseded
+    return frame
 
 
 def plot_when_map(points: pd.DataFrame) -> Figure:
@@ -152,7 +157,8 @@ def caption(points: pd.DataFrame) -> tuple[str, str]:
             "every drop-in rung of the rank-law grid (hollow: the smallest rank reaching the "
             "margin on every seed and the rank below it) at its length and rank ÷ points. "
             f"Cost: the attention op's forward, one thread, CPU time (cheaper: at most "
-            f"{CHEAPER_RATIO_MAX:g} × exact's). The long-range study's readings are in its "
-            "own section (the older 8-seed study is superseded and not shown). Counts: "
-            + "; ".join(parts) + ".")  # fmt: skip
+            f"{CHEAPER_RATIO_MAX:g} × exact's). "
+            + ("The long-range study's readings are in its own section (the older 8-seed "
+               "study is superseded and not shown). " if points.attrs.get("superseded") else "")
+            + "Counts: " + "; ".join(parts) + ".")  # fmt: skip
     return text, "Map of readings by sequence length and rank over points, coloured by verdict"
