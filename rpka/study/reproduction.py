@@ -161,7 +161,15 @@ def compare(results: str | Path, reference: str | Path) -> dict[str, Any]:
         "largest_difference": largest,
         "cpu": {"here": cpus(mine.values()), "committed": cpus(theirs.values())},
     }  # fmt: skip
+    threads = sorted({(_threads(mine[rid]), _threads(theirs[rid])) for rid in rewritten
+                      if _threads(mine[rid]) != _threads(theirs[rid])})  # fmt: skip
+    result["torch_threads_differ"] = [list(pair) for pair in threads]
     return {**result, **_outcome(result, _vendors(mine.values()), _vendors(theirs.values()))}
+
+
+def _threads(path: Path) -> int | None:
+    """The torch thread count a run trained with: the order of its sums, so its last bits."""
+    return read_json(path).get("torch_threads")
 
 
 def _outcome(result: dict[str, Any], here: set[str], committed: set[str]) -> dict[str, str]:
@@ -188,7 +196,11 @@ def _outcome(result: dict[str, Any], here: set[str], committed: set[str]) -> dic
             f"run ids, every verdict and score equal ({ids['written_anew']} run file(s) "
             "written anew by this run, the rest resumed from the committed files).",
         }
-    if here and committed and here != committed:
+    if result.get("torch_threads_differ"):
+        pairs = ", ".join(f"{a} here, {b} committed" for a, b in result["torch_threads_differ"])
+        why = (f"another torch thread count in the run files that moved ({pairs}; "
+               "OMP_NUM_THREADS: the sums' order)")  # fmt: skip
+    elif here and committed and here != committed:
         why = f"another CPU vendor ({', '.join(sorted(here))} here, "
         why += f"{', '.join(sorted(committed))} committed; docs/reproducibility.md)"
     elif not committed:
