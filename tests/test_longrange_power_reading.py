@@ -69,7 +69,7 @@ def test_the_study_gets_its_own_frontier_and_answer(study, tmp_path):
     assert answer["pending_lengths"] == [second]
     items = power_section({"longrange_power": entry}, out, Figures(), None)
     html = "".join(getattr(item, "data", "") for item in items)
-    assert "The pre-registered study" in html and "leave one seed out" in html
+    assert "The pilot: the 16-seed study of protocol v1" in html and "leave one seed out" in html
     assert '<figure id="figure-1"' in html  # each seed's gap recovered
 
 

@@ -10,6 +10,7 @@ from rpka.paths import REPO_ROOT
 from rpka.study.notebook_params import (
     FLAGS,
     NUMBERS,
+    RANK_LISTS,
     ParameterError,
     assigned_literals,
     check,
@@ -83,6 +84,8 @@ def test_the_notebook_declares_what_the_check_knows_and_settles_first(name):
             assert default == repr(NUMBERS[name][key][0])
         elif key in FLAGS:
             assert default == repr(FLAGS[key][0])
+        elif key in RANK_LISTS.get(name, {}):
+            assert default == repr(RANK_LISTS[name][key])
         else:
             assert default == "None", key
     nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)

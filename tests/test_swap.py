@@ -172,16 +172,16 @@ def test_a_non_causal_peer_refuses_causal_calls():
             F.scaled_dot_product_attention(*qkv(8, 8, torch.float32), is_causal=True)
 
 
-def test_a_model_with_dropout_or_a_padding_mask_is_never_silently_swapped():
+def test_a_model_with_dropout_or_a_bias_mask_is_never_silently_swapped():
     layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True).train()
     x = torch.randn(2, 6, 16)
     with pytest.raises(SwapRefused, match="dropout_p=0.1"), swap("rpka", rank=4):
         layer(x)
     layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).train()
-    padding = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    bias = torch.randn(6, 6)  # an additive bias: refused (key padding is served, test_masks)
     with pytest.warns(UserWarning, match="attn_mask"):
         with swap("rpka", rank=4, fallback="exact") as s:
-            layer(x, src_key_padding_mask=padding)
+            layer(x, src_mask=bias)
             layer(x)
     assert (s.swapped, s.passed) == (1, 1)
 

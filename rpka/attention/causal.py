@@ -29,7 +29,10 @@ to the whole row and cancels). Rows of block 0 have no past: exact causal softma
   block 0 use uncentred keys. One shift per row is exact (softmax invariance) and ``mu``
   reads positions ``< b <= t``.
 * landmarks of block ``c``: RPCholesky pivots of the points (joint ``[q~; k']`` or keys
-  ``k'``) at positions ``< cb``. The random draws depend on shapes only, never on values.
+  ``k'``) at positions ``< cb``. The random draws of the plain loop depend on shapes only;
+  the accelerated method's (pools of ``ACCELERATE_FROM_POINTS`` or more) also on the values
+  of the prefix it draws from (its rejections), which all lie before every row that reads
+  those landmarks or a later draw.
 * weights: ``w_j`` is never exponentiated apart from ``g``: row ``s`` of ``M_c`` sums
   ``exp(z_s.k'_j - |z_s|^2/2)`` against its own reference ``rho_s = max_j`` of those
   exponents, merged block by block as in online softmax (rescaled by
@@ -66,6 +69,13 @@ past part ``O(n r d)``; folding ``O(n r d)``; the draws run RPCholesky on prefix
 double, ``O(n r (d + r))`` in all, plus ``O(n r d)`` to rebuild ``M`` for new landmarks;
 an ``O(log(n/b))``-deep prefix merge over blocks. Memory ``O(n (b + r))``.
 
+**Two forms of the same sums** (issue 55, docs/speed.md "Causal RPKA at the op's limit"):
+with gradients, on other devices and below ``FUSED_FROM_POSITIONS`` the local part is
+written out (:func:`local_scores`, :func:`combine`: the reference, and the ops every
+committed result ran); inference on long sequences runs it as one fused SDPA call on the
+stacked blocks with its log-sum-exp (:func:`fused_local`, :func:`combine_fused`) and the
+key side in ``key_precision``. They agree to round-off.
+
 **Decoding** (``prefill`` / ``step``, one token at a time): ``causal_decode``.
 """
 
@@ -76,20 +86,22 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from rpka.attention.causal_blocks import running_range, to_blocks
 from rpka.attention.causal_landmarks import (
     LandmarkSampler,
     LandmarkSet,
     Moments,
+    WideKeys,
     draw_blocks,
     epoch_moments,
     first_draw_from,
     past_is_exact,
 )
 from rpka.attention.guards import clamp_between, hull_tolerance
-from rpka.attention.nystrom import finite_or_zero
+from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero
+from rpka.attention.nystrom_chunked import narrow_key_dtype
 
 # ----------------------------------------------------------------------------- one row set
 
@@ -154,6 +166,102 @@ def combine(
     return clamp_between(out, v_low, v_high), floored, clamped
 
 
+# Inference on sequences of at least this many positions takes the fused local part
+# (:class:`LocalPart`): SDPA's CPU flash kernel on the stacked blocks, which returns each
+# row's log-sum-exp beside its output, 3x faster than the written-out block softmax at
+# 8,192 tokens (23 against 69 ms, issue 55). It sums in another order (round-off moves,
+# ~1e-7 relative in float32), so shorter sequences - the lm track and the swap audit, 64
+# tokens, whose committed results ran the written-out ops - keep those ops.
+FUSED_FROM_POSITIONS = 1024
+
+
+def fused_local(q_b: Tensor, k_b: Tensor, v_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Causal softmax inside every block by SDPA's fused CPU kernel.
+
+    q_b, k_b (..., C, b, d), v_b (..., C, b, d_v) -> the normalised local output
+    (..., C, b, d_v) and its log-sum-exp ``log sum_{j <= i} e^{q~_i.k'_j}`` (..., C, b, 1):
+    the local log-terms ``s_ij`` plus the row's ``|q~_i|^2/2``, which cancels in eq. (1) (the
+    past logits are taken on the same scale, :meth:`LandmarkSet.past_logits_unshifted`).
+    """
+    shape = q_b.shape[:-1]
+    flat = [x.reshape(1, -1, *x.shape[-2:]) for x in (q_b, k_b, v_b)]
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        *flat, 0.0, True, scale=1.0
+    )
+    return out.reshape(*shape, v_b.shape[-1]), lse.reshape(shape).unsqueeze(-1)
+
+
+def combine_fused(
+    local: Tensor,
+    lse: Tensor,
+    v_low: Tensor,
+    v_high: Tensor,
+    den_floor: float,
+    past: tuple[Tensor, Tensor],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`combine` for rows with a past from the fused local part: ``local`` (..., L, d_v)
+    is the local sums' ratio and ``e^{lse}`` (..., L, 1) their denominator, so the local
+    numerator is ``local e^{lse}``. Same guards, same row reference (the larger of the local
+    log-sum-exp and the past maximum)."""
+    logits, core = past
+    ref = finite_or_zero(torch.maximum(lse, logits.amax(-1, keepdim=True)))
+    local_den = torch.exp(lse - ref)
+    a = torch.exp(logits - ref)
+    past_sum = a @ core  # (..., L, d_v + 1)
+    past_den = past_sum[..., -1:]
+    floor = den_floor * a.sum(-1, keepdim=True)
+    floored = past_den < floor
+    den = (local_den + torch.where(floored, floor, past_den)).clamp(min=torch.finfo(lse.dtype).tiny)
+    out = torch.addcmul(past_sum[..., :-1], local, local_den).div_(den)
+    outside = (out < v_low) | (out > v_high)
+    if not bool(outside.any()):  # the usual case: no entry to clamp, none past the tolerance
+        return out, floored, outside
+    tol = hull_tolerance(v_low, v_high)
+    clamped = (out < v_low - tol) | (out > v_high + tol)
+    return torch.minimum(torch.maximum(out, v_low, out=out), v_high, out=out), floored, clamped
+
+
+class LocalPart:
+    """The exact in-block sums of eq. (1) for every block: the written-out log-terms
+    (:func:`local_scores`, differentiable; the reference) or, for inference on long
+    sequences on the CPU, the fused kernel's output and log-sum-exp (:func:`fused_local`)."""
+
+    def __init__(self, q_b: Tensor, k_b: Tensor, v_b: Tensor, fused: bool) -> None:
+        self.q_b, self.k_b, self.fused = q_b, k_b, fused
+        if fused:
+            self.out, self.lse = fused_local(q_b, k_b, v_b)
+        else:
+            self.scores = local_scores(q_b, k_b, causal=True)  # (..., C, b, b)
+
+    @staticmethod
+    def takes_fused(q_s: Tensor, k_s: Tensor, v: Tensor) -> bool:
+        """Inference (nothing needs a gradient) on the CPU, at least FUSED_FROM_POSITIONS."""
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q_s, k_s, v))
+        return not grad and q_s.device.type == "cpu" and q_s.shape[-2] >= FUSED_FROM_POSITIONS
+
+    def combine(self, rows: slice, v_b: Tensor, *bounds: object) -> tuple[Tensor, Tensor, Tensor]:
+        """Eq. (1) for the blocks ``rows`` with a past: :func:`combine` or
+        :func:`combine_fused`; ``bounds``: their ``(v_low, v_high, den_floor, past)``."""
+        if self.fused:
+            return combine_fused(self.out[..., rows, :, :], self.lse[..., rows, :, :], *bounds)
+        return combine(self.scores[..., rows, :, :], v_b[..., rows, :, :], *bounds)
+
+    def assemble(self, outs: list[Tensor], draws: list[int], n: int) -> Tensor:
+        """The output (..., n, d_v) from block 0's rows and one part per epoch."""
+        if not self.fused:
+            return torch.cat([outs[0].unsqueeze(-3), *outs[1:]], dim=-3).flatten(-3, -2)[..., :n, :]
+        epochs = itertools.pairwise([*draws, self.out.shape[-3]])
+        for (start, stop), part in zip(epochs, outs[1:], strict=True):  # in place, no cat
+            self.out[..., start:stop, :, :] = part
+        return self.out.flatten(-3, -2)[..., :n, :]
+
+    def scores_of(self, block: int) -> Tensor:
+        """The log-terms of one block (..., b, b)."""
+        if self.fused:
+            return local_scores(self.q_b[..., block, :, :], self.k_b[..., block, :, :], True)
+        return self.scores[..., block, :, :]
+
+
 def empty_guards(device: torch.device) -> dict[str, Tensor]:
     return {key: torch.zeros((), dtype=torch.long, device=device) for key in GUARD_KEYS}
 
@@ -184,12 +292,6 @@ def count_exact_rows(guards: dict[str, Tensor], out: Tensor, rows: Tensor | None
 # ----------------------------------------------------------------------------- forward
 
 
-def to_blocks(x: Tensor, block_size: int) -> Tensor:
-    """(..., n, e) -> (..., ceil(n/b), b, e), zero padded at the end."""
-    pad = -x.shape[-2] % block_size
-    return F.pad(x, (0, 0, 0, pad)).unflatten(-2, (-1, block_size))
-
-
 @dataclass
 class ForwardTail:
     """What a decoder needs from the forward: centre, last landmarks, their moments."""
@@ -207,9 +309,13 @@ def causal_forward(
     block_size: int,
     sampler: LandmarkSampler,
     den_floor: float,
+    key_precision: str = "float64",
 ) -> tuple[Tensor, dict[str, Tensor], ForwardTail]:
     """Causal RPKA, eqs. (1)-(2), for scaled q_s, k_s (..., n, d) and v (..., n, d_v).
 
+    ``key_precision``: RPKAttention's; ``"auto"`` lets the fused (long inference) path
+    compute the key moments in float32 while the logits stay moderate
+    (:func:`narrow_key_dtype`); every other path widens them to float64.
     Returns out (..., n, d_v), guard counts and the :class:`ForwardTail`.
     """
     n, b = q_s.shape[-2], block_size
@@ -218,23 +324,26 @@ def causal_forward(
     k_c = k_s - centre
     k_local = torch.cat([k_s[..., :b, :], k_c[..., b:, :]], dim=-2)
     q_b, k_b, v_b = (to_blocks(x, b) for x in (q_s, k_local, v))
-    scores = local_scores(q_b, k_b, causal=True)  # (..., C, b, b)
-    v_low = to_blocks(torch.cummin(v, dim=-2).values, b)
-    v_high = to_blocks(torch.cummax(v, dim=-2).values, b)
+    local = LocalPart(q_b, k_b, v_b, LocalPart.takes_fused(q_s, k_s, v))
+    v_low, v_high = running_range(v, b)
     is_real = to_blocks(torch.ones_like(v[..., :1], dtype=torch.bool), b)  # not padding
 
     guards = empty_guards(q_s.device)
-    outs = [combine(scores[..., 0, :, :], v_b[..., 0, :, :], v_low, v_high, den_floor)[0]]
+    if local.fused:
+        outs = [local.out[..., 0, :, :]]
+    else:
+        outs = [combine(local.scores_of(0), v_b[..., 0, :, :], v_low, v_high, den_floor)[0]]
     landmarks = moments = None
     ppp = sampler.points_per_position
     draws = draw_blocks(n_blocks, b, sampler.rank, ppp)
+    wide = WideKeys.of(k_c, v, (n_blocks - 1) * b)  # the keys any past part reads
     for start, stop in itertools.pairwise([*draws, n_blocks]):  # one landmark epoch each
         rows = slice(start, stop)
         if past_is_exact(start, b, sampler.rank, ppp):  # one block, its past keys as they are
             landmarks = moments = None
             past_scores = local_scores(q_b[..., start, :, :], k_c[..., : start * b, :], False)
             out = combine(
-                torch.cat([past_scores, scores[..., start, :, :]], dim=-1),
+                torch.cat([past_scores, local.scores_of(start)], dim=-1),
                 torch.cat([v[..., : start * b, :], v_b[..., start, :, :]], dim=-2),
                 v_low[..., start, :, :],
                 v_high[..., start, :, :],
@@ -244,21 +353,19 @@ def causal_forward(
             outs.append(out)
             continue
         landmarks = LandmarkSet.draw(sampler, q_s[..., : start * b, :], k_c[..., : start * b, :])
-        moments = epoch_moments(landmarks, k_c, v, start, stop, b)  # block s: keys < sb
+        dtype = CORE_DTYPE
+        if local.fused:
+            dtype = narrow_key_dtype(key_precision, landmarks.points, landmarks.valid)
+        moments = epoch_moments(landmarks, wide, start, stop, b, dtype)  # block s: keys < sb
         blocks = landmarks.per_block()
         core = blocks.solve(moments)
-        past = (blocks.past_logits(q_b[..., start:stop, :, :], core), core.scaled)
-        out, floored, clamped = combine(
-            scores[..., rows, :, :],
-            v_b[..., rows, :, :],
-            v_low[..., rows, :, :],
-            v_high[..., rows, :, :],
-            den_floor,
-            past,
-        )
+        logits = blocks.past_logits_unshifted if local.fused else blocks.past_logits
+        past = (logits(q_b[..., start:stop, :, :], core), core.scaled)
+        bounds = (v_low[..., rows, :, :], v_high[..., rows, :, :], den_floor, past)
+        out, floored, clamped = local.combine(rows, v_b, *bounds)
         count_guards(guards, floored, clamped, is_real[..., rows, :, :])
         outs.append(out)
-    out = torch.cat([outs[0].unsqueeze(-3), *outs[1:]], dim=-3).flatten(-3, -2)[..., :n, :]
+    out = local.assemble(outs, draws, n)
     tail = ForwardTail(
         centre if n >= b else None,
         landmarks,
@@ -281,6 +388,11 @@ class CausalOptions:  # the attributes of RPKAttention read here (typing aid onl
     block_size: int
     generator: torch.Generator | None
     pivot_backend: str
+    key_precision: str
+    method: str
+    block_size: int | None
+    refresh: str
+    residual_solve: str
 
 
 def sampler_of(attn: CausalOptions) -> LandmarkSampler:
@@ -292,6 +404,10 @@ def sampler_of(attn: CausalOptions) -> LandmarkSampler:
         attn.tempering,
         attn.generator,
         attn.pivot_backend,
+        attn.method,
+        attn.block_size,
+        attn.refresh,
+        attn.residual_solve,
     )
 
 
@@ -305,6 +421,6 @@ def scaled(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def attend(attn: CausalOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, dict]:
     """Causal RPKA forward for ``RPKAttention(causal=True)``: out (B, H, n, d_v), guards."""
     out, guards, _ = causal_forward(
-        *scaled(q, k, v), attn.causal_block, sampler_of(attn), attn.den_floor
+        *scaled(q, k, v), attn.causal_block, sampler_of(attn), attn.den_floor, attn.key_precision
     )
     return out.to(q.dtype), guards

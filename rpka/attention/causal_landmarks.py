@@ -19,15 +19,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rpka.attention.accelerated import accelerated_pivots
 from rpka.attention.nystrom import (
+    CORE_DTYPE,
     Core,
+    finite_or_zero,
     gather_points,
     key_moments,
     landmark_cholesky,
     landmark_logits,
     solve_core,
 )
-from rpka.attention.rpcholesky import rpcholesky
+from rpka.attention.nystrom_chunked import too_sharp
+from rpka.attention.pivot_state import PointSet
+from rpka.attention.rpcholesky import rpcholesky, weighting_power
+
+# Pools of at least this many points are drawn by the attention's pivot method (the
+# accelerated block + rejection RPCholesky by default, the same law as the plain loop);
+# smaller ones by the plain loop. Measured (issue 55, one thread, (8, N, 64) float32, rank
+# 64): plain 3.4 / 5.1 / 38 / 450 ms at N = 128 / 256 / 2,048 / 16,384 points, accelerated
+# 5.3 / 3.3 / 3.5 / 3.5 ms. Short contexts (the lm track: 64 tokens, pools <= 96 points)
+# keep the plain loop and their draws.
+ACCELERATE_FROM_POINTS = 256
 
 # ----------------------------------------------------------------------------- schedule
 
@@ -77,6 +90,10 @@ class LandmarkSampler:
     tempering: float
     generator: torch.Generator | None = None
     pivot_backend: str = "auto"  # rpcholesky's loop: compiled on the CPU, torch elsewhere
+    pivot_method: str = "plain"  # "accelerated": large pools by accelerated_pivots
+    candidates: int | None = None  # the accelerated method's options (RPKAttention's)
+    refresh: str = "auto"
+    residual_solve: str = "triangular"
 
     @property
     def points_per_position(self) -> int:
@@ -88,7 +105,29 @@ class LandmarkSampler:
         Validity is False for padded or skipped pivots (their landmark rows are zero).
         """
         points = torch.cat([q_s, k_c], dim=-2) if self.pivot_set == "joint" else k_c
-        pivots = rpcholesky(
+        pivots = self.pivots(points)
+        pivots = F.pad(pivots, (0, self.rank - pivots.shape[-1]), value=-1)  # rank capped at m
+        return gather_points(points, pivots), pivots >= 0  # differentiable in q and k
+
+    @torch.no_grad()
+    def pivots(self, points: Tensor) -> Tensor:
+        """Pivot indices (..., r') into points (..., N, d), -1 in unused slots."""
+        n_points = points.shape[-2]
+        if self.pivot_method == "accelerated" and n_points >= ACCELERATE_FROM_POINTS:
+            flat = points.reshape(-1, n_points, points.shape[-1])
+            tau = weighting_power(self.weighting, self.tempering)
+            state = accelerated_pivots(
+                PointSet([flat], dtype=flat.dtype),
+                self.rank,
+                self.pivot_rule,
+                self.generator,
+                log_weight=tau * flat.pow(2).sum(-1) if tau > 0 else None,  # rpcholesky's
+                block_size=self.candidates,
+                refresh=self.refresh,
+                residual_solve=self.residual_solve,
+            )
+            return state.pivots.reshape(*points.shape[:-2], -1)  # -1 where none was drawn
+        return rpcholesky(
             points,
             self.rank,
             self.pivot_rule,
@@ -97,8 +136,6 @@ class LandmarkSampler:
             tempering=self.tempering,
             pivot_backend=self.pivot_backend,
         ).pivots
-        pivots = F.pad(pivots, (0, self.rank - pivots.shape[-1]), value=-1)  # rank capped at m
-        return gather_points(points, pivots), pivots >= 0  # differentiable in q and k
 
 
 @dataclass
@@ -138,6 +175,19 @@ class LandmarkSet:
         logits = landmark_logits(q_s, self.points, self.valid) - half_sq
         return logits + core.log_scale.unsqueeze(-2)
 
+    def past_logits_unshifted(self, q_s: Tensor, core: Core) -> Tensor:
+        """:meth:`past_logits` plus ``|q~_i|^2/2`` (the row's common factor, which cancels in
+        eq. (1)): one ``baddbmm`` with a bias per landmark, for the fused path (its local
+        log-sum-exp is taken on the same scale, :func:`causal.fused_local`)."""
+        bias = core.log_scale - self.points.pow(2).sum(-1) / 2
+        bias = bias.masked_fill(~self.valid, float("-inf")).unsqueeze(-2)  # (..., 1, r)
+        batch = q_s.shape[:-2]
+        r, d = self.points.shape[-2:]
+        points = self.points.expand(*batch, r, d).reshape(-1, r, d)
+        flat_q = q_s.reshape(-1, *q_s.shape[-2:])
+        bias = bias.expand(*batch, 1, r).reshape(-1, 1, r)
+        return torch.baddbmm(bias, flat_q, points.transpose(-1, -2)).reshape(*batch, -1, r)
+
 
 # ----------------------------------------------------------------------------- moments
 
@@ -172,33 +222,121 @@ class Moments:
 
 
 def prefix_merge(moments: Moments) -> Moments:
-    """Inclusive prefix merge along the last batch dimension (Hillis-Steele scan).
+    """Inclusive prefix merge along the last batch dimension, one entry at a time.
 
-    Entry ``s`` of the result merges entries ``0..s``; it reads no later entry, and takes
-    ``ceil(log2 S)`` vectorised rounds instead of ``S`` sequential ones.
+    Entry ``s`` of the result merges entries ``0..s`` in order (``((m_0 + m_1) + m_2) ...``,
+    the order in which decoding folds blocks in); it reads no later entry. Each step is a few
+    ops on one (..., r, d_v + 1) slice: S steps of that size cost ~log2(S) times less than
+    the Hillis-Steele scan's log2(S) passes over all S entries (136 of 688 ms at 8,192
+    tokens, issue 55). For S <= 2 the two scans are the same ops.
     """
-    size, stride = moments.rho.shape[-2], 1
-    while stride < size:
-        merged = moments.part(slice(None, -stride)).merge(moments.part(slice(stride, None)))
-        moments = Moments.cat([moments.part(slice(None, stride)), merged])
-        stride *= 2
-    return moments
+    parts = [moments.part(0)]
+    for s in range(1, moments.rho.shape[-2]):
+        parts.append(parts[-1].merge(moments.part(s)))
+    return Moments(torch.stack([p.rho for p in parts], -2), torch.stack([p.num for p in parts], -3))
+
+
+@dataclass
+class WideKeys:
+    """Centred keys (..., n, d) and values (..., n, d_v) for the key side, in its dtype.
+
+    Without gradients they are converted once per call and dtype, ``[v, 1]`` included
+    (``key_moments`` widened each epoch's prefix again: 6 copies of (8, 8,192, 64) at 8,192
+    tokens). With gradients each use widens its own slice to float64, as before: the
+    gradients of k and v are then summed over the uses in their own dtype, bit for bit the
+    old path's.
+    """
+
+    keys: Tensor
+    values: Tensor
+    converted: dict[torch.dtype, tuple[Tensor, Tensor]]
+
+    @classmethod
+    def of(cls, k_c: Tensor, v: Tensor, rows: int) -> WideKeys:
+        """The first ``rows`` positions of k_c, v (with gradients: all of them)."""
+        if torch.is_grad_enabled() and (k_c.requires_grad or v.requires_grad):
+            return cls(k_c, v, {})  # whole: a slice more would reorder the grad's sums
+        return cls(k_c[..., :rows, :], v[..., :rows, :], {})
+
+    def inputs(self, rows: slice, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Keys and ``[v, 1]`` of ``rows`` in ``dtype``."""
+        if torch.is_grad_enabled() and (self.keys.requires_grad or self.values.requires_grad):
+            keys, values = self.keys[..., rows, :], self.values[..., rows, :]
+            return keys.to(dtype), with_ones(values.to(dtype))
+        if dtype not in self.converted:
+            values = self.values.to(dtype)
+            self.converted[dtype] = (self.keys.to(dtype), with_ones(values))
+        keys, values = self.converted[dtype]
+        return keys[..., rows, :], values[..., rows, :]
+
+    def moments(
+        self,
+        landmarks: LandmarkSet,
+        rows: slice,
+        block_size: int | None = None,
+        dtype: torch.dtype = CORE_DTYPE,
+    ) -> Moments:
+        """:func:`key_moments` of the keys ``rows`` (in blocks of ``block_size`` if given),
+        computed in ``dtype`` (float64: ``key_moments`` bit for bit)."""
+        keys, values = self.inputs(rows, dtype)
+        points, valid = landmarks.points, landmarks.valid
+        if block_size is not None:
+            keys = keys.unflatten(-2, (-1, block_size))
+            values = values.unflatten(-2, (-1, block_size))
+            points, valid = points.unsqueeze(-3), valid.unsqueeze(-2)
+        if dtype != CORE_DTYPE:  # the fused path's narrow key side: fewer passes, in place
+            return narrow_moments(keys, values, points.to(dtype), valid)
+        # key_moments' ops, on the converted inputs
+        logits = landmark_logits(keys, points.to(dtype), valid)  # (..., m, r)
+        rho = finite_or_zero(logits.amax(-2).detach())
+        terms = torch.exp(logits - rho.unsqueeze(-2))
+        return Moments(rho, terms.transpose(-1, -2) @ values)
+
+
+@torch.no_grad()
+def narrow_moments(keys: Tensor, values: Tensor, points: Tensor, valid: Tensor) -> Moments:
+    """:func:`key_moments`' moments for inference: the logits in one ``baddbmm`` (bias
+    ``-|z|^2/2``, -inf for invalid landmarks), shifted and exponentiated in place.
+    keys (..., m, d), values (..., m, d_v + 1), points (..., r, d), valid (..., r)."""
+    r, d = points.shape[-2:]
+    batch = torch.broadcast_shapes(keys.shape[:-2], points.shape[:-2])
+    bias = (-points.pow(2).sum(-1) / 2).masked_fill(~valid, float("-inf")).unsqueeze(-2)
+    flat_k = keys.expand(*batch, *keys.shape[-2:]).reshape(-1, *keys.shape[-2:])
+    flat_p = points.expand(*batch, r, d).reshape(-1, r, d)
+    bias = bias.expand(*batch, 1, r).reshape(-1, 1, r)
+    logits = torch.baddbmm(bias, flat_k, flat_p.transpose(-1, -2))  # (B, m, r)
+    rho = finite_or_zero(logits.amax(-2))
+    terms = logits.sub_(rho.unsqueeze(-2)).exp_()
+    flat_v = values.expand(*batch, *values.shape[-2:]).reshape(-1, *values.shape[-2:])
+    num = terms.transpose(-1, -2) @ flat_v
+    return Moments(rho.reshape(*batch, r), num.reshape(*batch, r, -1))
+
+
+def with_ones(v: Tensor) -> Tensor:
+    """``[v, 1]``: (..., m, d_v) -> (..., m, d_v + 1)."""
+    return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
 
 
 def epoch_moments(
-    landmarks: LandmarkSet, k_c: Tensor, v: Tensor, start: int, stop: int, block_size: int
+    landmarks: LandmarkSet,
+    wide: WideKeys,
+    start: int,
+    stop: int,
+    block_size: int,
+    dtype: torch.dtype = CORE_DTYPE,
 ) -> Moments:
     """Moments ``M_c`` for the blocks ``c = start .. stop-1`` of one landmark epoch.
 
     ``M_c`` covers the keys before block ``c``: the prefix before ``start`` in one piece,
     then one block at a time, merged by :func:`prefix_merge`. Shapes (..., stop - start, ...).
+    ``dtype``: the key side's (float64, or float32 where :func:`narrow_key_dtype` allows it,
+    redone in float64 if a logit reference turns out past the limit - ``too_sharp``).
     """
     b = block_size
-    first = landmarks.moments(k_c[..., : start * b, :], v[..., : start * b, :]).unsqueeze()
-    if stop - start == 1:
-        return first
-    later = slice(start * b, (stop - 1) * b)
-    k_blocks = k_c[..., later, :].unflatten(-2, (-1, b))
-    v_blocks = v[..., later, :].unflatten(-2, (-1, b))
-    blocks = landmarks.per_block().moments(k_blocks, v_blocks)
-    return prefix_merge(Moments.cat([first, blocks]))
+    first = wide.moments(landmarks, slice(0, start * b), dtype=dtype).unsqueeze()
+    if stop - start > 1:
+        blocks = wide.moments(landmarks, slice(start * b, (stop - 1) * b), b, dtype)
+        first = prefix_merge(Moments.cat([first, blocks]))
+    if dtype != CORE_DTYPE and too_sharp(first.rho):
+        return epoch_moments(landmarks, wide, start, stop, block_size)
+    return first

@@ -21,10 +21,11 @@ from IPython.display import Markdown
 from rpka.report.figures_frontier import plot_gap_per_seed
 from rpka.report.longrange import gates_table, verdicts_table
 from rpka.report.longrange_answer import robust_answer_text
+from rpka.report.longrange_v2 import decision_section
 from rpka.report.page import optional_json
 from rpka.study.progress import progress_line
 
-HEADING = "### The pre-registered study"
+HEADING = "### The pilot: the 16-seed study of protocol v1"
 
 
 def power_section(
@@ -36,10 +37,11 @@ def power_section(
     """The study's part for ``display`` (empty where it never started): its status, then
     per complete length the gates, the answer, the per-seed figure (through ``figs.show``)
     and the verdicts table."""
+    items: list[Any] = decision_section(study)  # the decided study first, then its pilot
     entry = study.get("longrange_power")
     if not entry:
-        return []
-    items: list[Any] = [Markdown(status_text(entry))]
+        return items
+    items.append(Markdown(status_text(entry)))
     if not entry.get("contexts"):
         return items
     frontier = optional_json(Path(results_dir) / entry["frontier_json"]) or {}
@@ -64,6 +66,8 @@ def status_text(entry: Mapping[str, Any]) -> str:
     )
     return (
         f"{HEADING} (`{entry['protocol']}`, written before its runs)\n\n"
+        "Read on the gap-recovered scale, which a failing exact reference flatters (the "
+        "decision study above replaces that reading); it is the decision study's pilot. "
         "16 evaluation seeds (200-215), each with its own data; the margin, the robustness "
         "rule and the rule for *cheaper* as the protocol fixes them; no length is read before "
         f"all its jobs are in. Landed: {progress_line(entry['landed'])}. {reading}"

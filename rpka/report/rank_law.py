@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from IPython.display import Markdown
 
@@ -328,6 +329,7 @@ def rank_law_section(
                          "there).")]  # fmt: skip
     rows = pivoting_rows(index)
     items: list[Any] = [
+        *law_v2_items(index, figs),
         Markdown(cells_table(index, cap).to_markdown(index=False)),
         Markdown(
             "**The law**, r\\* ≈ c · p^a · n^b · d^e (OLS on log2, 95 % t intervals):\n\n"
@@ -351,3 +353,85 @@ def rank_law_section(
         items.append(figs.show(plot_pivoting(rows), caption, "Pivoting advantage against rank",
                                name="rank_law_pivoting"))  # fmt: skip
     return items
+
+
+# ------------------------------------------------------------------ law v2 (issue 54)
+
+HEAD_SIZE_COLOURS = {16: "tab:blue", 32: "tab:orange", 64: "tab:green"}
+ROLE_MARKERS = {"fit": "o", "held_out": "x"}
+
+
+def plot_r_eps_against_rho(law: Mapping[str, Any], method: str = "rpka") -> plt.Figure:
+    """r_eps (the rung reached) against rho_bound per trained head, by head size, held-out
+    tracks marked; the theory's line sqrt(d) e^rho / eps (constant 1) at d = 16, and the
+    full rank of the longest head."""
+    points = [p for p in law["points"] if p["method"] == method]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for (d, role), colour in ((k, HEAD_SIZE_COLOURS.get(k[0], "0.4")) for k in
+                              sorted({(p["d_head"], p["role"]) for p in points})):  # fmt: skip
+        own = [p for p in points if p["d_head"] == d and p["role"] == role]
+        ax.scatter([p["rho_bound"] for p in own], [p["observed"] for p in own], s=14,
+                   color=colour, marker=ROLE_MARKERS.get(role, "."), alpha=0.7,
+                   label=f"d = {d}{', held out' if role == 'held_out' else ''}")  # fmt: skip
+    if points:
+        eps = points[0]["eps"]
+        top = max(p["full_rank"] for p in points)
+        rho = np.linspace(0, max(p["rho_bound"] for p in points), 100)
+        ax.plot(rho, 4 * np.exp(rho) / eps, color="0.3", ls="--", lw=0.9,
+                label=f"theory: √d e^ρ / ε (d 16, ε {eps:g})")  # fmt: skip
+        ax.axhline(top, color="0.6", lw=0.8, ls=":", label=f"full rank {top}")
+        ax.set_ylim(1, top * 4)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("ρ = max‖q‖ · max‖k − k̄‖ / √d")
+    ax.set_ylabel(f"r_ε of {method_label(method)}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def law_v2_text(law: Mapping[str, Any]) -> str:
+    """The fit per method (coefficients with their clustered bootstrap intervals) and the
+    held-out reading against the naive predictors, every number from ``law_v2``."""
+    lines = [f"Heads measured: {law['heads']['fit']} in the fit set "
+             f"({', '.join(law['tracks']['fit'])}), {law['heads']['held_out']} held out "
+             f"({', '.join(law['tracks']['held_out'])}). The theory's slope in ρ is "
+             f"{law['theory_slope_rho']:.2f} per unit (log2 r).", ""]  # fmt: skip
+    for method, fit in law["fit"].items():
+        names = ["intercept", *fit["terms"]]
+        terms = ", ".join(
+            f"{name} {coef:+.2f} [{fit['ci'][name][0]:+.2f}, {fit['ci'][name][1]:+.2f}]"
+            for name, coef in zip(names, fit["coef"], strict=True)
+        )
+        held = law["held_out"].get(method, {})
+        errors = held.get("median_abs_log2_error") or {}
+        verdict = {True: "**held**", False: "**did not hold**", None: "not read"}[held.get("held")]
+        lines.append(
+            f"- {method_label(method)}: log2 r_ε = {terms}; σ {fit['sigma']:.2f} "
+            f"({fit['rows']} rows, {fit['models']} models, {fit['censored_rows']} censored). "
+            f"Held-out: {verdict} - median |log2 predicted/observed| "
+            + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in errors.items())
+            + (f" (law's 95 % interval {held['law_median_ci'][0]:.2f}-"
+               f"{held['law_median_ci'][1]:.2f})" if held.get("law_median_ci") else "")
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+def law_v2_items(index: Mapping[str, Any], figs: Any) -> list[Any]:
+    """The opening of "What sets the rank": r_eps against rho, the fit and the held-out
+    reading (docs/rank_law.md, "Law v2"); nothing before ``rank-law fit-v2`` ran."""
+    law = index.get("law_v2")
+    if not law:
+        return []
+    return [
+        figs.show(
+            plot_r_eps_against_rho(law),
+            "r_ε (ε 0.03) of RPKA per trained head against the logit scale ρ, by head size "
+            "(crosses: held-out tracks); dashed: the coreset bound √d e^ρ / ε with constant 1.",
+            "Rank needed against logit scale",
+            name="rank_law_rho",
+        ),
+        Markdown(
+            "**The law v2** (interval-censored fit, 95 % bootstrap intervals clustered "
+            "by model):\n\n" + law_v2_text(law)
+        ),  # fmt: skip
+    ]

@@ -19,10 +19,11 @@ from typing import Any
 from rpka import paths
 from rpka.config.bench import LongContextConfig
 from rpka.config.presets import RECALL_PAIRS_EPOCHS, STUDY_TRACKS
-from rpka.config.presets_longctx import power_as_run
+from rpka.config.presets_longctx import V2_EVAL_SEEDS, power_as_run
 from rpka.io import RESUME_VOLATILE_KEYS, read_json, read_json_checked, write_result_json
 from rpka.kernel.spectrum import bench_spectrum
 from rpka.paths import resolve
+from rpka.study import longrange_v2
 from rpka.study.progress import landed
 from rpka.tracks import get_task
 from rpka.verdict.decision import gate_passed
@@ -117,7 +118,8 @@ def write_study_index(
     power = power_entry(out)
     index = {
         "preset": preset, "tracks": entries, "missing": missing, "longctx": longctx,
-        paths.LONGRANGE: longrange, POWER_KEY: power, "extensions": extensions,
+        paths.LONGRANGE: longrange, POWER_KEY: power, DECISION_KEY: decision_entry(out),
+        "extensions": extensions,
     }  # fmt: skip
     write_result_json(out / paths.STUDY_FILE, index, RESUME_VOLATILE_KEYS)
     # the rank frontier of the tracks that need attention (a gap to recover needs a gate)
@@ -173,6 +175,7 @@ def longctx_entry(out: Path) -> dict[str, Any] | None:
 LONGRANGE_TRACK = "longrange-{context}"  # a long-range length's name in frontier.json
 POWER_KEY = "longrange_power"  # the pre-registered long-range study's key in study.json
 POWER_PROTOCOL = "docs/longrange_protocol.md"  # written before its runs
+DECISION_KEY = "longrange_v2"  # the decision study's key in study.json (issue 53)
 
 
 def longrange_entry(folder: Path, index_dir: Path) -> dict[str, Any] | None:
@@ -229,6 +232,30 @@ def power_entry(
         "landed": status,
         "contexts": contexts,
         "frontier_json": os.path.relpath(folder / paths.FRONTIER_FILE, out),
+    }
+
+
+def decision_entry(out: Path) -> dict[str, Any] | None:
+    """The decision study's line in ``study.json`` (issue 53, docs/longrange_protocol_v2.md;
+    ``<out>/longrange-v2/``): its reading of the runs landed so far
+    (``rpka.study.longrange_v2.read_study``, which rewrites ``longrange_v2.json``) - per arm
+    its ``failures`` and ``relative_mse`` against exact, the control gate, each look's answers
+    - and its pre-registered power. None where the study never started."""
+    folder = longrange_v2.study_dir(out)
+    if not (folder / longrange_v2.POWER_FILE).exists():
+        return None
+    result = longrange_v2.read_study(out)
+    power = read_if_there(folder / longrange_v2.POWER_FILE)
+    return {
+        "protocol": longrange_v2.PROTOCOL,
+        "reading_json": os.path.relpath(folder / longrange_v2.READING_FILE, out),
+        "power_json": os.path.relpath(folder / longrange_v2.POWER_FILE, out),
+        "seeds_planned": len(V2_EVAL_SEEDS),
+        "seeds_complete": len(result["seeds_complete"]),
+        "arms": result["arms"],
+        "control_gate": result.get("control_gate"),
+        "reading": result["reading"],
+        "power": [row for row in (power or {}).get("scenarios", []) if row["n_seeds"] == 32],
     }
 
 

@@ -29,6 +29,7 @@ PROTOCOL = "docs/longrange_protocol_v2.md"
 POWER_FILE = "power.json"
 READING_FILE = "longrange_v2.json"
 QUESTION_ARMS = ("exact", "rpka-r64", "nystrom-uniform-r64")  # the two questions' arms
+CONTROL_ARM = "mean-attention"  # the negative control
 POWER_SEEDS = (32, 48, 64)  # the registered 32 and what more seeds would buy
 POWER_SIMULATIONS = 2000
 
@@ -127,11 +128,22 @@ def read_study(results: str | Path = paths.COMMITTED_RESULTS) -> dict[str, Any]:
     interim = len(V2_INTERIM_SEEDS)
     if all(s in complete for s in V2_INTERIM_SEEDS):
         ordered = [s for s in V2_EVAL_SEEDS if s in complete]
+        gate = rule.control_gate([found[CONTROL_ARM][s] for s in ordered])
+        result["control_gate"] = gate
         mse = {a: [found[a][s] for s in ordered] for a in QUESTION_ARMS}
+        if not gate["passed"]:  # the task did not need attention on these seeds
+            write_result_json(folder / READING_FILE, result)
+            return result
         reading = rule.sequential_reading(mse, interim)
         if reading["stopped_at"] == "final" and len(ordered) < len(V2_EVAL_SEEDS):
             reading["stopped_at"] = "running"  # a final look needs every seed
             reading["final"] = None
+        look = "final" if reading["final"] is not None else "interim"
+        seeds = ordered if look == "final" else ordered[:interim]
+        flips = rule.one_seed_decides(
+            {a: mse[a][: len(seeds)] for a in QUESTION_ARMS}, reading[look]["alpha"]
+        )
+        reading["decided_by_one_seed"] = {q: [seeds[i] for i in v] for q, v in flips.items()}
         result["reading"] = reading
         pilot = pilot_mse(results)
         pooled = {a: [*pilot[a], *mse[a]] for a in QUESTION_ARMS}
@@ -160,6 +172,14 @@ def reading_lines(result: Mapping[str, Any]) -> list[str]:
                      f"{rel['pairs']} pairs)")  # fmt: skip
         lines.append(text)
     reading = result["reading"]
+    gate = result.get("control_gate")
+    if gate is not None:
+        verdict = "passed" if gate["passed"] else "FAILED"
+        lines.append(f"control gate ({CONTROL_ARM} failed {gate['k']}/{gate['n']}, lower bound "
+                     f"{gate['ci_low']:.2f}): {verdict}")  # fmt: skip
+    if reading is None and gate is not None and not gate["passed"]:
+        lines.append("nothing is read: the negative control learned on too many seeds")
+        return lines
     if reading is None:
         lines.append(f"no look yet: the interim needs seeds {V2_INTERIM_SEEDS[0]}-"
                      f"{V2_INTERIM_SEEDS[-1]} for every arm")  # fmt: skip
@@ -169,5 +189,8 @@ def reading_lines(result: Mapping[str, Any]) -> list[str]:
             q = reading[look]
             lines.append(f"{look} look (alpha {q['alpha']:.4f}): Q1 {q['q1']['answer']}; "
                          f"Q2 {q['q2']['answer']}")  # fmt: skip
+    for q, seeds in reading.get("decided_by_one_seed", {}).items():
+        if seeds:
+            lines.append(f"{q.upper()}'s answer changes without seed {', '.join(map(str, seeds))}")
     lines.append(f"study: {reading['stopped_at']}")
     return lines

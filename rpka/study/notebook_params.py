@@ -31,6 +31,15 @@ FLAGS: dict[str, tuple[bool, str]] = {
 NUMBERS: dict[str, dict[str, tuple[int, int, int]]] = {
     "01_train.ipynb": {"n_windows_shown": (3, 1, 20)},
 }
+# a user's own inputs, None unless given: a non-empty string each (notebook 07 audits the
+# user's model: ``python -m rpka swap``'s --model, --weights and --batch)
+USER_TEXTS: dict[str, tuple[str, ...]] = {
+    "07_your_model.ipynb": ("user_model", "user_weights", "user_batch"),
+}
+# lists of positive integers: (default, what they are)
+RANK_LISTS: dict[str, dict[str, list[int]]] = {
+    "07_your_model.ipynb": {"user_ranks": [16, 64]},
+}
 
 
 class ParameterError(ValueError):
@@ -45,7 +54,13 @@ def declared(notebook: str) -> list[str]:
     """The parameters ``notebook`` (a file name in ``rpka.study.steps.NOTEBOOKS``) takes."""
     if notebook not in NOTEBOOKS:
         raise ParameterError(f"notebook {notebook!r}: not one of {', '.join(NOTEBOOKS)}")
-    return [*notebook_parameters("smoke")[notebook], *NUMBERS.get(notebook, {}), *FLAGS]
+    return [
+        *notebook_parameters("smoke")[notebook],
+        *NUMBERS.get(notebook, {}),
+        *FLAGS,
+        *USER_TEXTS.get(notebook, ()),
+        *RANK_LISTS.get(notebook, {}),
+    ]
 
 
 def check(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,6 +91,15 @@ def check(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
         value = given.get(name)
         if name in NUMBERS.get(notebook, {}):
             out[name] = _number(notebook, name, value)
+        elif name in USER_TEXTS.get(notebook, ()):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ParameterError(
+                    f"{notebook}: parameter {name} must be a non-empty string or None, "
+                    f"got {value!r}"
+                )
+            out[name] = value
+        elif name in RANK_LISTS.get(notebook, {}):
+            out[name] = _ranks(notebook, name, value)
         elif name in FLAGS:
             if value is not None and not isinstance(value, bool):
                 raise ParameterError(
@@ -94,6 +118,19 @@ def check(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def _ranks(notebook: str, name: str, value: object) -> list[int]:
+    if value is None:
+        return list(RANK_LISTS[notebook][name])
+    ok = isinstance(value, list | tuple) and value and all(
+        isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in value
+    )
+    if not ok:
+        raise ParameterError(
+            f"{notebook}: parameter {name} must be a list of integers >= 1, got {value!r}"
+        )
+    return list(value)
 
 
 def _number(notebook: str, name: str, value: object) -> int:

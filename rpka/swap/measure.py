@@ -317,17 +317,7 @@ def audit(
         if not any(run.swapper.swapped for run, _ in passes):
             reasons = sorted({r for run, _ in passes for r in run.swapper.reasons})
             raise SwapRefused(f"no SDPA call could be served by {list(methods)}: {reasons}")
-        not_served = [
-            {"method": m, "rank": r, "reasons": dict(run.swapper.reasons)}
-            for (m, r), (run, _) in zip(grid, passes, strict=True)
-            if not run.swapper.swapped
-        ]
-        for row in not_served:  # no row in the table: it measured exact attention, not it
-            warnings.warn(
-                f"rpka.swap.audit: {row['method']} at rank {row['rank']} served no SDPA call "
-                f"(every call ran exact attention: {row['reasons']}); left out of the table",
-                stacklevel=2,
-            )
+        not_served = _not_served(grid, passes)
         times = interleaved_times(
             model,
             batch,
@@ -339,6 +329,25 @@ def audit(
     table = _table(exact, out_exact, passes, grid, times, metric, repeats, seed)
     table.attrs["not_served"] = not_served
     return table
+
+
+def _not_served(
+    grid: list[tuple[str, int]], passes: list[tuple[Pass, Any]]
+) -> list[dict[str, Any]]:
+    """The (method, rank)s that served no call, with why, each warned about: they get no
+    row in the table, which would show exact attention's numbers under their name."""
+    rows = [
+        {"method": m, "rank": r, "reasons": dict(run.swapper.reasons)}
+        for (m, r), (run, _) in zip(grid, passes, strict=True)
+        if not run.swapper.swapped
+    ]
+    for row in rows:
+        warnings.warn(
+            f"rpka.swap.audit: {row['method']} at rank {row['rank']} served no SDPA call "
+            f"(every call ran exact attention: {row['reasons']}); left out of the table",
+            stacklevel=3,
+        )
+    return rows
 
 
 def _table(

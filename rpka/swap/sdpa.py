@@ -19,8 +19,9 @@ SDPA's contract, and what of it is served (docs/swap.md has the table):
 * ``is_causal=True`` with ``L == S``: the method's causal form (RPKA's blockwise causal
   path; ``exact``); the non-causal peers refuse it;
 * ``enable_gqa=True``: k and v heads are repeated to the query heads, as SDPA does;
-* ``attn_mask``: served only when it is SDPA's causal mask or masks nothing (bool, or
-  float with 0 and -inf / the dtype's minimum) - read, not assumed;
+* ``attn_mask``: served when it is SDPA's causal mask, masks nothing, or is key padding
+  alone or with a causal part (``rpka.attention.masks``; bool, or float with 0 and -inf /
+  the dtype's minimum) - read, not assumed;
 * ``dropout_p > 0``: never (SDPA drops attention weights; an approximation has none).
 
 A call that cannot be served raises :class:`SwapRefused` with one line naming the
@@ -46,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rpka.attention import build, options_of
+from rpka.attention import build, masks, options_of
 
 FALLBACKS = ("error", "exact")
 SERVED_DTYPES = (torch.float32, torch.float64)
@@ -180,19 +181,14 @@ def check_arguments(args: dict[str, Any]) -> None:
 
 def causal_mask_kind(mask: Tensor, length: int, keys: int) -> str | None:
     """What a mask (..., L, S) does: ``"none"`` (masks nothing), ``"causal"`` (SDPA's
-    ``is_causal`` mask, every slice), or None (anything else - not servable)."""
+    ``is_causal`` mask, every slice), or None (anything else). Key padding and causal +
+    key padding masks are planned by ``rpka.attention.masks.from_mask`` instead."""
     if mask.dim() < 2 or tuple(mask.shape[-2:]) != (length, keys):
         return None
-    if mask.dtype == torch.bool:
-        visible = mask
-    else:
-        if not mask.is_floating_point():
-            return None
-        low = torch.finfo(mask.dtype).min  # Hugging Face masks with the dtype's minimum
-        hidden = (mask == -math.inf) | (mask == low)
-        if not bool(((mask == 0) | hidden).all()):
-            return None  # an additive bias, not a mask
-        visible = ~hidden
+    try:
+        visible = masks.visible_of(mask)[0]
+    except masks.MaskRefused:
+        return None
     if bool(visible.all()):
         return "none"
     tril = torch.ones(length, keys, dtype=torch.bool, device=mask.device).tril()
@@ -201,35 +197,44 @@ def causal_mask_kind(mask: Tensor, length: int, keys: int) -> str | None:
 
 def refusal(
     causal_reason: str | None, q: Tensor, k: Tensor, v: Tensor, args: dict
-) -> tuple[str | None, bool]:
-    """Why the method cannot serve this call (None: it can) and whether the call is causal.
+) -> tuple[str | None, bool, masks.PrefixMask | None]:
+    """Why the method cannot serve this call (None: it can), whether the call is causal, and
+    the planned key padding (``rpka.attention.masks``; None: no mask to apply).
     ``causal_reason``: why the method has no causal form (None: it has one)."""
     tensors = (q, k, v)
     if any(not isinstance(x, Tensor) for x in tensors):
-        return "q, k, v must be tensors", False
+        return "q, k, v must be tensors", False, None
     dtypes = (*SERVED_DTYPES, *WIDENED_DTYPES)
     if q.dtype not in dtypes or k.dtype != q.dtype or v.dtype != q.dtype:
         served = "float32, float64; float16, bfloat16 computed in float32"
-        return f"dtype {q.dtype}/{k.dtype}/{v.dtype} (served: {served})", False
+        return f"dtype {q.dtype}/{k.dtype}/{v.dtype} (served: {served})", False, None
     if q.device.type not in SERVED_DEVICES or not q.device == k.device == v.device:
-        return f"device {q.device}/{k.device}/{v.device} (served: one cpu or cuda device)", False
+        reason = f"device {q.device}/{k.device}/{v.device} (served: one cpu or cuda device)"
+        return reason, False, None
     if not 2 <= q.dim() == k.dim() == v.dim():
-        return f"shapes {_shapes(q, k, v)} (served: (..., L, E) of equal rank)", False
+        return f"shapes {_shapes(q, k, v)} (served: (..., L, E) of equal rank)", False, None
     if args["dropout_p"] > 0:
-        return f"dropout_p={args['dropout_p']} (dropout on attention weights)", False
-    causal = bool(args["is_causal"])
+        return f"dropout_p={args['dropout_p']} (dropout on attention weights)", False, None
+    causal, padding = bool(args["is_causal"]), None
+    # --- masks (issue 52): plain causal, key padding, causal + key padding -------------
     if args["attn_mask"] is not None:
         if causal:
-            return "attn_mask together with is_causal=True", False
-        kind = causal_mask_kind(args["attn_mask"], q.shape[-2], k.shape[-2])
-        if kind is None:
-            return f"attn_mask {tuple(args['attn_mask'].shape)} (only a causal mask)", False
-        causal = kind == "causal"
+            return "attn_mask together with is_causal=True", False, None
+        mask = args["attn_mask"]
+        try:
+            padding = masks.from_mask(mask, tuple(q.shape), k.shape[-2])
+        except masks.MaskRefused as err:
+            return f"attn_mask {tuple(mask.shape)}: {err}", False, None
+        causal = padding is not None and padding.causal
+        if padding is not None and padding.plain_causal(q.shape[-2], k.shape[-2]):
+            padding = None  # SDPA's is_causal mask: the causal form on the call as it is
     if causal and causal_reason is not None:
-        return f"is_causal=True ({causal_reason})", True
-    if causal and q.shape[-2] != k.shape[-2]:
-        return f"is_causal=True with L={q.shape[-2]} != S={k.shape[-2]}", True
-    return _shape_refusal(q, k, v, bool(args["enable_gqa"])), causal
+        what = "is_causal=True" if padding is None else "attn_mask with a causal part"
+        return f"{what} ({causal_reason})", True, None
+    if causal and padding is None and q.shape[-2] != k.shape[-2]:
+        return f"is_causal=True with L={q.shape[-2]} != S={k.shape[-2]}", True, None
+    # --- end masks ------------------------------------------------------------------------
+    return _shape_refusal(q, k, v, bool(args["enable_gqa"])), causal, padding
 
 
 def _shape_refusal(q: Tensor, k: Tensor, v: Tensor, gqa: bool) -> str | None:
@@ -337,9 +342,9 @@ class SDPASwap(contextlib.ContextDecorator):
         check_arguments(args)  # what SDPA itself refuses, refused naming the argument
         original = self.original
         if self.method == "exact":
-            reason, causal = None, False
+            reason, causal, padding = None, False, None
         else:
-            reason, causal = refusal(self.causal_reason, query, key, value, args)
+            reason, causal, padding = refusal(self.causal_reason, query, key, value, args)
         index, self._calls = self._calls, self._calls + 1
         site = (self.site() if self.site is not None else None) or f"call {index}"
         if reason is not None and self.fallback == "error":
@@ -352,7 +357,9 @@ class SDPASwap(contextlib.ContextDecorator):
             if reason is not None or self.method == "exact" or self.is_full_rank(key):
                 out = original(query, key, value, **args)
             else:
-                out = self.serve(query, key, value, causal, args["scale"], args["enable_gqa"])
+                out = self.serve(
+                    query, key, value, causal, args["scale"], args["enable_gqa"], padding
+                )
         record = CallRecord(index, site, reason is None, reason, time.process_time() - start)
         self._count(record)
         if self.observer is not None:
@@ -377,14 +384,22 @@ class SDPASwap(contextlib.ContextDecorator):
         return rank is not None and rank >= key.shape[-2]
 
     def serve(
-        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None, gqa: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        causal: bool,
+        scale: float | None,
+        gqa: bool,
+        padding: masks.PrefixMask | None = None,
     ) -> Tensor:
         """The method on q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev);
+        ``padding``: a key padding plan (``rpka.attention.masks``), served on the kept keys;
         float16 / bfloat16 computed in float32 (autocast off inside) and returned in the
         input's dtype."""
         if q.dtype in WIDENED_DTYPES:
             with torch.autocast(q.device.type, enabled=False):
-                out = self.serve(q.float(), k.float(), v.float(), causal, scale, gqa)
+                out = self.serve(q.float(), k.float(), v.float(), causal, scale, gqa, padding)
             return out.to(q.dtype)
         if gqa and q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
             repeats = q.shape[-3] // k.shape[-3]  # SDPA's GQA: each kv head serves a group
@@ -392,7 +407,12 @@ class SDPASwap(contextlib.ContextDecorator):
         if scale is not None:
             # the methods use 1 / sqrt(E); folding the rest into q keeps every logit
             q = q * (scale * math.sqrt(q.shape[-1]))
-        out = self.modules[causal](as_four_dims(q), as_four_dims(k), as_four_dims(v))
+        q4, k4, v4 = as_four_dims(q), as_four_dims(k), as_four_dims(v)
+        if padding is not None:
+            rank = self.options.get("rank", 0)  # a call on at most `rank` kept keys: exact
+            out = masks.attend(lambda *a: self.modules[a[3]](*a[:3]), q4, k4, v4, padding, rank)
+        else:
+            out = self.modules[causal](q4, k4, v4)
         return out.reshape(*q.shape[:-1], v.shape[-1])
 
 

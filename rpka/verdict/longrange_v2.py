@@ -38,6 +38,9 @@ FAILURE_MSE = FAILURE_MULTIPLE * PILOT_EXACT_MEDIAN
 # relative MSE non-inferiority margin: at most 5 % worse than the reference on the seeds
 # where both learned
 RELATIVE_MARGIN = 1.05
+# the negative control's gate: its failure rate's exact lower bound above this (16 of 16
+# failed gives 0.79, 15 of 16 0.70)
+CONTROL_FAILURE_MIN = 0.75
 ALPHA = 0.05
 LOOKS = (0.5, 1.0)  # information fractions of the two looks: 16 and 32 of 32 new seeds
 
@@ -119,8 +122,10 @@ def relative_mse(
     if u <= n:
         out["bound"] = float(ratios[u - 1])
         out["low"] = float(ratios[n - u])
-    below_one = int((ratios < 1).sum())
-    out["p_two_sided"] = float(stats.binomtest(below_one, n, 0.5).pvalue)
+    # the sign test drops ties (a ratio of exactly 1 says neither is better)
+    below_one, above_one = int((ratios < 1).sum()), int((ratios > 1).sum())
+    untied = below_one + above_one
+    out["p_two_sided"] = float(stats.binomtest(below_one, untied, 0.5).pvalue) if untied else 1.0
     within = int((ratios < RELATIVE_MARGIN).sum())
     out["p_within_margin"] = float(stats.binomtest(within, n, 0.5, alternative="greater").pvalue)
     return out
@@ -202,6 +207,28 @@ def read_questions(mse: Mapping[str, Sequence[float]], alpha: float) -> dict[str
                "holm_rejected": {"failures": rejected[0], "relative_mse": rejected[1]}},
         "q2": {"answer": q2, "failures": fails_q2, "relative_mse": rel_q2},
     }  # fmt: skip
+
+
+def control_gate(mse_control: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
+    """The negative control must fail (nearly) everywhere for anything to be read: its
+    failure rate's Clopper-Pearson lower bound above :data:`CONTROL_FAILURE_MIN`."""
+    count = failure_count(mse_control, confidence)
+    return {**count, "passed": count["ci_low"] > CONTROL_FAILURE_MIN}
+
+
+def one_seed_decides(mse: Mapping[str, Sequence[float]], alpha: float) -> dict[str, list[int]]:
+    """Per question, the seed positions whose removal changes its answer at ``alpha`` (the
+    reading re-done with each seed left out; empty: no one seed decides it)."""
+    full = read_questions(mse, alpha)
+    n = min(len(v) for v in mse.values())
+    flips: dict[str, list[int]] = {"q1": [], "q2": []}
+    for drop in range(n):
+        kept = {k: [x for i, x in enumerate(v) if i != drop] for k, v in mse.items()}
+        reading = read_questions(kept, alpha)
+        for q in flips:
+            if reading[q]["answer"] != full[q]["answer"]:
+                flips[q].append(drop)
+    return flips
 
 
 def decided(reading: Mapping[str, Any]) -> bool:

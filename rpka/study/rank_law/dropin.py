@@ -171,11 +171,14 @@ class TrainedCell:
         return self.run["seeds"]
 
 
+def bench_report_path(cell: Cell, results: str | Path) -> Path:
+    """The cell's bench report: ``<cell dir>/longctx/context-<n>/bench_report.json``."""
+    return cell_dir(cell, results) / paths.longctx_context_dir(cell.n) / BENCH_REPORT_FILE
+
+
 def bench_report_of(cell: Cell, results: str | Path) -> dict[str, Any]:
-    """The cell's bench report (``<cell dir>/longctx/context-<n>/bench_report.json``)."""
-    return read_json(
-        cell_dir(cell, results) / paths.longctx_context_dir(cell.n) / BENCH_REPORT_FILE
-    )
+    """The cell's bench report (:func:`bench_report_path`)."""
+    return read_json(bench_report_path(cell, results))
 
 
 def trained_cell(

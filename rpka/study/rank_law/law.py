@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +128,32 @@ def predicted_r_star(fit: dict[str, Any], cell: Cell) -> float | None:
     return float(2**log2)
 
 
-def predict(results: str | Path, cell_name: str, method: str = "rpka") -> dict[str, Any]:
-    """Write ``<results>/held_out.json``: the held-out cell and the r* the grid's law
-    predicts for it (commit it before that cell runs)."""
+def prediction_path(results: str | Path, cell: Cell, method: str, when: datetime) -> Path:
+    """Where a prediction goes: ``held_out.json`` if none was registered, else beside it,
+    dated: ``held_out-<UTC date and time>-<cell>-<method>.json`` (append-only)."""
+    first = Path(results) / HELD_OUT_FILE
+    if not first.exists():
+        return first
+    stamp = when.strftime("%Y%m%dT%H%M%SZ")
+    return Path(results) / f"{first.stem}-{stamp}-{cell.name}-{method}.json"
+
+
+def predict(
+    results: str | Path, cell_name: str, method: str = "rpka", when: datetime | None = None
+) -> dict[str, Any]:
+    """Register the r* the grid's law predicts for a held-out cell (commit it before that
+    cell runs). Append-only: the first prediction is ``<results>/held_out.json``; a later
+    one goes beside it, dated (:func:`prediction_path`), never over it. Refused (ValueError)
+    for a cell in the grid, a cell that already has a drop-in reading (a prediction after
+    the fact registers nothing), or a dated file that already exists."""
     cell = parse_cell(cell_name)
     if cell in grid_cells():
         raise ValueError(f"cell {cell_name!r} is in the grid: a held-out cell must not be")
+    if (Path(results) / cell.name / DROPIN_FILE).exists():
+        raise ValueError(
+            f"cell {cell.name!r} already has results ({Path(results) / cell.name / DROPIN_FILE})"
+            ": a prediction must be registered before its cell is read"
+        )
     fit = fit_law(cell_rows(results, grid_cells()), method)
     predicted = predicted_r_star(fit, cell)
     if predicted is None:
@@ -141,10 +162,15 @@ def predict(results: str | Path, cell_name: str, method: str = "rpka") -> dict[s
             f"{len(fit['censored'])} censored (a fit needs 2 with an r*; run the drop-in of "
             "more cells, or predict another method with --method)"
         )
+    when = when or datetime.now(UTC)
+    path = prediction_path(results, cell, method, when)
+    if path.exists():
+        raise ValueError(f"{path} exists: a registered prediction is never overwritten")
     held_out = {"cell": cell.name, "method": method, "predicted_r_star": predicted,
                 "held_if": f"observed r* within a factor {HELD_FACTOR:g} of the prediction",
+                "registered_utc": when.isoformat(timespec="seconds"), "file": path.name,
                 "fit": fit}  # fmt: skip
-    write_result_json(Path(results) / HELD_OUT_FILE, held_out)
+    write_result_json(path, held_out)
     return held_out
 
 
@@ -234,6 +260,9 @@ def write_index(results: str | Path, log: Callable[[str], None] | None = print) 
         "trained": trained_rows(results),
         "planted": read_planted(results),
     }
+    previous = Path(results) / INDEX_FILE
+    if previous.exists() and "law_v2" in (old := read_json(previous)):
+        index["law_v2"] = old["law_v2"]  # the v2 fit (rank-law fit-v2) is kept, not redone
     write_result_json(Path(results) / INDEX_FILE, index)
     if log is not None:
         for row in rows:

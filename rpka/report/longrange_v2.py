@@ -1,0 +1,95 @@
+"""The long-range decision study's part of the report (issue 53,
+docs/longrange_protocol_v2.md): how far it got, the power it was registered with, and -
+once a look's seeds are in - each arm's failures and relative MSE and the two questions'
+answers, from ``study.json``'s ``longrange_v2`` (``rpka.study.index.decision_entry``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+from IPython.display import Markdown
+
+HEADING = "### The decision study (protocol v2)"
+
+
+def decision_section(study: Mapping[str, Any]) -> list[Any]:
+    """The study's part for ``display`` (empty where it never started)."""
+    entry = study.get("longrange_v2")
+    if not entry:
+        return []
+    items: list[Any] = [Markdown(status_text(entry))]
+    if entry["seeds_complete"]:
+        items.append(Markdown(arms_table(entry).to_markdown(index=False)))
+    if entry.get("reading"):
+        items.append(Markdown(answers_text(entry["reading"])))
+    return items
+
+
+def status_text(entry: Mapping[str, Any]) -> str:
+    """What the study asks, its power, and how many seeds are in."""
+    power = {row["truth"]: row for row in entry.get("power", [])}
+    pilot, equal = power.get("as the pilot", {}), power.get("RPKA r64 = exact", {})
+    q1, q2 = pilot.get("q1: pivoting better", 0.0), equal.get("q2: non-inferior", 0.0)
+    power_line = (
+        f"Registered power at 32 seeds: Q1 finds pivoting better {q1:.0%} of the time if "
+        f"the truth is what the pilot showed; Q2 reads non-inferior {q2:.0%} of the time "
+        "if RPKA r64 truly equals exact."
+        if pilot
+        else ""
+    )
+    complete = entry["seeds_complete"]
+    landed = f"{complete} of {entry['seeds_planned']} seeds are in for every arm" + (
+        "; the interim look needs 16." if complete < 16 else "."
+    )
+    return (
+        f"{HEADING} (`{entry['protocol']}`, registered before its runs)\n\n"
+        "Two questions at 4,096 tokens, on 32 new seeds with their own data: **Q1**, does "
+        "residual pivoting beat uniform landmarks at rank 64 (fewer failed seeds, or lower "
+        "MSE where both learn)? **Q2**, is `rpka-r64` non-inferior to exact (no more "
+        "failures, at most 5 % more MSE where both learn)? A seed *fails* above 4x the "
+        "pilot exact arm's median test MSE; neither estimand rewards an arm where exact "
+        f"fails. {power_line} {landed}"
+    )
+
+
+def arms_table(entry: Mapping[str, Any]) -> pd.DataFrame:
+    """Per arm: failed seeds with their exact interval, and the median MSE relative to
+    exact on the seeds where both learned, with its one-sided bound."""
+    rows = []
+    for arm, row in entry["arms"].items():
+        f, rel = row["failures"], row.get("relative_mse") or {}
+        median = rel.get("median")
+        failed = f"{f['k']}/{f['n']} [{f['ci_low']:.2f}, {f['ci_high']:.2f}]"
+        bound = "-" if rel.get("bound") is None else f"{rel['bound']:.3f}"
+        rows.append(
+            {
+                "arm": f"`{arm}`",
+                "failed seeds [95 % CI]": failed,
+                "MSE / exact, median (bound)": "-" if median is None else f"{median:.3f} ({bound})",
+                "pairs both learned": rel.get("pairs", "-"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def answers_text(reading: Mapping[str, Any]) -> str:
+    """Each look's answers, and any answer one seed decides."""
+    lines = []
+    for look in ("interim", "final"):
+        q = reading.get(look)
+        if q:
+            lines.append(
+                f"- **{look} look** (level {q['alpha']:.4f}): Q1 *{q['q1']['answer']}*; "
+                f"Q2 *{q['q2']['answer']}*."
+            )
+    for question, seeds in (reading.get("decided_by_one_seed") or {}).items():
+        if seeds:
+            lines.append(f"- {question.upper()}'s answer changes without seed "
+                         f"{', '.join(map(str, seeds))}.")  # fmt: skip
+    status = {"interim": "stopped at the interim look", "final": "complete",
+              "running": "running: the final look needs all 32 seeds"}  # fmt: skip
+    lines.append(f"- The study is {status[reading['stopped_at']]}.")
+    return "\n".join(lines)
