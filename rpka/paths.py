@@ -70,9 +70,46 @@ RANK_LAW_RESULTS = f"{COMMITTED_RESULTS}/rank_law"
 RANK_LAW_JSON = f"{RANK_LAW_RESULTS}/rank_law.json"
 
 
-def results_dir(preset: str) -> str:
-    """``data/results/<preset>``: the study's result files."""
+# A user's run (`make report`, `python -m rpka report`) writes under OUT, which git ignores:
+# out/<preset>/results (the runs and result files), out/<preset>/figures, and the executed
+# notebooks with the HTML report in out/<preset>/. The committed study (data/results/<preset>,
+# figures/<preset>) is the reference it is compared with; only `report --publish` (`make
+# publish`) writes there. The command sets OUTPUT_ENV, so its notebook kernels see the same.
+OUT = "out"
+OUTPUT_ENV = "RPKA_OUTPUT"  # the output folder of this run; unset: the committed layout
+# set with OUTPUT_ENV by `report --from-results`: the results are read from the committed
+# study, only the figures and the report go to the output folder
+READ_COMMITTED_ENV = "RPKA_READ_COMMITTED"
+
+
+def output_root() -> str | None:
+    """The folder a user's run writes under (``out``), or None: the committed layout."""
+    return os.environ.get(OUTPUT_ENV) or None
+
+
+def committed_results_dir(preset: str) -> str:
+    """``data/results/<preset>``: the committed study's result files (the reference)."""
     return f"{RESULTS}/{preset}"
+
+
+def committed_figures_dir(preset: str) -> str:
+    """``figures/<preset>``: the committed study's figures."""
+    return f"{FIGURES}/{preset}"
+
+
+def output_dir(preset: str) -> str | None:
+    """``out/<preset>``: a user's run of ``preset`` (None under the committed layout)."""
+    root = output_root()
+    return f"{root}/{preset}" if root else None
+
+
+def results_dir(preset: str) -> str:
+    """The study's result files: ``out/<preset>/results`` for a user's run (unless it reads
+    the committed study, ``report --from-results``), else ``data/results/<preset>``."""
+    out = output_dir(preset)
+    if out is None or os.environ.get(READ_COMMITTED_ENV):
+        return committed_results_dir(preset)
+    return f"{out}/results"
 
 
 def bench_dir(preset: str, track_dir: str = "") -> str:
@@ -174,14 +211,33 @@ def swap_audit_json(preset: str) -> str:
 
 
 def figures_dir(preset: str) -> str:
-    return f"{FIGURES}/{preset}"
+    """``out/<preset>/figures`` for a user's run, else ``figures/<preset>``."""
+    out = output_dir(preset)
+    return f"{out}/figures" if out else committed_figures_dir(preset)
 
 
 def report_dir(preset: str) -> str:
-    """``reports/<preset>``: the executed notebooks and a copy of the HTML report."""
-    return f"{REPORTS}/{preset}"
+    """The executed notebooks and a copy of the HTML report: ``out/<preset>`` for a user's
+    run, else ``reports/<preset>``."""
+    return output_dir(preset) or f"{REPORTS}/{preset}"
+
+
+def report_html(preset: str) -> str:
+    """The report of a user's run (``out/<preset>/rpka_report.html``), else the latest
+    report's copy at ``reports/rpka_report.html``."""
+    out = output_dir(preset)
+    return f"{out}/rpka_report.html" if out else REPORT_HTML
+
+
+def committed_report_html(preset: str) -> str:
+    """Where a published study's report is committed: ``docs/rpka_report_<preset>.html``."""
+    return f"docs/rpka_report_{preset}.html"
 
 
 REPORT_HTML = f"{REPORTS}/rpka_report.html"
+# the presets whose study is committed (results, figures, report): only these are published
+PUBLISHED_PRESETS = ("standard", "full")
+# in a user's run folder: its comparison with the committed study (rpka.study.reproduction)
+REPRODUCTION_FILE = "reproduction.json"
 # the full study's report as committed (git keeps it; reports/ is not kept)
 COMMITTED_REPORT_HTML = "docs/rpka_report_full.html"

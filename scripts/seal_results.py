@@ -7,7 +7,9 @@ stands and changes nothing else (each file is read back and compared with what i
 Once every result file of a study carries the key, a file without it among them is
 refused (``rpka.study.results_check``, ``rpka.bench.set_aside_unsealed``): a deleted key is no
 longer read as a legacy file. Files already sealed are checked, not rewritten; a file whose
-checksum does not match is refused. Run on 2026-12-03 over data/results/{full,standard,
+checksum does not match is refused, and so is a bench report whose summaries disagree with
+its own per-seed scores (``rpka.verdict.consistency``: an edit a new checksum would hide;
+issue 56). Run on 2026-12-03 over data/results/{full,standard,
 scaling}; a second run changes nothing.
 """
 
@@ -19,13 +21,28 @@ import sys
 from pathlib import Path
 
 from rpka.io import CHECKSUM_KEY, seal_result_json
-from rpka.paths import resolve
+from rpka.paths import BENCH_REPORT_FILE, resolve
+from rpka.verdict.consistency import bench_report_problems
 
 FOLDERS = ("data/results/full", "data/results/standard", "data/results/scaling")
 
 
+class RefusedToSeal(ValueError):
+    """A file whose content contradicts itself: sealing it would certify an edit."""
+
+
 def seal_folder(folder: Path) -> list[Path]:
-    """Seal every ``*.json`` object under ``folder``; the files rewritten."""
+    """Seal every ``*.json`` object under ``folder``; the files rewritten. A bench report
+    whose summaries its per-seed scores do not give is refused (:class:`RefusedToSeal`)
+    before any file is written."""
+    for path in sorted(folder.rglob(BENCH_REPORT_FILE)):
+        data = json.loads(path.read_text())
+        problems = bench_report_problems(data) if isinstance(data, dict) else []
+        if problems:
+            raise RefusedToSeal(
+                f"{path}: not sealed: its summaries disagree with its own per-seed scores: "
+                f"{problems[0]}"
+            )
     sealed = []
     for path in sorted(folder.rglob("*.json")):
         before = json.loads(path.read_text())
@@ -42,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folders", nargs="*", default=FOLDERS)
     args = parser.parse_args(argv)
     for folder in args.folders:
-        sealed = seal_folder(resolve(folder))
+        try:
+            sealed = seal_folder(resolve(folder))
+        except RefusedToSeal as err:
+            print(f"seal_results: {err}", file=sys.stderr)
+            return 2
         print(f"{folder}: sealed {len(sealed)} file(s)", file=sys.stdout)
     return 0
 

@@ -197,7 +197,7 @@ def test_summary_names_a_readme_it_cannot_write(tmp_path, monkeypatch, capsys):
     readme_md = tmp_path / "README.md"
     readme_md.write_text(f"{readme.BEGIN}\n{readme.END}\n")
     monkeypatch.setattr(cli.study, "write_study_index", lambda preset: {"tracks": {}})
-    monkeypatch.setattr(cli.readme, "render", lambda preset: "block")
+    monkeypatch.setattr(cli.readme_table, "readme_block", lambda preset: "block")
 
     def immutable(path, text):
         raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
@@ -288,7 +288,8 @@ def test_other_os_errors_still_raise(monkeypatch):
 
 
 HOLD_LOCK = """\
-import sys, time
+import os, sys, time
+os.environ["RPKA_OUTPUT"] = "out"  # a user's run, as `python -m rpka report` lays it out
 from rpka.cli.report_lock import report_lock
 with report_lock("smoke", command="python -m rpka report --preset smoke --html A.html"):
     print("held", flush=True)
@@ -328,7 +329,9 @@ def test_a_stale_report_lock_is_taken_over(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(study.paths, "REPO_ROOT", tmp_path)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
+    monkeypatch.setenv(study.paths.OUTPUT_ENV, study.paths.OUT)  # a user's run's lock
     lock = report_lock.lock_path("smoke")
+    monkeypatch.delenv(study.paths.OUTPUT_ENV)
     lock.parent.mkdir(parents=True)
     lock.write_text(f"pid {dead.pid}, started 2026-12-03 10:00:00: python -m rpka report\n")
     seen = []

@@ -1,9 +1,13 @@
 """Bad values and output paths are refused before any compute: exit 2, one line naming the
 parameter (issue 17 item 1)."""
 
+import os
+
 import pytest
 
+from rpka import paths
 from rpka.cli import commands as cli
+from rpka.cli import pipeline
 
 
 @pytest.mark.parametrize(
@@ -63,7 +67,7 @@ def _never(*args, **kwargs):
 @pytest.fixture
 def no_compute(monkeypatch):
     """Any compute of report, scaling, decode or cost fails the test: refusal must come first."""
-    monkeypatch.setattr(cli.pipeline, "run_pipeline", _never)
+    monkeypatch.setattr(pipeline, "run_pipeline", _never)
     monkeypatch.setattr(cli.scaling, "run_scaling", _never)
     monkeypatch.setattr(cli.decoding, "run_decoding", _never)
     monkeypatch.setattr(cli.cost, "run_cost_model", _never)
@@ -183,7 +187,7 @@ def test_from_results_is_refused_when_a_result_is_missing(tmp_path, monkeypatch,
     used to compute it, e.g. the full demo's 210 s of training)."""
     missing = ["data/results/smoke/bench_report.json", "a", "b", "c"]
     monkeypatch.setattr(cli.study, "missing_results", lambda preset: missing)
-    monkeypatch.setattr(cli.pipeline, "run_pipeline", _never)
+    monkeypatch.setattr(pipeline, "run_pipeline", _never)
     with pytest.raises(SystemExit) as exit_info:
         cli.report_main(["--preset", "smoke", "--from-results", "--html", str(tmp_path / "r.html")])
     assert exit_info.value.code == 2
@@ -198,13 +202,14 @@ def test_from_results_trains_nothing_and_draws_into_the_report_folder(tmp_path, 
     monkeypatch.setattr(cli.study, "render_steps", lambda preset: [])
     monkeypatch.setattr(cli.study, "compute_steps", _never)
     monkeypatch.setattr(
-        cli.pipeline, "run_pipeline", lambda steps, *a, **kw: seen.update(kw, steps=steps)
+        pipeline, "run_pipeline", lambda steps, *a, **kw: seen.update(kw, steps=steps)
     )
     cli.report_main(["--preset", "smoke", "--from-results", "--html", str(tmp_path / "r.html")])
     assert seen["compute"] == [] and seen["parallel"] == 2
     for step in seen["steps"]:
         assert step.parameters["compute_missing"] is False
-        assert step.parameters["figures_dir"] == "reports/smoke/figures"
+        assert step.parameters["figures_dir"] == "out/smoke/figures"  # a user's run folder
+    assert not os.environ.get(paths.OUTPUT_ENV)  # the layout ends with the command
 
 
 def test_bench_requires_a_preset_naming_them(monkeypatch, capsys):

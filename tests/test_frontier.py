@@ -223,7 +223,7 @@ def test_the_report_section_states_r_star_its_cost_and_a_failing_positive_contro
     frontier = {"tracks": {"recall": good, "lm": bad}}
     text = report.frontier.track_sentence("recall", good)
     assert "r\\* = 32 of 128 points (0.25)" in text and "2.00x exact's" in text
-    assert "The positive control does not tie" in report.frontier.track_sentence("lm", bad)
+    assert "The wiring check does not tie" in report.frontier.track_sentence("lm", bad)
     items = report.frontier.frontier_section(frontier, report.Figures(), None)
     assert len(items) == 4  # sentences, figure, table, "no spectrum"
     table = report.frontier.frontier_table(frontier)

@@ -140,14 +140,57 @@ def _generated_block() -> str:
     return README[README.index("<!-- BEGIN rpka summary") : README.index("<!-- END rpka summary")]
 
 
-def test_the_readmes_hand_written_numbers_are_the_generated_blocks():
-    """The few numbers outside the generated block (issue 43: findings once, numbers from the
-    results) are the block's own: the full study's recorded training CPU-s (its cost table's
-    total) and the length from which the attention op is faster (its targets table)."""
-    block, outside = _generated_block(), README.replace(_generated_block(), "")
-    total = re.search(r"^\| total\s*\|\s*\d+\s*\|\s*(\d+)\s*\|\s*(\d+)", block, re.M)
-    assert total, "the block's cost table has no total row"
-    cpu_s, minutes = int(total.group(1)), int(total.group(2))
-    assert f"{cpu_s:,} CPU-s of training runs, ~{round(minutes / 60)} h on 2 cores" in outside
-    faster = re.search(r"faster than exact from n = ([\d,]+) on\s*\|[^|]*\|\s*met", block)
-    assert faster and f"from about {faster.group(1)} tokens" in outside
+def test_the_readmes_hand_written_numbers_are_the_generated_sources():
+    """One set of numbers (issue 56): the full study's recorded training CPU-s is its cost
+    table's total (the long-range study included), the length from which the attention op
+    is faster is the targets table's, and every measured time and the budget are those of
+    rpka/config/measured.py - in the README, `make help`, docs/standard.md and docs/presets.md."""
+    from rpka.config import measured
+    from rpka.report import readme as summary
+
+    results = summary.load_results("full")
+    cost = summary.cost_table("full", results)
+    cpu_s = int(cost["CPU s"].iloc[-1])
+    assert f"{cpu_s:,} CPU-s of training runs recorded, ~{round(cpu_s / 7200)} h on 2 cores" in (
+        README
+    )
+    assert cost["bench"].str.startswith("long range, 16 seeds").sum() >= 1
+    targets = summary.targets_table(results, cost)
+    faster = targets[targets["target"].str.startswith("CPU: faster than exact from n")]
+    n = re.search(r"at n = ([\d,]+)", faster["measured"].iloc[0]).group(1)
+    assert f"from about {n} tokens" in README
+    help_text = subprocess.run(["make", "--no-print-directory", "help"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+    for m in (measured.REPORT_RESUMED, measured.REPORT_SCRATCH, measured.MAKE_TEST):
+        assert f"| {m.what} | {m.minutes} min" in README, m
+        assert m.where in README, m
+        assert measured.help_minutes(m) in help_text, m
+    assert f"budget {measured.BUDGET_MIN} min" in help_text
+    assert f"the budget is {measured.BUDGET_MIN} min" in README
+    assert f"≤ {measured.BUDGET_MIN} min wall" in (REPO_ROOT / "docs/standard.md").read_text()
+    assert f"<= {measured.BUDGET_MIN} min wall" in (REPO_ROOT / "docs/presets.md").read_text()
+    appendix = (REPO_ROOT / "notebooks/06_report.ipynb").read_text()
+    assert not re.search(r"\d+ min|half an hour", appendix)  # times: the README's, not copies
+
+
+def test_the_readmes_prose_is_short_lined_and_defines_its_terms():
+    """A newcomer reads the README without the code (issue 56): prose lines of at most 100
+    characters (tables, images and the generated block apart), every term defined, and a
+    marked place for the decision study's answer (issue 53)."""
+    prose = README.replace(_generated_block(), "")
+    long = [line for line in prose.splitlines()
+            if len(line) > 100 and not line.startswith(("|", "!["))]  # fmt: skip
+    assert not long, long
+    for term in ("*Points*", "queries and keys together", "*Gap recovered*", "*Non-inferior*",
+                 "*n\\**", "*Negative control*", "*Positive control*", "*wiring check*",
+                 "*(wall)*"):  # fmt: skip
+        assert term in README, term
+    assert "<!-- BEGIN decision study answer" in README
+    assert "<!-- END decision study answer -->" in README
+
+
+def test_docs_swap_names_every_registered_method():
+    from rpka.attention import REGISTRY
+
+    text = (REPO_ROOT / "docs/swap.md").read_text()
+    assert [name for name in REGISTRY if f"`{name}`" not in text] == []

@@ -177,7 +177,7 @@ def test_passing_gates_give_gaps_learnability_and_a_section(gated_study, tmp_pat
     table = summary.all_tracks_table(runs, frontier)
     lr = table[table["track"] == "long range (two controls)"]
     assert set(lr["gate"]) == {"passed"}
-    assert set(lr["positive control"]) == {"`rpka-r160`: non-inferior"}
+    assert set(lr["wiring check (positive control)"]) == {"`rpka-r160`: non-inferior"}
     reports = summary.longctx_reports(runs, gated_study, key="longrange")
     assert sorted(reports) == list(SMOKE.contexts)
     headline = summary.headline_rows(runs, None, reports)

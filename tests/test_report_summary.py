@@ -30,9 +30,11 @@ def frontier():
 def test_the_answer_sentence_reads_r_star_gap_step_ratio_and_the_control_from_the_file(
     frontier,
 ):
-    text = summary.answer_sentence(frontier)
+    text = summary.answer_sentence(frontier, superseded=True)  # the full study
     assert text.startswith("**When does RPKA stop losing, at what cost?**")
-    for entry in frontier["tracks"].values():
+    for name, entry in frontier["tracks"].items():
+        if name.startswith(summary.LONGRANGE_PREFIX):  # the superseded 8-seed study
+            continue
         row = summary.r_star_row(entry)
         if row is None:
             best = summary.best_rpka_row(entry)
@@ -44,7 +46,9 @@ def test_the_answer_sentence_reads_r_star_gap_step_ratio_and_the_control_from_th
         assert f"from rank {entry['r_star']} of {row['n_points']} points" in text
         assert f"{g['mean']:.3f} [{g['ci_low']:.3f}, {g['ci_high']:.3f}]" in text
         assert f"{row['step_ratio']:.2f}× exact's training step" in text
-    assert "positive control" in text and "ties with exact" in text
+    assert "wiring check (the positive control" in text and "ties with exact" in text
+    assert "8-seed long-range study is superseded and not read here" in text
+    assert "long range at" not in text  # its tracks are not read in the answer (issue 53)
 
 
 def test_a_positive_control_that_does_not_tie_is_said_and_no_frontier_is_said(frontier):
@@ -65,7 +69,9 @@ def test_the_all_tracks_table_has_every_track_and_long_context_length(full_study
     )
     for entry in extensions.values():  # a frontier extension: its own row, by its title
         assert (table["track"] == entry["title"]).sum() == 1
-    assert (table["track"] == "long range (two controls)").sum() == len(longrange)
+    assert full_study.get("longrange_power")  # the full study: its 8-seed study superseded
+    label = summary.SUPERSEDED_TRACK
+    assert (table["track"] == label).sum() == len(longrange)
     assert list(table["track"][: len(full_study["tracks"])]) == [
         t["title"] for t in full_study["tracks"].values()
     ]

@@ -6,8 +6,8 @@ from rpka.report import when_map
 from rpka.verdict.decision import CHEAPER_RATIO_MAX
 
 
-def _frontier(rows: list[dict]) -> dict:
-    return {"tracks": {"longrange-2048": {"rows": rows}}}
+def _frontier(rows: list[dict], track: str = "recall-2048") -> dict:
+    return {"tracks": {track: {"rows": rows}}}
 
 
 def _row(method: str, rank: int, verdict: str, points: int = 4096) -> dict:
@@ -54,3 +54,15 @@ def test_the_figure_draws_every_reading():
     fig = when_map.plot_when_map(points)
     drawn = sum(len(c.get_offsets()) for c in fig.axes[0].collections)
     assert drawn == len(points) == 2
+
+
+def test_the_superseded_long_range_study_is_not_a_reading():
+    """The older 8-seed long-range study (frontier.json's longrange-<n>) is superseded by the
+    pre-registered 16-seed one: Figure 1 does not show it as a finding (issue 53, item 3)."""
+    rows = [_row("rpka", 64, "non-inferior")]
+    older = _frontier(rows, "longrange-2048")
+    assert when_map.map_points(older, None, SWEEP, superseded=True).empty
+    assert len(when_map.map_points(older, None, SWEEP)) == 1  # a study without the 16-seed one
+    text, _ = when_map.caption(when_map.map_points(_frontier(rows), None, SWEEP, superseded=True))
+    assert "8-seed study is superseded and not shown" in text
+    assert "superseded" not in when_map.caption(when_map.map_points(older, None, SWEEP))[0]

@@ -363,9 +363,10 @@ def test_pareto_front():
 def test_tables(smoke_study_report, tmp_path):
     report, _ = smoke_study_report
     table = tables.results_table(report)  # per arm, the naive forecasts as extra rows
-    assert list(table["arm"][: len(report["arms"])]) == list(report["arms"])
+    labels = [tables.arm_label(report, name) for name in report["arms"]]  # "(primary)" marked
+    assert list(table["arm"][: len(report["arms"])]) == labels
     assert len(table) == len(report["arms"]) + len(report["naive_baselines"]["forecasts"])
-    row = table.set_index("arm").loc["performer-r4"]
+    row = table.set_index("arm").loc["performer-r4"]  # not primary: its plain name
     cmp_ = report["arms"]["performer-r4"]["comparison"]
     assert row["wins vs exact"] == f"{cmp_['idea_wins']}/{cmp_['n_pairs']}"
     groups = {name: tables.arm_group(report, name) for name in report["arms"]}

@@ -7,9 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from rpka import paths
 from rpka.cli import commands as cli
 from rpka.paths import resolve
-from rpka.report import readme
+from rpka.report import readme, readme_table
 
 
 def test_arm_table_has_one_row_per_arm_with_the_reports_numbers(smoke_study_report):
@@ -84,8 +85,14 @@ def test_replace_block_rewrites_only_between_the_markers():
 
 
 def test_cli_rewrites_a_readme_block(tmp_path, monkeypatch, smoke_study_report):
-    report, _ = smoke_study_report
-    monkeypatch.setattr(readme, "render", lambda preset: f"rendered {preset}")
+    _, out = smoke_study_report
+    # the smoke study's files where the command looks (a user's run writes out/smoke/, not
+    # data/results/smoke: the test must not depend on one having run)
+    monkeypatch.setattr(paths, "bench_report", lambda preset, track_dir="": str(
+        out / paths.BENCH_REPORT_FILE))  # fmt: skip
+    monkeypatch.setattr(cli.results_check, "check_study", lambda preset: [])
+    monkeypatch.setattr(cli.study, "write_study_index", lambda preset: {"tracks": {}})
+    monkeypatch.setattr(readme_table, "readme_block", lambda preset: f"rendered {preset}")
     readme_md = tmp_path / "README.md"
     readme_md.write_text(f"# x\n{readme.BEGIN}\n{readme.END}\n")
     cli.summary_main(["--preset", "smoke", "--readme", str(readme_md)])
@@ -123,7 +130,7 @@ def _full_results_as_committed() -> bool:
 )
 def test_readme_block_matches_the_committed_full_study():
     readme_md = resolve("README.md").read_text()
-    expected = readme.replace_block(readme_md, readme.render("full"))
+    expected = readme.replace_block(readme_md, readme_table.readme_block("full"))
     assert readme_md == expected, (
         "README's results block is stale: run "
         "`python -m rpka summary --preset full --readme README.md`"

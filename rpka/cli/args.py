@@ -230,8 +230,24 @@ def report_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--html",
         type=path_arg,
-        default=str(resolve(paths.REPORT_HTML)),
-        help="where to write the report (default: %(default)s)",
+        default=None,
+        help=f"where to write the report (default: {paths.OUT}/<preset>/rpka_report.html; "
+        f"with --publish {paths.REPORT_HTML} and docs/rpka_report_<preset>.html)",
+    )
+    parser.add_argument(
+        "--out",
+        type=path_arg,
+        default=paths.OUT,
+        help="the folder this run writes its runs, results, figures and report under, as "
+        "<out>/<preset>/ (default: %(default)s/, ignored by git); it resumes from the "
+        "committed study's runs, copied there, and ends comparing itself with that study",
+    )
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="write into the committed study instead (data/results/<preset>, "
+        "figures/<preset>, docs/rpka_report_<preset>.html; presets "
+        f"{', '.join(paths.PUBLISHED_PRESETS)}): the one step that rewrites it (make publish)",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument(
@@ -247,10 +263,10 @@ def report_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--from-results",
         action="store_true",
-        help="render the result files already there (e.g. the committed full study): "
-        "nothing is trained or computed and no result file is written (the study index "
-        "only where there is none); figures go to reports/<preset>/figures; refused when "
-        "a result file is missing",
+        help="render the committed study's result files (e.g. the full study): nothing is "
+        "trained or computed and no result file is written (the study index only where "
+        "there is none); figures and report go to <out>/<preset>/ (with --publish: "
+        "figures/<preset> and docs/); refused when a result file is missing",
     )
     return parser
 

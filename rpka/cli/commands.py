@@ -20,9 +20,7 @@ modules themselves know nothing of the command line or of the report layer.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -33,7 +31,7 @@ import torch
 
 from rpka import bench, numerics, paths
 from rpka.cli import longrange as cli_longrange
-from rpka.cli import pipeline
+from rpka.cli import pipeline  # noqa: F401 - the report's driver, as cli.pipeline
 from rpka.cli.args import (
     COST_STEPS_RANGE,
     SEEDS_RANGE,
@@ -50,17 +48,16 @@ from rpka.cli.args import (
     make_parser,
     readable_readme,
     refuse_committed_default,
-    report_parser,
     scaling_parser,
 )
-from rpka.cli.report_lock import ReportRunning, report_lock
+from rpka.cli.report_command import report_main
 from rpka.cli.signals import STORAGE_ERRNOS, interrupted_status, stop_on_signals
 from rpka.config.bench import BenchConfig, LongContextConfig
-from rpka.config.presets import PREVIEW_PRESETS, STUDY_TRACKS, get_preset
+from rpka.config.presets import STUDY_TRACKS, get_preset
 from rpka.config.presets_longctx import LONGCTX_PRESETS, get_longctx_preset, with_arms
 from rpka.io import CorruptFileError, atomic_write_text, write_result_json
 from rpka.paths import resolve
-from rpka.report import readme
+from rpka.report import readme, readme_table
 from rpka.speed import decoding, scaling
 from rpka.study import cost, longctx, results_check
 from rpka.study import steps as study
@@ -239,69 +236,6 @@ def longctx_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return result
 
 
-# --------------------------------------------------------------------------- report
-
-
-def report_main(argv: Sequence[str] | None = None) -> None:
-    parser = report_parser()
-    args = parser.parse_args(argv)
-    steps = pipeline.preset_steps(args.preset, from_results=args.from_results)
-    if args.print_parameters:
-        print(json.dumps({s.notebook.name: s.parameters for s in steps}, indent=2))
-        return
-    check_out_file(parser, "--html", Path(args.html))
-    if args.parallel < 1:
-        parser.error(f"--parallel must be an integer >= 1, got {args.parallel}")
-    if args.from_results:
-        missing = study.missing_results(args.preset)
-        if missing:
-            parser.error(
-                f"--from-results: {len(missing)} result file(s) of preset {args.preset} "
-                f"missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
-                f"`python -m rpka report --preset {args.preset}` computes them"
-            )
-    try:  # one report of a preset at a time: they would write the same notebooks
-        if args.from_results:  # before any notebook: each file whole, sealed, well-typed
-            unsealed = results_check.check_study(args.preset)
-            if unsealed:
-                print(results_check.unsealed_note(unsealed, args.preset), file=sys.stderr)
-        with report_lock(args.preset):
-            _run_report(args, steps)
-    except ReportRunning as err:
-        fail("report", str(err))
-
-
-def _run_report(args: argparse.Namespace, steps: list[pipeline.Step]) -> None:
-    """The checked ``report`` command, under its preset's lock: compute, run, render."""
-    parallel = args.parallel
-    # A preview draws no conclusion from its timings, so its notebooks run beside the
-    # stages they do not read. One torch thread per process then, as in every bench worker:
-    # OpenMP's spinning threads on oversubscribed cores made the stages ~4x slower.
-    overlap = args.preset in PREVIEW_PRESETS and parallel > 1
-    prediction = None if args.from_results else cost.stored_prediction(args.preset)
-    if prediction is not None:  # before hours of compute: say how many
-        print(cost.prediction_line(prediction), flush=True)
-    if overlap and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = "1"  # the notebook kernels, started later
-        torch.set_num_threads(1)
-    try:
-        pipeline.run_pipeline(
-            steps,
-            Path(args.html),
-            progress=not args.no_progress,
-            compute=(
-                study.render_steps(args.preset)
-                if args.from_results
-                else study.compute_steps(args.preset, progress=not args.no_progress)
-            ),
-            title=pipeline.preset_title(args.preset),
-            parallel=parallel,
-            overlap=overlap,
-        )
-    except pipeline.PipelineError as err:
-        raise SystemExit(f"report failed: {err}") from None
-
-
 # --------------------------------------------------------------------------- scaling, decode
 
 
@@ -410,10 +344,10 @@ def summary_main(argv: Sequence[str] | None = None) -> None:
     results_check.check_study(args.preset)  # every file whole, sealed, well-typed
     index = study.write_study_index(args.preset)  # study.json: where every reader starts
     print(f"study index: {paths.study_json(args.preset)} ({len(index['tracks'])} track(s))")
-    block = readme.render(args.preset)
     if args.readme is None or text is None:
-        print(block)
+        print(readme.render(args.preset))  # the full summary (the report's appendix E)
         return
+    block = readme_table.readme_block(args.preset)  # the README's short table
     try:
         atomic_write_text(args.readme, readme.replace_block(text, block))
     except OSError as err:
@@ -451,7 +385,11 @@ def cost_main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 COMMANDS: dict[str, tuple[Callable[[Sequence[str] | None], Any], str]] = {
     "bench": (bench_main, "benchmark (--track NAME): lr sweep, seeds, bench_report.json"),
-    "longctx": (longctx_main, "long-context training: exact vs rpka at contexts 512 and 2,048"),
+    "longctx": (
+        longctx_main,
+        "long-context training: exact vs low-rank arms at each preset's "
+        "lengths (--preset; up to 4,096 tokens)",
+    ),
     "report": (report_main, "run the study and render the HTML report"),
     "scaling": (scaling_main, "attention latency against length and rank"),
     "decode": (decode_main, "per-token decoding latency against context length"),

@@ -481,18 +481,19 @@ class NotebookQueue:
             papermill_log.disabled = was_disabled
 
 
-def preset_steps(preset: str, from_results: bool = False) -> list[Step]:
+def preset_steps(preset: str, from_results: bool = False, publish: bool = False) -> list[Step]:
     """The notebooks of the study, in order, with the preset's parameters. ``from_results``
     (``report --from-results``): the notebooks compute nothing and draw their figures into
-    ``reports/<preset>/figures`` - the results and figures there may be committed ones."""
+    ``<report folder>/figures`` - or, ``publish``ed, the committed ``figures/<preset>``."""
     params = notebook_parameters(preset)
     out_dir = resolve(paths.report_dir(preset))
     if from_results:
-        figures = f"{paths.report_dir(preset)}/figures"
+        figures = paths.committed_figures_dir(preset) if publish else f"{out_dir}/figures"
         params = {
-            name: {**values, "figures_dir": figures, "compute_missing": False}
+            name: {**values, "figures_dir": str(_relative(Path(figures), REPO_ROOT)),
+                   "compute_missing": False}
             for name, values in params.items()
-        }
+        }  # fmt: skip
     return [
         Step(NOTEBOOK_DIR / name, out_dir / name, parameters) for name, parameters in params.items()
     ]

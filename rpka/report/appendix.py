@@ -10,7 +10,7 @@ import pandas as pd
 from IPython.display import Markdown
 
 from rpka.report import tables, text_track
-from rpka.report.tables import arm_group, verdict_word
+from rpka.report.tables import arm_group, arm_label, verdict_word
 from rpka.report.text import ci_text
 
 
@@ -25,7 +25,7 @@ def verdicts_table(study: Mapping[str, Any]) -> pd.DataFrame:
                 rows.append(
                     {
                         "track": t["title"],
-                        "arm": arm + (" (primary)" if arm == t["primary_arm"] else ""),
+                        "arm": arm_label(report, arm),
                         "group": arm_group(report, arm),
                         "delta [95 % CI]": ci_text(c),
                         "verdict": verdict_word(c["verdict"]),

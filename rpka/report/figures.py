@@ -25,7 +25,7 @@ from matplotlib.lines import Line2D
 
 from rpka.io import FIGURE_DPI, inline_png, save_figure
 from rpka.report import palette
-from rpka.report.tables import arm_group
+from rpka.report.tables import arm_group, arm_label
 from rpka.tracks import get_task
 
 
@@ -335,7 +335,7 @@ def _output_error_panel(
         primary = arm_name == report.get("primary_arm")
         ax.plot(rows["rank"], rows["error_mean"], "-", marker=marker, color=colour, mfc="white",
                 lw=2.2 if primary else 1.5,
-                label=f"{arm_name} (primary)" if primary else arm_name)  # fmt: skip
+                label=arm_label(report, arm_name))  # fmt: skip
         ax.fill_between(rows["rank"], rows["error_q10"], rows["error_q90"], color=colour,
                         alpha=0.08)  # fmt: skip
         own = rows[rows["rank"] == rows["own_rank"]]

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from rpka.io import save_figure
 from rpka.report import palette
 from rpka.report.figures import GROUP_MARKERS, legend_entries, metric_label
-from rpka.report.tables import arm_group
+from rpka.report.tables import arm_group, arm_label
 
 MAX_SERIES = 6  # arms in one panel before the figure splits into one panel per group
 PANEL_GROUPS = (  # (title, groups): the small multiples, in order
@@ -89,7 +89,7 @@ def _draw_arm(ax: plt.Axes, report: Mapping, arm: str, x: float) -> None:
     colour = palette.arm_colour(arm)
     primary = arm == report["primary_arm"]
     marker = GROUP_MARKERS.get(arm_group(report, arm), "o")
-    label = f"{arm} (primary)" if primary else arm
+    label = arm_label(report, arm)
     ax.errorbar(x, y, yerr=err, fmt=marker, color=colour, ms=8, capsize=2, label=label)
     if primary:  # framed, and bold in the legend
         ax.plot(x, y, "s", ms=17, mfc="none", mec=colour, mew=2)

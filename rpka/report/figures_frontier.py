@@ -27,6 +27,7 @@ from rpka.verdict.frontier import STEP_SOURCE_WALL
 METHOD_COLOURS = {m: palette.method_colour(m) for m in LANDMARK_METHODS}
 METHOD_MARKERS = {m: METHOD_INFO[m].marker for m in LANDMARK_METHODS}
 LABEL_OFFSETS = {m: METHOD_INFO[m].label_offset for m in LANDMARK_METHODS}
+RIGHT_EDGE_SHARE = 0.6  # rank / points beyond which a note goes left of its point (x max 1.5)
 RANK_TICKS = (1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
 
 
@@ -54,11 +55,16 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
             wall = " (wall)" if r.get("step_source") == STEP_SOURCE_WALL else ""  # a record
             note = f"r{r['rank']}" + (f", {ratio:.1f}x step{wall}" if ratio else "")
             if r["arm"] == positive:
-                note += "\n(positive control)"
-            # neighbouring ranks alternate below and above their point
+                note += "\n(wiring check)"
+            # neighbouring ranks alternate below and above their point; a note clear of the
+            # error bar (on a light box) and, near the right edge, to the point's left
             dy = offset[1] if i % 2 == 0 else offset[1] + 26
-            ax.annotate(note, (xi, gi), xytext=(offset[0], dy), textcoords="offset points",
-                        fontsize=7, va="top", color=colour)  # fmt: skip
+            right = xi > RIGHT_EDGE_SHARE
+            dx = -abs(offset[0]) - 4 if right else offset[0] + 4 if offset[0] > 0 else offset[0]
+            ax.annotate(note, (xi, gi), xytext=(dx, dy), textcoords="offset points",
+                        fontsize=7, va="top", ha="right" if right else "left", color=colour,
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                              "alpha": 0.8})  # fmt: skip
     for method, colour in METHOD_COLOURS.items():  # the curve the trained arms sample
         curve = [r for r in frontier.get("drop_in", []) if r["method"] == method]
         curve = [r for r in curve if r["gap_recovered"] is not None]
@@ -190,6 +196,10 @@ def _length_colours(contexts: list[int]) -> dict[int, Any]:
     return {c: cmap(shades[i]) for i, c in enumerate(contexts)}
 
 
+# two labelled points of the answer figure are near: x within 40 % and g within 0.06
+NEAR_LOG_X, NEAR_GAP = float(np.log(1.4)), 0.06
+
+
 def _answer_panel(
     ax: plt.Axes, points: list[Mapping[str, Any]], key: str, margin: float, xlabel: str
 ) -> None:
@@ -199,6 +209,7 @@ def _answer_panel(
     ax.axhline(1.0, color="0.2", lw=1, ls="--", label="exact attention (g = 1)")
     ax.axvline(1.0, color="0.4", lw=1, ls=":", label="x = 1 (as costly as exact)")
     colours = _length_colours(sorted({int(p["context"]) for p in points}))
+    placed: list[tuple[float, float]] = []  # labelled points: near ones stagger their notes
     for p in points:
         x, g = p.get(key), p.get("gap_mean")
         if x is None or g is None:
@@ -208,15 +219,20 @@ def _answer_panel(
         colour = colours[int(p["context"])]
         if p.get("positive_control"):  # exact by construction: a hollow star, no label
             ax.errorbar([x], [g], yerr=yerr, color=colour, marker="*", ms=10, mfc="none",
-                        capsize=3, label="full rank (positive control)")  # fmt: skip
+                        capsize=3, label="full rank (wiring check)")  # fmt: skip
             continue
         ax.errorbar([x], [g], yerr=yerr, color=colour,
                     marker=METHOD_MARKERS.get(p.get("method"), "o"), ms=6, capsize=3,
                     label=f"{int(p['context']):,} tokens")  # fmt: skip
         peer = METHOD_INFO[p["method"]].family != "rpka"  # RPKA's points carry the rank alone
+        near = sum(abs(np.log(x / px)) < NEAR_LOG_X and abs(g - pg) < NEAR_GAP
+                   for px, pg in placed)  # fmt: skip
+        placed.append((x, g))
+        left = near % 2 == 1  # alternate sides, then step down: no pile near x = 1
         ax.annotate(f"r{p['rank']}" + (f" {method_label(p['method'])}" if peer else ""),
-                    (x, g), xytext=(5, -4), textcoords="offset points", fontsize=7,
-                    va="top", color=colour)  # fmt: skip
+                    (x, g), xytext=(-6 if left else 6, -4 - 10 * (near // 2)),
+                    textcoords="offset points", fontsize=7, va="top",
+                    ha="right" if left else "left", color=colour)  # fmt: skip
     ax.set(xscale="log", xlabel=xlabel, ylabel="gap recovered g (1 = exact, 0 = mean control)")
     times = FuncFormatter(lambda v, _: f"{v:.2g}×")  # ratios, not powers of ten
     ax.xaxis.set_major_formatter(times)

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from rpka.io import save_figure
 from rpka.report import palette
 from rpka.report.figures import metric_label
-from rpka.report.tables import arm_group, verdict_word
+from rpka.report.tables import arm_group, arm_label, verdict_word
 from rpka.tracks import get_task
 
 PRIMARY_COLOUR = "C1"  # the pre-registered primary arm, in every report figure
@@ -139,8 +139,7 @@ def _forest_panel(
         flag = " †" if c.get("verdict_flipped_by_one_seed") else ""
         p = c.get("p_adjusted", c.get("p_value"))
         p_text = f"p={p:.2g}" if p is not None and np.isfinite(p) else "no test"
-        tag = " (primary)" if arm == primary else ""
-        ticks.append(f"{arm}{tag}\n{verdict_word(c['verdict'])}{flag}, {p_text}")
+        ticks.append(f"{arm_label(report, arm)}\n{verdict_word(c['verdict'])}{flag}, {p_text}")
     ax.set_yticks(range(len(arms))[::-1], ticks, fontsize=8)
     for label, arm in zip(ax.get_yticklabels(), arms, strict=True):  # as set: top first
         if arm == primary:

@@ -33,8 +33,8 @@ RULE = (
     "Gap recovered g = (control - arm) / (control - exact) per evaluation seed: 1 is exact "
     "attention, 0 the no-attention control. An arm is *non-inferior* when the one-sided "
     "t-test of mean g > {margin} rejects at {alpha:g}; r\\* is the smallest such RPKA rank. The "
-    "positive control is the arm whose rank is exact by construction; it must read "
-    "non-inferior, or the pipeline is wrong."
+    "*wiring check* (the positive control) is the arm whose rank is exact by construction; "
+    "it must read non-inferior, or the pipeline is wrong."
 )
 
 
@@ -53,7 +53,7 @@ def frontier_table(frontier: Mapping[str, Any]) -> pd.DataFrame:
         for r in entry["rows"]:
             rows.append({
                 "track": track,
-                "arm": f"`{r['arm']}`" + (" (positive control)" if r["arm"] == positive else ""),
+                "arm": f"`{r['arm']}`" + (" (wiring check)" if r["arm"] == positive else ""),
                 "rank / points": f"{r['rank']} / {r['n_points']} ({r['rank_over_n']:.3f})",
                 "gap recovered [95 % CI]": _gap(r),
                 "p (g > margin)": "n/a" if r["p_non_inferior"] is None
@@ -216,15 +216,15 @@ def track_sentence(track: str, entry: Mapping[str, Any]) -> str:
         )
     positive = entry.get("positive_control")
     if positive is None:
-        text += "; no positive control was trained on this track."
+        text += "; no wiring check (positive control) was trained on this track."
     else:
         row = rows[positive["arm"]]
         text += (
-            f"; positive control `{positive['arm']}` (exact by construction): "
+            f"; wiring check `{positive['arm']}` (positive control, exact by construction): "
             f"{positive['verdict']}, g {_gap(row)}."
         )
         if positive["verdict"] != NON_INFERIOR:
-            text += " **The positive control does not tie: this track's frontier is not read.**"
+            text += " **The wiring check does not tie: this track's frontier is not read.**"
     return text
 
 

@@ -362,6 +362,7 @@ def verdicts_table(
     for context, entry in _contexts(index):
         track = frontier_track(frontier, context) or {}
         gaps = {r["arm"]: r for r in track.get("rows", [])}
+        positive = (track.get("positive_control") or {}).get("arm")
         robust = entry.get("robustness") or {}
         timed = entry.get("timing_file") is not None
         for arm, verdict in (entry.get("verdicts") or {}).items():
@@ -377,7 +378,7 @@ def verdicts_table(
             )
             rows.append({
                 "length": f"{context:,}",
-                "arm": f"`{esc(arm)}`",
+                "arm": f"`{esc(arm)}`" + (" (wiring check)" if arm == positive else ""),
                 "verdict vs exact": verdict_word(verdict) if entry.get("gate_passed")
                 else f"{verdict_word(verdict)} (gate failed)",
                 DELTA_COLUMN: NA if c.get("delta_mean") is None else
@@ -424,10 +425,10 @@ def answer_caption(points: list[Mapping[str, Any]]) -> tuple[str, str]:
         "control - exact) per evaluation seed (1 = exact, 0 = no attention; mean and 95 % t "
         "interval), against the training step's time ratio to exact's (log scale; left of "
         "x = 1: cheaper than exact), one point per gated length and rank, coloured by length; "
-        f"above the line g = {num(margin, '.2f')}: non-inferior; hollow stars: the positive "
-        "control (full rank, exact attention by construction); grey band: a step within "
-        f"{STEP_TIE:.0%} of exact's, read as exact's cost (timing noise), not a saving. The "
-        "second panel, where "
+        f"above the line g = {num(margin, '.2f')}: non-inferior; hollow stars: the wiring "
+        "check (the positive control: full rank, exact attention by construction); grey "
+        f"band: a step within {STEP_TIE:.0%} of exact's, read as exact's cost (timing "
+        "noise), not a saving. The second panel, where "
         "measured, puts the peak memory of a training step on the x axis. Step times are "
         + _step_source_words(points)
         + ("; ".join(parts) if parts else "No length passed its two-control gate.")
@@ -439,6 +440,14 @@ def answer_caption(points: list[Mapping[str, Any]]) -> tuple[str, str]:
 
 
 # --------------------------------------------------------------------------- section
+
+
+SUPERSEDED_NOTE = (
+    "**Superseded.** This section is the older 8-seed long-range study, kept as a record: its "
+    "verdicts, figure and table are not the study's answer. The answer is the pre-registered "
+    "16-seed study that follows (`docs/longrange_protocol.md`); a decision study "
+    "(`docs/longrange_protocol_v2.md`) is running."
+)
 
 
 def longrange_section(
@@ -455,6 +464,8 @@ def longrange_section(
     ``rpka.report.sections.longctx_text``)."""
     index = study.get("longrange")
     items: list[Any] = [Markdown(setup_text(index, longctx_file, locality))]
+    if _contexts(index) and study.get("longrange_power"):  # read by the 16-seed study
+        items.insert(0, Markdown(SUPERSEDED_NOTE))
     if not _contexts(index):
         return items
     items.append(Markdown(gates_table(index).to_markdown(index=False)))

@@ -101,15 +101,21 @@ def _join(items: list[str]) -> str:
     return items[0] if len(items) == 1 else "; ".join(items[:-1]) + "; and " + items[-1]
 
 
-def answer_sentence(frontier: Mapping[str, Any] | None) -> str:
+def answer_sentence(frontier: Mapping[str, Any] | None, superseded: bool = False) -> str:
     """When RPKA stops losing, at what cost, and whether the positive control ties: one
-    sentence per the frontier file (Markdown); without a frontier, says so."""
+    sentence per the frontier file (Markdown); without a frontier, says so. ``superseded``
+    (the study also ran the pre-registered 16-seed long-range study): the older 8-seed
+    study's frontier tracks (``longrange-<n>``) are left out, and the sentence says so."""
     tracks = (frontier or {}).get("tracks") or {}
     if not tracks:
         return (
             "**When does RPKA stop losing, at what cost?** Not answered: this study has no "
             "rank frontier (`frontier.json`)."
         )
+    left_out = [name for name in tracks if superseded and name.startswith(LONGRANGE_PREFIX)]
+    tracks = {name: entry for name, entry in tracks.items() if name not in left_out}
+    if not tracks:
+        return "**When does RPKA stop losing, at what cost?** Not answered on the short tracks."
     margin = next(iter(tracks.values())).get("margin_gap")
     clauses = [_track_clause(name, entry) for name, entry in tracks.items()]
     positives = {
@@ -128,9 +134,11 @@ def answer_sentence(frontier: Mapping[str, Any] | None) -> str:
     return (
         "**When does RPKA stop losing, at what cost?** It ties with exact attention (mean gap "
         f"recovered non-inferior to {num(margin, '.2f')}, one-sided t-test at {ALPHA:g}; 1 is "
-        f"exact attention, 0 no attention) {_join(clauses)}. The positive control (a rank exact by "
-        f"construction) {'; it '.join(control)}."
-    )
+        f"exact attention, 0 no attention) {_join(clauses)}. The wiring check (the positive "
+        f"control: a rank exact by construction) {'; it '.join(control)}."
+        + (" The long-range answer is the pre-registered 16-seed study's (below); the older "
+           "8-seed long-range study is superseded and not read here." if left_out else "")
+    )  # fmt: skip
 
 
 def _positive(entry: Mapping[str, Any] | None) -> str:
@@ -173,7 +181,7 @@ def _frontier_cells(entry: Mapping[str, Any] | None) -> dict[str, str]:
         "train step at r* (× exact)": _ratio(row.get("step_ratio")) if row else NA,
         "forward at r* (× exact)": _ratio(1 / speedup) if speedup else NA,
         "peak memory at r* (× exact)": _ratio(memory) if memory else NA,
-        "positive control": _positive(entry),
+        "wiring check (positive control)": _positive(entry),
     }
 
 
@@ -217,40 +225,59 @@ def all_tracks_table(study: Mapping[str, Any], frontier: Mapping[str, Any] | Non
             "train step at r* (× exact)": NA,
             "forward at r* (× exact)": NA,
             "peak memory at r* (× exact)": NA,
-            "positive control": "no frontier",
+            "wiring check (positive control)": "no frontier",
         })  # fmt: skip
-    rows += longrange_rows(study.get("longrange"), frontier)
+    rows += longrange_rows(study.get("longrange"), frontier, bool(study.get("longrange_power")))
     return pd.DataFrame(rows)
 
 
+# the long-range rows of a study that also ran the pre-registered 16-seed study (the full
+# one): the older 8-seed study, kept as a record (issue 53, item 3)
+SUPERSEDED_TRACK = "long range, 8 seeds (superseded)"
+
+
 def longrange_rows(
-    longrange: Mapping[str, Any] | None, frontier: Mapping[str, Any] | None
+    longrange: Mapping[str, Any] | None,
+    frontier: Mapping[str, Any] | None,
+    superseded: bool = False,
 ) -> list[dict[str, Any]]:
     """The all-tracks table's rows of the long-range study (issue 27), one per length: the
     two-control gate, the primary verdict, r* and its cost from ``frontier.json``'s
-    ``longrange-<n>`` (a length whose gate failed has no frontier)."""
+    ``longrange-<n>`` (a length whose gate failed has no frontier); ``superseded``: labelled
+    so (:data:`SUPERSEDED_TRACK`)."""
     fronts = (frontier or {}).get("tracks") or {}
     rows = []
     contexts = (longrange or {}).get("contexts") or {}
     for context, entry in sorted(contexts.items(), key=lambda kv: int(kv[0])):
         rows.append({
-            "track": "long range (two controls)",
+            "track": SUPERSEDED_TRACK if superseded else "long range (two controls)",
             "length": f"{int(context):,}",
             "gate": "passed" if entry.get("gate_passed") else "failed",
             "primary arm": f"`{entry.get('primary_arm', NA)}`",
-            "primary verdict": verdict_word((entry.get("primary") or {}).get("verdict", NA)),
+            "primary verdict": ("superseded: " if superseded else "")
+            + verdict_word((entry.get("primary") or {}).get("verdict", NA)),
             **_frontier_cells(fronts.get(LONGRANGE_TRACK.format(context=int(context)))),
         })  # fmt: skip
     return rows
 
 
-def all_tracks_note() -> str:
-    """What the table's columns mean (Markdown)."""
+def all_tracks_note(superseded: bool = False) -> str:
+    """What the table's columns mean (Markdown); ``superseded``: the long-range rows are
+    the older 8-seed study's (:func:`longrange_rows`)."""
     return (
         "*Gate*: the track's attention gate (uniform attention clearly worse than exact); a "
         "failed gate makes every verdict of the track uninformative. On the long-range rows "
         "it is the two-control gate (exact clearly better than both uniform attention and a "
-        "local window). *Primary verdict*: the "
+        "local window)"
+        + (
+            "; those rows are the older 8-seed long-range study, *superseded* by the "
+            "pre-registered 16-seed study (docs/longrange_protocol.md; a decision study, "
+            "docs/longrange_protocol_v2.md, is running)"
+            if superseded
+            else ""
+        )
+        + ". *Wiring check*: the positive control, "
+        "a rank exact by construction, which must tie with exact. *Primary verdict*: the "
         "pre-registered primary arm against exact on the track's own metric (Section 2). "
         "*r\\**: the smallest RPKA rank whose gap recovered is non-inferior (Section 1), "
         "with the points it pivots among. *Train step*: the median training step against "
@@ -325,12 +352,13 @@ def headline_rows(
             "verdict": verdict_word(c.get("verdict", NA)),
         })  # fmt: skip
     gates = ((study.get("longrange") or {}).get("contexts")) or {}
+    name = "long range, 8 seeds, superseded" if study.get("longrange_power") else "long range"
     for context, report in (longrange or {}).items():
         passed = (gates.get(str(context)) or {}).get("gate_passed")
         gate = "passed" if passed else "failed"
         c = report["arms"][report["primary_arm"]].get("comparison") or {}
         rows.append({
-            "label": f"long range ({context:,} tokens): {report['primary_arm']}",
+            "label": f"{name} ({context:,} tokens): {report['primary_arm']}",
             "gap": primary_gap(report) if passed else None,
             "gate": gate, "margin_gap": MARGIN_GAP,
             "verdict": verdict_word(c.get("verdict", NA)),

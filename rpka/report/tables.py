@@ -93,7 +93,7 @@ def results_table(report: Mapping, split: str = "test") -> pd.DataFrame:
         comparison = entry.get("comparison") or {}
         wins = f"{comparison['idea_wins']}/{comparison['n_pairs']}" if comparison else ""
         row = {
-            "arm": name,
+            "arm": arm_label(report, name),
             "attention": points_label(entry),
             "best lr": entry["best_cfg"]["lr"],
             f"{metric} mean": full["mean"],
@@ -131,7 +131,7 @@ def comparison_table(report: Mapping) -> pd.DataFrame:
             continue
         rows.append(
             {
-                "arm": name,
+                "arm": arm_label(report, name),
                 "delta mean": c["delta_mean"],
                 "95% CI": _interval(c["ci_low"], c["ci_high"]),
                 "CI half-width": c["ci_halfwidth"],
@@ -278,6 +278,24 @@ def _num(value: float | None) -> float:
 # error against exact per arm; save_table writes any table as CSV and PNG)
 
 GROUPS = ("baseline", "RPKA rank", "RPKA ablation", "peer", "naive")
+
+
+WIRING_CHECK = "wiring check"  # a positive control: exact by construction (issue 53, item 3)
+
+
+def is_wiring_check(report: Mapping[str, Any], name: str) -> bool:
+    """Whether arm ``name`` is the bench's positive control: a rank exact by construction
+    (``config.positive_control_arm``), which checks the wiring and measures nothing."""
+    return name == (report.get("config") or {}).get("positive_control_arm")
+
+
+def arm_label(report: Mapping[str, Any], name: str, code: bool = False) -> str:
+    """An arm's name as tables and figures show it: ``(primary)`` for the pre-registered
+    primary arm, ``(wiring check)`` for the positive control (:func:`is_wiring_check`)."""
+    shown = f"`{name}`" if code else name
+    if name == report.get("primary_arm"):
+        return f"{shown} (primary)"
+    return f"{shown} ({WIRING_CHECK})" if is_wiring_check(report, name) else shown
 
 
 def arm_group(report: Mapping[str, Any], name: str) -> str:

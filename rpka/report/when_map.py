@@ -38,7 +38,10 @@ CATEGORIES = {  # category -> (legend, colour): Okabe-Ito hues
     "untimed": ("non-inferior, op not timed there", "#999999"),
     "loses": ("not shown non-inferior", "#d55e00"),
 }
-KEYS_ONLY = ("keys-coreset",)  # pivots the keys only: its points are the n keys
+KEYS_ONLY = ("keys-coreset",)
+# frontier tracks of the 8-seed long-range study (frontier.json's longrange-<n>), superseded
+# by the pre-registered 16-seed study (docs/longrange_protocol.md): not a reading of the map
+SUPERSEDED_PREFIX = "longrange-"  # pivots the keys only: its points are the n keys
 
 
 def _tokens(method: str, points: int) -> int:
@@ -67,12 +70,17 @@ def map_points(
     frontier: Mapping[str, Any] | None,
     rank_law: Mapping[str, Any] | None,
     sweep: Mapping[str, Any] | None,
+    superseded: bool = False,
 ) -> pd.DataFrame:
     """One row per reading: study, method, tokens, rank, rank_over_points, source
-    ("trained" / "drop-in"), non_inferior, op_speedup, category."""
+    ("trained" / "drop-in"), non_inferior, op_speedup, category. ``superseded`` (the study
+    also ran the pre-registered 16-seed long-range study): the older 8-seed study's
+    frontier tracks are not readings (``attrs["superseded"]`` says so to the caption)."""
     speedup = _speedups(sweep)
     rows = []
     for track, entry in ((frontier or {}).get("tracks") or {}).items():
+        if superseded and track.startswith(SUPERSEDED_PREFIX):  # the 8-seed study
+            continue
         for row in entry["rows"]:
             if row["rank"] >= row["n_points"]:  # the positive control: exact by identity
                 continue
@@ -93,7 +101,9 @@ def map_points(
         row["rank_over_points"] = row["rank"] / row["points"]
         row["op_speedup"] = speedup.get((row["method"], row["tokens"], row["rank"]))
         row["category"] = _category(row["non_inferior"], row["op_speedup"])
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.attrs["superseded"] = superseded
+    return frame
 
 
 def plot_when_map(points: pd.DataFrame) -> Figure:
@@ -118,11 +128,13 @@ def plot_when_map(points: pd.DataFrame) -> Figure:
     handles = [plt.Line2D([], [], ls="", marker="o", color=c, label=label)
                for label, c in CATEGORIES.values()]  # fmt: skip
     handles += [plt.Line2D([], [], ls="", marker=METHOD_INFO[m].marker, color="0.3", label=m,
-                           markerfacecolor="0.3" if m == "rpka" else "none")
+                           markerfacecolor="none")
                 for m in sorted(points["method"].unique())]  # fmt: skip
-    handles += [plt.Line2D([], [], ls="", marker="o", color="0.3", label="trained arm"),
-                plt.Line2D([], [], ls="", marker="o", color="0.3", markerfacecolor="none",
-                           label="drop-in rung (rank-law grid)")]  # fmt: skip
+    # the fill says the source, on a marker no method uses (a circle would repeat rpka's)
+    handles += [plt.Line2D([], [], ls="", marker="D", ms=5, color="0.3",
+                           label="filled: trained arm"),
+                plt.Line2D([], [], ls="", marker="D", ms=5, color="0.3", markerfacecolor="none",
+                           label="hollow: drop-in rung (rank-law grid)")]  # fmt: skip
     ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(True, which="major", alpha=0.4)
     fig.tight_layout()
@@ -145,5 +157,8 @@ def caption(points: pd.DataFrame) -> tuple[str, str]:
             "every drop-in rung of the rank-law grid (hollow: the smallest rank reaching the "
             "margin on every seed and the rank below it) at its length and rank ÷ points. "
             f"Cost: the attention op's forward, one thread, CPU time (cheaper: at most "
-            f"{CHEAPER_RATIO_MAX:g} × exact's). Counts: " + "; ".join(parts) + ".")  # fmt: skip
+            f"{CHEAPER_RATIO_MAX:g} × exact's). "
+            + ("The long-range study's readings are in its own section (the older 8-seed "
+               "study is superseded and not shown). " if points.attrs.get("superseded") else "")
+            + "Counts: " + "; ".join(parts) + ".")  # fmt: skip
     return text, "Map of readings by sequence length and rank over points, coloured by verdict"

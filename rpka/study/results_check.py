@@ -13,6 +13,9 @@ first notebook starts (or the study index is written), :func:`check_study`:
 * checks the fields of ``study.json`` and of every ``bench_report.json`` the notebooks read,
   with their types (:data:`STUDY_FIELDS`, :data:`BENCH_FIELDS`), naming the file and the
   field: a mistyped file failed deep inside a notebook, naming neither;
+* recomputes every bench report's summaries (each arm's n, mean and sd, each comparison's
+  delta and verdict) from its own per-seed scores and refuses a file where they disagree
+  (``rpka.verdict.consistency``): an edited and re-sealed file (issue 56);
 * returns the files read without a checksum (a study written before checksums existed,
   all of its files unsealed), which the command names.
 
@@ -29,6 +32,7 @@ from rpka import paths
 from rpka.io import CHECKSUM_KEY, CorruptFileError, has_checksum, read_json_checked
 from rpka.paths import resolve
 from rpka.study.steps import notebook_parameters
+from rpka.verdict.consistency import bench_report_problems
 
 Check = tuple[Callable[[Any], bool], str]  # (does the value fit?, what it must be)
 
@@ -107,6 +111,9 @@ def check_study(preset: str) -> list[Path]:
                 f"deleted? ({len(bad)} such file(s)); restore it (git checkout, for a "
                 f"committed file) or recompute it (`python -m rpka report --preset {preset}`)"
             )
+    for path, content in data.items():  # sealed or not: its summaries are its scores'
+        if path.name == paths.BENCH_REPORT_FILE:
+            check_summaries(path, content)
     return unsealed
 
 
@@ -130,6 +137,19 @@ def check_bench_report(path: Path, content: Any) -> None:
     for name, arm in content["arms"].items():
         check_fields(path, arm, ARM_FIELDS, f"arms.{name}")
         check_fields(path, arm["full"], SCORE_FIELDS, f"arms.{name}.full")
+
+
+def check_summaries(path: Path, content: dict[str, Any]) -> None:
+    """``CorruptFileError`` if the bench report's summaries (means, sd, n, verdicts) are not
+    what its own per-seed scores give (``rpka.verdict.consistency``): a checksum proves only
+    that nobody changed the file since it was last sealed (issue 56)."""
+    problems = bench_report_problems(content)
+    if problems:
+        raise CorruptFileError(
+            f"{path}: its summaries disagree with its own per-seed scores: {problems[0]}"
+            f"{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}; restore it "
+            "(git checkout, for a committed file) or recompute it"
+        )
 
 
 def check_fields(path: Path, content: Any, fields: Mapping[str, Check], where: str = "") -> None:
