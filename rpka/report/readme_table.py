@@ -77,15 +77,33 @@ def longrange_rows(preset: str) -> list[dict]:
         robust = entry.get("robust_non_inferior") or []
         ranks = sorted(int(a.rsplit("-r", 1)[1]) for a in robust if a.startswith("rpka-r"))
         rows.append({
-            "track": f"Long range, 16-seed study ({int(length):,} tokens)",
+            "track": f"Long range, 16-seed pilot ({int(length):,} tokens)",
             "verdict (primary arm vs exact)": entry.get("unread") or (
-                ", ".join(f"`{a}`" for a in robust) + " robustly non-inferior"
+                ", ".join(f"`{a}`" for a in robust) + " robustly non-inferior on the gap scale"
+                " (flattered where exact fails: see the decision study)"
                 if robust else "no rank robustly non-inferior"),
             "r\\*": f"{ranks[0]} of {2 * int(length):,} points" if ranks else "not reached",
             "cost at r\\*": (f"{cpu_ratio_text(entry.get('step_ratio_cpu'))} exact's CPU step"
                              if entry.get("cheapest") else NA),
         })  # fmt: skip
     return rows
+
+
+def decision_rows(study: Mapping[str, Any]) -> list[dict]:
+    """The decision study's row (issue 53): its answers once a look is read, else how many
+    of its seeds are in."""
+    entry = study.get("longrange_v2")
+    if not entry:
+        return []
+    reading = entry.get("reading")
+    look = reading and (reading.get("final") or reading.get("interim"))
+    verdict = (
+        f"`rpka-r64` vs exact: {look['q2']['answer']}; pivoting vs uniform: {look['q1']['answer']}"
+        if look
+        else f"running: {entry['seeds_complete']} of {entry['seeds_planned']} seeds in"
+    )
+    return [{"track": "Long range, decision study (4,096 tokens)",
+             "verdict (primary arm vs exact)": verdict, "r\\*": NA, "cost at r\\*": NA}]
 
 
 def readme_block(preset: str = "full") -> str:
@@ -96,7 +114,8 @@ def readme_block(preset: str = "full") -> str:
             f"no {paths.study_json(preset)}: run `python -m rpka report --preset {preset}` first"
         )
     frontier = _optional(paths.frontier_json(preset))
-    table = pd.DataFrame(track_rows(study, frontier) + longrange_rows(preset))
+    rows = track_rows(study, frontier) + longrange_rows(preset) + decision_rows(study)
+    table = pd.DataFrame(rows)
     link = REPORT_LINK.format(preset=preset)
     return (
         f"Generated from the `{preset}` study's result files (`python -m rpka summary\n"
