@@ -178,7 +178,8 @@ def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dic
     """The study index with every track's bench report loaded.
 
     Returns {"preset", "source", "tracks": {name: entry}, "longctx", "longrange",
-    "longrange_power" (the pre-registered long-range study, ``study.power_entry``), "extensions"}
+    "longrange_power" (the pre-registered long-range study, ``study.power_entry``),
+    "longrange_v2" (the decision study, ``study.decision_entry``), "extensions"}
     (the frontier extensions' index entries, ``study.extension_entries``); each
     track entry has
     ``report`` (the bench report), ``gate`` ("passed", "failed", or "none" for a track
@@ -200,7 +201,7 @@ def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dic
             tracks[name] = _entry(name, report, indexed, bench)
         source, longctx = str(study_json), index.get("longctx")
         longrange, extensions = index.get("longrange"), index.get("extensions") or {}
-        power = index.get("longrange_power")
+        power, decision = index.get("longrange_power"), index.get("longrange_v2")
     else:  # an index-less study: the study tracks' bench reports where they exist
         for name in STUDY_TRACKS:
             bench = paths.resolve(paths.bench_report(preset, get_task(name).out_dir))
@@ -208,7 +209,7 @@ def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dic
                 report = with_step_timing(read_json_checked(bench, BENCH_REPORT_KEYS), timing)
                 tracks[name] = _entry(name, report, {}, bench)
         source, longctx = f"{paths.results_dir(preset)} (no study.json)", None
-        longrange, extensions, power = None, {}, None
+        longrange, extensions, power, decision = None, {}, None, None
     if not tracks and preset not in study.SCALING_PRESET:  # not a study preset
         raise FileNotFoundError(
             f"no study index {path} and no bench report of preset {preset!r}: run "
@@ -228,6 +229,7 @@ def load_study(study_json: str | Path, preset: str, compute: bool = True) -> dic
         "longctx": longctx,
         "longrange": longrange,
         "longrange_power": power,
+        "longrange_v2": decision,
         "extensions": extensions,
     }
 
