@@ -48,8 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rpka.attention import build, masks, options_of
-from rpka.swap.sdpa import FALLBACKS, SwapRefused
+from rpka.attention import masks, options_of
+from rpka.swap.sdpa import FALLBACKS, SwapRefused, method_forms
 
 try:  # the optional extra hf; `import rpka` never comes here
     from transformers import AttentionInterface
@@ -87,12 +87,7 @@ class HFAttention:
             raise ValueError("causal is not an option here: each call's mask chooses it")
         self.name, self.method, self.rank, self.fallback = name, method, rank, fallback
         self.options = {**({"rank": rank} if "rank" in takes else {}), **options}
-        self.modules: dict[bool, nn.Module] = {False: build(method, **self.options)}
-        self.causal_reason: str | None = None
-        try:
-            self.modules[True] = build(method, **self.options, causal=True)
-        except ValueError as err:
-            self.causal_reason = str(err).split(":")[0]
+        self.modules, self.causal_reason = method_forms(method, self.options)
         self.served = self.passed = 0
         self.reasons: Counter[str] = Counter()
 

@@ -261,6 +261,17 @@ def as_four_dims(x: Tensor) -> Tensor:
     return x.reshape(1, math.prod(x.shape[:-2]), *x.shape[-2:])
 
 
+def method_forms(method: str, options: dict[str, Any]) -> tuple[dict[bool, nn.Module], str | None]:
+    """The method's non-causal and, where it has one, causal module (keyed by ``causal``),
+    and why it has no causal form (None: it has one). Bad options raise ValueError."""
+    modules: dict[bool, nn.Module] = {False: build(method, **options)}
+    try:
+        modules[True] = build(method, **options, causal=True)
+    except ValueError as err:
+        return modules, str(err).split(":")[0]
+    return modules, None
+
+
 class SDPASwap(contextlib.ContextDecorator):
     """Context manager and decorator: SDPA served by ``method`` at ``rank`` (see the
     module docstring). Use :func:`swap` to make one.
@@ -296,12 +307,8 @@ class SDPASwap(contextlib.ContextDecorator):
         self.causal_reason: str | None = None
         if method == "exact":  # passes every call to the original function
             build(method, **self.options)  # only to refuse an unknown option now
-        else:
-            self.modules[False] = build(method, **self.options)  # bad options: ValueError now
-            try:
-                self.modules[True] = build(method, **self.options, causal=True)
-            except ValueError as err:
-                self.causal_reason = str(err).split(":")[0]
+        else:  # bad options: ValueError now
+            self.modules, self.causal_reason = method_forms(method, self.options)
         self.swapped = self.passed = 0
         self.reasons: Counter[str] = Counter()
         self.records: list[CallRecord] | None = [] if record else None
