@@ -17,6 +17,7 @@ import nbformat
 import pytest
 
 import rpka
+from rpka import paths
 from rpka.cli.pipeline import (
     Step,
     declared_parameters,
@@ -186,12 +187,12 @@ def test_smoke_html_says_it_is_a_preview_and_starts_with_the_summary(smoke_html)
 def test_from_results_trains_nothing_and_leaves_a_clone_unchanged(smoke_report, tmp_path):
     """A clone of a study as git keeps it (result and run files, figures; no weights, data
     cache or reports): `report --from-results` trains nothing, and `git status` stays
-    clean - figures go to reports/<preset>/figures (issue 31 item 5)."""
+    clean - figures and notebooks go to out/<preset>/ (issue 31 item 5; issue 56)."""
     root = tmp_path / "clone"
     skip = shutil.ignore_patterns("*.pt", "*.corrupt-*", "*.tmp")
     for part in ("notebooks", "data/results/smoke", "figures/smoke"):
         shutil.copytree(REPO_ROOT / part, root / part, ignore=skip)
-    (root / ".gitignore").write_text("reports/\ndata/cache/\n")
+    (root / ".gitignore").write_text(f"reports/\n/{paths.OUT}/\ndata/cache/\n")
 
     def git(*args):
         done = subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True)
@@ -210,7 +211,7 @@ def test_from_results_trains_nothing_and_leaves_a_clone_unchanged(smoke_report, 
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[compute" not in done.stdout + done.stderr  # no stage: nothing trained
     assert git("status", "--porcelain", "--untracked-files=all") == ""
-    assert (root / "reports/smoke/figures/train_curves.png").exists()
-    executed = nbformat.read(root / "reports/smoke/01_train.ipynb", as_version=4)
+    assert (root / paths.OUT / "smoke/figures/train_curves.png").exists()
+    executed = nbformat.read(root / paths.OUT / "smoke/01_train.ipynb", as_version=4)
     said = [o.get("text", "") for c in executed.cells for o in c.get("outputs", [])]
     assert any("weights are not here: no forecasts drawn" in text for text in said)
