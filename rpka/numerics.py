@@ -14,12 +14,13 @@ Each library reads its setting once, at its first operation (checked on torch 2.
 longer does). Pinning is the study's choice, not the library's: importing ``rpka``,
 ``rpka.attention`` or ``rpka.swap`` changes nothing in a user's process (on an AMD EPYC
 the COMPATIBLE branch makes a user's own float32 matmul ~3x slower; issue 52). The study's
-entry points call :func:`pin` - ``python -m rpka`` first thing, and ``rpka.config`` on
-import, which the notebooks, workers and tests import before torch runs an operation -
-and every process they start inherits the environment. :func:`record` says what a process
-actually runs with, ``pinned: false`` wherever pinning came too late to be sure (torch or
-numba loaded before :func:`pin` changed the environment); run files and timing files store
-it, so a result made with native or unsure numerics says so.
+entry points call :func:`pin` - ``python -m rpka`` first thing, and each study stage's
+package on import (``rpka.config``, ``training``, ``bench``, ``kernel``, ``speed``,
+``study``, ``report``, ``cli``), which the notebooks, workers and tests import before torch
+runs an operation - and every process they start inherits the environment. :func:`record`
+says what a process actually runs with, ``pinned: false`` wherever pinning came too late
+to be sure (torch or numba loaded before :func:`pin` changed the environment); run files
+and timing files store it, so a result made with native or unsure numerics says so.
 
 Opt-out for speed runs: ``RPKA_NUMERICS=native`` (the libraries choose their fastest path;
 results are then reproducible on this kind of CPU only). Costs, measured: docs/reproducibility.md.
@@ -143,7 +144,7 @@ def _environment_pinned() -> bool:
 def pin() -> str:
     """Set :func:`pinned_environment` in this process (and so in every process it starts)
     unless the mode is ``native``; returns the mode. Called by the study's entry points
-    (``python -m rpka``, ``rpka.config``); a user may call it before importing torch.
+    (``python -m rpka``, the study stages' packages); a user may call it before importing torch.
 
     Where the environment was not pinned yet and torch or numba is already imported, the
     libraries may have read their settings: :func:`record` then says ``pinned: false``."""

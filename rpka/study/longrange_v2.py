@@ -110,13 +110,15 @@ def read_study(results: str | Path = paths.COMMITTED_RESULTS) -> dict[str, Any]:
     found = landed_mse(folder, arms)
     complete = [s for s in V2_EVAL_SEEDS if all(s in found[a] for a in arms)]
     per_arm = {}
+    exact = [found["exact"][s] for s in complete]
     for arm in arms:
-        mse = [found[arm][s] for s in complete]
-        exact = [found["exact"][s] for s in complete]
+        arm_mse = [found[arm][s] for s in complete]
         per_arm[arm] = {
             "seeds": len(complete),
-            "failures": rule.failure_count(mse) if complete else None,
-            "relative_mse": rule.relative_mse(mse, exact) if arm != "exact" and complete else None,
+            "failures": rule.failure_count(arm_mse) if complete else None,
+            "relative_mse": rule.relative_mse(arm_mse, exact)
+            if arm != "exact" and complete
+            else None,
         }
     result: dict[str, Any] = {
         "protocol": PROTOCOL,

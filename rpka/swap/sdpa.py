@@ -131,12 +131,6 @@ def dispatch(
     return stack[-1].call(query, key, value, args)
 
 
-def active_swap() -> SDPASwap | None:
-    """The calling thread's innermost active swap (None outside any)."""
-    stack = _DISPATCH.stack()
-    return stack[-1] if stack else None
-
-
 class SwapRefused(RuntimeError):
     """An SDPA call the swapped method cannot serve (one line: which argument, and how to
     run it anyway)."""
