@@ -33,7 +33,12 @@ from rpka.study.rank_law.grid import (
     grid_cells,
     parse_cell,
 )
-from rpka.study.rank_law.heads import HEADS_FILE, MODELS, measure_heads, write_planted_heads
+from rpka.study.rank_law.heads import (
+    ALL_MODELS,
+    HEADS_FILE,
+    measure_heads,
+    write_planted_heads,
+)
 from rpka.study.rank_law.law import predict, write_index
 from rpka.study.rank_law.law_v2 import write_law_v2
 from rpka.study.rank_law.planted import write_planted
@@ -85,8 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, help="confirm: the drop-in r* to train at")
     parser.add_argument("--method", choices=METHODS, default="rpka",
                         help="predict: whose r* the law predicts (default rpka)")  # fmt: skip
-    parser.add_argument("--tracks", nargs="+", choices=[m.track for m in MODELS],
-                        help="heads: the registered models to measure (default all)")  # fmt: skip
+    parser.add_argument("--tracks", nargs="+", choices=[m.name for m in ALL_MODELS],
+                        help="heads: the models to measure, track or track@arm (default "
+                             "all: the registered ones, then the deviation's)")  # fmt: skip
     parser.add_argument("--workers", type=int, default=1, help="training processes, 1-2")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -102,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     if args.stage == "heads":
-        chosen = [m for m in MODELS if not args.tracks or m.track in args.tracks]
+        chosen = [m for m in ALL_MODELS if not args.tracks or m.name in args.tracks]
         measure_heads(args.results, tuple(chosen))
         return 0
     if args.stage == "planted-law":
