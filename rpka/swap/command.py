@@ -34,7 +34,8 @@ from rpka.io import write_json
 from rpka.swap.measure import audit, plot_errors, primary_tensor, run_model
 from rpka.swap.sdpa import SwapRefused
 
-COLUMNS = ["method", "rank", "site", "swapped", "output_error", "logit_std", "metric_change"]
+COLUMNS = ["method", "rank", "site", "swapped", "output_error", "logit_std", "rho",
+           "predicted_rank", "error_at_predicted", "metric_change"]  # fmt: skip
 TIMES = ["forward_ratio", "site_ratio"]
 
 

@@ -12,6 +12,14 @@ forward made the SDPA call (forward hooks on every submodule), or ``call <i>`` -
   attention, ``fallback="exact"``);
 * ``logit_std``: the spread of the exact run's logits ``scale * q.k`` at the site (first
   ``LOGIT_ITEMS`` batch items, visible pairs only) - sharp heads need higher ranks;
+* ``rho``, ``predicted_rank``, ``error_at_predicted``: the rank law (``rpka.rank_law``,
+  docs/rank_law.md "Law v2") at the site in the exact run: ``rho`` the largest head's
+  ``rho_bound`` (max ||q_i|| max ||k_j - k_bar|| / sqrt(d) over the first ``LOGIT_ITEMS``
+  items, the call's scale folded into q); ``predicted_rank`` the rank the method's fitted law
+  predicts for an output error ``law_eps``, the largest over the site's heads (one rank
+  serves every head of a call) and calls; ``error_at_predicted`` the method run at that rank
+  on the exact run's inputs at the site, measured as ``output_error`` is (NaN where the
+  method has no fit, or did not serve the call);
 * ``metric`` / ``metric_change``: the caller's end metric on the swapped run and its
   change from exact's; ``model_output_error``: the model's output against exact's;
 * ``forward_cpu_s`` / ``forward_ratio`` and ``site_cpu_s`` / ``site_ratio``: CPU time of
@@ -25,13 +33,12 @@ A model that made no SDPA call is refused, never reported as zeros.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,9 +47,18 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from rpka.swap.sdpa import CallRecord, SDPASwap, SwapRefused, as_four_dims
+from rpka import rank_law
+from rpka.swap.calls import (
+    Law,
+    law_columns,
+    law_of,
+    logit_std,
+    reference,
+    relative_error,
+    seeded,
+)
+from rpka.swap.sdpa import CallRecord, SDPASwap, SwapRefused
 
-LOGIT_ITEMS = 4  # batch items whose logits give logit_std (a (L x S) matrix per head each)
 NO_CALL = (
     "the model made no SDPA call (torch.nn.functional.scaled_dot_product_attention): a "
     "fused fast path? nn.TransformerEncoder / nn.MultiheadAttention in eval mode under "
@@ -109,43 +125,14 @@ def _device_of(batch: Any) -> torch.device:
     return next((t.device for t in tensors if isinstance(t, Tensor)), torch.device("cpu"))
 
 
-@contextlib.contextmanager
-def seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Global RNG seeded to ``seed`` inside, the caller's state restored after."""
-    devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
-
-
-def relative_error(out: Tensor, ref: Tensor) -> float:
-    """Mean over (batch item, head) of ``|out - ref|_F / |ref|_F``, outputs (..., L, Ev)."""
-    diff = (out.double() - ref).reshape(-1, *ref.shape[-2:])
-    num = torch.linalg.matrix_norm(diff)
-    den = torch.linalg.matrix_norm(ref.reshape(-1, *ref.shape[-2:]))
-    errors = torch.where(den > 0, num / den.clamp(min=1e-300), num)
-    return float(errors.mean()) if errors.numel() else 0.0
-
-
-def logit_std(q: Tensor, k: Tensor, args: Mapping[str, Any]) -> float:
-    """Standard deviation of ``scale * q.k`` over the first items' visible (query, key)
-    pairs (causal: the lower triangle), in float64."""
-    q4, k4 = as_four_dims(q)[:LOGIT_ITEMS].double(), as_four_dims(k)[:LOGIT_ITEMS].double()
-    if q4.shape[1] != k4.shape[1] and k4.shape[1]:  # GQA: the kv heads' groups
-        k4 = k4.repeat_interleave(q4.shape[1] // k4.shape[1], 1)
-    scale = args["scale"] if args["scale"] is not None else 1 / math.sqrt(max(q.shape[-1], 1))
-    logits = (q4 @ k4.transpose(-1, -2)) * scale
-    if args["is_causal"]:
-        visible = torch.ones(logits.shape[-2:], dtype=torch.bool).tril()
-        logits = logits[..., visible]
-    return float(logits.std()) if logits.numel() > 1 else 0.0
-
-
 class Pass:
-    """One run of the model under a swap, with each call's site, error and logit spread."""
+    """One run of the model under a swap, with each call's site, error and logit spread
+    (and, in the exact run given a :class:`Law`, the law's columns)."""
 
-    def __init__(self, swapper: SDPASwap, tracker: SiteTracker, exact: bool) -> None:
-        self.swapper, self.exact = swapper, exact
+    def __init__(
+        self, swapper: SDPASwap, tracker: SiteTracker, exact: bool, law: Law | None = None
+    ) -> None:
+        self.swapper, self.exact, self.law = swapper, exact, law
         swapper.site, swapper.observer = tracker, self.observe
         self.errors: dict[str, list[float]] = defaultdict(list)
         self.spreads: dict[str, list[float]] = defaultdict(list)
@@ -155,23 +142,16 @@ class Pass:
     ) -> None:
         if self.exact:
             self.spreads[record.site].append(logit_std(q, k, args))
+            if self.law is not None:
+                self.law.observe(record.site, q, k, v, args, reference(self.swapper, q, k, v, args))
         elif record.swapped:
-            mask = args["attn_mask"]
-            ref = self.swapper.original(
-                q.double(),
-                k.double(),
-                v.double(),
-                **{**args, "attn_mask": mask.double() if _float(mask) else mask},
+            self.errors[record.site].append(
+                relative_error(out, reference(self.swapper, q, k, v, args))
             )
-            self.errors[record.site].append(relative_error(out, ref))
 
     def run(self, model: nn.Module, batch: Any, seed: int) -> Any:
         with seeded(seed, _device_of(batch)), torch.no_grad(), self.swapper:
             return run_model(model, batch)
-
-
-def _float(mask: Tensor | None) -> bool:
-    return mask is not None and mask.is_floating_point()
 
 
 def per_site(records: Sequence[CallRecord]) -> dict[str, dict[str, float]]:
@@ -262,10 +242,15 @@ def audit(
     fallback: str = "exact",
     repeats: int = 3,
     seed: int = 0,
+    law_eps: float | None = rank_law.DEFAULT_EPS,
+    law_fit: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
     """The audit of ``model`` on ``batch`` (module docstring): one row per (method, rank,
-    call site). ``metric(output) -> float`` scores the model's output (loss, accuracy;
-    None: no metric columns' values). ``options``: per method name, its options (e.g.
+    call site). ``law_eps``: the output error the rank law's ``predicted_rank`` is for (in
+    (0, 1); None: no law columns); ``law_fit``: the law's fit per method (default the
+    committed one, ``rpka.rank_law.load_fit``; missing: a warning, NaN columns).
+    ``metric(output) -> float`` scores the model's output (loss, accuracy; None: no metric
+    columns' values). ``options``: per method name, its options (e.g.
     ``{"rpka": {"causal_block": 16}}``). ``fallback``: what a call the method cannot serve
     does (``"exact"``: runs exactly, counted in ``swapped``; ``"error"``: raises). A
     ``torch.Generator`` among the options is reset to its state at the call before each
@@ -283,15 +268,12 @@ def audit(
     grid = [(m, r) for m in methods for r in ranks]
     for m, r in grid:  # bad method names and options fail before any run
         SDPASwap(m, r, **options.get(m, {}))
+    fits, law_source = law_of(law_eps, law_fit)
 
     # a generator passed as an option starts every pass from its state now, as the global
     # RNG starts from ``seed``: each (method, rank) draws as a fresh model would
-    generators = [
-        (g, g.get_state())
-        for opts in options.values()
-        for g in opts.values()
-        if isinstance(g, torch.Generator)
-    ]
+    generators = [(g, g.get_state()) for opts in options.values() for g in opts.values()
+                  if isinstance(g, torch.Generator)]  # fmt: skip
 
     def variant(method: str, rank: int) -> Callable[[], SDPASwap]:
         def make() -> SDPASwap:
@@ -305,8 +287,9 @@ def audit(
 
         return make
 
+    law = None if fits is None else Law(fits, law_eps, methods, lambda *mr: variant(*mr)(), seed)
     with SiteTracker(model) as tracker:
-        exact = Pass(SDPASwap("exact", record=True), tracker, exact=True)
+        exact = Pass(SDPASwap("exact", record=True), tracker, exact=True, law=law)
         out_exact = exact.run(model, batch, seed)
         if not exact.swapper.records:
             raise SwapRefused(NO_CALL)
@@ -318,16 +301,11 @@ def audit(
             reasons = sorted({r for run, _ in passes for r in run.swapper.reasons})
             raise SwapRefused(f"no SDPA call could be served by {list(methods)}: {reasons}")
         not_served = _not_served(grid, passes)
-        times = interleaved_times(
-            model,
-            batch,
-            [variant("exact", 1), *(variant(m, r) for m, r in grid)],
-            tracker,
-            repeats,
-            seed,
-        )
+        variants = [variant("exact", 1), *(variant(m, r) for m, r in grid)]
+        times = interleaved_times(model, batch, variants, tracker, repeats, seed)
     table = _table(exact, out_exact, passes, grid, times, metric, repeats, seed)
     table.attrs["not_served"] = not_served
+    table.attrs["law"] = {"eps": law_eps, "source": law_source}
     return table
 
 
@@ -380,6 +358,7 @@ def _table(
                     "swapped": stats["swapped"],
                     "output_error": float(np.mean(errors)) if errors else math.nan,
                     "logit_std": float(np.mean(exact.spreads.get(site, [math.nan]))),
+                    **law_columns(exact.law, site, m),
                     "metric": value,
                     "metric_exact": metric_exact,
                     "metric_change": value - metric_exact,

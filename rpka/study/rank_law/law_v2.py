@@ -24,6 +24,7 @@ from scipy import optimize, special, stats
 
 from rpka.io import read_json, write_result_json
 from rpka.kernel.law import EPSILONS, RHO_STATISTICS, law_features
+from rpka.paths import COMMITTED_RESULTS, FRONTIER_FILE, resolve
 from rpka.study.rank_law.heads import HEADS_FILE, METHODS, PLANTED_HEADS_FILE
 from rpka.study.rank_law.law import INDEX_FILE
 
@@ -33,6 +34,8 @@ CONFIDENCE = 0.95
 HELD_FACTOR_LOG2 = 1.0  # held: median |log2 predicted / observed| at most one ladder rung
 THEORY_SLOPE = 1 / math.log(2)  # log2 r grows by 1 / ln 2 per unit of rho (e^rho)
 SEED = 0
+TRAINED_FRONTIER = f"{COMMITTED_RESULTS}/{FRONTIER_FILE}"  # the trained r* per track (item 4)
+ROLES = ("fit", "held_out", "extra")  # extra: the documented deviation's fit-only models
 FIGURE_EPS = 0.03  # the report's figure: r_eps against rho at this eps (the default)
 
 
@@ -238,18 +241,21 @@ def law_v2(
     planted: dict[str, Any] | None,
     bootstrap: int = BOOTSTRAP,
     log: Callable[[str], None] | None = print,
+    frontier: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The fit per method (primary and secondary statistics), the held-out reading, the
-    paired pivoting comparison and the planted law."""
+    paired pivoting comparison, the planted law, the enlarged fit (the deviation's models,
+    where measured) and the link to the trained r* (``frontier``: a ``frontier.json``)."""
     rows = heads["rows"]
+    registered = [r for r in rows if r["role"] != "extra"]
     out: dict[str, Any] = {"fit": {}, "secondary": {}, "held_out": {}, "planted": {},
                            "theory_slope_rho": THEORY_SLOPE,
                            "heads": {role: len({(r["model"], r["layer"], r["head"]) for r in rows
                                                 if r["role"] == role and r["method"] == "rpka"
                                                 and r["eps"] == EPSILONS[0]})
-                                     for role in ("fit", "held_out")},
+                                     for role in ROLES},
                            "tracks": {role: sorted({r["track"] for r in rows if r["role"] == role})
-                                      for role in ("fit", "held_out")}}  # fmt: skip
+                                      for role in ROLES}}  # fmt: skip
     for method in METHODS:
         fit_rows = [r for r in rows if r["method"] == method and r["role"] == "fit"]
         held = [r for r in rows if r["method"] == method and r["role"] == "held_out"]
@@ -268,12 +274,92 @@ def law_v2(
             log(f"{method}: coef {named}"
                 f" sigma {fit['sigma']:.2f}; held-out {out['held_out'][method].get('held')} "
                 f"{out['held_out'][method].get('median_abs_log2_error')}")  # fmt: skip
-    out["pivoting"] = pivoting_paired(rows)
+    extra = [r for r in rows if r["role"] == "extra"]
+    if extra:
+        out["enlarged"] = enlarged(rows, out["fit"], bootstrap)
+    if frontier is not None:
+        out["trained_link"] = trained_link(rows, frontier)
+    out["pivoting"] = pivoting_paired(registered)
     out["points"] = [{"track": r["track"], "role": r["role"], "model": r["model"], "n": r["n"],
                       "d_head": r["d_head"], "rho_bound": r["rho_bound"], "method": r["method"],
                       "eps": r["eps"], "observed": observed(r), "full_rank": r["full_rank"]}
                      for r in rows if r["eps"] == FIGURE_EPS]  # fmt: skip
     return out
+
+
+def enlarged(
+    rows: Sequence[dict[str, Any]], fits: dict[str, Any], bootstrap: int = BOOTSTRAP
+) -> dict[str, Any]:
+    """The documented deviation (docs/rank_law.md, "Law v2: deviation"): per method the fit
+    on the fit set plus the ``extra`` rows (other arms' models), the held-out tracks read by
+    the same rule, and the registered fit's median signed log2(predicted / observed) on the
+    ``extra`` rows (> 0: the registered law over-predicts the rank those heads need)."""
+    out: dict[str, Any] = {"fit": {}, "held_out": {}, "registered_on_extra": {}}
+    for method in fits:
+        own = [r for r in rows if r["method"] == method]
+        fit_rows = [r for r in own if r["role"] in ("fit", "extra")]
+        extra = [r for r in own if r["role"] == "extra"]
+        held = [r for r in own if r["role"] == "held_out"]
+        fit = fit_method(fit_rows, bootstrap=bootstrap)
+        out["fit"][method] = fit
+        out["held_out"][method] = held_out_reading(fit, fit_rows, held, bootstrap)
+        signed = np.log2(predicted(fits[method], extra) / [observed(r) for r in extra])
+        out["registered_on_extra"][method] = {
+            "median_signed_log2": float(np.median(signed)),
+            "median_abs_log2": float(np.median(np.abs(signed))), "rows": len(extra),
+        }  # fmt: skip
+    return out
+
+
+def r_star_bracket(entry: dict[str, Any]) -> tuple[int, int] | None:
+    """A frontier entry's trained r* as the bracket (largest RPKA rank tried below it, r*]
+    (0 where r* is the lowest rank tried: only r* <= that rung is known); None: not reached."""
+    r_star = entry.get("r_star")
+    if r_star is None:
+        return None
+    tried = [r["rank"] for r in entry["rows"] if r["method"] == "rpka" and r["rank"] < r_star]
+    return max(tried, default=0), int(r_star)
+
+
+def trained_link(rows: Sequence[dict[str, Any]], frontier: dict[str, Any]) -> dict[str, Any]:
+    """Issue 54 item 4: does the drop-in r_eps of exact's trained heads predict the trained
+    r* (``frontier.json``: the smallest RPKA rank whose trained gap is non-inferior at 0.95)?
+    Per track with an r* and measured heads (exact's models, RPKA's rows), per eps: the
+    median over heads of the observed r_eps (the rung that reached eps), and the median
+    over models of the largest head's; per eps the median over tracks of |log2 (median
+    r_eps / r*)| and Spearman's correlation across tracks (weak: a handful of tracks)."""
+    own = [r for r in rows if r["method"] == "rpka" and r.get("arm", "exact") == "exact"]
+    tracks = sorted({r["track"] for r in own} & set(frontier.get("tracks", {})))
+    per_track, per_eps = {}, {}
+    for track in tracks:
+        bracket = r_star_bracket(frontier["tracks"][track])
+        if bracket is None:
+            continue
+        entry: dict[str, Any] = {"r_star": bracket[1], "r_star_above": bracket[0]}
+        for eps in EPSILONS:
+            mine = [r for r in own if r["track"] == track and r["eps"] == eps]
+            largest = [max(observed(r) for r in mine if r["model"] == m)
+                       for m in sorted({r["model"] for r in mine})]  # fmt: skip
+            entry[str(eps)] = {"median_head": float(np.median([observed(r) for r in mine])),
+                               "largest_head": float(np.median(largest)),
+                               "heads": len(mine)}  # fmt: skip
+        per_track[track] = entry
+    for eps in EPSILONS:
+        for stat in ("median_head", "largest_head"):
+            ours = np.array([e[str(eps)][stat] for e in per_track.values()])
+            star = np.array([e["r_star"] for e in per_track.values()])
+            if not len(ours):
+                continue
+            rho = stats.spearmanr(ours, star).statistic if len(ours) >= 3 else math.nan
+            per_eps[f"{eps}/{stat}"] = {
+                "eps": eps, "statistic": stat,
+                "median_abs_log2": float(np.median(np.abs(np.log2(ours / star)))),
+                "median_signed_log2": float(np.median(np.log2(ours / star))),
+                "spearman": None if not math.isfinite(rho) else float(rho),
+            }  # fmt: skip
+    best = min(per_eps.values(), key=lambda e: e["median_abs_log2"], default=None)
+    return {"tracks": per_track, "per_eps": per_eps, "best": best,
+            "what": "drop-in r_eps of exact's heads (RPKA) against the trained r*"}  # fmt: skip
 
 
 def write_law_v2(
@@ -286,7 +372,9 @@ def write_law_v2(
         raise FileNotFoundError(f"{heads_path} is missing: run python -m rpka rank-law heads")
     planted_path = Path(results) / PLANTED_HEADS_FILE
     planted = read_json(planted_path) if planted_path.exists() else None
-    result = law_v2(read_json(heads_path), planted, bootstrap, log)
+    frontier_path = resolve(TRAINED_FRONTIER)
+    frontier = read_json(frontier_path) if Path(frontier_path).exists() else None
+    result = law_v2(read_json(heads_path), planted, bootstrap, log, frontier)
     index_path = Path(results) / INDEX_FILE
     index = read_json(index_path) if index_path.exists() else {}
     write_result_json(index_path, {**index, "law_v2": result})
