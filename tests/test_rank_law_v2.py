@@ -277,3 +277,83 @@ def test_predict_rank_with_the_planted_law_predicts_unseen_planted_heads():
         _, observed = kernel_law.r_eps_interval(ranks[: len(measured)], measured[:, :, 0], 0.03)
         errors.append(abs(math.log2(predicted / observed)))
     assert float(np.median(errors)) <= 1.0
+
+
+# --------------------------------------------------------------------------- the deviation
+
+
+def _with_extra(shift: float = 2.0, seed: int = 1) -> tuple[dict, dict]:
+    """The synthetic heads, and the same plus 'extra' models (other arms) whose r_eps sits
+    ``shift`` rungs below the law: the registered fit must not see them."""
+    heads = _synthetic_heads()
+    extra = []
+    for row in _synthetic_heads(seed)["rows"]:
+        if row["role"] != "fit":
+            continue
+        ranks, moved = row["ranks"], {}
+        if row["r_upper"] is not None:  # a censored head stays censored
+            upper = ranks[max(ranks.index(int(row["r_upper"])) - int(shift), 0)]
+            moved = {"r_upper": upper,
+                     "r_lower": 0 if upper == ranks[0] else ranks[ranks.index(upper) - 1]}
+        extra.append({**row, "role": "extra", "model": "other-arm/" + row["model"],
+                      "arm": "rpka-r16", **moved})  # fmt: skip
+    return heads, {"rows": heads["rows"] + extra}
+
+
+def test_the_enlarged_fit_sits_beside_the_registered_one_which_ignores_the_extra_heads():
+    heads, enlarged_heads = _with_extra()
+    alone = law_v2.law_v2(heads, None, bootstrap=5, log=None)
+    both = law_v2.law_v2(enlarged_heads, None, bootstrap=5, log=None)
+    assert "enlarged" not in alone
+    assert both["fit"]["rpka"]["coef"] == alone["fit"]["rpka"]["coef"]  # registered: unchanged
+    assert both["held_out"]["rpka"] == alone["held_out"]["rpka"]
+    assert both["heads"]["extra"] == 24 and both["heads"]["fit"] == alone["heads"]["fit"]
+    enlarged = both["enlarged"]
+    assert enlarged["fit"]["rpka"]["models"] == 12  # six fit models + six other-arm ones
+    assert enlarged["fit"]["rpka"]["coef"][0] < alone["fit"]["rpka"]["coef"][0]  # lower
+    on_extra = enlarged["registered_on_extra"]["rpka"]
+    # two rungs over, less where the ladder's first rung clamps the shift
+    assert 1.0 < on_extra["median_signed_log2"] < 2.6
+    assert enlarged["held_out"]["rpka"]["rows"] == both["held_out"]["rpka"]["rows"]
+
+
+def _frontier(r_stars: dict) -> dict:
+    """A frontier.json: RPKA tried at 16, 32, 64, 128 on every track; r* as given."""
+    return {"tracks": {t: {"r_star": r, "rows": [{"method": "rpka", "rank": k}
+                                                 for k in (16, 32, 64, 128)]}
+                       for t, r in r_stars.items()}}  # fmt: skip
+
+
+def test_the_trained_link_reads_each_track_against_its_r_star():
+    heads = _synthetic_heads()
+    rows = [r for r in heads["rows"] if r["method"] == "rpka"]
+    median = {eps: float(np.median([law_v2.observed(r) for r in rows
+                                    if r["track"] == "fit" and r["eps"] == eps]))
+              for eps in kernel_law.EPSILONS}  # fmt: skip
+    # the fit track's r* equal to its median r_eps at eps 0.03: that eps fits best, exactly
+    frontier = _frontier({"fit": median[0.03], "held": 4096, "absent": 64, "unreached": None})
+    link = law_v2.trained_link(heads["rows"], frontier)
+    assert set(link["tracks"]) == {"fit", "held"}  # measured and with an r*
+    assert link["tracks"]["fit"]["0.03"]["median_head"] == median[0.03]
+    assert link["tracks"]["held"]["r_star_above"] == 128  # the rung tried below 4096
+    ours = link["per_eps"]["0.03/median_head"]
+    held = link["tracks"]["held"]["0.03"]["median_head"]
+    expected = float(np.median([0.0, abs(math.log2(held / 4096))]))
+    assert ours["median_abs_log2"] == pytest.approx(expected)
+    assert ours["spearman"] is None  # two tracks: no rank correlation
+    assert law_v2.r_star_bracket(frontier["tracks"]["unreached"]) is None
+    assert law_v2.r_star_bracket(_frontier({"t": 16})["tracks"]["t"]) == (0, 16)
+
+
+def test_the_report_says_the_enlarged_fit_and_the_trained_link_apart():
+    from rpka.report import rank_law as section
+
+    _, enlarged_heads = _with_extra()
+    result = law_v2.law_v2(enlarged_heads, None, bootstrap=5, log=None,
+                           frontier=_frontier({"fit": 64, "held": 256, "other": 32}))  # fmt: skip
+    text = section.law_v2_text(result)
+    assert "**Enlarged fit** (a documented deviation, not the registered reading: 24 heads" in text
+    assert "over-predicts" in text and "Drop-in to trained" in text
+    assert "2 tracks make this weak evidence" in text
+    assert section.law_v2_text({k: v for k, v in result.items()
+                                if k not in ("enlarged", "trained_link")}).count("\n") < text.count("\n")  # fmt: skip  # noqa: E501

@@ -358,7 +358,8 @@ def rank_law_section(
 # ------------------------------------------------------------------ law v2 (issue 54)
 
 HEAD_SIZE_COLOURS = {16: "tab:blue", 32: "tab:orange", 64: "tab:green"}
-ROLE_MARKERS = {"fit": "o", "held_out": "x"}
+ROLE_MARKERS = {"fit": "o", "held_out": "x", "extra": "+"}
+ROLE_LABELS = {"fit": "", "held_out": ", held out", "extra": ", other arms (deviation)"}
 
 
 def plot_r_eps_against_rho(law: Mapping[str, Any], method: str = "rpka") -> plt.Figure:
@@ -372,7 +373,7 @@ def plot_r_eps_against_rho(law: Mapping[str, Any], method: str = "rpka") -> plt.
         own = [p for p in points if p["d_head"] == d and p["role"] == role]
         ax.scatter([p["rho_bound"] for p in own], [p["observed"] for p in own], s=14,
                    color=colour, marker=ROLE_MARKERS.get(role, "."), alpha=0.7,
-                   label=f"d = {d}{', held out' if role == 'held_out' else ''}")  # fmt: skip
+                   label=f"d = {d}{ROLE_LABELS.get(role, '')}")  # fmt: skip
     if points:
         eps = points[0]["eps"]
         top = max(p["full_rank"] for p in points)
@@ -389,30 +390,86 @@ def plot_r_eps_against_rho(law: Mapping[str, Any], method: str = "rpka") -> plt.
     return fig
 
 
+def _fit_line(method: str, fit: Mapping[str, Any], held: Mapping[str, Any]) -> str:
+    """One method's fit (coefficients, clustered bootstrap intervals) and held-out reading."""
+    names = ["intercept", *fit["terms"]]
+    terms = ", ".join(
+        f"{name} {coef:+.2f} [{fit['ci'][name][0]:+.2f}, {fit['ci'][name][1]:+.2f}]"
+        for name, coef in zip(names, fit["coef"], strict=True)
+    )
+    errors = held.get("median_abs_log2_error") or {}
+    verdict = {True: "**held**", False: "**did not hold**", None: "not read"}[held.get("held")]
+    per_track = held.get("per_track") or {}
+    tracks = "; ".join(f"{t}: law {e['law']:.2f}, constant {e['constant']:.2f}, r ∝ n "
+                       f"{e['proportional_to_n']:.2f}" for t, e in per_track.items())  # fmt: skip
+    return (
+        f"- {method_label(method)}: log2 r_ε = {terms}; σ {fit['sigma']:.2f} "
+        f"({fit['rows']} rows, {fit['models']} models, {fit['censored_rows']} censored). "
+        f"Held-out: {verdict} - median |log2 predicted/observed| "
+        + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in errors.items())
+        + (f" (law's 95 % interval {held['law_median_ci'][0]:.2f}-"
+           f"{held['law_median_ci'][1]:.2f})" if held.get("law_median_ci") else "")
+        + (f"; per track: {tracks}" if len(per_track) > 1 else "")
+    )  # fmt: skip
+
+
+def enlarged_text(law: Mapping[str, Any]) -> str:
+    """The deviation's enlarged fit (other arms' heads added to the fit set) beside the
+    registered one, and how the registered law reads those heads; empty without it."""
+    enlarged = law.get("enlarged")
+    if not enlarged:
+        return ""
+    lines = [f"**Enlarged fit** (a documented deviation, not the registered reading: "
+             f"{law['heads'].get('extra', 0)} heads of other arms of "
+             f"{', '.join(law['tracks'].get('extra', []))}, trained under RPKA, added to the "
+             "fit set):", ""]  # fmt: skip
+    for method, fit in enlarged["fit"].items():
+        lines.append(_fit_line(method, fit, enlarged["held_out"].get(method, {})))
+    on_extra = enlarged["registered_on_extra"].get("rpka")
+    if on_extra:
+        lines += ["", f"The registered RPKA law on those heads: median signed log2 "
+                  f"predicted/observed {on_extra['median_signed_log2']:+.2f} (absolute "
+                  f"{on_extra['median_abs_log2']:.2f}, {on_extra['rows']} rows; > 0: it "
+                  "over-predicts the rank they need)."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def trained_link_text(law: Mapping[str, Any]) -> str:
+    """Item 4: the drop-in r_eps of exact's heads against the trained r* per track."""
+    link = law.get("trained_link")
+    if not link or not link.get("tracks"):
+        return ""
+    best = link["best"]
+    eps = str(best["eps"])
+    tracks = "; ".join(
+        f"{t} r\\* {e['r_star']} (tried below: {e['r_star_above'] or 'none'}), median head "
+        f"r_ε {e[eps]['median_head']:.0f}"
+        for t, e in link["tracks"].items()
+    )
+    spearman = best["spearman"]
+    return (
+        f"**Drop-in to trained** (RPKA, exact's heads, {len(link['tracks'])} tracks with a "
+        f"trained r\\*): closest at ε {best['eps']:g} ({best['statistic'].replace('_', ' ')}), "
+        f"median |log2 r_ε / r\\*| {best['median_abs_log2']:.2f} - {tracks}. Rank "
+        "correlation across tracks "
+        + ("not defined" if spearman is None else f"{spearman:+.2f}")
+        + f"; {len(link['tracks'])} tracks make this weak evidence either way."
+    )
+
+
 def law_v2_text(law: Mapping[str, Any]) -> str:
     """The fit per method (coefficients with their clustered bootstrap intervals) and the
-    held-out reading against the naive predictors, every number from ``law_v2``."""
+    held-out reading against the naive predictors, every number from ``law_v2``; then the
+    enlarged fit and the link to the trained r* where the file has them."""
     lines = [f"Heads measured: {law['heads']['fit']} in the fit set "
              f"({', '.join(law['tracks']['fit'])}), {law['heads']['held_out']} held out "
              f"({', '.join(law['tracks']['held_out'])}). The theory's slope in ρ is "
              f"{law['theory_slope_rho']:.2f} per unit (log2 r).", ""]  # fmt: skip
     for method, fit in law["fit"].items():
-        names = ["intercept", *fit["terms"]]
-        terms = ", ".join(
-            f"{name} {coef:+.2f} [{fit['ci'][name][0]:+.2f}, {fit['ci'][name][1]:+.2f}]"
-            for name, coef in zip(names, fit["coef"], strict=True)
-        )
-        held = law["held_out"].get(method, {})
-        errors = held.get("median_abs_log2_error") or {}
-        verdict = {True: "**held**", False: "**did not hold**", None: "not read"}[held.get("held")]
-        lines.append(
-            f"- {method_label(method)}: log2 r_ε = {terms}; σ {fit['sigma']:.2f} "
-            f"({fit['rows']} rows, {fit['models']} models, {fit['censored_rows']} censored). "
-            f"Held-out: {verdict} - median |log2 predicted/observed| "
-            + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in errors.items())
-            + (f" (law's 95 % interval {held['law_median_ci'][0]:.2f}-"
-               f"{held['law_median_ci'][1]:.2f})" if held.get("law_median_ci") else "")
-        )  # fmt: skip
+        lines.append(_fit_line(method, fit, law["held_out"].get(method, {})))
+    for extra in (enlarged_text(law), trained_link_text(law)):
+        if extra:
+            lines += ["", extra]
     return "\n".join(lines)
 
 
