@@ -293,8 +293,10 @@ def _with_extra(shift: float = 2.0, seed: int = 1) -> tuple[dict, dict]:
         ranks, moved = row["ranks"], {}
         if row["r_upper"] is not None:  # a censored head stays censored
             upper = ranks[max(ranks.index(int(row["r_upper"])) - int(shift), 0)]
-            moved = {"r_upper": upper,
-                     "r_lower": 0 if upper == ranks[0] else ranks[ranks.index(upper) - 1]}
+            moved = {
+                "r_upper": upper,
+                "r_lower": 0 if upper == ranks[0] else ranks[ranks.index(upper) - 1],
+            }
         extra.append({**row, "role": "extra", "model": "other-arm/" + row["model"],
                       "arm": "rpka-r16", **moved})  # fmt: skip
     return heads, {"rows": heads["rows"] + extra}
