@@ -34,6 +34,11 @@ def test_the_audit_is_sealed_without_cpu_times_and_resumed_when_its_config_match
     rows = result["rows"]
     assert {row["rank"] for row in rows} == {4, 64} and len(rows) == 4  # two sites
     assert not set(stage.TIMING_COLUMNS) & set(rows[0])
+    # the rank law per site (issue 54 item 6), from the committed law v2 fit
+    assert result["law"] == {"eps": 0.03, "source": paths.RANK_LAW_JSON}
+    for row in rows:
+        assert row["rho"] > 0 and row["predicted_rank"] >= 1
+        assert 0 <= row["error_at_predicted"] < 1
     before = path.read_bytes()
 
     def refuse(config):
@@ -62,6 +67,8 @@ def test_the_report_section_draws_the_audit_or_says_it_was_not_run(small_audit, 
     assert len(items) == 3 and figs.count == 1
     assert "docs/swap.md" in items[0].data and "07_your_model.ipynb" in items[0].data
     assert "<figure" in items[2].data and (tmp_path / "report_swap_errors.png").exists()
+    assert "predicts for an output error 0.03" in items[0].data
+    assert "predicted_rank" in items[1].data and "error_at_predicted" in items[1].data
     missing = swap_section(None, Figures(), "data/results/x/swap_audit.json")
     assert len(missing) == 1
     assert "was not run for this study (`data/results/x/swap_audit.json`" in missing[0].data

@@ -24,7 +24,8 @@ USE = (
     "walk-through is `notebooks/07_your_model.ipynb`, whose executed copy lies beside this "
     "report."
 )
-COLUMNS = ["rank", "site", "swapped", "output_error", "logit_std", "metric", "metric_change"]
+COLUMNS = ["rank", "site", "swapped", "output_error", "logit_std", "rho", "predicted_rank",
+           "error_at_predicted", "metric", "metric_change"]  # fmt: skip
 
 
 def swap_text(audit_file: Mapping[str, Any] | None, path: str | os.PathLike) -> str:
@@ -39,6 +40,19 @@ def swap_text(audit_file: Mapping[str, Any] | None, path: str | os.PathLike) -> 
         f"{training['final_loss']:.2f} nats), audited on {config['eval_sequences']} test "
         f"sequences at ranks {', '.join(map(str, config['ranks']))} (causal RPKA, block "
         f"{config['causal_block']}); the end metric is the {config['metric']}."
+        + _law_text(audit_file)
+    )
+
+
+def _law_text(audit_file: Mapping[str, Any]) -> str:
+    """What the rank law's columns are, where the file has them."""
+    law = audit_file.get("law") or {}
+    if law.get("eps") is None:
+        return ""
+    return (
+        f" Beside each site's error: its logit scale ρ, the rank the fitted rank law "
+        f"predicts for an output error {law['eps']:g} (`rpka.rank_law.predict_rank`, the "
+        "largest over the site's heads) and the error measured at that rank."
     )
 
 

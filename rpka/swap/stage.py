@@ -36,6 +36,7 @@ AUDIT_CONFIG: dict[str, Any] = {
     "methods": ["rpka"],
     "causal_block": 16,
     "metric": "test perplexity",
+    "law_eps": 0.03,  # the rank law's columns (rpka.rank_law, the committed law v2 fit)
 }
 # CPU times vary from run to run: kept out of the sealed file
 TIMING_COLUMNS = (
@@ -71,6 +72,7 @@ def run_audit(config: dict[str, Any] = AUDIT_CONFIG) -> dict[str, Any]:
             options={"rpka": {"causal_block": config["causal_block"]}},
             repeats=1,
             seed=config["seed"],
+            law_eps=config.get("law_eps"),
         )
     finally:
         torch.set_num_threads(threads)
@@ -83,6 +85,7 @@ def run_audit(config: dict[str, Any] = AUDIT_CONFIG) -> dict[str, Any]:
             "first_loss": losses[0],
             "final_loss": sum(tail) / len(tail),
         },
+        "law": table.attrs["law"],
         "rows": table.to_dict(orient="records"),
     }
 
