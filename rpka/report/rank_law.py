@@ -483,7 +483,8 @@ def law_v2_items(index: Mapping[str, Any], figs: Any) -> list[Any]:
         figs.show(
             plot_r_eps_against_rho(law),
             "r_ε (ε 0.03) of RPKA per trained head against the logit scale ρ, by head size "
-            "(crosses: held-out tracks); dashed: the coreset bound √d e^ρ / ε with constant 1.",
+            "(crosses: held-out tracks; pluses: other arms' heads, the deviation's fit-only "
+            "set); dashed: the coreset bound √d e^ρ / ε with constant 1.",
             "Rank needed against logit scale",
             name="rank_law_rho",
         ),
