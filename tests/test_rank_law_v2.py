@@ -221,6 +221,7 @@ def _synthetic_heads(seed: int = 0) -> dict:
                     below = ranks[-1] if upper is None else ranks[max(ranks.index(upper) - 1, 0)]
                     lower = 0 if upper == ranks[0] else below
                     rows.append({"model": model, "track": model.split("/")[0], "role": role,
+                                 "seed": int(model.split("/")[1]),
                                  "layer": 0, "head": head, "method": method, "eps": eps,
                                  "n": n, "d_head": 16, "p": 1, "rho_bound": rho,
                                  "logit_range": rho, "logit_std": rho / 4, "r_lower": lower,
@@ -317,6 +318,8 @@ def test_the_enlarged_fit_sits_beside_the_registered_one_which_ignores_the_extra
     # two rungs over, less where the ladder's first rung clamps the shift
     assert 1.0 < on_extra["median_signed_log2"] < 2.6
     assert enlarged["held_out"]["rpka"]["rows"] == both["held_out"]["rpka"]["rows"]
+    # resampled by (track, seed): each other-arm model goes with exact's of its seed
+    assert set(enlarged["ci_by_seed"]["rpka"]) == set(enlarged["fit"]["rpka"]["ci"])
 
 
 def _frontier(r_stars: dict) -> dict:

@@ -425,6 +425,11 @@ def enlarged_text(law: Mapping[str, Any]) -> str:
              "fit set):", ""]  # fmt: skip
     for method, fit in enlarged["fit"].items():
         lines.append(_fit_line(method, fit, enlarged["held_out"].get(method, {})))
+    by_seed = (enlarged.get("ci_by_seed") or {}).get("rpka")
+    if by_seed:
+        ci = ", ".join(f"{k} [{a:+.2f}, {b:+.2f}]" for k, (a, b) in by_seed.items())
+        lines += ["", "RPKA's intervals resampled by (track, seed) instead, every arm's model "
+                  f"of one seed together (they share initialisation and data): {ci}."]  # fmt: skip
     on_extra = enlarged["registered_on_extra"].get("rpka")
     if on_extra:
         lines += ["", f"The registered RPKA law on those heads: median signed log2 "

@@ -293,8 +293,10 @@ def enlarged(
     """The documented deviation (docs/rank_law.md, "Law v2: deviation"): per method the fit
     on the fit set plus the ``extra`` rows (other arms' models), the held-out tracks read by
     the same rule, and the registered fit's median signed log2(predicted / observed) on the
-    ``extra`` rows (> 0: the registered law over-predicts the rank those heads need)."""
-    out: dict[str, Any] = {"fit": {}, "held_out": {}, "registered_on_extra": {}}
+    ``extra`` rows (> 0: the registered law over-predicts the rank those heads need); beside
+    the intervals clustered by model, ``ci_by_seed``: clustered by (track, seed), every arm's
+    model of one seed resampled together (they share initialisation and data)."""
+    out: dict[str, Any] = {"fit": {}, "held_out": {}, "registered_on_extra": {}, "ci_by_seed": {}}
     for method in fits:
         own = [r for r in rows if r["method"] == method]
         fit_rows = [r for r in own if r["role"] in ("fit", "extra")]
@@ -302,6 +304,9 @@ def enlarged(
         held = [r for r in own if r["role"] == "held_out"]
         fit = fit_method(fit_rows, bootstrap=bootstrap)
         out["fit"][method] = fit
+        # another arm's model shares its seed (init, data) with exact's: resampled together
+        by_seed = [{**r, "model": f"{r['track']}/{r['seed']}"} for r in fit_rows]
+        out["ci_by_seed"][method] = fit_method(by_seed, bootstrap=bootstrap)["ci"]
         out["held_out"][method] = held_out_reading(fit, fit_rows, held, bootstrap)
         signed = np.log2(predicted(fits[method], extra) / [observed(r) for r in extra])
         out["registered_on_extra"][method] = {
