@@ -86,3 +86,12 @@ def test_07_from_the_results_trains_nothing_and_says_what_is_missing(tmp_path):
     shown = "".join(str(o.get("data", {})) for c in out.cells for o in c.get("outputs", []))
     assert "a report from the results trains nothing" in shown
     assert "not run in a report from the results" in shown
+
+
+def test_the_committed_audits_are_still_resumed_by_the_stage_config():
+    """The rank law's columns came after the committed audits: the stage's configuration is
+    still theirs, so a clone's report resumes them instead of rewriting committed results."""
+    for preset in ("standard", "full"):
+        committed = REPO_ROOT / paths.swap_audit_json(preset)
+        if committed.exists():
+            assert read_json_checked(committed)["config"] == stage.AUDIT_CONFIG
