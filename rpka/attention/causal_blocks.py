@@ -1,6 +1,8 @@
-"""Causal RPKA's block layout and guard 3's running value range (issue 55).
+"""Causal RPKA's block layout, eq. (1) for a set of rows, and guard 3's running value range.
 
-:func:`to_blocks` cuts a sequence into the blocks of :mod:`rpka.attention.causal`; the value
+:func:`to_blocks` cuts a sequence into the blocks of :mod:`rpka.attention.causal`;
+:func:`local_scores` and :func:`combine` are eq. (1) written out (the reference form, shared by
+the forward, the streamed inference path and decoding); the value
 range of row ``t`` is ``[min_{j <= t} v_j, max_{j <= t} v_j]`` (the clamp of eq. (1)'s
 guard 3), computed by a blocked scan whose values and gradients are ``torch.cummin`` /
 ``torch.cummax``'s bit for bit (docs/speed.md, "Causal RPKA at the op's limit").
@@ -14,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rpka.attention.guards import clamp_between, hull_tolerance
+from rpka.attention.nystrom import finite_or_zero
+
 
 def to_blocks(x: Tensor, block_size: int) -> Tensor:
     """(..., n, e) -> (..., ceil(n/b), b, e), zero padded at the end."""
@@ -21,6 +26,69 @@ def to_blocks(x: Tensor, block_size: int) -> Tensor:
     if pad:
         x = F.pad(x, (0, 0, 0, pad))
     return x.unflatten(-2, (-1, block_size))  # a view when nothing is padded
+
+
+# ----------------------------------------------------------------------------- one row set
+
+
+def local_scores(q_s: Tensor, k_local: Tensor, causal: bool) -> Tensor:
+    """``s_ij = q~_i . k'_j - |q~_i|^2/2``: (..., L, d), (..., m, d) -> (..., L, m).
+
+    ``causal`` masks ``j > i`` with ``-inf`` (square blocks).
+    """
+    scores = q_s @ k_local.transpose(-1, -2) - q_s.pow(2).sum(-1, keepdim=True) / 2
+    if causal:
+        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return scores
+
+
+def combine(
+    scores: Tensor,
+    v_local: Tensor,
+    v_low: Tensor,
+    v_high: Tensor,
+    den_floor: float,
+    past: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Eq. (1) for a set of rows, with the guards, in one log-sum-exp per row.
+
+    Args:
+        scores: (..., L, m) local log-terms ``s_ij`` (``-inf`` where masked).
+        v_local: (..., m, d_v) local values.
+        v_low, v_high: (..., L, d_v) the running value range of each row (guard 3).
+        den_floor: relative floor of the past denominator (guard 2).
+        past: ``(logits, core)``: the past log-terms (..., L, r) of
+            :meth:`LandmarkSet.past_logits` and the scaled core (..., r, d_v + 1) of eq. (2).
+            ``None`` for rows without a past (exact).
+
+    Returns:
+        out (..., L, d_v), and for rows with a past the bool masks ``floored`` (..., L, 1)
+        and ``clamped`` (..., L, d_v) (``None`` otherwise).
+    """
+    ref = scores.amax(-1, keepdim=True).detach()  # a reference only: cancels in the ratio
+    if past is None:
+        e = torch.exp(scores - ref)
+        return (e @ v_local) / e.sum(-1, keepdim=True), None, None
+    logits, core = past
+    ref = finite_or_zero(torch.maximum(ref, logits.amax(-1, keepdim=True).detach()))
+    e = torch.exp(scores - ref)
+    a = torch.exp(logits - ref)
+    past_sum = a @ core  # (..., L, d_v + 1)
+    past_den = past_sum[..., -1:]
+    # guard 2 relative to the terms the past denominator sums (as nystrom_readout): a floor
+    # tied to sum_j w_j is undercut by the exact value once every past key is far away
+    floor = den_floor * a.sum(-1, keepdim=True)  # sum_s a_s |c_s| (rows of size 1)
+    floored = past_den < floor
+    den = e.sum(-1, keepdim=True) + torch.where(floored, floor, past_den)
+    den = den.clamp(min=torch.finfo(den.dtype).tiny)
+    out = (e @ v_local + past_sum[..., :-1]) / den
+    with torch.no_grad():
+        tol = hull_tolerance(v_low, v_high)
+        clamped = (out < v_low - tol) | (out > v_high + tol)
+    # the composed clamp, with a backward that skips the running bounds while the guard is
+    # idle (guards.clamp_between; issue 28)
+    return clamp_between(out, v_low, v_high), floored, clamped
 
 
 # ----------------------------------------------------------------------------- value range
