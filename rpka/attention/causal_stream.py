@@ -50,10 +50,9 @@ from rpka.attention.causal_landmarks import (
     draw_blocks,
     first_draw_from,
     past_is_exact,
-    prefix_merge,
 )
 from rpka.attention.guards import hull_tolerance
-from rpka.attention.nystrom import CORE_DTYPE, Core, finite_or_zero, landmark_cholesky
+from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, landmark_cholesky
 from rpka.attention.nystrom_chunked import narrow_key_dtype, too_sharp
 from rpka.attention.pivot_state import PointSet
 from rpka.attention.rpcholesky import weighting_power
@@ -229,16 +228,38 @@ def chunk_moments(
 def epoch_moments(
     s: Stream, landmarks: LandmarkSet, start: int, stop: int, dtype: torch.dtype
 ) -> Moments:
-    """``M_c`` (keys before block c) for c = start .. stop - 1: (B, stop - start, r, ...)."""
+    """``M_c`` (keys before block c) for c = start .. stop - 1: (B, stop - start, r, ...).
+
+    Entry 0 is the prefix before ``start`` (chunks merged as in online softmax), entry ``i``
+    first the moments of block ``start + i - 1`` alone, then the inclusive merge in place
+    (:meth:`Moments.merge`'s ops, entry by entry: :func:`prefix_merge`'s order)."""
     width = max(landmarks.points.shape[-2], s.v.shape[-1] + 1)
     first = None
     for c0, c1 in s.chunks(0, start, width):  # the prefix, merged as in online softmax
         part = chunk_moments(s, landmarks, s.rows(c0, c1), 1, dtype)
         first = part if first is None else first.merge(part)
-    parts = [first]
+    if stop - start == 1:
+        return _checked(s, landmarks, start, stop, first, dtype)
+    batch, r = first.rho.shape[0], first.rho.shape[-1]
+    rho = first.rho.new_empty(batch, stop - start, r)
+    num = first.num.new_empty(batch, stop - start, r, first.num.shape[-1])
+    rho[:, :1], num[:, :1] = first.rho, first.num
     for c0, c1 in s.chunks(start, stop - 1, width):  # the epoch's blocks, one reference each
-        parts.append(chunk_moments(s, landmarks, s.rows(c0, c1), c1 - c0, dtype))
-    moments = prefix_merge(Moments.cat(parts)) if stop - start > 1 else first
+        part = chunk_moments(s, landmarks, s.rows(c0, c1), c1 - c0, dtype)
+        rho[:, c0 - start + 1 : c1 - start + 1] = part.rho
+        num[:, c0 - start + 1 : c1 - start + 1] = part.num
+    for i in range(1, stop - start):
+        top = torch.maximum(rho[:, i - 1], rho[:, i])
+        earlier, own = torch.exp(rho[:, i - 1] - top), torch.exp(rho[:, i] - top)
+        num[:, i].mul_(own.unsqueeze(-1)).add_(earlier.unsqueeze(-1) * num[:, i - 1])
+        rho[:, i] = top
+    return _checked(s, landmarks, start, stop, Moments(rho, num), dtype)
+
+
+def _checked(
+    s: Stream, landmarks: LandmarkSet, start: int, stop: int, moments: Moments, dtype: torch.dtype
+) -> Moments:
+    """Moments of a narrow key side whose references pass the limit, redone in float64."""
     if dtype != CORE_DTYPE and too_sharp(moments.rho):
         return epoch_moments(s, landmarks, start, stop, CORE_DTYPE)
     return moments
@@ -247,47 +268,79 @@ def epoch_moments(
 # ----------------------------------------------------------------------------- combine
 
 
+@dataclass
+class Readout:
+    """What every chunk of one landmark epoch reads: the landmarks on the local part's scale
+    (``z + mu``, times s for the raw queries) as (B, d, r), ``|z|^2/2`` (B, 1, r), and the
+    landmarks with a block dimension for the per-block solves."""
+
+    points: Tensor
+    half_sq: Tensor
+    landmarks: LandmarkSet
+
+    @classmethod
+    def of(cls, s: Stream, landmarks: LandmarkSet) -> Readout:
+        points = ((landmarks.points + s.centre) * s.scale).transpose(-1, -2).to(s.q.dtype)
+        half_sq = landmarks.points.pow(2).sum(-1).unsqueeze(-2) / 2
+        return cls(points, half_sq, landmarks.per_block())
+
+
 def combine_rows(
     s: Stream,
     out: Tensor,
     lse: Tensor,
     epoch: tuple[int, int],
     landmarks: LandmarkSet,
-    core: Core,
+    moments: Moments,
     bounds: tuple[Tensor, Tensor],
     den_floor: float,
 ) -> tuple[Tensor, Tensor]:
     """Eq. (1) for the rows of one landmark epoch, in place on ``out`` (the local part), with
-    guards 2 and 3; -> the counts of floored rows and clamped entries."""
+    guards 2 and 3, chunk by chunk; -> the counts of floored rows and clamped entries."""
     start, stop = epoch
-    dv = s.v.shape[-1]
-    # the past logits on the local log-sum-exp's scale: landmarks read as z + mu (uncentred
-    # keys), times s for the raw queries; a bias per block (its core's log scales)
-    points = (landmarks.points + s.centre) * s.scale
-    bias = core.log_scale - landmarks.points.pow(2).sum(-1).unsqueeze(-2) / 2  # (B, S, r)
-    bias = bias.masked_fill(~landmarks.valid.unsqueeze(-2), float("-inf"))
-    ones = torch.ones_like(core.scaled[..., :1])
-    weights = torch.cat([core.scaled, ones], -1).to(out.dtype)  # (B, S, r, d_v + 2)
+    readout = Readout.of(s, landmarks)
     floored = clamped = torch.zeros((), dtype=torch.long)
-    r = points.shape[-2]
-    for c0, c1 in s.chunks(start, stop, max(r, dv + 2)):
-        rows = s.rows(c0, c1)
-        logits = torch.bmm(s.q[:, rows], points.transpose(-1, -2).to(out.dtype))  # (B, L, r)
-        blocks = logits.unflatten(1, (c1 - c0, -1))  # (B, G, b, r)
-        blocks.add_(bias[:, c0 - start : c1 - start].unsqueeze(-2).to(out.dtype))
-        row_lse = lse[:, rows]
-        ref = finite_or_zero(torch.maximum(row_lse, logits.amax(-1, keepdim=True)))
-        a = logits.sub_(ref).exp_()
-        past = (blocks @ weights[:, c0 - start : c1 - start]).flatten(1, 2)  # (B, L, d_v + 2)
-        local_den = torch.exp(row_lse - ref)
-        past_den, floor = past[..., dv : dv + 1], den_floor * past[..., dv + 1 :]
-        low = past_den < floor
-        floored = floored + low.sum()
-        den = (local_den + torch.where(low, floor, past_den)).clamp_(min=torch.finfo(a.dtype).tiny)
-        rows_out = out[:, rows]
-        rows_out.mul_(local_den).add_(past[..., :dv]).div_(den)
-        clamped = clamped + clamp_rows(s, rows_out, (c0, c1), bounds)
+    width = max(landmarks.points.shape[-2], s.v.shape[-1] + 2)
+    for c0, c1 in s.chunks(start, stop, width):
+        part = moments.part(slice(c0 - start, c1 - start))
+        low, outside = combine_chunk(s, out, lse, (c0, c1), readout, part, bounds, den_floor)
+        floored, clamped = floored + low, clamped + outside
     return floored, clamped
+
+
+def combine_chunk(
+    s: Stream,
+    out: Tensor,
+    lse: Tensor,
+    blocks: tuple[int, int],
+    readout: Readout,
+    moments: Moments,
+    bounds: tuple[Tensor, Tensor],
+    den_floor: float,
+) -> tuple[Tensor, Tensor]:
+    """:func:`combine_rows` for the blocks ``c0 .. c1 - 1`` (its temporaries die with it)."""
+    c0, c1 = blocks
+    rows, dv = s.rows(c0, c1), s.v.shape[-1]
+    # the chunk's cores G_ZZ^{-1} M_c (float64 temporaries of the chunk's size only)
+    core = readout.landmarks.solve(moments)
+    valid = readout.landmarks.valid  # (B, 1, r)
+    bias = (core.log_scale - readout.half_sq).masked_fill(~valid, -math.inf)  # (B, G, r)
+    ones = torch.ones_like(core.scaled[..., :1])
+    weights = torch.cat([core.scaled, ones], -1).to(out.dtype)  # (B, G, r, d_v + 2)
+    logits = torch.bmm(s.q[:, rows], readout.points)  # (B, L, r)
+    per_block = logits.unflatten(1, (c1 - c0, -1))  # (B, G, b, r)
+    per_block.add_(bias.unsqueeze(-2).to(out.dtype))
+    row_lse = lse[:, rows]
+    ref = finite_or_zero(torch.maximum(row_lse, logits.amax(-1, keepdim=True)))
+    logits.sub_(ref).exp_()  # the past terms a_s
+    past = (per_block @ weights).flatten(1, 2)  # (B, L, d_v + 2): num, den, sum_s a_s
+    local_den = torch.exp(row_lse - ref)
+    past_den, floor = past[..., dv : dv + 1], den_floor * past[..., dv + 1 :]
+    low = past_den < floor
+    den = (local_den + torch.where(low, floor, past_den)).clamp_(min=torch.finfo(out.dtype).tiny)
+    rows_out = out[:, rows]
+    rows_out.mul_(local_den).add_(past[..., :dv]).div_(den)
+    return low.sum(), clamp_rows(s, rows_out, blocks, bounds)
 
 
 def clamp_rows(
@@ -381,10 +434,8 @@ def stream_forward(
         landmarks = draw(s, sampler, start * b)
         dtype = narrow_key_dtype(key_precision, landmarks.points, landmarks.valid)
         moments = epoch_moments(s, landmarks, start, stop, dtype)
-        blocks = landmarks.per_block()
-        core = blocks.solve(moments)
         floored, clamped = combine_rows(
-            s, out, lse, (start, stop), landmarks, core, bounds, den_floor
+            s, out, lse, (start, stop), landmarks, moments, bounds, den_floor
         )
         guards["denominator"] += floored
         guards["clamped"] += clamped
