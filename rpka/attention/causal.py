@@ -72,9 +72,10 @@ an ``O(log(n/b))``-deep prefix merge over blocks. Memory ``O(n (b + r))``.
 **Two forms of the same sums** (issue 55, docs/speed.md "Causal RPKA at the op's limit"):
 with gradients, on other devices and below ``FUSED_FROM_POSITIONS`` the local part is
 written out (:func:`local_scores`, :func:`combine`: the reference, and the ops every
-committed result ran); inference on long sequences runs it as one fused SDPA call on the
-stacked blocks with its log-sum-exp (:func:`fused_local`, :func:`combine_fused`) and the
-key side in ``key_precision``. They agree to round-off.
+committed result ran); inference on long sequences on the CPU (float32 / float64) is
+streamed (:mod:`rpka.attention.causal_stream`): the local part as one fused SDPA call on the
+stacked blocks with its log-sum-exp, the key side in ``key_precision``, every other part in
+cache-sized chunks, nothing of full length held beside the output. They agree to round-off.
 
 **Decoding** (``prefill`` / ``step``, one token at a time): ``causal_decode``.
 """

@@ -208,21 +208,37 @@ def draw(s: Stream, sampler: LandmarkSampler, positions: int) -> LandmarkSet:
 # ----------------------------------------------------------------------------- moments
 
 
-def chunk_moments(
-    s: Stream, landmarks: LandmarkSet, rows: slice, blocks: int, dtype: torch.dtype
-) -> Moments:
+@dataclass
+class KeySide:
+    """The landmarks as the key moments read them, in the key side's dtype: ``(s z)^T``
+    (B, d, r) for the raw keys, the bias ``-|z|^2/2`` (-inf for invalid landmarks) (B, 1, r),
+    and the centre of the raw keys ``mu / s`` (B, 1, d): ``(k - mu/s).(s z) = k'.z``."""
+
+    points: Tensor
+    bias: Tensor
+    centre: Tensor
+
+    @classmethod
+    def of(cls, s: Stream, landmarks: LandmarkSet, dtype: torch.dtype) -> KeySide:
+        z = landmarks.points.to(dtype)
+        bias = (-z.pow(2).sum(-1) / 2).masked_fill(~landmarks.valid, -math.inf).unsqueeze(-2)
+        return cls((z * s.scale).transpose(-1, -2), bias, (s.centre / s.scale).to(dtype))
+
+
+def chunk_moments(s: Stream, side: KeySide, rows: slice, blocks: int) -> Moments:
     """Key moments of ``rows`` split into ``blocks`` equal parts, one reference each:
     rho (B, blocks, r), num (B, blocks, r, d_v + 1) (the last column: ``sum_j`` of the terms)."""
-    z = landmarks.points.to(dtype)
-    bias = (-z.pow(2).sum(-1) / 2).masked_fill(~landmarks.valid, float("-inf")).unsqueeze(-2)
-    keys = s.scaled_keys(rows).to(dtype)
-    logits = torch.baddbmm(bias, keys, z.transpose(-1, -2))  # (B, m, r)
+    keys = torch.sub(s.k[:, rows].to(side.bias.dtype), side.centre)
+    logits = torch.baddbmm(side.bias, keys, side.points)  # (B, m, r)
+    shape = (*keys.shape[:-1], s.v.shape[-1] + 1)
+    del keys  # before the next chunk-sized buffer (the peak of a forward, issue 55)
     logits = logits.unflatten(1, (blocks, -1))  # (B, blocks, m / blocks, r)
     rho = finite_or_zero(logits.amax(-2))
     terms = logits.sub_(rho.unsqueeze(-2)).exp_()
-    values = s.v[:, rows].to(dtype).unflatten(1, (blocks, -1))
-    num = torch.cat([terms.transpose(-1, -2) @ values, terms.sum(-2).unsqueeze(-1)], -1)
-    return Moments(rho, num)
+    values = torch.empty(shape, dtype=logits.dtype)  # [v, 1]
+    values[..., :-1] = s.v[:, rows]
+    values[..., -1] = 1
+    return Moments(rho, terms.transpose(-1, -2) @ values.unflatten(1, (blocks, -1)))
 
 
 def epoch_moments(
@@ -234,9 +250,10 @@ def epoch_moments(
     first the moments of block ``start + i - 1`` alone, then the inclusive merge in place
     (:meth:`Moments.merge`'s ops, entry by entry: :func:`prefix_merge`'s order)."""
     width = max(landmarks.points.shape[-2], s.v.shape[-1] + 1)
+    side = KeySide.of(s, landmarks, dtype)
     first = None
     for c0, c1 in s.chunks(0, start, width):  # the prefix, merged as in online softmax
-        part = chunk_moments(s, landmarks, s.rows(c0, c1), 1, dtype)
+        part = chunk_moments(s, side, s.rows(c0, c1), 1)
         first = part if first is None else first.merge(part)
     if stop - start == 1:
         return _checked(s, landmarks, start, stop, first, dtype)
@@ -245,7 +262,7 @@ def epoch_moments(
     num = first.num.new_empty(batch, stop - start, r, first.num.shape[-1])
     rho[:, :1], num[:, :1] = first.rho, first.num
     for c0, c1 in s.chunks(start, stop - 1, width):  # the epoch's blocks, one reference each
-        part = chunk_moments(s, landmarks, s.rows(c0, c1), c1 - c0, dtype)
+        part = chunk_moments(s, side, s.rows(c0, c1), c1 - c0)
         rho[:, c0 - start + 1 : c1 - start + 1] = part.rho
         num[:, c0 - start + 1 : c1 - start + 1] = part.num
     for i in range(1, stop - start):
