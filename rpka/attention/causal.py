@@ -116,10 +116,15 @@ FUSED_FROM_POSITIONS = 1024
 
 class LocalPart:
     """The exact in-block sums of eq. (1) for every block, written out (:func:`local_scores`,
-    differentiable; the reference)."""
+    differentiable; the reference): one product for all blocks, split into the parts the
+    forward reads (block 0, then one per landmark epoch). A split's backward is one ``cat``;
+    a slice per part made autograd fill and add a zero tensor of every block's (..., C, b, b)
+    scores per slice (issue 55 profile), for the same gradient values."""
 
-    def __init__(self, q_b: Tensor, k_b: Tensor) -> None:
-        self.scores = local_scores(q_b, k_b, causal=True)  # (..., C, b, b)
+    def __init__(self, q_b: Tensor, k_b: Tensor, starts: list[int]) -> None:
+        scores = local_scores(q_b, k_b, causal=True)  # (..., C, b, b)
+        sizes = [stop - start for start, stop in itertools.pairwise([*starts, q_b.shape[-3]])]
+        self.parts = dict(zip(starts, scores.split(sizes, dim=-3), strict=True))
 
     @staticmethod
     def takes_fused(q_s: Tensor, k_s: Tensor, v: Tensor) -> bool:
@@ -136,15 +141,15 @@ class LocalPart:
     def combine(self, rows: slice, v_b: Tensor, *bounds: object) -> tuple[Tensor, Tensor, Tensor]:
         """Eq. (1) for the blocks ``rows`` with a past (:func:`combine`); ``bounds``: their
         ``(v_low, v_high, den_floor, past)``."""
-        return combine(self.scores[..., rows, :, :], v_b[..., rows, :, :], *bounds)
+        return combine(self.parts[rows.start], v_b[..., rows, :, :], *bounds)
 
     def assemble(self, outs: list[Tensor], n: int) -> Tensor:
         """The output (..., n, d_v) from block 0's rows and one part per epoch."""
         return torch.cat([outs[0].unsqueeze(-3), *outs[1:]], dim=-3).flatten(-3, -2)[..., :n, :]
 
     def scores_of(self, block: int) -> Tensor:
-        """The log-terms of one block (..., b, b)."""
-        return self.scores[..., block, :, :]
+        """The log-terms of one block that starts a part (..., b, b)."""
+        return self.parts[block].squeeze(-3)
 
 
 def empty_guards(device: torch.device) -> dict[str, Tensor]:
@@ -214,15 +219,15 @@ def causal_forward(
     k_c = k_s - centre
     k_local = torch.cat([k_s[..., :b, :], k_c[..., b:, :]], dim=-2)
     q_b, k_b, v_b = (to_blocks(x, b) for x in (q_s, k_local, v))
-    local = LocalPart(q_b, k_b)
+    ppp = sampler.points_per_position
+    draws = draw_blocks(n_blocks, b, sampler.rank, ppp)
+    local = LocalPart(q_b, k_b, [0, *draws])
     v_low, v_high = running_range(v, b)
     is_real = to_blocks(torch.ones_like(v[..., :1], dtype=torch.bool), b)  # not padding
 
     guards = empty_guards(q_s.device)
     outs = [combine(local.scores_of(0), v_b[..., 0, :, :], v_low, v_high, den_floor)[0]]
     landmarks = moments = None
-    ppp = sampler.points_per_position
-    draws = draw_blocks(n_blocks, b, sampler.rank, ppp)
     wide = WideKeys.of(k_c, v, (n_blocks - 1) * b)  # the keys any past part reads
     for start, stop in itertools.pairwise([*draws, n_blocks]):  # one landmark epoch each
         rows = slice(start, stop)
