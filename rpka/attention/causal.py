@@ -122,9 +122,7 @@ class LocalPart:
     scores per slice (issue 55 profile), for the same gradient values."""
 
     def __init__(self, q_b: Tensor, k_b: Tensor, starts: list[int]) -> None:
-        scores = local_scores(q_b, k_b, causal=True)  # (..., C, b, b)
-        sizes = [stop - start for start, stop in itertools.pairwise([*starts, q_b.shape[-3]])]
-        self.parts = dict(zip(starts, scores.split(sizes, dim=-3), strict=True))
+        self.parts = by_part(local_scores(q_b, k_b, causal=True), starts)  # (..., C, b, b)
 
     @staticmethod
     def takes_fused(q_s: Tensor, k_s: Tensor, v: Tensor) -> bool:
@@ -138,10 +136,10 @@ class LocalPart:
             and q_s.dtype in (torch.float32, torch.float64)
         )
 
-    def combine(self, rows: slice, v_b: Tensor, *bounds: object) -> tuple[Tensor, Tensor, Tensor]:
-        """Eq. (1) for the blocks ``rows`` with a past (:func:`combine`); ``bounds``: their
-        ``(v_low, v_high, den_floor, past)``."""
-        return combine(self.parts[rows.start], v_b[..., rows, :, :], *bounds)
+    def combine(self, start: int, v_part: Tensor, *bounds: object) -> tuple[Tensor, Tensor, Tensor]:
+        """Eq. (1) for the part that starts at block ``start`` (:func:`combine`): its values
+        and ``bounds`` ``(v_low, v_high, den_floor, past)``."""
+        return combine(self.parts[start], v_part, *bounds)
 
     def assemble(self, outs: list[Tensor], n: int) -> Tensor:
         """The output (..., n, d_v) from block 0's rows and one part per epoch."""
@@ -150,6 +148,14 @@ class LocalPart:
     def scores_of(self, block: int) -> Tensor:
         """The log-terms of one block that starts a part (..., b, b)."""
         return self.parts[block].squeeze(-3)
+
+
+def by_part(x: Tensor, starts: list[int]) -> dict[int, Tensor]:
+    """Blocked x (..., C, b, e) split along C at the blocks ``starts`` (the first is 0): the
+    parts by their first block. One ``split`` (its backward one ``cat``) instead of a slice
+    per part (each slice's backward a zero tensor of x's size, filled and added)."""
+    sizes = [stop - start for start, stop in itertools.pairwise([*starts, x.shape[-3]])]
+    return dict(zip(starts, x.split(sizes, dim=-3), strict=True))
 
 
 def empty_guards(device: torch.device) -> dict[str, Tensor]:
@@ -221,24 +227,27 @@ def causal_forward(
     q_b, k_b, v_b = (to_blocks(x, b) for x in (q_s, k_local, v))
     ppp = sampler.points_per_position
     draws = draw_blocks(n_blocks, b, sampler.rank, ppp)
-    local = LocalPart(q_b, k_b, [0, *draws])
-    v_low, v_high = running_range(v, b)
+    starts = [0, *draws]
+    local = LocalPart(q_b, k_b, starts)
+    q_p, v_p = by_part(q_b, starts), by_part(v_b, starts)
+    low_p, high_p = (by_part(x, starts) for x in running_range(v, b))
     is_real = to_blocks(torch.ones_like(v[..., :1], dtype=torch.bool), b)  # not padding
 
     guards = empty_guards(q_s.device)
-    outs = [combine(local.scores_of(0), v_b[..., 0, :, :], v_low, v_high, den_floor)[0]]
+    bounds_0 = (low_p[0].squeeze(-3), high_p[0].squeeze(-3), den_floor)  # exact rows: unused
+    outs = [combine(local.scores_of(0), v_p[0].squeeze(-3), *bounds_0)[0]]
     landmarks = moments = None
     wide = WideKeys.of(k_c, v, (n_blocks - 1) * b)  # the keys any past part reads
     for start, stop in itertools.pairwise([*draws, n_blocks]):  # one landmark epoch each
         rows = slice(start, stop)
         if past_is_exact(start, b, sampler.rank, ppp):  # one block, its past keys as they are
             landmarks = moments = None
-            past_scores = local_scores(q_b[..., start, :, :], k_c[..., : start * b, :], False)
+            past_scores = local_scores(q_p[start].squeeze(-3), k_c[..., : start * b, :], False)
             out = combine(
                 torch.cat([past_scores, local.scores_of(start)], dim=-1),
-                torch.cat([v[..., : start * b, :], v_b[..., start, :, :]], dim=-2),
-                v_low[..., start, :, :],
-                v_high[..., start, :, :],
+                torch.cat([v[..., : start * b, :], v_p[start].squeeze(-3)], dim=-2),
+                low_p[start].squeeze(-3),
+                high_p[start].squeeze(-3),
                 den_floor,
             )[0].unsqueeze(-3)
             count_exact_rows(guards, out, is_real[..., rows, :, :])
@@ -248,9 +257,9 @@ def causal_forward(
         moments = epoch_moments(landmarks, wide, start, stop, b)  # block s: keys < sb
         blocks = landmarks.per_block()
         core = blocks.solve(moments)
-        past = (blocks.past_logits(q_b[..., start:stop, :, :], core), core.scaled)
-        bounds = (v_low[..., rows, :, :], v_high[..., rows, :, :], den_floor, past)
-        out, floored, clamped = local.combine(rows, v_b, *bounds)
+        past = (blocks.past_logits(q_p[start], core), core.scaled)
+        bounds = (low_p[start], high_p[start], den_floor, past)
+        out, floored, clamped = local.combine(start, v_p[start], *bounds)
         count_guards(guards, floored, clamped, is_real[..., rows, :, :])
         outs.append(out)
     out = local.assemble(outs, n)
