@@ -89,3 +89,60 @@ def test_streamed_path_takes_raw_inputs_and_needs_no_scaled_copy():
         sampler = causal.sampler_of(causal_rpka(16, 64))
         via_forward = causal.causal_forward(*causal.scaled(q, k, v), 64, sampler, 1e-6, "auto")[0]
     assert ((out - via_forward).norm() / out.norm()).item() < 1e-5
+
+
+# ----------------------------------------------------------------------------- training path
+
+
+def test_flash_local_gradients_pass_gradcheck_in_float64():
+    from rpka.attention.causal_blocks import flash_local
+
+    g = torch.Generator().manual_seed(6)
+    xs = [torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3)]
+    xs = [x.requires_grad_(True) for x in xs]
+    assert torch.autograd.gradcheck(flash_local, xs)
+    out, lse = flash_local(*xs)  # only the log-sum-exp used: its gradient path alone
+    assert torch.autograd.gradcheck(lambda *x: flash_local(*x)[1], xs)
+    assert out.shape == xs[2].shape and lse.shape == (*xs[0].shape[:-1], 1)
+
+
+def grads(xs, attn):
+    xs = [x.clone().requires_grad_(True) for x in xs]
+    out = attn(*xs)
+    out.sin().sum().backward()
+    return out.detach(), [x.grad for x in xs], dict(attn.guard_counts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("n", "block", "rank", "pivot_set"),
+    [(300, 16, 16, "joint"), (257, 8, 64, "keys"), (130, 64, 8, "joint"), (96, 8, 24, "joint")],
+)
+def test_flash_training_path_moves_outputs_and_gradients_by_round_off(
+    monkeypatch, n, block, rank, pivot_set, dtype
+):
+    # (96, 8, 24): block 1 has an exact past (written out beside the flash parts)
+    g = torch.Generator().manual_seed(7)
+    xs = [torch.randn(2, 2, n, 16, generator=g, dtype=dtype) * 1.5 for _ in range(3)]
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+    flash = grads(xs, causal_rpka(rank, block, pivot_set=pivot_set))
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 10**9)
+    ref = grads(xs, causal_rpka(rank, block, pivot_set=pivot_set))
+    tol = {torch.float32: 2e-5, torch.float64: 1e-12}[dtype]
+    for a, b in zip([flash[0], *flash[1]], [ref[0], *ref[1]], strict=True):
+        assert ((a - b).norm() / b.norm()).item() < tol
+    assert flash[2]["rows"] == ref[2]["rows"]
+
+
+@pytest.mark.parametrize("pivot_set", ["joint", "keys"])
+def test_flash_training_path_at_full_rank_has_exact_sdpas_gradients(monkeypatch, pivot_set):
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+    g = torch.Generator().manual_seed(8)
+    xs = [torch.randn(1, 2, 64, 8, generator=g, dtype=torch.float64) for _ in range(3)]
+    out, grad, _ = grads(xs, causal_rpka(2 * 64, 16, pivot_set=pivot_set))
+    exact = [x.clone().requires_grad_(True) for x in xs]
+    ref = torch.nn.functional.scaled_dot_product_attention(*exact, is_causal=True)
+    ref.sin().sum().backward()
+    assert ((out - ref.detach()).norm() / ref.norm()).item() < 1e-12
+    for a, x in zip(grad, exact, strict=True):
+        assert ((a - x.grad).norm() / x.grad.norm()).item() < 1e-11

@@ -89,7 +89,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rpka.attention.causal_blocks import combine, local_scores, running_range, to_blocks
+from rpka.attention.causal_blocks import (
+    combine,
+    combine_flash,
+    flash_local,
+    local_scores,
+    running_range,
+    to_blocks,
+)
 from rpka.attention.causal_landmarks import (
     LandmarkSampler,
     LandmarkSet,
@@ -115,14 +122,39 @@ FUSED_FROM_POSITIONS = 1024
 
 
 class LocalPart:
-    """The exact in-block sums of eq. (1) for every block, written out (:func:`local_scores`,
-    differentiable; the reference): one product for all blocks, split into the parts the
-    forward reads (block 0, then one per landmark epoch). A split's backward is one ``cat``;
-    a slice per part made autograd fill and add a zero tensor of every block's (..., C, b, b)
-    scores per slice (issue 55 profile), for the same gradient values."""
+    """The exact in-block sums of eq. (1) for every block, split into the parts the forward
+    reads (block 0, then one per landmark epoch; :func:`by_part`): written out
+    (:func:`local_scores`, the reference), or - with gradients on sequences of at least
+    ``FUSED_FROM_POSITIONS`` on the CPU - SDPA's fused kernel with its log-sum-exp, both
+    differentiable (:func:`flash_local`; round-off apart from the written-out sums)."""
 
-    def __init__(self, q_b: Tensor, k_b: Tensor, starts: list[int]) -> None:
-        self.parts = by_part(local_scores(q_b, k_b, causal=True), starts)  # (..., C, b, b)
+    def __init__(self, q_b: Tensor, k_b: Tensor, v_b: Tensor, starts: list[int], flash: bool):
+        self.q_b, self.k_b, self.flash = q_b, k_b, flash
+        if flash:
+            out, lse = flash_local(q_b, k_b, v_b)
+            lse = lse - q_b.pow(2).sum(-1, keepdim=True) / 2  # on the scale of s_ij
+            self.outs, self.lses = by_part(out, starts), by_part(lse, starts)
+        else:  # one product for all blocks; a split's backward is one cat, a slice's a fill
+            self.parts = by_part(local_scores(q_b, k_b, causal=True), starts)
+
+    @staticmethod
+    def takes_flash(q_s: Tensor, k_s: Tensor, v: Tensor) -> bool:
+        """Training (some input needs a gradient) on the CPU, at least FUSED_FROM_POSITIONS,
+        float32 or float64, d_v = d (the kernel's backward wants one head size)."""
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q_s, k_s, v))
+        return (
+            grad
+            and q_s.device.type == "cpu"
+            and q_s.shape[-2] >= FUSED_FROM_POSITIONS
+            and q_s.dtype in (torch.float32, torch.float64)
+            and q_s.shape[-1] == v.shape[-1]
+        )
+
+    def first_rows(self, v_0: Tensor, bounds: tuple[Tensor, Tensor, float]) -> Tensor:
+        """Block 0's rows (no past: exact causal softmax) (..., b, d_v)."""
+        if self.flash:
+            return self.outs[0].squeeze(-3)
+        return combine(self.parts[0].squeeze(-3), v_0, *bounds)[0]
 
     @staticmethod
     def takes_fused(q_s: Tensor, k_s: Tensor, v: Tensor) -> bool:
@@ -137,8 +169,10 @@ class LocalPart:
         )
 
     def combine(self, start: int, v_part: Tensor, *bounds: object) -> tuple[Tensor, Tensor, Tensor]:
-        """Eq. (1) for the part that starts at block ``start`` (:func:`combine`): its values
-        and ``bounds`` ``(v_low, v_high, den_floor, past)``."""
+        """Eq. (1) for the part that starts at block ``start`` (:func:`combine` or
+        :func:`combine_flash`): its values and ``bounds`` ``(v_low, v_high, den_floor, past)``."""
+        if self.flash:
+            return combine_flash(self.outs[start], self.lses[start], *bounds)
         return combine(self.parts[start], v_part, *bounds)
 
     def assemble(self, outs: list[Tensor], n: int) -> Tensor:
@@ -147,6 +181,8 @@ class LocalPart:
 
     def scores_of(self, block: int) -> Tensor:
         """The log-terms of one block that starts a part (..., b, b)."""
+        if self.flash:  # a block whose past is exact: written out (rare at these lengths)
+            return local_scores(self.q_b[..., block, :, :], self.k_b[..., block, :, :], True)
         return self.parts[block].squeeze(-3)
 
 
@@ -228,14 +264,14 @@ def causal_forward(
     ppp = sampler.points_per_position
     draws = draw_blocks(n_blocks, b, sampler.rank, ppp)
     starts = [0, *draws]
-    local = LocalPart(q_b, k_b, starts)
+    local = LocalPart(q_b, k_b, v_b, starts, LocalPart.takes_flash(q_s, k_s, v))
     q_p, v_p = by_part(q_b, starts), by_part(v_b, starts)
     low_p, high_p = (by_part(x, starts) for x in running_range(v, b))
     is_real = to_blocks(torch.ones_like(v[..., :1], dtype=torch.bool), b)  # not padding
 
     guards = empty_guards(q_s.device)
     bounds_0 = (low_p[0].squeeze(-3), high_p[0].squeeze(-3), den_floor)  # exact rows: unused
-    outs = [combine(local.scores_of(0), v_p[0].squeeze(-3), *bounds_0)[0]]
+    outs = [local.first_rows(v_p[0].squeeze(-3), bounds_0)]
     landmarks = moments = None
     wide = WideKeys.of(k_c, v, (n_blocks - 1) * b)  # the keys any past part reads
     for start, stop in itertools.pairwise([*draws, n_blocks]):  # one landmark epoch each

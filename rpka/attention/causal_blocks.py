@@ -91,6 +91,81 @@ def combine(
     return clamp_between(out, v_low, v_high), floored, clamped
 
 
+def combine_flash(
+    local: Tensor,
+    lse: Tensor,
+    v_low: Tensor,
+    v_high: Tensor,
+    den_floor: float,
+    past: tuple[Tensor, Tensor],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`combine` for rows with a past from the fused local part (:func:`flash_local`):
+    ``local`` (..., L, d_v) is the local sums' ratio and ``lse`` (..., L, 1) the log of their
+    denominator on the scale of ``s_ij`` (``|q~_i|^2/2`` subtracted), so the local numerator is
+    ``local e^{lse}``. The same guards and row reference; differentiable."""
+    logits, core = past
+    ref = finite_or_zero(torch.maximum(lse, logits.amax(-1, keepdim=True))).detach()
+    local_den = torch.exp(lse - ref)
+    a = torch.exp(logits - ref)
+    past_sum = a @ core  # (..., L, d_v + 1)
+    past_den = past_sum[..., -1:]
+    floor = den_floor * a.sum(-1, keepdim=True)  # sum_s a_s |c_s| (rows of size 1)
+    floored = past_den < floor
+    den = local_den + torch.where(floored, floor, past_den)
+    den = den.clamp(min=torch.finfo(den.dtype).tiny)
+    out = (local * local_den + past_sum[..., :-1]) / den
+    with torch.no_grad():
+        tol = hull_tolerance(v_low, v_high)
+        clamped = (out < v_low - tol) | (out > v_high + tol)
+    return clamp_between(out, v_low, v_high), floored, clamped
+
+
+def flash_local(q_b: Tensor, k_b: Tensor, v_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Causal softmax inside every block by SDPA's fused CPU kernel, differentiable in q, k, v
+    through its output *and* its log-sum-exp (:class:`_FlashLocal`).
+
+    q_b, k_b, v_b (..., C, b, d) (scaled, d_v = d) -> out (..., C, b, d) and
+    ``lse = log sum_{j <= i} e^{q~_i.k'_j}`` (..., C, b, 1).
+    """
+    return _FlashLocal.apply(q_b, k_b, v_b)
+
+
+class _FlashLocal(torch.autograd.Function):
+    """The kernel's forward; the backward is the kernel's own, with the log-sum-exp's gradient
+    ``g_l`` folded in: ``d lse_i / d s_ij = p_ij``, so ``dS_ij = p_ij (g_i.v_j - g_i.o_i + g_l,i)``.
+    The kernel computes ``dS_ij = p_ij (g_i.v_j - Delta_i)`` with ``Delta_i = g_i.o_i`` read
+    from the ``out`` it is given, so one more column does it: values ``[v, 0]``, gradient
+    ``[g, 1]``, out ``[o, -g_l]`` (``Delta_i = g_i.o_i - g_l,i``); q and k get a zero column
+    too (the kernel wants one head size). Recomputes ``p`` from the saved log-sum-exp, as
+    FlashAttention does; nothing of size (b x b) is stored."""
+
+    @staticmethod
+    def forward(ctx, q_b: Tensor, k_b: Tensor, v_b: Tensor) -> tuple[Tensor, Tensor]:  # noqa: D102
+        shape = q_b.shape[:-1]
+        flat = [x.reshape(-1, 1, *x.shape[-2:]) for x in (q_b, k_b, v_b)]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            *flat, 0.0, True, scale=1.0
+        )[:2]
+        ctx.save_for_backward(*flat, out, lse)
+        ctx.blocked_shape = q_b.shape
+        return out.view(*shape, v_b.shape[-1]), lse.view(*shape, 1)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor | None, grad_lse: Tensor | None) -> tuple[Tensor, ...]:  # noqa: D102
+        q, k, v, out, lse = ctx.saved_tensors
+        g = torch.zeros_like(out) if grad_out is None else grad_out.reshape(out.shape)
+        g_l = torch.zeros_like(lse) if grad_lse is None else grad_lse.reshape(lse.shape)
+        zero = torch.zeros_like(q[..., :1])
+        pad = [torch.cat([x, zero], -1) for x in (q, k, v)]
+        out_l = torch.cat([out, -g_l.unsqueeze(-1)], -1)
+        g_1 = torch.cat([g, torch.ones_like(zero)], -1)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            g_1, *pad, out_l, lse, 0.0, True, scale=1.0
+        )
+        blocked = ctx.blocked_shape
+        return (*(x[..., :-1].reshape(blocked) for x in (dq, dk, dv)),)
+
+
 # ----------------------------------------------------------------------------- value range
 
 
