@@ -207,10 +207,13 @@ class _RunningExtreme(torch.autograd.Function):
             out[..., -1, block_size - tail :, :] = 0
         ctx.save_for_backward(v, out)
         ctx.largest, ctx.block_size = largest, block_size
+        ctx.set_materialize_grads(False)
         return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: D102
+    def backward(ctx, grad: Tensor | None) -> tuple[Tensor | None, None, None]:  # noqa: D102
+        if grad is None or not bool(grad.any()):  # idle guard (zeros from a split): nothing
+            return None, None, None  # to scatter; autograd reads None as a zero gradient
         v, out = ctx.saved_tensors
         n = v.shape[-2]
         extreme = out.flatten(-3, -2)[..., :n, :]
