@@ -70,12 +70,14 @@ double, ``O(n r (d + r))`` in all, plus ``O(n r d)`` to rebuild ``M`` for new la
 an ``O(log(n/b))``-deep prefix merge over blocks. Memory ``O(n (b + r))``.
 
 **Two forms of the same sums** (issue 55, docs/speed.md "Causal RPKA at the op's limit"):
-with gradients, on other devices and below ``FUSED_FROM_POSITIONS`` the local part is
-written out (:func:`local_scores`, :func:`combine`: the reference, and the ops every
-committed result ran); inference on long sequences on the CPU (float32 / float64) is
-streamed (:mod:`rpka.attention.causal_stream`): the local part as one fused SDPA call on the
-stacked blocks with its log-sum-exp, the key side in ``key_precision``, every other part in
-cache-sized chunks, nothing of full length held beside the output. They agree to round-off.
+below ``FUSED_FROM_POSITIONS`` and on other devices the local part is written out
+(:func:`local_scores`, :func:`combine`: the reference, and the ops every committed result
+ran). From ``FUSED_FROM_POSITIONS`` on the CPU (float32 / float64) it is one fused SDPA call
+on the stacked blocks with its log-sum-exp: for inference the whole forward is streamed
+(:mod:`rpka.attention.causal_stream`: the key side in ``key_precision``, every other part in
+cache-sized chunks, nothing of full length held beside the output); with gradients the
+kernel's own backward carries the log-sum-exp's gradient too (:func:`flash_local`,
+:func:`combine_flash`), the rest as written out. They agree to round-off.
 
 **Decoding** (``prefill`` / ``step``, one token at a time): ``causal_decode``.
 """
