@@ -146,3 +146,19 @@ def test_flash_training_path_at_full_rank_has_exact_sdpas_gradients(monkeypatch,
     assert ((out - ref.detach()).norm() / ref.norm()).item() < 1e-12
     for a, x in zip(grad, exact, strict=True):
         assert ((a - x.grad).norm() / x.grad.norm()).item() < 1e-11
+
+
+@pytest.mark.parametrize("pivot_set", ["joint", "keys"])
+def test_flash_training_path_does_not_leak_through_gradients(monkeypatch, pivot_set):
+    # row t's output must not depend on any position after t: its gradient there is exactly 0
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+    g = torch.Generator().manual_seed(9)
+    xs = [torch.randn(1, 2, 80, 8, generator=g).requires_grad_(True) for _ in range(3)]
+    for t in (0, 7, 8, 33, 64, 79):
+        for x in xs:
+            x.grad = None
+        out = causal_rpka(8, 8, pivot_set=pivot_set)(*xs)
+        out[..., t, :].sum().backward()
+        for x in xs:
+            assert torch.count_nonzero(x.grad[..., t + 1 :, :]) == 0, t
+        assert torch.count_nonzero(xs[2].grad[..., : t + 1, :]) > 0
