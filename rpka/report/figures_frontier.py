@@ -13,6 +13,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
+from adjustText import adjust_text
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, NullFormatter
 
@@ -26,8 +27,6 @@ from rpka.verdict.frontier import STEP_SOURCE_WALL
 # one colour, marker and place of the rank notes per method (the registry's), in every panel
 METHOD_COLOURS = {m: palette.method_colour(m) for m in LANDMARK_METHODS}
 METHOD_MARKERS = {m: METHOD_INFO[m].marker for m in LANDMARK_METHODS}
-LABEL_OFFSETS = {m: METHOD_INFO[m].label_offset for m in LANDMARK_METHODS}
-RIGHT_EDGE_SHARE = 0.6  # rank / points beyond which a note goes left of its point (x max 1.5)
 RANK_TICKS = (1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
 
 
@@ -38,6 +37,8 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
     ax.axhline(1.0, color="0.2", lw=1, ls="--", label="exact attention (g = 1)")
     ax.axhline(0.0, color="C3", lw=1, ls=":", label="no attention (g = 0)")
     positive = (frontier.get("positive_control") or {}).get("arm")
+    notes: list[plt.Text] = []  # each trained point's rank and step cost, placed at the end
+    points: list[tuple[float, float]] = []
     for method, colour in METHOD_COLOURS.items():
         rows = [r for r in frontier["rows"] if r["method"] == method]
         rows = [r for r in rows if r["gap_recovered"]["mean"] is not None]
@@ -49,22 +50,16 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
         high = np.array([r["gap_recovered"]["ci_high"] for r in rows]) - g
         ax.errorbar(x, g, yerr=[low, high], color=colour, marker=METHOD_MARKERS[method],
                     ms=6, lw=1.5, capsize=3, label=method)  # fmt: skip
-        offset = LABEL_OFFSETS[method]  # methods at one rank do not write over each other
-        for i, (r, xi, gi) in enumerate(zip(rows, x, g, strict=True)):
+        for r, xi, gi in zip(rows, x, g, strict=True):
             ratio = r.get("step_ratio")
             wall = " (wall)" if r.get("step_source") == STEP_SOURCE_WALL else ""  # a record
             note = f"r{r['rank']}" + (f", {ratio:.1f}x step{wall}" if ratio else "")
             if r["arm"] == positive:
                 note += "\n(wiring check)"
-            # neighbouring ranks alternate below and above their point; a note clear of the
-            # error bar (on a light box) and, near the right edge, to the point's left
-            dy = offset[1] if i % 2 == 0 else offset[1] + 26
-            right = xi > RIGHT_EDGE_SHARE
-            dx = -abs(offset[0]) - 4 if right else offset[0] + 4 if offset[0] > 0 else offset[0]
-            ax.annotate(note, (xi, gi), xytext=(dx, dy), textcoords="offset points",
-                        fontsize=7, va="top", ha="right" if right else "left", color=colour,
-                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
-                              "alpha": 0.8})  # fmt: skip
+            notes.append(ax.text(xi, gi, note, fontsize=7, color=colour, zorder=5,
+                                 bbox={"boxstyle": "round,pad=0.15", "fc": "white",
+                                       "ec": "none", "alpha": 0.8}))  # fmt: skip
+            points.append((xi, gi))
     for method, colour in METHOD_COLOURS.items():  # the curve the trained arms sample
         curve = [r for r in frontier.get("drop_in", []) if r["method"] == method]
         curve = [r for r in curve if r["gap_recovered"] is not None]
@@ -86,6 +81,10 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
     lows = [r["gap_recovered"]["ci_low"] for r in frontier["rows"]]
     lows += [r["gap_recovered"] for r in frontier.get("drop_in", [])]
     ax.set_ylim(min([-0.05, *[v for v in lows if v is not None]]), 1.16)  # room for labels
+    if notes:  # moved off each other and off the points (adjustText), a line to their point
+        x, y = zip(*points, strict=True)
+        adjust_text(notes, x=x, y=y, ax=ax, expand=(1.1, 1.3), ensure_inside_axes=True,
+                    arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.5})  # fmt: skip
 
 
 def plot_frontier(
