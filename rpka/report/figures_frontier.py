@@ -30,6 +30,18 @@ METHOD_MARKERS = {m: METHOD_INFO[m].marker for m in LANDMARK_METHODS}
 RANK_TICKS = (1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
 
 
+NOTE_BOX = {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8}
+
+
+def _place_notes(ax: plt.Axes, notes: list[plt.Text], points: list[tuple[float, float]]) -> None:
+    """Move the point notes ``notes`` off each other and off ``points`` (adjustText), each
+    tied to its point by a thin line; call once the axes' limits are final."""
+    if notes:
+        x, y = zip(*points, strict=True)
+        adjust_text(notes, x=x, y=y, ax=ax, expand=(1.2, 1.5), ensure_inside_axes=True,
+                    arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.5})  # fmt: skip
+
+
 def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
     margin = frontier["margin_gap"]
     zone = f"non-inferior zone (g > {margin})"
@@ -56,9 +68,7 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
             note = f"r{r['rank']}" + (f", {ratio:.1f}x step{wall}" if ratio else "")
             if r["arm"] == positive:
                 note += "\n(wiring check)"
-            notes.append(ax.text(xi, gi, note, fontsize=7, color=colour, zorder=5,
-                                 bbox={"boxstyle": "round,pad=0.15", "fc": "white",
-                                       "ec": "none", "alpha": 0.8}))  # fmt: skip
+            notes.append(ax.text(xi, gi, note, fontsize=7, color=colour, zorder=5, bbox=NOTE_BOX))
             points.append((xi, gi))
     for method, colour in METHOD_COLOURS.items():  # the curve the trained arms sample
         curve = [r for r in frontier.get("drop_in", []) if r["method"] == method]
@@ -81,10 +91,7 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
     lows = [r["gap_recovered"]["ci_low"] for r in frontier["rows"]]
     lows += [r["gap_recovered"] for r in frontier.get("drop_in", [])]
     ax.set_ylim(min([-0.05, *[v for v in lows if v is not None]]), 1.16)  # room for labels
-    if notes:  # moved off each other and off the points (adjustText), a line to their point
-        x, y = zip(*points, strict=True)
-        adjust_text(notes, x=x, y=y, ax=ax, expand=(1.1, 1.3), ensure_inside_axes=True,
-                    arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.5})  # fmt: skip
+    _place_notes(ax, notes, points)
 
 
 def plot_frontier(
@@ -195,8 +202,11 @@ def _length_colours(contexts: list[int]) -> dict[int, Any]:
     return {c: cmap(shades[i]) for i, c in enumerate(contexts)}
 
 
-# two labelled points of the answer figure are near: x within 40 % and g within 0.06
-NEAR_LOG_X, NEAR_GAP = float(np.log(1.4)), 0.06
+NAMED_MINOR = (2, 3, 5)  # the minor ticks of a ratio axis that carry their value
+
+
+def _leading_digit(value: float) -> int:
+    return round(value / 10 ** np.floor(np.log10(value)))
 
 
 def _answer_panel(
@@ -208,7 +218,8 @@ def _answer_panel(
     ax.axhline(1.0, color="0.2", lw=1, ls="--", label="exact attention (g = 1)")
     ax.axvline(1.0, color="0.4", lw=1, ls=":", label="x = 1 (as costly as exact)")
     colours = _length_colours(sorted({int(p["context"]) for p in points}))
-    placed: list[tuple[float, float]] = []  # labelled points: near ones stagger their notes
+    notes: list[plt.Text] = []  # each point's rank (and peer), placed at the end
+    placed: list[tuple[float, float]] = []
     for p in points:
         x, g = p.get(key), p.get("gap_mean")
         if x is None or g is None:
@@ -224,24 +235,22 @@ def _answer_panel(
                     marker=METHOD_MARKERS.get(p.get("method"), "o"), ms=6, capsize=3,
                     label=f"{int(p['context']):,} tokens")  # fmt: skip
         peer = METHOD_INFO[p["method"]].family != "rpka"  # RPKA's points carry the rank alone
-        near = sum(abs(np.log(x / px)) < NEAR_LOG_X and abs(g - pg) < NEAR_GAP
-                   for px, pg in placed)  # fmt: skip
+        note = f"r{p['rank']}" + (f" {method_label(p['method'])}" if peer else "")
+        notes.append(ax.text(x, g, note, fontsize=7, color=colour, zorder=5, bbox=NOTE_BOX))
         placed.append((x, g))
-        left = near % 2 == 1  # alternate sides, then step down: no pile near x = 1
-        ax.annotate(f"r{p['rank']}" + (f" {method_label(p['method'])}" if peer else ""),
-                    (x, g), xytext=(-6 if left else 6, -4 - 10 * (near // 2)),
-                    textcoords="offset points", fontsize=7, va="top",
-                    ha="right" if left else "left", color=colour)  # fmt: skip
     ax.set(xscale="log", xlabel=xlabel, ylabel="gap recovered g (1 = exact, 0 = mean control)")
     times = FuncFormatter(lambda v, _: f"{v:.2g}×")  # ratios, not powers of ten
     ax.xaxis.set_major_formatter(times)
-    ax.xaxis.set_minor_formatter(times)
+    ax.xaxis.set_minor_formatter(  # a few minor ticks named: 0.5x, 2x, 3x, 5x (no pile at 1x)
+        FuncFormatter(lambda v, _: f"{v:.2g}×" if _leading_digit(v) in NAMED_MINOR else "")
+    )
     ax.tick_params(axis="x", which="minor", labelsize=7)
     lows = [p["gap_ci_low"] for p in points if p.get("gap_ci_low") is not None]
     highs = [p["gap_ci_high"] for p in points if p.get("gap_ci_high") is not None]
     # every interval whole and the non-inferiority line in view; zoomed to them (0 = no
     # attention is the axis label's, not always in view: near g = 1 the margin decides)
     ax.set_ylim(min([margin, *lows]) - GAP_PAD, max([1.0, *highs]) + 2 * GAP_PAD)
+    _place_notes(ax, notes, placed)
 
 
 def plot_longrange_answer(
