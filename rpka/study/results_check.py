@@ -92,11 +92,8 @@ def check_study(preset: str) -> list[Path]:
     carry no checksum (a legacy study: none of its files does), which the caller names."""
     files = result_files(preset)
     data = {path: read_json_checked(path) for path in files}  # parses, checksum matches
-    for path, content in data.items():  # the fields first: a mistyped file names its field
-        if path.name == paths.STUDY_FILE and path.parent == resolve(paths.results_dir(preset)):
-            check_study_index(path, content)
-        elif path.name == paths.BENCH_REPORT_FILE:
-            check_bench_report(path, content)
+    # a file unsealed among sealed ones first: an edit, whose timings (kept beside it, tied
+    # to its checksum) are not read with it either
     unsealed = [path for path in files if not has_checksum(path)]
     root = resolve(paths.results_dir(preset))
     for group in (  # the study's own files; the shared ones (another folder) apart
@@ -111,6 +108,11 @@ def check_study(preset: str) -> list[Path]:
                 f"deleted? ({len(bad)} such file(s)); restore it (git checkout, for a "
                 f"committed file) or recompute it (`python -m rpka report --preset {preset}`)"
             )
+    for path, content in data.items():  # then the fields: a mistyped file names its field
+        if path.name == paths.STUDY_FILE and path.parent == resolve(paths.results_dir(preset)):
+            check_study_index(path, content)
+        elif path.name == paths.BENCH_REPORT_FILE:
+            check_bench_report(path, content)
     for path, content in data.items():  # sealed or not: its summaries are its scores'
         if path.name == paths.BENCH_REPORT_FILE:
             check_summaries(path, content)
