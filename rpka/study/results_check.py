@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rpka import paths
-from rpka.io import CHECKSUM_KEY, CorruptFileError, has_checksum, read_json_checked
+from rpka.io import CHECKSUM_KEY, CorruptFileError, has_checksum, read_json_checked, timings_path
 from rpka.paths import resolve
 from rpka.study.steps import notebook_parameters
 from rpka.verdict.consistency import bench_report_problems
@@ -66,9 +66,11 @@ BENCH_FIELDS: dict[str, Check] = {
     "arms": DICT,
     "baseline_arm": STR,
     "primary_arm": STR,
-    "timings": DICT,
     "learnability": DICT,
 }
+# ... and its times, kept beside it (rpka.io.timings_path) and read back with it when they
+# belong to its payload: checked after its summaries, so an edit is named as an edit
+TIMING_FIELDS: dict[str, Check] = {"timings": DICT}
 ARM_FIELDS: dict[str, Check] = {"full": DICT, "best_cfg": DICT}
 SCORE_FIELDS: dict[str, Check] = {"mean": NUMBER_OR_NULL, "std": NUMBER_OR_NULL, "per_seed": LIST}
 
@@ -116,6 +118,7 @@ def check_study(preset: str) -> list[Path]:
     for path, content in data.items():  # sealed or not: its summaries are its scores'
         if path.name == paths.BENCH_REPORT_FILE:
             check_summaries(path, content)
+            check_timings(path, content)
     return unsealed
 
 
@@ -139,6 +142,17 @@ def check_bench_report(path: Path, content: Any) -> None:
     for name, arm in content["arms"].items():
         check_fields(path, arm, ARM_FIELDS, f"arms.{name}")
         check_fields(path, arm["full"], SCORE_FIELDS, f"arms.{name}.full")
+
+
+def check_timings(path: Path, content: dict[str, Any]) -> None:
+    """A bench report's timings (:data:`TIMING_FIELDS`): a report without them lost its
+    timings file, or the file was written for another payload (the report changed since)."""
+    if "timings" not in content:
+        raise CorruptFileError(
+            f"{path}: lacks its timings: {timings_path(path).name} beside it is missing or "
+            f"belongs to another version of the report (changed since it was written?)"
+        )
+    check_fields(path, content, TIMING_FIELDS)
 
 
 def check_summaries(path: Path, content: dict[str, Any]) -> None:
