@@ -65,8 +65,69 @@ def read_json(path: str | os.PathLike) -> Any:
         data = json.load(fh)
     if isinstance(data, dict) and CHECKSUM_KEY in data:
         verify_payload(path, data)
-        data.pop(CHECKSUM_KEY)
+        timings = _timings_of(path, data.pop(CHECKSUM_KEY))
+        if timings is not None:  # the result's own timings, kept apart (below)
+            data = merged(data, timings)
     return data
+
+
+# A result's timings (wall and CPU seconds, step times, load) change on every run while its
+# scores do not; they live in a file of their own beside it (issue 56), which read_json
+# merges back: ``bench_report.json``'s are in ``bench_report.timings`` (JSON, not sealed:
+# a measurement of the machine, not a result), with the checksum of the payload they time,
+# so a result replaced since is never read with another's timings. Globs for results
+# (``*.json``) skip it.
+TIMINGS_SUFFIX = ".timings"
+
+
+def timings_path(path: str | os.PathLike) -> Path:
+    """The file beside the result ``path`` that holds its timings (:data:`TIMINGS_SUFFIX`)."""
+    return Path(path).with_suffix(TIMINGS_SUFFIX)
+
+
+def _timings_of(path: str | os.PathLike, checksum: str) -> Any | None:
+    """The timings beside the result ``path`` whose payload has the checksum ``checksum``;
+    None without a timings file, or with one written for another payload (a result
+    replaced since: its timings are not this result's)."""
+    sidecar = timings_path(path)
+    if not sidecar.exists():
+        return None
+    with open(sidecar) as fh:
+        stored = json.load(fh)
+    return stored.get("timings") if stored.get("of_" + CHECKSUM_KEY) == checksum else None
+
+
+def merged(base: Any, extra: Any) -> Any:
+    """``base`` with the entries of ``extra`` added at every depth (dicts merged key by key;
+    elsewhere ``extra`` wins); lists are merged item by item when their lengths agree, an
+    item None in ``extra`` leaving ``base``'s (what :func:`only_keys` writes)."""
+    if isinstance(base, dict) and isinstance(extra, dict):
+        return {
+            **base,
+            **{k: merged(base[k], v) if k in base else v for k, v in extra.items()},
+        }
+    if isinstance(base, list) and isinstance(extra, list) and len(base) == len(extra):
+        return [b if e is None else merged(b, e) for b, e in zip(base, extra, strict=True)]
+    return extra
+
+
+def only_keys(obj: Any, keys: frozenset[str]) -> Any:
+    """The part of ``obj`` that :func:`without_keys` removes, nested as it was (None where
+    nothing is removed; a list keeps its length, with None for items without such keys)."""
+    if isinstance(obj, dict):
+        taken = {k: v for k, v in obj.items() if k in keys}
+        taken.update(
+            {
+                k: sub
+                for k, v in obj.items()
+                if k not in keys and (sub := only_keys(v, keys)) is not None
+            }
+        )
+        return taken or None
+    if isinstance(obj, list):
+        items = [only_keys(v, keys) for v in obj]
+        return items if any(item is not None for item in items) else None
+    return None
 
 
 def config_hash(config: dict[str, Any], length: int = 16) -> str:
@@ -280,6 +341,32 @@ def write_result_json(
     return write_json(path, {**payload, CHECKSUM_KEY: payload_sha256(payload)})
 
 
+def write_result_and_timings(
+    path: str | os.PathLike, result: dict[str, Any], timing_keys: frozenset[str]
+) -> Path:
+    """Write ``result`` as :func:`write_result_json` does, without the entries named in
+    ``timing_keys`` (at any depth), which go to its timings file (:func:`timings_path`);
+    :func:`read_json` merges them back. A result unchanged on disk keeps both files as
+    they are (the timings of the runs that made it), so rerunning a finished study
+    rewrites no committed byte, and no committed result holds a time of the last run."""
+    path = Path(path)
+    payload = json.loads(json.dumps(_finite(without_keys(result, timing_keys))))  # as read back
+    if path.exists() and timings_path(path).exists():
+        with open(path) as fh:
+            on_disk = json.load(fh)
+        on_disk.pop(CHECKSUM_KEY, None)
+        if on_disk == payload:
+            return path
+    timings = only_keys(result, timing_keys)
+    if timings is not None:  # tied to the payload it times (its checksum); written first, so
+        # an interrupted write leaves timings that match no result rather than a wrong pair
+        checksum = payload_sha256(payload)
+        write_json(timings_path(path), {"of_" + CHECKSUM_KEY: checksum, "timings": timings})
+    else:
+        timings_path(path).unlink(missing_ok=True)
+    return write_result_json(path, payload)
+
+
 def seal_result_json(path: str | os.PathLike) -> bool:
     """Give a result file written before checksums existed its checksum (its payload
     unchanged, then verified by every read); True if it was rewritten, False if it already
@@ -298,6 +385,11 @@ def seal_result_json(path: str | os.PathLike) -> bool:
 # a run retrained only for its weights (they are not committed) gives the same scores and
 # weights bit for bit under pinned numerics, in another time: its file is kept as it was
 RUN_VOLATILE_KEYS = RESUME_VOLATILE_KEYS | {"cpu_s", "step_ms_median", "torch_threads"}
+
+# what a study's summaries (bench reports, long-context results, the study index, drop-in and
+# mechanism readings) hold that is a time: written apart from them by
+# :func:`write_result_and_timings`. Speed benchmarks' files are timings by purpose and keep them.
+TIMING_KEYS = RESUME_VOLATILE_KEYS | {"step_ms_median", "step_ms", "seconds", "cpu_s", "timings_s"}
 
 
 def write_run_file(path: str | os.PathLike, result: dict[str, Any]) -> Path:

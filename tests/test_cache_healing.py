@@ -12,6 +12,7 @@ from rpka.bench import ensure_weights, run_bench
 from rpka.config.presets import get_preset
 from rpka.io import (
     RESUME_VOLATILE_KEYS,
+    TIMING_KEYS,
     CorruptFileError,
     config_hash,
     file_sha256,
@@ -21,8 +22,11 @@ from rpka.io import (
     read_json_checked,
     read_json_or_heal,
     read_run_file,
+    timings_path,
     verify_state_file,
+    without_keys,
     write_json,
+    write_result_and_timings,
     write_result_json,
     write_run_file,
 )
@@ -383,6 +387,34 @@ def test_a_resumed_report_keeps_the_file_its_runs_wrote(tmp_path):
     assert read_json(path)["arms"]["exact"]["mean"] == 0.6
 
 
+def test_a_summary_holds_no_time_its_timings_live_beside_it(tmp_path):
+    """Issue 56: no committed result holds a time that changes on every run. The times go to
+    ``<name>.timings`` (nested as they were, list items included), ``read_json`` merges them
+    back, a rerun with the same scores rewrites neither file, and a changed score rewrites
+    both."""
+    path = tmp_path / "bench_report.json"
+    result = {
+        "arms": {"exact": {"mean": 0.5, "step_ms_median": 12.0}},
+        "rows": [{"arm": "exact", "seconds": 3.0}, {"arm": "rpka"}],
+        "timings": {"total_s": 600.0},
+    }
+    write_result_and_timings(path, result, TIMING_KEYS)
+    stored = json.loads(path.read_text())
+    assert "timings" not in stored and "step_ms_median" not in stored["arms"]["exact"]
+    assert "seconds" not in stored["rows"][0] and "sha256" in stored
+    assert json.loads(timings_path(path).read_text())["timings"]["timings"] == {"total_s": 600.0}
+    assert read_json(path) == result
+    before = (path.read_bytes(), timings_path(path).read_bytes())
+    rerun = {**result, "timings": {"total_s": 0.2}}
+    write_result_and_timings(path, rerun, TIMING_KEYS)
+    assert (path.read_bytes(), timings_path(path).read_bytes()) == before
+    moved = {**rerun, "arms": {"exact": {"mean": 0.6, "step_ms_median": 11.0}}}
+    write_result_and_timings(path, moved, TIMING_KEYS)
+    assert read_json(path) == moved
+    write_result_json(path, {"arms": {"exact": {"mean": 0.7}}})  # replaced by another writer:
+    assert read_json(path) == {"arms": {"exact": {"mean": 0.7}}}  # the timings are not its
+
+
 @pytest.mark.parametrize("name", ["mechanism.json", "study.json", "frontier.json"])
 def test_an_edited_result_value_is_refused_naming_the_file(tmp_path, name, capsys):
     path = tmp_path / name
@@ -401,6 +433,7 @@ def test_an_edited_result_value_is_refused_naming_the_file(tmp_path, name, capsy
 def _bench_study(root, tmp_path):
     """A study index over a copy of the first run's bench report (written with its checksum)."""
     shutil.copyfile(root / "out" / "bench_report.json", tmp_path / "bench_report.json")
+    shutil.copyfile(root / "out" / "bench_report.timings", tmp_path / "bench_report.timings")
     index = tmp_path / "study.json"
     write_result_json(index, {"tracks": {"forecast": {"bench_report": "bench_report.json"}}})
     return index
@@ -430,7 +463,8 @@ def test_committed_result_files_are_sealed_and_read_as_they_are():
     for path in files:  # sealed (io.seal_result_json, docs/executors.md): checked on read
         stored = json.loads(before[path])
         assert "sha256" in stored, path
-        assert read_json_checked(path) == {k: v for k, v in stored.items() if k != "sha256"}
+        read = read_json_checked(path)  # with its timings (from beside it) merged back
+        assert without_keys(read, TIMING_KEYS) == {k: v for k, v in stored.items() if k != "sha256"}
     loaded = report.load_study(root / "study.json", "full", compute=False)
     assert loaded["tracks"]
     assert {path: path.read_bytes() for path in files} == before  # read, never rewritten

@@ -53,8 +53,9 @@ def test_an_interrupted_bench_exits_130_and_the_same_command_resumes(tmp_path):
 
     again = subprocess.run(argv, cwd=ROOT, env=ENV, capture_output=True, timeout=300)
     assert again.returncode == 0, again.stderr.decode()
-    timings = json.loads((out / "bench_report.json").read_text())["timings"]
+    timings = json.loads((out / "bench_report.timings").read_text())["timings"]["timings"]
     assert timings["n_runs_resumed"] == kept >= 1
+    assert "timings" not in json.loads((out / "bench_report.json").read_text())
 
 
 def _busy_workers(proc: subprocess.Popen, out: Path, timeout: float) -> list[psutil.Process]:

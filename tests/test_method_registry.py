@@ -18,8 +18,8 @@ def test_every_method_has_its_metadata():
         assert info.family in ("exact", "rpka", "peer", "control"), name
         assert info.has_rank == ("rank" in options_of(name)), name
         assert info.landmarks in (None, "joint", "keys"), name
-        # the figures' marker and rank-note offset belong to the methods that draw landmarks
-        assert (info.marker is None) == (info.label_offset is None) == (not info.landmarks)
+        # the figures' marker belongs to the methods that draw landmarks
+        assert (info.marker is None) == (not info.landmarks)
 
 
 def test_the_lists_read_from_the_registry_are_the_ones_typed_before():
@@ -31,11 +31,6 @@ def test_the_lists_read_from_the_registry_are_the_ones_typed_before():
         "rpka": "o",
         "nystrom-uniform": "s",
         "keys-coreset": "^",
-    }
-    assert figures_frontier.LABEL_OFFSETS == {
-        "rpka": (5, -4),
-        "nystrom-uniform": (5, 14),
-        "keys-coreset": (-40, -4),
     }
     assert rank_law.METHODS == {
         "rpka": "RPKA",

@@ -2,13 +2,13 @@
 (rpka.report.palette) on the committed full study's bench reports: one colour per arm in
 every figure, the primary arm in the legend, labelled log axes, at most ~6 arms a panel."""
 
-import json
 
 import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import pytest
 
 from rpka import paths
+from rpka.io import read_json
 from rpka.report import figures, figures_cost, palette
 
 RESULTS = paths.resolve(paths.results_dir("full"))
@@ -16,7 +16,7 @@ BENCHES = sorted(RESULTS.glob("**/bench_report.json"))
 
 
 def _report(path):
-    return json.loads(path.read_text())
+    return read_json(path)  # with its timings, kept beside it
 
 
 def test_an_arm_has_one_colour_whatever_the_other_arms_and_their_order():

@@ -60,7 +60,7 @@ def _index(out):
 
 
 def _read(out, name):
-    return json.loads((out / name).read_text())
+    return read_json(out / name)  # with its timings, kept beside it, merged back
 
 
 def test_the_index_carries_both_gates_and_every_ranks_verdict(smoke_study, tmp_path):

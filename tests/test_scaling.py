@@ -167,3 +167,14 @@ def test_the_interleaved_order_changes_every_arms_neighbour():
     assert all(sorted(r) == sorted(labels) for r in repeats)
     after_exact = {r[r.index("exact") + 1] for r in repeats if r[-1] != "exact"}
     assert len(after_exact) > 1
+
+
+def test_the_sweeps_own_arms_are_registry_methods():
+    """Issue 56: method names live in the registry; the sweep's built-in arms name entries
+    of it, and the joint-landmark methods the rank law reads come from its metadata."""
+    from rpka.attention import JOINT_LANDMARK_METHODS, METHOD_INFO, REGISTRY
+    from rpka.config.scaling import BUILTIN_ARMS
+
+    assert set(BUILTIN_ARMS) <= set(REGISTRY)
+    assert JOINT_LANDMARK_METHODS == ("rpka", "nystrom-uniform")
+    assert all(METHOD_INFO[m].landmarks == "joint" for m in JOINT_LANDMARK_METHODS)

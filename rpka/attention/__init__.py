@@ -52,9 +52,8 @@ class MethodInfo:
     a colour picked by a hash of the name). ``has_rank``: it takes a ``rank`` option (its
     arms are named ``<method>-r<k>``). ``landmarks``: the point set its landmarks are
     drawn from - ``joint`` (queries and keys, 2n points), ``keys`` (n) - or None where it
-    draws none (``draws_landmarks``). ``marker``: its marker in the frontier figures;
-    ``label_offset``: where its rank notes sit beside its points there (x, y in points; the
-    methods at one rank do not write over each other). ``label``: its short name in tables,
+    draws none (``draws_landmarks``). ``marker``: its marker in the frontier figures.
+    ``label``: its short name in tables,
     legends and prose (None: its registry name; :func:`method_label`); ``long_label``: its
     name where the short one alone would be unclear (None: ``label``)."""
 
@@ -63,7 +62,6 @@ class MethodInfo:
     has_rank: bool = False
     landmarks: str | None = None
     marker: str | None = None
-    label_offset: tuple[int, int] | None = None
     label: str | None = None
     long_label: str | None = None
 
@@ -80,7 +78,6 @@ METHOD_INFO: dict[str, MethodInfo] = {
         has_rank=True,
         landmarks="joint",
         marker="o",
-        label_offset=(5, -4),
         label="RPKA",
     ),
     "nystrom-uniform": MethodInfo(
@@ -89,7 +86,6 @@ METHOD_INFO: dict[str, MethodInfo] = {
         has_rank=True,
         landmarks="joint",
         marker="s",
-        label_offset=(5, 14),
         label="uniform",
         long_label="uniform landmarks",
     ),
@@ -99,7 +95,6 @@ METHOD_INFO: dict[str, MethodInfo] = {
         has_rank=True,
         landmarks="keys",
         marker="^",
-        label_offset=(-40, -4),
         label="key coreset",
     ),
     "nystromformer": MethodInfo("peer", colour="#e7298a", has_rank=True),
@@ -110,6 +105,10 @@ METHOD_INFO: dict[str, MethodInfo] = {
 
 # the methods that draw landmarks (RPKA and the peers that pick points), in REGISTRY order
 LANDMARK_METHODS: tuple[str, ...] = tuple(n for n in REGISTRY if METHOD_INFO[n].draws_landmarks)
+# those that draw them among the queries and keys together (RPKA and uniform landmarks)
+JOINT_LANDMARK_METHODS: tuple[str, ...] = tuple(
+    n for n in LANDMARK_METHODS if METHOD_INFO[n].landmarks == "joint"
+)
 
 
 def method_label(name: str, long: bool = False) -> str:
@@ -150,6 +149,7 @@ def build(name: str, **options: object) -> nn.Module:
 
 
 __all__ = [
+    "JOINT_LANDMARK_METHODS",
     "LANDMARK_METHODS",
     "METHOD_INFO",
     "REGISTRY",

@@ -70,11 +70,14 @@ double, ``O(n r (d + r))`` in all, plus ``O(n r d)`` to rebuild ``M`` for new la
 an ``O(log(n/b))``-deep prefix merge over blocks. Memory ``O(n (b + r))``.
 
 **Two forms of the same sums** (issue 55, docs/speed.md "Causal RPKA at the op's limit"):
-with gradients, on other devices and below ``FUSED_FROM_POSITIONS`` the local part is
-written out (:func:`local_scores`, :func:`combine`: the reference, and the ops every
-committed result ran); inference on long sequences runs it as one fused SDPA call on the
-stacked blocks with its log-sum-exp (:func:`fused_local`, :func:`combine_fused`) and the
-key side in ``key_precision``. They agree to round-off.
+below ``FUSED_FROM_POSITIONS`` and on other devices the local part is written out
+(:func:`local_scores`, :func:`combine`: the reference, and the ops every committed result
+ran). From ``FUSED_FROM_POSITIONS`` on the CPU (float32 / float64) it is one fused SDPA call
+on the stacked blocks with its log-sum-exp: for inference the whole forward is streamed
+(:mod:`rpka.attention.causal_stream`: the key side in ``key_precision``, every other part in
+cache-sized chunks, nothing of full length held beside the output); with gradients the
+kernel's own backward carries the log-sum-exp's gradient too (:func:`flash_local`,
+:func:`combine_flash`), the rest as written out. They agree to round-off.
 
 **Decoding** (``prefill`` / ``step``, one token at a time): ``causal_decode``.
 """
@@ -88,7 +91,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rpka.attention.causal_blocks import running_range, to_blocks
+from rpka.attention.causal_blocks import (
+    combine,
+    combine_flash,
+    flash_local,
+    local_scores,
+    running_range,
+    to_blocks,
+)
 from rpka.attention.causal_landmarks import (
     LandmarkSampler,
     LandmarkSet,
@@ -99,167 +109,91 @@ from rpka.attention.causal_landmarks import (
     first_draw_from,
     past_is_exact,
 )
-from rpka.attention.guards import clamp_between, hull_tolerance
-from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero
-from rpka.attention.nystrom_chunked import narrow_key_dtype
+from rpka.attention.causal_stream import stream_forward
 
 # ----------------------------------------------------------------------------- one row set
 
 
-def local_scores(q_s: Tensor, k_local: Tensor, causal: bool) -> Tensor:
-    """``s_ij = q~_i . k'_j - |q~_i|^2/2``: (..., L, d), (..., m, d) -> (..., L, m).
-
-    ``causal`` masks ``j > i`` with ``-inf`` (square blocks).
-    """
-    scores = q_s @ k_local.transpose(-1, -2) - q_s.pow(2).sum(-1, keepdim=True) / 2
-    if causal:
-        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
-    return scores
-
-
-def combine(
-    scores: Tensor,
-    v_local: Tensor,
-    v_low: Tensor,
-    v_high: Tensor,
-    den_floor: float,
-    past: tuple[Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Eq. (1) for a set of rows, with the guards, in one log-sum-exp per row.
-
-    Args:
-        scores: (..., L, m) local log-terms ``s_ij`` (``-inf`` where masked).
-        v_local: (..., m, d_v) local values.
-        v_low, v_high: (..., L, d_v) the running value range of each row (guard 3).
-        den_floor: relative floor of the past denominator (guard 2).
-        past: ``(logits, core)``: the past log-terms (..., L, r) of
-            :meth:`LandmarkSet.past_logits` and the scaled core (..., r, d_v + 1) of eq. (2).
-            ``None`` for rows without a past (exact).
-
-    Returns:
-        out (..., L, d_v), and for rows with a past the bool masks ``floored`` (..., L, 1)
-        and ``clamped`` (..., L, d_v) (``None`` otherwise).
-    """
-    ref = scores.amax(-1, keepdim=True).detach()  # a reference only: cancels in the ratio
-    if past is None:
-        e = torch.exp(scores - ref)
-        return (e @ v_local) / e.sum(-1, keepdim=True), None, None
-    logits, core = past
-    ref = finite_or_zero(torch.maximum(ref, logits.amax(-1, keepdim=True).detach()))
-    e = torch.exp(scores - ref)
-    a = torch.exp(logits - ref)
-    past_sum = a @ core  # (..., L, d_v + 1)
-    past_den = past_sum[..., -1:]
-    # guard 2 relative to the terms the past denominator sums (as nystrom_readout): a floor
-    # tied to sum_j w_j is undercut by the exact value once every past key is far away
-    floor = den_floor * a.sum(-1, keepdim=True)  # sum_s a_s |c_s| (rows of size 1)
-    floored = past_den < floor
-    den = e.sum(-1, keepdim=True) + torch.where(floored, floor, past_den)
-    den = den.clamp(min=torch.finfo(den.dtype).tiny)
-    out = (e @ v_local + past_sum[..., :-1]) / den
-    with torch.no_grad():
-        tol = hull_tolerance(v_low, v_high)
-        clamped = (out < v_low - tol) | (out > v_high + tol)
-    # the composed clamp, with a backward that skips the running bounds while the guard is
-    # idle (guards.clamp_between; issue 28)
-    return clamp_between(out, v_low, v_high), floored, clamped
-
-
-# Inference on sequences of at least this many positions takes the fused local part
-# (:class:`LocalPart`): SDPA's CPU flash kernel on the stacked blocks, which returns each
-# row's log-sum-exp beside its output, 3x faster than the written-out block softmax at
-# 8,192 tokens (23 against 69 ms, issue 55). It sums in another order (round-off moves,
-# ~1e-7 relative in float32), so shorter sequences - the lm track and the swap audit, 64
-# tokens, whose committed results ran the written-out ops - keep those ops.
+# Inference on sequences of at least this many positions takes the streamed path
+# (:mod:`causal_stream`): SDPA's CPU flash kernel on the stacked blocks for the local part
+# (it returns each row's log-sum-exp beside its output; 23 against 69 ms for the written-out
+# block softmax at 8,192 tokens, issue 55) and no full-length temporary. It sums in another
+# order (round-off moves, ~1e-7 relative in float32), so shorter sequences - the lm track and
+# the swap audit, 64 tokens, whose committed results ran the written-out ops - keep those ops.
 FUSED_FROM_POSITIONS = 1024
 
 
-def fused_local(q_b: Tensor, k_b: Tensor, v_b: Tensor) -> tuple[Tensor, Tensor]:
-    """Causal softmax inside every block by SDPA's fused CPU kernel.
-
-    q_b, k_b (..., C, b, d), v_b (..., C, b, d_v) -> the normalised local output
-    (..., C, b, d_v) and its log-sum-exp ``log sum_{j <= i} e^{q~_i.k'_j}`` (..., C, b, 1):
-    the local log-terms ``s_ij`` plus the row's ``|q~_i|^2/2``, which cancels in eq. (1) (the
-    past logits are taken on the same scale, :meth:`LandmarkSet.past_logits_unshifted`).
-    """
-    shape = q_b.shape[:-1]
-    flat = [x.reshape(1, -1, *x.shape[-2:]) for x in (q_b, k_b, v_b)]
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        *flat, 0.0, True, scale=1.0
-    )
-    return out.reshape(*shape, v_b.shape[-1]), lse.reshape(shape).unsqueeze(-1)
-
-
-def combine_fused(
-    local: Tensor,
-    lse: Tensor,
-    v_low: Tensor,
-    v_high: Tensor,
-    den_floor: float,
-    past: tuple[Tensor, Tensor],
-) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`combine` for rows with a past from the fused local part: ``local`` (..., L, d_v)
-    is the local sums' ratio and ``e^{lse}`` (..., L, 1) their denominator, so the local
-    numerator is ``local e^{lse}``. Same guards, same row reference (the larger of the local
-    log-sum-exp and the past maximum)."""
-    logits, core = past
-    ref = finite_or_zero(torch.maximum(lse, logits.amax(-1, keepdim=True)))
-    local_den = torch.exp(lse - ref)
-    a = torch.exp(logits - ref)
-    past_sum = a @ core  # (..., L, d_v + 1)
-    past_den = past_sum[..., -1:]
-    floor = den_floor * a.sum(-1, keepdim=True)
-    floored = past_den < floor
-    den = (local_den + torch.where(floored, floor, past_den)).clamp(min=torch.finfo(lse.dtype).tiny)
-    out = torch.addcmul(past_sum[..., :-1], local, local_den).div_(den)
-    outside = (out < v_low) | (out > v_high)
-    if not bool(outside.any()):  # the usual case: no entry to clamp, none past the tolerance
-        return out, floored, outside
-    tol = hull_tolerance(v_low, v_high)
-    clamped = (out < v_low - tol) | (out > v_high + tol)
-    return torch.minimum(torch.maximum(out, v_low, out=out), v_high, out=out), floored, clamped
-
-
 class LocalPart:
-    """The exact in-block sums of eq. (1) for every block: the written-out log-terms
-    (:func:`local_scores`, differentiable; the reference) or, for inference on long
-    sequences on the CPU, the fused kernel's output and log-sum-exp (:func:`fused_local`)."""
+    """The exact in-block sums of eq. (1) for every block, split into the parts the forward
+    reads (block 0, then one per landmark epoch; :func:`by_part`): written out
+    (:func:`local_scores`, the reference), or - with gradients on sequences of at least
+    ``FUSED_FROM_POSITIONS`` on the CPU - SDPA's fused kernel with its log-sum-exp, both
+    differentiable (:func:`flash_local`; round-off apart from the written-out sums)."""
 
-    def __init__(self, q_b: Tensor, k_b: Tensor, v_b: Tensor, fused: bool) -> None:
-        self.q_b, self.k_b, self.fused = q_b, k_b, fused
-        if fused:
-            self.out, self.lse = fused_local(q_b, k_b, v_b)
-        else:
-            self.scores = local_scores(q_b, k_b, causal=True)  # (..., C, b, b)
+    def __init__(self, q_b: Tensor, k_b: Tensor, v_b: Tensor, starts: list[int], flash: bool):
+        self.q_b, self.k_b, self.flash = q_b, k_b, flash
+        if flash:
+            out, lse = flash_local(q_b, k_b, v_b)
+            lse = lse - q_b.pow(2).sum(-1, keepdim=True) / 2  # on the scale of s_ij
+            self.outs, self.lses = by_part(out, starts), by_part(lse, starts)
+        else:  # one product for all blocks; a split's backward is one cat, a slice's a fill
+            self.parts = by_part(local_scores(q_b, k_b, causal=True), starts)
+
+    @staticmethod
+    def takes_flash(q_s: Tensor, k_s: Tensor, v: Tensor) -> bool:
+        """Training (some input needs a gradient) on the CPU, at least FUSED_FROM_POSITIONS,
+        float32 or float64, d_v = d (the kernel's backward wants one head size)."""
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q_s, k_s, v))
+        return (
+            grad
+            and q_s.device.type == "cpu"
+            and q_s.shape[-2] >= FUSED_FROM_POSITIONS
+            and q_s.dtype in (torch.float32, torch.float64)
+            and q_s.shape[-1] == v.shape[-1]
+        )
+
+    def first_rows(self, v_0: Tensor, bounds: tuple[Tensor, Tensor, float]) -> Tensor:
+        """Block 0's rows (no past: exact causal softmax) (..., b, d_v)."""
+        if self.flash:
+            return self.outs[0].squeeze(-3)
+        return combine(self.parts[0].squeeze(-3), v_0, *bounds)[0]
 
     @staticmethod
     def takes_fused(q_s: Tensor, k_s: Tensor, v: Tensor) -> bool:
-        """Inference (nothing needs a gradient) on the CPU, at least FUSED_FROM_POSITIONS."""
+        """Whether a call takes the streamed path (:mod:`causal_stream`): inference (nothing
+        needs a gradient) on the CPU, at least FUSED_FROM_POSITIONS, float32 or float64."""
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q_s, k_s, v))
-        return not grad and q_s.device.type == "cpu" and q_s.shape[-2] >= FUSED_FROM_POSITIONS
+        return (
+            not grad
+            and q_s.device.type == "cpu"
+            and q_s.shape[-2] >= FUSED_FROM_POSITIONS
+            and q_s.dtype in (torch.float32, torch.float64)
+        )
 
-    def combine(self, rows: slice, v_b: Tensor, *bounds: object) -> tuple[Tensor, Tensor, Tensor]:
-        """Eq. (1) for the blocks ``rows`` with a past: :func:`combine` or
-        :func:`combine_fused`; ``bounds``: their ``(v_low, v_high, den_floor, past)``."""
-        if self.fused:
-            return combine_fused(self.out[..., rows, :, :], self.lse[..., rows, :, :], *bounds)
-        return combine(self.scores[..., rows, :, :], v_b[..., rows, :, :], *bounds)
+    def combine(self, start: int, v_part: Tensor, *bounds: object) -> tuple[Tensor, Tensor, Tensor]:
+        """Eq. (1) for the part that starts at block ``start`` (:func:`combine` or
+        :func:`combine_flash`): its values and ``bounds`` ``(v_low, v_high, den_floor, past)``."""
+        if self.flash:
+            return combine_flash(self.outs[start], self.lses[start], *bounds)
+        return combine(self.parts[start], v_part, *bounds)
 
-    def assemble(self, outs: list[Tensor], draws: list[int], n: int) -> Tensor:
+    def assemble(self, outs: list[Tensor], n: int) -> Tensor:
         """The output (..., n, d_v) from block 0's rows and one part per epoch."""
-        if not self.fused:
-            return torch.cat([outs[0].unsqueeze(-3), *outs[1:]], dim=-3).flatten(-3, -2)[..., :n, :]
-        epochs = itertools.pairwise([*draws, self.out.shape[-3]])
-        for (start, stop), part in zip(epochs, outs[1:], strict=True):  # in place, no cat
-            self.out[..., start:stop, :, :] = part
-        return self.out.flatten(-3, -2)[..., :n, :]
+        return torch.cat([outs[0].unsqueeze(-3), *outs[1:]], dim=-3).flatten(-3, -2)[..., :n, :]
 
     def scores_of(self, block: int) -> Tensor:
-        """The log-terms of one block (..., b, b)."""
-        if self.fused:
+        """The log-terms of one block that starts a part (..., b, b)."""
+        if self.flash:  # a block whose past is exact: written out (rare at these lengths)
             return local_scores(self.q_b[..., block, :, :], self.k_b[..., block, :, :], True)
-        return self.scores[..., block, :, :]
+        return self.parts[block].squeeze(-3)
+
+
+def by_part(x: Tensor, starts: list[int]) -> dict[int, Tensor]:
+    """Blocked x (..., C, b, e) split along C at the blocks ``starts`` (the first is 0): the
+    parts by their first block. One ``split`` (its backward one ``cat``) instead of a slice
+    per part (each slice's backward a zero tensor of x's size, filled and added)."""
+    sizes = [stop - start for start, stop in itertools.pairwise([*starts, x.shape[-3]])]
+    return dict(zip(starts, x.split(sizes, dim=-3), strict=True))
 
 
 def empty_guards(device: torch.device) -> dict[str, Tensor]:
@@ -313,59 +247,60 @@ def causal_forward(
 ) -> tuple[Tensor, dict[str, Tensor], ForwardTail]:
     """Causal RPKA, eqs. (1)-(2), for scaled q_s, k_s (..., n, d) and v (..., n, d_v).
 
-    ``key_precision``: RPKAttention's; ``"auto"`` lets the fused (long inference) path
+    ``key_precision``: RPKAttention's; ``"auto"`` lets the streamed (long inference) path
     compute the key moments in float32 while the logits stay moderate
     (:func:`narrow_key_dtype`); every other path widens them to float64.
     Returns out (..., n, d_v), guard counts and the :class:`ForwardTail`.
     """
+    if LocalPart.takes_fused(q_s, k_s, v):  # long inference: streamed, scale 1 (q_s, k_s)
+        out, guards, tail = stream_forward(
+            q_s, k_s, v, 1.0, block_size, sampler, den_floor, key_precision
+        )
+        return out, guards, ForwardTail(tail.centre, tail.landmarks, tail.moments, tail.next_draw)
     n, b = q_s.shape[-2], block_size
     n_blocks = math.ceil(n / b)
     centre = k_s[..., :b, :].mean(-2, keepdim=True)  # keys of block 0 only
     k_c = k_s - centre
     k_local = torch.cat([k_s[..., :b, :], k_c[..., b:, :]], dim=-2)
     q_b, k_b, v_b = (to_blocks(x, b) for x in (q_s, k_local, v))
-    local = LocalPart(q_b, k_b, v_b, LocalPart.takes_fused(q_s, k_s, v))
-    v_low, v_high = running_range(v, b)
+    ppp = sampler.points_per_position
+    draws = draw_blocks(n_blocks, b, sampler.rank, ppp)
+    starts = [0, *draws]
+    local = LocalPart(q_b, k_b, v_b, starts, LocalPart.takes_flash(q_s, k_s, v))
+    q_p, v_p = by_part(q_b, starts), by_part(v_b, starts)
+    low_p, high_p = (by_part(x, starts) for x in running_range(v, b))
     is_real = to_blocks(torch.ones_like(v[..., :1], dtype=torch.bool), b)  # not padding
 
     guards = empty_guards(q_s.device)
-    if local.fused:
-        outs = [local.out[..., 0, :, :]]
-    else:
-        outs = [combine(local.scores_of(0), v_b[..., 0, :, :], v_low, v_high, den_floor)[0]]
+    bounds_0 = (low_p[0].squeeze(-3), high_p[0].squeeze(-3), den_floor)  # exact rows: unused
+    outs = [local.first_rows(v_p[0].squeeze(-3), bounds_0)]
     landmarks = moments = None
-    ppp = sampler.points_per_position
-    draws = draw_blocks(n_blocks, b, sampler.rank, ppp)
     wide = WideKeys.of(k_c, v, (n_blocks - 1) * b)  # the keys any past part reads
     for start, stop in itertools.pairwise([*draws, n_blocks]):  # one landmark epoch each
         rows = slice(start, stop)
         if past_is_exact(start, b, sampler.rank, ppp):  # one block, its past keys as they are
             landmarks = moments = None
-            past_scores = local_scores(q_b[..., start, :, :], k_c[..., : start * b, :], False)
+            past_scores = local_scores(q_p[start].squeeze(-3), k_c[..., : start * b, :], False)
             out = combine(
                 torch.cat([past_scores, local.scores_of(start)], dim=-1),
-                torch.cat([v[..., : start * b, :], v_b[..., start, :, :]], dim=-2),
-                v_low[..., start, :, :],
-                v_high[..., start, :, :],
+                torch.cat([v[..., : start * b, :], v_p[start].squeeze(-3)], dim=-2),
+                low_p[start].squeeze(-3),
+                high_p[start].squeeze(-3),
                 den_floor,
             )[0].unsqueeze(-3)
             count_exact_rows(guards, out, is_real[..., rows, :, :])
             outs.append(out)
             continue
         landmarks = LandmarkSet.draw(sampler, q_s[..., : start * b, :], k_c[..., : start * b, :])
-        dtype = CORE_DTYPE
-        if local.fused:
-            dtype = narrow_key_dtype(key_precision, landmarks.points, landmarks.valid)
-        moments = epoch_moments(landmarks, wide, start, stop, b, dtype)  # block s: keys < sb
+        moments = epoch_moments(landmarks, wide, start, stop, b)  # block s: keys < sb
         blocks = landmarks.per_block()
         core = blocks.solve(moments)
-        logits = blocks.past_logits_unshifted if local.fused else blocks.past_logits
-        past = (logits(q_b[..., start:stop, :, :], core), core.scaled)
-        bounds = (v_low[..., rows, :, :], v_high[..., rows, :, :], den_floor, past)
-        out, floored, clamped = local.combine(rows, v_b, *bounds)
+        past = (blocks.past_logits(q_p[start], core), core.scaled)
+        bounds = (low_p[start], high_p[start], den_floor, past)
+        out, floored, clamped = local.combine(start, v_p[start], *bounds)
         count_guards(guards, floored, clamped, is_real[..., rows, :, :])
         outs.append(out)
-    out = local.assemble(outs, draws, n)
+    out = local.assemble(outs, n)
     tail = ForwardTail(
         centre if n >= b else None,
         landmarks,
@@ -420,6 +355,12 @@ def scaled(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 def attend(attn: CausalOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, dict]:
     """Causal RPKA forward for ``RPKAttention(causal=True)``: out (B, H, n, d_v), guards."""
+    if LocalPart.takes_fused(q, k, v):  # long inference: streamed on the unscaled inputs
+        out, guards, _ = stream_forward(
+            q, k, v, q.shape[-1] ** -0.25, attn.causal_block, sampler_of(attn), attn.den_floor,
+            attn.key_precision,
+        )  # fmt: skip
+        return out, guards
     out, guards, _ = causal_forward(
         *scaled(q, k, v), attn.causal_block, sampler_of(attn), attn.den_floor, attn.key_precision
     )

@@ -1,6 +1,8 @@
-"""Causal RPKA's block layout and guard 3's running value range (issue 55).
+"""Causal RPKA's block layout, eq. (1) for a set of rows, and guard 3's running value range.
 
-:func:`to_blocks` cuts a sequence into the blocks of :mod:`rpka.attention.causal`; the value
+:func:`to_blocks` cuts a sequence into the blocks of :mod:`rpka.attention.causal`;
+:func:`local_scores` and :func:`combine` are eq. (1) written out (the reference form, shared by
+the forward, the streamed inference path and decoding); the value
 range of row ``t`` is ``[min_{j <= t} v_j, max_{j <= t} v_j]`` (the clamp of eq. (1)'s
 guard 3), computed by a blocked scan whose values and gradients are ``torch.cummin`` /
 ``torch.cummax``'s bit for bit (docs/speed.md, "Causal RPKA at the op's limit").
@@ -14,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rpka.attention.guards import clamp_between, hull_tolerance
+from rpka.attention.nystrom import finite_or_zero
+
 
 def to_blocks(x: Tensor, block_size: int) -> Tensor:
     """(..., n, e) -> (..., ceil(n/b), b, e), zero padded at the end."""
@@ -21,6 +26,144 @@ def to_blocks(x: Tensor, block_size: int) -> Tensor:
     if pad:
         x = F.pad(x, (0, 0, 0, pad))
     return x.unflatten(-2, (-1, block_size))  # a view when nothing is padded
+
+
+# ----------------------------------------------------------------------------- one row set
+
+
+def local_scores(q_s: Tensor, k_local: Tensor, causal: bool) -> Tensor:
+    """``s_ij = q~_i . k'_j - |q~_i|^2/2``: (..., L, d), (..., m, d) -> (..., L, m).
+
+    ``causal`` masks ``j > i`` with ``-inf`` (square blocks).
+    """
+    scores = q_s @ k_local.transpose(-1, -2) - q_s.pow(2).sum(-1, keepdim=True) / 2
+    if causal:
+        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return scores
+
+
+def combine(
+    scores: Tensor,
+    v_local: Tensor,
+    v_low: Tensor,
+    v_high: Tensor,
+    den_floor: float,
+    past: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Eq. (1) for a set of rows, with the guards, in one log-sum-exp per row.
+
+    Args:
+        scores: (..., L, m) local log-terms ``s_ij`` (``-inf`` where masked).
+        v_local: (..., m, d_v) local values.
+        v_low, v_high: (..., L, d_v) the running value range of each row (guard 3).
+        den_floor: relative floor of the past denominator (guard 2).
+        past: ``(logits, core)``: the past log-terms (..., L, r) of
+            :meth:`LandmarkSet.past_logits` and the scaled core (..., r, d_v + 1) of eq. (2).
+            ``None`` for rows without a past (exact).
+
+    Returns:
+        out (..., L, d_v), and for rows with a past the bool masks ``floored`` (..., L, 1)
+        and ``clamped`` (..., L, d_v) (``None`` otherwise).
+    """
+    ref = scores.amax(-1, keepdim=True).detach()  # a reference only: cancels in the ratio
+    if past is None:
+        e = torch.exp(scores - ref)
+        return (e @ v_local) / e.sum(-1, keepdim=True), None, None
+    logits, core = past
+    ref = finite_or_zero(torch.maximum(ref, logits.amax(-1, keepdim=True).detach()))
+    e = torch.exp(scores - ref)
+    a = torch.exp(logits - ref)
+    past_sum = a @ core  # (..., L, d_v + 1)
+    past_den = past_sum[..., -1:]
+    # guard 2 relative to the terms the past denominator sums (as nystrom_readout): a floor
+    # tied to sum_j w_j is undercut by the exact value once every past key is far away
+    floor = den_floor * a.sum(-1, keepdim=True)  # sum_s a_s |c_s| (rows of size 1)
+    floored = past_den < floor
+    den = e.sum(-1, keepdim=True) + torch.where(floored, floor, past_den)
+    den = den.clamp(min=torch.finfo(den.dtype).tiny)
+    out = (e @ v_local + past_sum[..., :-1]) / den
+    with torch.no_grad():
+        tol = hull_tolerance(v_low, v_high)
+        clamped = (out < v_low - tol) | (out > v_high + tol)
+    # the composed clamp, with a backward that skips the running bounds while the guard is
+    # idle (guards.clamp_between; issue 28)
+    return clamp_between(out, v_low, v_high), floored, clamped
+
+
+def combine_flash(
+    local: Tensor,
+    lse: Tensor,
+    v_low: Tensor,
+    v_high: Tensor,
+    den_floor: float,
+    past: tuple[Tensor, Tensor],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`combine` for rows with a past from the fused local part (:func:`flash_local`):
+    ``local`` (..., L, d_v) is the local sums' ratio and ``lse`` (..., L, 1) the log of their
+    denominator on the scale of ``s_ij`` (``|q~_i|^2/2`` subtracted), so the local numerator is
+    ``local e^{lse}``. The same guards and row reference; differentiable."""
+    logits, core = past
+    ref = finite_or_zero(torch.maximum(lse, logits.amax(-1, keepdim=True))).detach()
+    local_den = torch.exp(lse - ref)
+    a = torch.exp(logits - ref)
+    past_sum = a @ core  # (..., L, d_v + 1)
+    past_den = past_sum[..., -1:]
+    floor = den_floor * a.sum(-1, keepdim=True)  # sum_s a_s |c_s| (rows of size 1)
+    floored = past_den < floor
+    den = local_den + torch.where(floored, floor, past_den)
+    den = den.clamp(min=torch.finfo(den.dtype).tiny)
+    out = (local * local_den + past_sum[..., :-1]) / den
+    with torch.no_grad():
+        tol = hull_tolerance(v_low, v_high)
+        clamped = (out < v_low - tol) | (out > v_high + tol)
+    return clamp_between(out, v_low, v_high), floored, clamped
+
+
+def flash_local(q_b: Tensor, k_b: Tensor, v_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Causal softmax inside every block by SDPA's fused CPU kernel, differentiable in q, k, v
+    through its output *and* its log-sum-exp (:class:`_FlashLocal`).
+
+    q_b, k_b, v_b (..., C, b, d) (scaled, d_v = d) -> out (..., C, b, d) and
+    ``lse = log sum_{j <= i} e^{q~_i.k'_j}`` (..., C, b, 1).
+    """
+    return _FlashLocal.apply(q_b, k_b, v_b)
+
+
+class _FlashLocal(torch.autograd.Function):
+    """The kernel's forward; the backward is the kernel's own, with the log-sum-exp's gradient
+    ``g_l`` folded in: ``d lse_i / d s_ij = p_ij``, so ``dS_ij = p_ij (g_i.v_j - g_i.o_i + g_l,i)``.
+    The kernel computes ``dS_ij = p_ij (g_i.v_j - Delta_i)`` with ``Delta_i = g_i.o_i`` read
+    from the ``out`` it is given, so one more column does it: values ``[v, 0]``, gradient
+    ``[g, 1]``, out ``[o, -g_l]`` (``Delta_i = g_i.o_i - g_l,i``); q and k get a zero column
+    too (the kernel wants one head size). Recomputes ``p`` from the saved log-sum-exp, as
+    FlashAttention does; nothing of size (b x b) is stored."""
+
+    @staticmethod
+    def forward(ctx, q_b: Tensor, k_b: Tensor, v_b: Tensor) -> tuple[Tensor, Tensor]:  # noqa: D102
+        shape = q_b.shape[:-1]
+        flat = [x.reshape(-1, 1, *x.shape[-2:]) for x in (q_b, k_b, v_b)]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            *flat, 0.0, True, scale=1.0
+        )[:2]
+        ctx.save_for_backward(*flat, out, lse)
+        ctx.blocked_shape = q_b.shape
+        return out.view(*shape, v_b.shape[-1]), lse.view(*shape, 1)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor | None, grad_lse: Tensor | None) -> tuple[Tensor, ...]:  # noqa: D102
+        q, k, v, out, lse = ctx.saved_tensors
+        g = torch.zeros_like(out) if grad_out is None else grad_out.reshape(out.shape)
+        g_l = torch.zeros_like(lse) if grad_lse is None else grad_lse.reshape(lse.shape)
+        zero = torch.zeros_like(q[..., :1])
+        pad = [torch.cat([x, zero], -1) for x in (q, k, v)]
+        out_l = torch.cat([out, -g_l.unsqueeze(-1)], -1)
+        g_1 = torch.cat([g, torch.ones_like(zero)], -1)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            g_1, *pad, out_l, lse, 0.0, True, scale=1.0
+        )
+        blocked = ctx.blocked_shape
+        return (*(x[..., :-1].reshape(blocked) for x in (dq, dk, dv)),)
 
 
 # ----------------------------------------------------------------------------- value range
@@ -64,10 +207,13 @@ class _RunningExtreme(torch.autograd.Function):
             out[..., -1, block_size - tail :, :] = 0
         ctx.save_for_backward(v, out)
         ctx.largest, ctx.block_size = largest, block_size
+        ctx.set_materialize_grads(False)
         return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: D102
+    def backward(ctx, grad: Tensor | None) -> tuple[Tensor | None, None, None]:  # noqa: D102
+        if grad is None or not bool(grad.any()):  # idle guard (zeros from a split): nothing
+            return None, None, None  # to scatter; autograd reads None as a zero gradient
         v, out = ctx.saved_tensors
         n = v.shape[-2]
         extreme = out.flatten(-3, -2)[..., :n, :]

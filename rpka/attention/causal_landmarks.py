@@ -30,7 +30,6 @@ from rpka.attention.nystrom import (
     landmark_logits,
     solve_core,
 )
-from rpka.attention.nystrom_chunked import too_sharp
 from rpka.attention.pivot_state import PointSet
 from rpka.attention.rpcholesky import rpcholesky, weighting_power
 
@@ -175,19 +174,6 @@ class LandmarkSet:
         logits = landmark_logits(q_s, self.points, self.valid) - half_sq
         return logits + core.log_scale.unsqueeze(-2)
 
-    def past_logits_unshifted(self, q_s: Tensor, core: Core) -> Tensor:
-        """:meth:`past_logits` plus ``|q~_i|^2/2`` (the row's common factor, which cancels in
-        eq. (1)): one ``baddbmm`` with a bias per landmark, for the fused path (its local
-        log-sum-exp is taken on the same scale, :func:`causal.fused_local`)."""
-        bias = core.log_scale - self.points.pow(2).sum(-1) / 2
-        bias = bias.masked_fill(~self.valid, float("-inf")).unsqueeze(-2)  # (..., 1, r)
-        batch = q_s.shape[:-2]
-        r, d = self.points.shape[-2:]
-        points = self.points.expand(*batch, r, d).reshape(-1, r, d)
-        flat_q = q_s.reshape(-1, *q_s.shape[-2:])
-        bias = bias.expand(*batch, 1, r).reshape(-1, 1, r)
-        return torch.baddbmm(bias, flat_q, points.transpose(-1, -2)).reshape(*batch, -1, r)
-
 
 # ----------------------------------------------------------------------------- moments
 
@@ -270,46 +256,21 @@ class WideKeys:
         return keys[..., rows, :], values[..., rows, :]
 
     def moments(
-        self,
-        landmarks: LandmarkSet,
-        rows: slice,
-        block_size: int | None = None,
-        dtype: torch.dtype = CORE_DTYPE,
+        self, landmarks: LandmarkSet, rows: slice, block_size: int | None = None
     ) -> Moments:
         """:func:`key_moments` of the keys ``rows`` (in blocks of ``block_size`` if given),
-        computed in ``dtype`` (float64: ``key_moments`` bit for bit)."""
-        keys, values = self.inputs(rows, dtype)
+        in float64: ``key_moments`` bit for bit."""
+        keys, values = self.inputs(rows, CORE_DTYPE)
         points, valid = landmarks.points, landmarks.valid
         if block_size is not None:
             keys = keys.unflatten(-2, (-1, block_size))
             values = values.unflatten(-2, (-1, block_size))
             points, valid = points.unsqueeze(-3), valid.unsqueeze(-2)
-        if dtype != CORE_DTYPE:  # the fused path's narrow key side: fewer passes, in place
-            return narrow_moments(keys, values, points.to(dtype), valid)
         # key_moments' ops, on the converted inputs
-        logits = landmark_logits(keys, points.to(dtype), valid)  # (..., m, r)
+        logits = landmark_logits(keys, points.to(CORE_DTYPE), valid)  # (..., m, r)
         rho = finite_or_zero(logits.amax(-2).detach())
         terms = torch.exp(logits - rho.unsqueeze(-2))
         return Moments(rho, terms.transpose(-1, -2) @ values)
-
-
-@torch.no_grad()
-def narrow_moments(keys: Tensor, values: Tensor, points: Tensor, valid: Tensor) -> Moments:
-    """:func:`key_moments`' moments for inference: the logits in one ``baddbmm`` (bias
-    ``-|z|^2/2``, -inf for invalid landmarks), shifted and exponentiated in place.
-    keys (..., m, d), values (..., m, d_v + 1), points (..., r, d), valid (..., r)."""
-    r, d = points.shape[-2:]
-    batch = torch.broadcast_shapes(keys.shape[:-2], points.shape[:-2])
-    bias = (-points.pow(2).sum(-1) / 2).masked_fill(~valid, float("-inf")).unsqueeze(-2)
-    flat_k = keys.expand(*batch, *keys.shape[-2:]).reshape(-1, *keys.shape[-2:])
-    flat_p = points.expand(*batch, r, d).reshape(-1, r, d)
-    bias = bias.expand(*batch, 1, r).reshape(-1, 1, r)
-    logits = torch.baddbmm(bias, flat_k, flat_p.transpose(-1, -2))  # (B, m, r)
-    rho = finite_or_zero(logits.amax(-2))
-    terms = logits.sub_(rho.unsqueeze(-2)).exp_()
-    flat_v = values.expand(*batch, *values.shape[-2:]).reshape(-1, *values.shape[-2:])
-    num = terms.transpose(-1, -2) @ flat_v
-    return Moments(rho.reshape(*batch, r), num.reshape(*batch, r, -1))
 
 
 def with_ones(v: Tensor) -> Tensor:
@@ -318,25 +279,17 @@ def with_ones(v: Tensor) -> Tensor:
 
 
 def epoch_moments(
-    landmarks: LandmarkSet,
-    wide: WideKeys,
-    start: int,
-    stop: int,
-    block_size: int,
-    dtype: torch.dtype = CORE_DTYPE,
+    landmarks: LandmarkSet, wide: WideKeys, start: int, stop: int, block_size: int
 ) -> Moments:
     """Moments ``M_c`` for the blocks ``c = start .. stop-1`` of one landmark epoch.
 
     ``M_c`` covers the keys before block ``c``: the prefix before ``start`` in one piece,
     then one block at a time, merged by :func:`prefix_merge`. Shapes (..., stop - start, ...).
-    ``dtype``: the key side's (float64, or float32 where :func:`narrow_key_dtype` allows it,
-    redone in float64 if a logit reference turns out past the limit - ``too_sharp``).
+    (The streamed inference path has its own, chunked: ``causal_stream.epoch_moments``.)
     """
     b = block_size
-    first = wide.moments(landmarks, slice(0, start * b), dtype=dtype).unsqueeze()
+    first = wide.moments(landmarks, slice(0, start * b)).unsqueeze()
     if stop - start > 1:
-        blocks = wide.moments(landmarks, slice(start * b, (stop - 1) * b), b, dtype)
+        blocks = wide.moments(landmarks, slice(start * b, (stop - 1) * b), b)
         first = prefix_merge(Moments.cat([first, blocks]))
-    if dtype != CORE_DTYPE and too_sharp(first.rho):
-        return epoch_moments(landmarks, wide, start, stop, block_size)
     return first

@@ -92,10 +92,10 @@ from rpka.bench.studies import (
 from rpka.config.bench import BenchConfig
 from rpka.io import (
     CHECKSUM_KEY,
-    RESUME_VOLATILE_KEYS,
+    TIMING_KEYS,
     quarantine,
     unsealed_among_sealed,
-    write_result_json,
+    write_result_and_timings,
 )
 from rpka.paths import resolve
 from rpka.tracks.cache import DEFAULT_DATA_DIR
@@ -211,8 +211,9 @@ def run_bench(
         "total_s": t_end - t_start,
     }
     report["timings"] = timings(config, runs, phases, (load_start, load_average()))
-    # with its checksum, verified on read; a resumed bench keeps the timings of its runs
-    write_result_json(out / "bench_report.json", report, RESUME_VOLATILE_KEYS)
+    # with its checksum, verified on read, its timings beside it; a resumed bench keeps the
+    # timings of its runs
+    write_result_and_timings(out / "bench_report.json", report, TIMING_KEYS)
     return report
 
 

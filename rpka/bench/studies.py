@@ -25,7 +25,12 @@ from torch import Tensor
 from rpka.attention import options_of
 from rpka.bench.jobs import ensure_weights
 from rpka.config.bench import BenchConfig
-from rpka.io import read_json_or_heal, read_run_file, write_result_json
+from rpka.io import (
+    TIMING_KEYS,
+    read_json_or_heal,
+    read_run_file,
+    write_result_and_timings,
+)
 from rpka.kernel.quality import mechanism_study, method_output_errors
 from rpka.paths import resolve
 from rpka.tracks.cache import DEFAULT_DATA_DIR
@@ -149,7 +154,9 @@ def study_mechanism(
         member0 = member0_attention_inputs(model, x)
         studies[name] = mechanism_study(member0, progress=progress, **study_options)
     signature = {**studies["trained"]["mechanism_signature"], **trained_model(described)}
-    write_result_json(path, {"model": described, "options": study_options, **studies})
+    write_result_and_timings(
+        path, {"model": described, "options": study_options, **studies}, TIMING_KEYS
+    )
     return signature
 
 

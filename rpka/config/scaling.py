@@ -21,7 +21,10 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-CONTROL = "nystrom-uniform"  # rpka with uniform landmarks (Skyformer-like control)
+# the sweep's own arms, each named as in the registry (rpka.attention.REGISTRY); the control
+# is rpka with uniform landmarks (Skyformer-like), built as rpka with pivot_rule "uniform"
+BUILTIN_ARMS = ("exact", "rpka", "nystrom-uniform")
+CONTROL = BUILTIN_ARMS[2]
 
 
 @dataclass
@@ -84,7 +87,7 @@ class ScalingConfig:
                 "q, k, v and the backward cotangent at the longest length",
             )  # fmt: skip
         build("exact", backend=self.exact_backend)  # validates the backend name
-        builtin = {"exact", "rpka", CONTROL}
+        builtin = set(BUILTIN_ARMS)
         names = [arm.get("name") if isinstance(arm, Mapping) else None for arm in self.extra_arms]
         for arm, name in zip(self.extra_arms, names, strict=True):
             if not isinstance(name, str) or name in builtin or names.count(name) > 1:

@@ -13,6 +13,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
+from adjustText import adjust_text
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, NullFormatter
 
@@ -26,9 +27,19 @@ from rpka.verdict.frontier import STEP_SOURCE_WALL
 # one colour, marker and place of the rank notes per method (the registry's), in every panel
 METHOD_COLOURS = {m: palette.method_colour(m) for m in LANDMARK_METHODS}
 METHOD_MARKERS = {m: METHOD_INFO[m].marker for m in LANDMARK_METHODS}
-LABEL_OFFSETS = {m: METHOD_INFO[m].label_offset for m in LANDMARK_METHODS}
-RIGHT_EDGE_SHARE = 0.6  # rank / points beyond which a note goes left of its point (x max 1.5)
 RANK_TICKS = (1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
+
+
+NOTE_BOX = {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8}
+
+
+def _place_notes(ax: plt.Axes, notes: list[plt.Text], points: list[tuple[float, float]]) -> None:
+    """Move the point notes ``notes`` off each other and off ``points`` (adjustText), each
+    tied to its point by a thin line; call once the axes' limits are final."""
+    if notes:
+        x, y = zip(*points, strict=True)
+        adjust_text(notes, x=x, y=y, ax=ax, expand=(1.2, 1.5), ensure_inside_axes=True,
+                    arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.5})  # fmt: skip
 
 
 def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
@@ -38,6 +49,8 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
     ax.axhline(1.0, color="0.2", lw=1, ls="--", label="exact attention (g = 1)")
     ax.axhline(0.0, color="C3", lw=1, ls=":", label="no attention (g = 0)")
     positive = (frontier.get("positive_control") or {}).get("arm")
+    notes: list[plt.Text] = []  # each trained point's rank and step cost, placed at the end
+    points: list[tuple[float, float]] = []
     for method, colour in METHOD_COLOURS.items():
         rows = [r for r in frontier["rows"] if r["method"] == method]
         rows = [r for r in rows if r["gap_recovered"]["mean"] is not None]
@@ -49,22 +62,14 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
         high = np.array([r["gap_recovered"]["ci_high"] for r in rows]) - g
         ax.errorbar(x, g, yerr=[low, high], color=colour, marker=METHOD_MARKERS[method],
                     ms=6, lw=1.5, capsize=3, label=method)  # fmt: skip
-        offset = LABEL_OFFSETS[method]  # methods at one rank do not write over each other
-        for i, (r, xi, gi) in enumerate(zip(rows, x, g, strict=True)):
+        for r, xi, gi in zip(rows, x, g, strict=True):
             ratio = r.get("step_ratio")
             wall = " (wall)" if r.get("step_source") == STEP_SOURCE_WALL else ""  # a record
             note = f"r{r['rank']}" + (f", {ratio:.1f}x step{wall}" if ratio else "")
             if r["arm"] == positive:
                 note += "\n(wiring check)"
-            # neighbouring ranks alternate below and above their point; a note clear of the
-            # error bar (on a light box) and, near the right edge, to the point's left
-            dy = offset[1] if i % 2 == 0 else offset[1] + 26
-            right = xi > RIGHT_EDGE_SHARE
-            dx = -abs(offset[0]) - 4 if right else offset[0] + 4 if offset[0] > 0 else offset[0]
-            ax.annotate(note, (xi, gi), xytext=(dx, dy), textcoords="offset points",
-                        fontsize=7, va="top", ha="right" if right else "left", color=colour,
-                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
-                              "alpha": 0.8})  # fmt: skip
+            notes.append(ax.text(xi, gi, note, fontsize=7, color=colour, zorder=5, bbox=NOTE_BOX))
+            points.append((xi, gi))
     for method, colour in METHOD_COLOURS.items():  # the curve the trained arms sample
         curve = [r for r in frontier.get("drop_in", []) if r["method"] == method]
         curve = [r for r in curve if r["gap_recovered"] is not None]
@@ -86,6 +91,7 @@ def _panel(ax: plt.Axes, track: str, frontier: Mapping[str, Any]) -> None:
     lows = [r["gap_recovered"]["ci_low"] for r in frontier["rows"]]
     lows += [r["gap_recovered"] for r in frontier.get("drop_in", [])]
     ax.set_ylim(min([-0.05, *[v for v in lows if v is not None]]), 1.16)  # room for labels
+    _place_notes(ax, notes, points)
 
 
 def plot_frontier(
@@ -196,8 +202,11 @@ def _length_colours(contexts: list[int]) -> dict[int, Any]:
     return {c: cmap(shades[i]) for i, c in enumerate(contexts)}
 
 
-# two labelled points of the answer figure are near: x within 40 % and g within 0.06
-NEAR_LOG_X, NEAR_GAP = float(np.log(1.4)), 0.06
+NAMED_MINOR = (2, 3, 5)  # the minor ticks of a ratio axis that carry their value
+
+
+def _leading_digit(value: float) -> int:
+    return round(value / 10 ** np.floor(np.log10(value)))
 
 
 def _answer_panel(
@@ -209,7 +218,8 @@ def _answer_panel(
     ax.axhline(1.0, color="0.2", lw=1, ls="--", label="exact attention (g = 1)")
     ax.axvline(1.0, color="0.4", lw=1, ls=":", label="x = 1 (as costly as exact)")
     colours = _length_colours(sorted({int(p["context"]) for p in points}))
-    placed: list[tuple[float, float]] = []  # labelled points: near ones stagger their notes
+    notes: list[plt.Text] = []  # each point's rank (and peer), placed at the end
+    placed: list[tuple[float, float]] = []
     for p in points:
         x, g = p.get(key), p.get("gap_mean")
         if x is None or g is None:
@@ -225,24 +235,22 @@ def _answer_panel(
                     marker=METHOD_MARKERS.get(p.get("method"), "o"), ms=6, capsize=3,
                     label=f"{int(p['context']):,} tokens")  # fmt: skip
         peer = METHOD_INFO[p["method"]].family != "rpka"  # RPKA's points carry the rank alone
-        near = sum(abs(np.log(x / px)) < NEAR_LOG_X and abs(g - pg) < NEAR_GAP
-                   for px, pg in placed)  # fmt: skip
+        note = f"r{p['rank']}" + (f" {method_label(p['method'])}" if peer else "")
+        notes.append(ax.text(x, g, note, fontsize=7, color=colour, zorder=5, bbox=NOTE_BOX))
         placed.append((x, g))
-        left = near % 2 == 1  # alternate sides, then step down: no pile near x = 1
-        ax.annotate(f"r{p['rank']}" + (f" {method_label(p['method'])}" if peer else ""),
-                    (x, g), xytext=(-6 if left else 6, -4 - 10 * (near // 2)),
-                    textcoords="offset points", fontsize=7, va="top",
-                    ha="right" if left else "left", color=colour)  # fmt: skip
     ax.set(xscale="log", xlabel=xlabel, ylabel="gap recovered g (1 = exact, 0 = mean control)")
     times = FuncFormatter(lambda v, _: f"{v:.2g}×")  # ratios, not powers of ten
     ax.xaxis.set_major_formatter(times)
-    ax.xaxis.set_minor_formatter(times)
+    ax.xaxis.set_minor_formatter(  # a few minor ticks named: 0.5x, 2x, 3x, 5x (no pile at 1x)
+        FuncFormatter(lambda v, _: f"{v:.2g}×" if _leading_digit(v) in NAMED_MINOR else "")
+    )
     ax.tick_params(axis="x", which="minor", labelsize=7)
     lows = [p["gap_ci_low"] for p in points if p.get("gap_ci_low") is not None]
     highs = [p["gap_ci_high"] for p in points if p.get("gap_ci_high") is not None]
     # every interval whole and the non-inferiority line in view; zoomed to them (0 = no
     # attention is the axis label's, not always in view: near g = 1 the margin decides)
     ax.set_ylim(min([margin, *lows]) - GAP_PAD, max([1.0, *highs]) + 2 * GAP_PAD)
+    _place_notes(ax, notes, placed)
 
 
 def plot_longrange_answer(

@@ -28,7 +28,12 @@ from torch import Tensor
 
 from rpka.attention import LANDMARK_METHODS, METHOD_INFO, options_of
 from rpka.bench.jobs import ensure_weights
-from rpka.io import read_json, read_run_file, write_result_json
+from rpka.io import (
+    TIMING_KEYS,
+    read_json,
+    read_run_file,
+    write_result_and_timings,
+)
 from rpka.kernel.quality import method_output_errors
 from rpka.kernel.spectrum import qk_norm_ratio
 from rpka.paths import BENCH_REPORT_FILE, DROP_IN_FILE, resolve
@@ -164,7 +169,9 @@ def drop_in(
             block = {"causal_block": causal_block} if causal_block else {}
             errors = method_output_errors(qkv, method, block, [rank], seeds=3)
             result["rows"][-1]["output_error"] = errors[0]
-    write_result_json(Path(out) if out is not None else bench_dir / DROP_IN_FILE, result)
+    write_result_and_timings(
+        Path(out) if out is not None else bench_dir / DROP_IN_FILE, result, TIMING_KEYS
+    )
     return result
 
 

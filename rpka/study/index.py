@@ -20,7 +20,13 @@ from rpka import paths
 from rpka.config.bench import LongContextConfig
 from rpka.config.presets import RECALL_PAIRS_EPOCHS, STUDY_TRACKS
 from rpka.config.presets_longctx import V2_EVAL_SEEDS, power_as_run
-from rpka.io import RESUME_VOLATILE_KEYS, read_json, read_json_checked, write_result_json
+from rpka.io import (
+    TIMING_KEYS,
+    read_json,
+    read_json_checked,
+    write_result_and_timings,
+    write_result_json,
+)
 from rpka.kernel.spectrum import bench_spectrum
 from rpka.paths import resolve
 from rpka.study import longrange_v2
@@ -121,7 +127,7 @@ def write_study_index(
         paths.LONGRANGE: longrange, POWER_KEY: power, DECISION_KEY: decision_entry(out),
         "extensions": extensions,
     }  # fmt: skip
-    write_result_json(out / paths.STUDY_FILE, index, RESUME_VOLATILE_KEYS)
+    write_result_and_timings(out / paths.STUDY_FILE, index, TIMING_KEYS)
     # the rank frontier of the tracks that need attention (a gap to recover needs a gate)
     gated = {
         name: out / entry["bench_report"]

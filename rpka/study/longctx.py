@@ -51,7 +51,7 @@ from rpka.bench import (
 )
 from rpka.checks import require_memory
 from rpka.config.bench import BenchConfig, LongContextConfig
-from rpka.io import RESUME_VOLATILE_KEYS, read_json, write_result_json
+from rpka.io import TIMING_KEYS, read_json, write_result_and_timings
 from rpka.paths import resolve
 from rpka.speed.scaling import peak_memory_mib
 from rpka.tracks import get_task
@@ -192,11 +192,11 @@ def run_longctx(
             result["rows"] += context_rows(bench, report, memory)
             result["per_context"][str(context)] = context_entry(report, bench_dir, out)
             result["wall_s"] = time.perf_counter() - started
-            write_result_json(out / FILE_NAME, result, RESUME_VOLATILE_KEYS)
+            write_result_and_timings(out / FILE_NAME, result, TIMING_KEYS)
     result["load_average_end"] = _load_average()
     result["wall_s"] = time.perf_counter() - started
     # as saved (NaN/inf null); a resumed study keeps the file its runs wrote
-    return read_json(write_result_json(out / FILE_NAME, result, RESUME_VOLATILE_KEYS))
+    return read_json(write_result_and_timings(out / FILE_NAME, result, TIMING_KEYS))
 
 
 def header(config: LongContextConfig) -> dict[str, Any]:

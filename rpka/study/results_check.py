@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rpka import paths
-from rpka.io import CHECKSUM_KEY, CorruptFileError, has_checksum, read_json_checked
+from rpka.io import CHECKSUM_KEY, CorruptFileError, has_checksum, read_json_checked, timings_path
 from rpka.paths import resolve
 from rpka.study.steps import notebook_parameters
 from rpka.verdict.consistency import bench_report_problems
@@ -66,9 +66,11 @@ BENCH_FIELDS: dict[str, Check] = {
     "arms": DICT,
     "baseline_arm": STR,
     "primary_arm": STR,
-    "timings": DICT,
     "learnability": DICT,
 }
+# ... and its times, kept beside it (rpka.io.timings_path) and read back with it when they
+# belong to its payload: checked after its summaries, so an edit is named as an edit
+TIMING_FIELDS: dict[str, Check] = {"timings": DICT}
 ARM_FIELDS: dict[str, Check] = {"full": DICT, "best_cfg": DICT}
 SCORE_FIELDS: dict[str, Check] = {"mean": NUMBER_OR_NULL, "std": NUMBER_OR_NULL, "per_seed": LIST}
 
@@ -92,11 +94,8 @@ def check_study(preset: str) -> list[Path]:
     carry no checksum (a legacy study: none of its files does), which the caller names."""
     files = result_files(preset)
     data = {path: read_json_checked(path) for path in files}  # parses, checksum matches
-    for path, content in data.items():  # the fields first: a mistyped file names its field
-        if path.name == paths.STUDY_FILE and path.parent == resolve(paths.results_dir(preset)):
-            check_study_index(path, content)
-        elif path.name == paths.BENCH_REPORT_FILE:
-            check_bench_report(path, content)
+    # a file unsealed among sealed ones first: an edit, whose timings (kept beside it, tied
+    # to its checksum) are not read with it either
     unsealed = [path for path in files if not has_checksum(path)]
     root = resolve(paths.results_dir(preset))
     for group in (  # the study's own files; the shared ones (another folder) apart
@@ -111,9 +110,15 @@ def check_study(preset: str) -> list[Path]:
                 f"deleted? ({len(bad)} such file(s)); restore it (git checkout, for a "
                 f"committed file) or recompute it (`python -m rpka report --preset {preset}`)"
             )
+    for path, content in data.items():  # then the fields: a mistyped file names its field
+        if path.name == paths.STUDY_FILE and path.parent == resolve(paths.results_dir(preset)):
+            check_study_index(path, content)
+        elif path.name == paths.BENCH_REPORT_FILE:
+            check_bench_report(path, content)
     for path, content in data.items():  # sealed or not: its summaries are its scores'
         if path.name == paths.BENCH_REPORT_FILE:
             check_summaries(path, content)
+            check_timings(path, content)
     return unsealed
 
 
@@ -137,6 +142,17 @@ def check_bench_report(path: Path, content: Any) -> None:
     for name, arm in content["arms"].items():
         check_fields(path, arm, ARM_FIELDS, f"arms.{name}")
         check_fields(path, arm["full"], SCORE_FIELDS, f"arms.{name}.full")
+
+
+def check_timings(path: Path, content: dict[str, Any]) -> None:
+    """A bench report's timings (:data:`TIMING_FIELDS`): a report without them lost its
+    timings file, or the file was written for another payload (the report changed since)."""
+    if "timings" not in content:
+        raise CorruptFileError(
+            f"{path}: lacks its timings: {timings_path(path).name} beside it is missing or "
+            f"belongs to another version of the report (changed since it was written?)"
+        )
+    check_fields(path, content, TIMING_FIELDS)
 
 
 def check_summaries(path: Path, content: dict[str, Any]) -> None:

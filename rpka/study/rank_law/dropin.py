@@ -38,7 +38,12 @@ from rpka.attention import LANDMARK_METHODS
 from rpka.attention.rpcholesky import gaussian_kernel
 from rpka.bench.jobs import ensure_weights
 from rpka.config.presets_tracks import MEAN_CONTROL
-from rpka.io import read_json, read_run_file, write_result_json
+from rpka.io import (
+    TIMING_KEYS,
+    read_json,
+    read_run_file,
+    write_result_and_timings,
+)
 from rpka.kernel.matrix import pivot_points
 from rpka.paths import BENCH_REPORT_FILE, resolve
 from rpka.study.dropin import full_rank, swapped_model
@@ -213,7 +218,7 @@ def cell_dropin(
         result = {"what": WHAT, **describe(cell), "learnable": False,
                   "learnability": report["learnability"], "rows": [], "pivoting": [],
                   "r_star": {m: r_star([], m) for m in METHODS}, "effective_rank": []}  # fmt: skip
-        write_result_json(cell_dir(cell, results) / DROPIN_FILE, result)
+        write_result_and_timings(cell_dir(cell, results) / DROPIN_FILE, result, TIMING_KEYS)
         return result
     trained = trained_cell(cell, results, report)
     seeds = trained.seeds
@@ -256,5 +261,5 @@ def cell_dropin(
         "pivoting": pivoting(rows),
         "effective_rank": model_effective_ranks(model, trained.x),
     }
-    write_result_json(cell_dir(cell, results) / DROPIN_FILE, result)
+    write_result_and_timings(cell_dir(cell, results) / DROPIN_FILE, result, TIMING_KEYS)
     return result

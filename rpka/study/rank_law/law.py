@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from rpka.attention import JOINT_LANDMARK_METHODS
 from rpka.config.presets_tracks import MEAN_CONTROL
 from rpka.io import read_json, read_json_checked, write_result_json
 from rpka.study.rank_law.dropin import (
@@ -215,7 +216,7 @@ def trained_rows(results: str | Path) -> list[dict[str, Any]]:
         seeds = [s for s, keep in zip(all_seeds, read, strict=True) if keep]
         for name, arm in report["arms"].items():
             method = arm["method"]
-            if method not in ("rpka", "nystrom-uniform"):
+            if method not in JOINT_LANDMARK_METHODS:
                 continue
             scores = np.asarray(per_seed(report, name, all_seeds), dtype=float)[read]
             g = per_seed_gap(control[read], exact[read], scores, "lower")

@@ -1,0 +1,482 @@
+"""Causal RPKA for inference on long sequences, streamed block by block (issue 55).
+
+The estimate of :mod:`rpka.attention.causal` - eqs. (1)-(2) there, the same landmark
+schedule, law of the draws, guards and guard counts - computed without gradients so that
+nothing of full length is held beside the output: no scaled, centred or blocked copy of q,
+k or v, no running value range, no (n x r) logits. Row by row it is the same sum; only the
+order of round-off moves (docs/speed.md, "Causal RPKA at the op's limit").
+
+* **Local part**: one call of SDPA's fused CPU kernel over the stacked blocks (blocks in the
+  batch dimension, so its output *is* the output buffer, no copy), on the raw q, k with scale
+  ``s^2`` (``q~ = q s``); it returns each row's log-sum-exp ``log sum_{j <= i} e^{q~_i.k~_j}``,
+  the local denominator of eq. (1) up to the row's common factor ``e^{|q~_i|^2/2}``.
+* **Uncentred local keys**: the kernel reads the keys as they are, not shifted by the centre
+  ``mu`` of block 0. A shift is one factor ``e^{-q~_i.mu}`` per row (softmax invariance), so
+  the past logits are taken on the same scale by reading the landmarks as ``z + mu``:
+  ``q~.(z + mu) - |z|^2/2 + lambda`` (an r x d change instead of an n x d one).
+* **Draws**: the pool ``[q~; k~ - mu]`` of a prefix is a :class:`PointSet` over views of q and
+  k (read in chunks, never copied), drawn by the accelerated method; small pools
+  (< ``ACCELERATE_FROM_POINTS``) are copied and drawn by the plain loop, as before.
+* **Key moments** stream through chunks of whole blocks: the epoch's prefix in chunks merged
+  as in online softmax, its blocks one reference each, then :func:`prefix_merge`.
+* **Readout and combine** run per chunk of blocks, in place on the output rows: one
+  ``bmm`` for the past logits, the core with a column of ones appended (the floor's
+  ``sum_s a_s`` comes out of the same product), the guards.
+* **Value range** (guard 3): an output entry inside ``[min_{j <= cb} v_j, max_{j <= cb} v_j]``
+  (the range at the block's first row) lies inside its own row's range, which only widens
+  along the block; only a block with an entry outside that range gets the exact running range
+  (a cummin / cummax over the block, with the extremes of the blocks before carried in).
+
+Chunks hold ``STREAM_CHUNK_BYTES`` of (rows x width) buffers: small enough to stay in the
+core's cache, large enough that a chunk's dozen ops cost more than their dispatch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rpka.attention.accelerated import accelerated_pivots
+from rpka.attention.causal_blocks import combine, local_scores
+from rpka.attention.causal_landmarks import (
+    ACCELERATE_FROM_POINTS,
+    LandmarkSampler,
+    LandmarkSet,
+    Moments,
+    draw_blocks,
+    first_draw_from,
+    past_is_exact,
+)
+from rpka.attention.guards import hull_tolerance
+from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, landmark_cholesky
+from rpka.attention.nystrom_chunked import narrow_key_dtype, too_sharp
+from rpka.attention.pivot_state import PointSet
+from rpka.attention.rpcholesky import weighting_power
+
+# Bytes of one chunk's (rows x width) buffers. Measured at 4,096 and 8,192 tokens, (1, 8, n,
+# 64), r = 64, one thread (issue 55): 1 MiB and 2 MiB the same within noise, 8 MiB slower
+# (the buffers leave the 2 MiB L2 cache). A chunk is at least one block.
+STREAM_CHUNK_BYTES = 1 << 20
+
+
+@dataclass
+class Stream:
+    """The inputs of one call as (B, n, e) views (leading dims flattened) and its layout."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    scale: float  # q~ = q scale, k~ = k scale
+    block: int
+    centre: Tensor  # mu: mean of the scaled keys of block 0, (B, 1, d)
+
+    @property
+    def n(self) -> int:
+        return self.q.shape[-2]
+
+    def rows(self, start: int, stop: int) -> slice:
+        """Rows of blocks ``start .. stop - 1`` (the last block may be partial)."""
+        return slice(start * self.block, min(stop * self.block, self.n))
+
+    def chunks(self, start: int, stop: int, width: int) -> list[tuple[int, int]]:
+        """Blocks ``start .. stop - 1`` in runs whose (B, rows, width) float buffers fit
+        :data:`STREAM_CHUNK_BYTES`; a partial last block is a chunk of its own."""
+        per_block = self.q.shape[0] * self.block * width * self.q.element_size()
+        step = max(1, STREAM_CHUNK_BYTES // per_block)
+        full = min(stop, self.n // self.block)
+        out = [(c, min(c + step, full)) for c in range(start, full, step)]
+        return out + [(full, stop)] if stop > full else out
+
+    def scaled_keys(self, rows: slice) -> Tensor:
+        """``k~ - mu`` of ``rows`` (a fresh chunk)."""
+        return torch.mul(self.k[:, rows], self.scale).sub_(self.centre)
+
+
+# ----------------------------------------------------------------------------- local part
+
+
+def fused_local(s: Stream) -> tuple[Tensor, Tensor]:
+    """Causal softmax inside every block, by SDPA's fused CPU kernel on the stacked blocks.
+
+    -> out (B, n, d_v) (each block normalised on its own) and its log-sum-exp (B, n, 1) of
+    ``q~_i.k~_j`` over ``cb <= j <= i`` (uncentred keys)."""
+    full, b = s.n // s.block, s.block
+    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    batch, dv = s.q.shape[0], s.v.shape[-1]
+    if full * b == s.n:  # blocks in the batch dimension: the kernel's output is (B, n, d_v)
+        parts = [x.reshape(batch * full, 1, b, x.shape[-1]) for x in (s.q, s.k, s.v)]
+        out, lse = kernel(*parts, 0.0, True, scale=s.scale**2)[:2]
+        return out.view(batch, s.n, dv), lse.view(batch, s.n, 1)
+    out = torch.empty(batch, s.n, dv, dtype=s.v.dtype)
+    lse = torch.empty(batch, s.n, 1, dtype=s.v.dtype)
+    for rows, size in ((slice(0, full * b), b), (slice(full * b, s.n), s.n - full * b)):
+        if rows.stop > rows.start:
+            parts = [x[:, rows].reshape(-1, 1, size, x.shape[-1]) for x in (s.q, s.k, s.v)]
+            part, part_lse = kernel(*parts, 0.0, True, scale=s.scale**2)[:2]
+            out[:, rows] = part.view(batch, -1, dv)
+            lse[:, rows] = part_lse.view(batch, -1, 1)
+    return out, lse
+
+
+# ----------------------------------------------------------------------------- value range
+
+
+def extremes(x: Tensor, dim: int, keepdim: bool = False) -> tuple[Tensor, Tensor]:
+    """``x.amin(dim), x.amax(dim)``: two reductions, 4.7x faster than ``torch.aminmax`` along
+    a middle dimension on the CPU (0.9 against 4.3 ms for (8, 16, 256, 64), one thread)."""
+    return x.amin(dim, keepdim=keepdim), x.amax(dim, keepdim=keepdim)
+
+
+def block_ranges(s: Stream) -> tuple[Tensor, Tensor]:
+    """The value range at each block's first row, ``[min, max]_{j <= cb} v_j``: (B, C, d_v)
+    each (block 0's row is its own)."""
+    b, full = s.block, s.n // s.block
+    firsts = s.v[:, ::b]  # (B, C, d_v): each block's first row
+    lows, highs = [], []
+    if full:
+        low, high = extremes(s.v[:, : full * b].unflatten(1, (full, b)), -2)
+        lows.append(low)
+        highs.append(high)
+    if full * b < s.n:
+        low, high = extremes(s.v[:, full * b :], 1, keepdim=True)
+        lows.append(low)
+        highs.append(high)
+    low, high = torch.cat(lows, 1), torch.cat(highs, 1)  # each block's own extremes
+    before_low = torch.cummin(low, 1).values[:, :-1]  # blocks < c
+    before_high = torch.cummax(high, 1).values[:, :-1]
+    low, high = firsts.clone(), firsts.clone()
+    torch.minimum(low[:, 1:], before_low, out=low[:, 1:])
+    torch.maximum(high[:, 1:], before_high, out=high[:, 1:])
+    return low, high
+
+
+def exact_range(s: Stream, start: int, stop: int) -> tuple[Tensor, Tensor]:
+    """The running range ``[min, max]_{j <= t} v_j`` of the rows of blocks ``start .. stop-1``
+    (B, rows, d_v) each: a cummin / cummax from the block's own rows, the blocks before
+    carried in."""
+    rows = s.rows(start, stop)
+    v = s.v[:, : rows.stop]
+    lows, highs = [], []
+    for c in range(start, stop):
+        block = s.rows(c, c + 1)
+        low = torch.cummin(v[:, block], 1).values
+        high = torch.cummax(v[:, block], 1).values
+        if c:
+            low = torch.minimum(low, v[:, : block.start].amin(1, keepdim=True))
+            high = torch.maximum(high, v[:, : block.start].amax(1, keepdim=True))
+        lows.append(low)
+        highs.append(high)
+    return torch.cat(lows, 1), torch.cat(highs, 1)
+
+
+# ----------------------------------------------------------------------------- landmarks
+
+
+def draw(s: Stream, sampler: LandmarkSampler, positions: int) -> LandmarkSet:
+    """Landmarks of the pool of the first ``positions`` positions: ``[q~; k~ - mu]`` (joint)
+    or ``k~ - mu`` (keys), in the scaled, centred coordinates of :mod:`causal`."""
+    qs, ks = s.q[:, :positions], s.k[:, :positions]
+    parts = [qs, ks] if sampler.pivot_set == "joint" else [ks]
+    shifts = [None, s.centre] if sampler.pivot_set == "joint" else [s.centre]
+    pool = PointSet(parts, scale=s.scale, shifts=shifts, dtype=s.q.dtype)
+    if sampler.pivot_method == "accelerated" and pool.n_points >= ACCELERATE_FROM_POINTS:
+        tau = weighting_power(sampler.weighting, sampler.tempering)
+        state = accelerated_pivots(
+            pool,
+            sampler.rank,
+            sampler.pivot_rule,
+            sampler.generator,
+            log_weight=tau * pool.sq_norms() if tau > 0 else None,
+            block_size=sampler.candidates,
+            refresh=sampler.refresh,
+            residual_solve=sampler.residual_solve,
+        )
+        pivots = torch.nn.functional.pad(
+            state.pivots, (0, sampler.rank - state.pivots.shape[-1]), value=-1
+        )
+        valid = pivots >= 0
+        points = pool.take(pivots.clamp(min=0)) * valid.unsqueeze(-1).to(s.q.dtype)
+        return LandmarkSet(points, valid, landmark_cholesky(points, valid))
+    q_s = qs * s.scale if sampler.pivot_set == "joint" else None
+    return LandmarkSet.draw(sampler, q_s, s.scaled_keys(slice(0, positions)))
+
+
+# ----------------------------------------------------------------------------- moments
+
+
+@dataclass
+class KeySide:
+    """The landmarks as the key moments read them, in the key side's dtype: ``(s z)^T``
+    (B, d, r) for the raw keys, the bias ``-|z|^2/2`` (-inf for invalid landmarks) (B, 1, r),
+    and the centre of the raw keys ``mu / s`` (B, 1, d): ``(k - mu/s).(s z) = k'.z``."""
+
+    points: Tensor
+    bias: Tensor
+    centre: Tensor
+
+    @classmethod
+    def of(cls, s: Stream, landmarks: LandmarkSet, dtype: torch.dtype) -> KeySide:
+        z = landmarks.points.to(dtype)
+        bias = (-z.pow(2).sum(-1) / 2).masked_fill(~landmarks.valid, -math.inf).unsqueeze(-2)
+        return cls((z * s.scale).transpose(-1, -2), bias, (s.centre / s.scale).to(dtype))
+
+
+def chunk_moments(s: Stream, side: KeySide, rows: slice, blocks: int) -> Moments:
+    """Key moments of ``rows`` split into ``blocks`` equal parts, one reference each:
+    rho (B, blocks, r), num (B, blocks, r, d_v + 1) (the last column: ``sum_j`` of the terms)."""
+    keys = torch.sub(s.k[:, rows].to(side.bias.dtype), side.centre)
+    logits = torch.baddbmm(side.bias, keys, side.points)  # (B, m, r)
+    shape = (*keys.shape[:-1], s.v.shape[-1] + 1)
+    del keys  # before the next chunk-sized buffer (the peak of a forward, issue 55)
+    logits = logits.unflatten(1, (blocks, -1))  # (B, blocks, m / blocks, r)
+    rho = finite_or_zero(logits.amax(-2))
+    terms = logits.sub_(rho.unsqueeze(-2)).exp_()
+    values = torch.empty(shape, dtype=logits.dtype)  # [v, 1]
+    values[..., :-1] = s.v[:, rows]
+    values[..., -1] = 1
+    return Moments(rho, terms.transpose(-1, -2) @ values.unflatten(1, (blocks, -1)))
+
+
+def epoch_moments(
+    s: Stream, landmarks: LandmarkSet, start: int, stop: int, dtype: torch.dtype
+) -> Moments:
+    """``M_c`` (keys before block c) for c = start .. stop - 1: (B, stop - start, r, ...).
+
+    Entry 0 is the prefix before ``start`` (chunks merged as in online softmax), entry ``i``
+    first the moments of block ``start + i - 1`` alone, then the inclusive merge in place
+    (:meth:`Moments.merge`'s ops, entry by entry: :func:`prefix_merge`'s order)."""
+    width = max(landmarks.points.shape[-2], s.v.shape[-1] + 1)
+    side = KeySide.of(s, landmarks, dtype)
+    first = None
+    for c0, c1 in s.chunks(0, start, width):  # the prefix, merged as in online softmax
+        part = chunk_moments(s, side, s.rows(c0, c1), 1)
+        first = part if first is None else first.merge(part)
+    if stop - start == 1:
+        return _checked(s, landmarks, start, stop, first, dtype)
+    batch, r = first.rho.shape[0], first.rho.shape[-1]
+    rho = first.rho.new_empty(batch, stop - start, r)
+    num = first.num.new_empty(batch, stop - start, r, first.num.shape[-1])
+    rho[:, :1], num[:, :1] = first.rho, first.num
+    for c0, c1 in s.chunks(start, stop - 1, width):  # the epoch's blocks, one reference each
+        part = chunk_moments(s, side, s.rows(c0, c1), c1 - c0)
+        rho[:, c0 - start + 1 : c1 - start + 1] = part.rho
+        num[:, c0 - start + 1 : c1 - start + 1] = part.num
+    for i in range(1, stop - start):
+        top = torch.maximum(rho[:, i - 1], rho[:, i])
+        earlier, own = torch.exp(rho[:, i - 1] - top), torch.exp(rho[:, i] - top)
+        num[:, i].mul_(own.unsqueeze(-1)).add_(earlier.unsqueeze(-1) * num[:, i - 1])
+        rho[:, i] = top
+    return _checked(s, landmarks, start, stop, Moments(rho, num), dtype)
+
+
+def _checked(
+    s: Stream, landmarks: LandmarkSet, start: int, stop: int, moments: Moments, dtype: torch.dtype
+) -> Moments:
+    """Moments of a narrow key side whose references pass the limit, redone in float64."""
+    if dtype != CORE_DTYPE and too_sharp(moments.rho):
+        return epoch_moments(s, landmarks, start, stop, CORE_DTYPE)
+    return moments
+
+
+# ----------------------------------------------------------------------------- combine
+
+
+@dataclass
+class Readout:
+    """What every chunk of one landmark epoch reads: the landmarks on the local part's scale
+    (``z + mu``, times s for the raw queries) as (B, d, r), ``|z|^2/2`` (B, 1, r), and the
+    landmarks with a block dimension for the per-block solves."""
+
+    points: Tensor
+    half_sq: Tensor
+    landmarks: LandmarkSet
+
+    @classmethod
+    def of(cls, s: Stream, landmarks: LandmarkSet) -> Readout:
+        points = ((landmarks.points + s.centre) * s.scale).transpose(-1, -2).to(s.q.dtype)
+        half_sq = landmarks.points.pow(2).sum(-1).unsqueeze(-2) / 2
+        return cls(points, half_sq, landmarks.per_block())
+
+
+def combine_rows(
+    s: Stream,
+    out: Tensor,
+    lse: Tensor,
+    epoch: tuple[int, int],
+    landmarks: LandmarkSet,
+    moments: Moments,
+    bounds: tuple[Tensor, Tensor],
+    den_floor: float,
+) -> tuple[Tensor, Tensor]:
+    """Eq. (1) for the rows of one landmark epoch, in place on ``out`` (the local part), with
+    guards 2 and 3, chunk by chunk; -> the counts of floored rows and clamped entries."""
+    start, stop = epoch
+    readout = Readout.of(s, landmarks)
+    floored = clamped = torch.zeros((), dtype=torch.long)
+    width = max(landmarks.points.shape[-2], s.v.shape[-1] + 2)
+    for c0, c1 in s.chunks(start, stop, width):
+        part = moments.part(slice(c0 - start, c1 - start))
+        low, outside = combine_chunk(s, out, lse, (c0, c1), readout, part, bounds, den_floor)
+        floored, clamped = floored + low, clamped + outside
+    return floored, clamped
+
+
+def combine_chunk(
+    s: Stream,
+    out: Tensor,
+    lse: Tensor,
+    blocks: tuple[int, int],
+    readout: Readout,
+    moments: Moments,
+    bounds: tuple[Tensor, Tensor],
+    den_floor: float,
+) -> tuple[Tensor, Tensor]:
+    """:func:`combine_rows` for the blocks ``c0 .. c1 - 1`` (its temporaries die with it)."""
+    c0, c1 = blocks
+    rows, dv = s.rows(c0, c1), s.v.shape[-1]
+    # the chunk's cores G_ZZ^{-1} M_c (float64 temporaries of the chunk's size only)
+    core = readout.landmarks.solve(moments)
+    valid = readout.landmarks.valid  # (B, 1, r)
+    bias = (core.log_scale - readout.half_sq).masked_fill(~valid, -math.inf)  # (B, G, r)
+    ones = torch.ones_like(core.scaled[..., :1])
+    weights = torch.cat([core.scaled, ones], -1).to(out.dtype)  # (B, G, r, d_v + 2)
+    logits = torch.bmm(s.q[:, rows], readout.points)  # (B, L, r)
+    per_block = logits.unflatten(1, (c1 - c0, -1))  # (B, G, b, r)
+    per_block.add_(bias.unsqueeze(-2).to(out.dtype))
+    row_lse = lse[:, rows]
+    ref = finite_or_zero(torch.maximum(row_lse, logits.amax(-1, keepdim=True)))
+    logits.sub_(ref).exp_()  # the past terms a_s
+    past = (per_block @ weights).flatten(1, 2)  # (B, L, d_v + 2): num, den, sum_s a_s
+    local_den = torch.exp(row_lse - ref)
+    past_den, floor = past[..., dv : dv + 1], den_floor * past[..., dv + 1 :]
+    low = past_den < floor
+    den = (local_den + torch.where(low, floor, past_den)).clamp_(min=torch.finfo(out.dtype).tiny)
+    rows_out = out[:, rows]
+    rows_out.mul_(local_den).add_(past[..., :dv]).div_(den)
+    return low.sum(), clamp_rows(s, rows_out, blocks, bounds)
+
+
+def clamp_rows(
+    s: Stream, out: Tensor, blocks: tuple[int, int], bounds: tuple[Tensor, Tensor]
+) -> Tensor:
+    """Guard 3 on the rows ``out`` (B, L, d_v) of ``blocks``, in place; -> clamped entries.
+
+    The range at a block's first row lies inside every later row's, so if every entry is in
+    it no entry is outside its own row's range and nothing is read again."""
+    c0, c1 = blocks
+    low, high = bounds[0][:, c0:c1], bounds[1][:, c0:c1]  # (B, G, d_v)
+    if c1 * s.block <= s.n:
+        least, most = extremes(out.unflatten(1, (c1 - c0, -1)), -2)
+    else:  # the partial last block, alone in its chunk
+        least, most = extremes(out, 1, keepdim=True)
+    if bool(((least >= low) & (most <= high)).all()):
+        return torch.zeros((), dtype=torch.long)
+    v_low, v_high = exact_range(s, c0, c1)
+    outside = (out < v_low) | (out > v_high)
+    if not bool(outside.any()):
+        return torch.zeros((), dtype=torch.long)
+    tol = hull_tolerance(v_low, v_high)
+    clamped = ((out < v_low - tol) | (out > v_high + tol)).sum()
+    torch.minimum(torch.maximum(out, v_low, out=out), v_high, out=out)
+    return clamped
+
+
+def exact_past_rows(s: Stream, out: Tensor, block: int, den_floor: float) -> None:
+    """A block whose pool fits the rank (:func:`past_is_exact`): every earlier key as it is,
+    eq. (1) written out (:func:`combine`) on the few (<= r) earlier positions."""
+    rows = s.rows(block, block + 1)
+    q_s = s.q[:, rows] * s.scale
+    keys = s.scaled_keys(slice(0, rows.stop))
+    scores = torch.cat(
+        [
+            local_scores(q_s, keys[:, : rows.start], False),
+            local_scores(q_s, keys[:, rows.start :], True),
+        ],
+        dim=-1,
+    )
+    v_low, v_high = exact_range(s, block, block + 1)
+    out[:, rows] = combine(scores, s.v[:, : rows.stop], v_low, v_high, den_floor)[0]
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+@dataclass
+class StreamTail:
+    """:class:`causal.ForwardTail`'s fields, in the call's batch shape."""
+
+    centre: Tensor | None
+    landmarks: LandmarkSet | None
+    moments: Moments | None
+    next_draw: int
+
+
+@torch.no_grad()
+def stream_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    block_size: int,
+    sampler: LandmarkSampler,
+    den_floor: float,
+    key_precision: str = "auto",
+) -> tuple[Tensor, dict[str, Tensor], StreamTail]:
+    """Causal RPKA without gradients: q, k (..., n, d) and v (..., n, d_v) in the compute
+    dtype, *unscaled* (``q~ = q scale``). -> out (..., n, d_v), guard counts, the tail."""
+    batch, n, dv = q.shape[:-2], q.shape[-2], v.shape[-1]
+    q3, k3, v3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v))  # views when contiguous
+    b = block_size
+    centre = (k3[:, :b] * scale).mean(-2, keepdim=True)  # as causal_forward's, scaled
+    s = Stream(q3, k3, v3, scale, b, centre)
+    n_blocks = math.ceil(n / b)
+    out, lse = fused_local(s)
+    guards = {key: torch.zeros((), dtype=torch.long) for key in GUARD_KEYS}
+    past_rows = max(n - b, 0) * q3.shape[0]
+    guards["rows"] += past_rows
+    guards["entries"] += past_rows * dv
+    ppp = sampler.points_per_position
+    draws = draw_blocks(n_blocks, b, sampler.rank, ppp)
+    bounds = block_ranges(s) if draws else None
+    landmarks = moments = None
+    for start, stop in itertools.pairwise([*draws, n_blocks]):
+        if past_is_exact(start, b, sampler.rank, ppp):
+            landmarks = moments = None
+            exact_past_rows(s, out, start, den_floor)
+            continue
+        landmarks = draw(s, sampler, start * b)
+        dtype = narrow_key_dtype(key_precision, landmarks.points, landmarks.valid)
+        moments = epoch_moments(s, landmarks, start, stop, dtype)
+        floored, clamped = combine_rows(
+            s, out, lse, (start, stop), landmarks, moments, bounds, den_floor
+        )
+        guards["denominator"] += floored
+        guards["clamped"] += clamped
+    tail = StreamTail(
+        centre.view(*batch, 1, -1) if n >= b else None,
+        None if landmarks is None else _in_shape(landmarks, batch),
+        None
+        if moments is None
+        else Moments(
+            moments.rho[:, -1].view(*batch, -1),
+            moments.num[:, -1].view(*batch, *moments.num.shape[-2:]),
+        ),
+        first_draw_from(n_blocks, b, sampler.rank, ppp),
+    )
+    return out.view(*batch, n, dv), guards, tail
+
+
+GUARD_KEYS = ("denominator", "rows", "clamped", "entries")
+
+
+def _in_shape(landmarks: LandmarkSet, batch: torch.Size) -> LandmarkSet:
+    r = landmarks.points.shape[-2]
+    return LandmarkSet(
+        landmarks.points.view(*batch, r, -1),
+        landmarks.valid.view(*batch, r),
+        landmarks.chol.view(*batch, r, r),
+    )

@@ -1,0 +1,164 @@
+"""Issue 55: the streamed inference path of causal RPKA (``rpka.attention.causal_stream``)
+against the written-out reference (``causal.causal_forward`` with gradients' ops), its value
+range against ``torch.cummin`` / ``torch.cummax``, its chunks against the blocks."""
+
+import pytest
+import torch
+
+from rpka.attention import build, causal, causal_stream
+from rpka.attention.causal_stream import Stream, block_ranges, exact_range
+
+
+def stream_of(n, block, d=4, bh=3, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(bh, n, d, generator=g) * scale for _ in range(3))
+    return Stream(q, k, v, d**-0.25, block, (k[:, :block] * d**-0.25).mean(-2, keepdim=True))
+
+
+@pytest.mark.parametrize(("n", "block"), [(64, 16), (70, 16), (9, 4), (5, 8)])
+def test_block_start_ranges_are_the_running_range_at_each_block_start(n, block):
+    s = stream_of(n, block)
+    low, high = block_ranges(s)
+    starts = torch.arange(0, n, block)
+    assert torch.equal(low, torch.cummin(s.v, 1).values[:, starts])
+    assert torch.equal(high, torch.cummax(s.v, 1).values[:, starts])
+
+
+@pytest.mark.parametrize(
+    ("n", "block", "start", "stop"), [(64, 16, 1, 3), (70, 16, 2, 5), (9, 4, 0, 3)]
+)
+def test_exact_range_is_cummin_and_cummax(n, block, start, stop):
+    s = stream_of(n, block, seed=1)
+    low, high = exact_range(s, start, stop)
+    rows = s.rows(start, stop)
+    assert torch.equal(low, torch.cummin(s.v, 1).values[:, rows])
+    assert torch.equal(high, torch.cummax(s.v, 1).values[:, rows])
+
+
+@pytest.mark.parametrize(("n", "block", "width"), [(4096, 256, 64), (4100, 256, 64), (300, 16, 8)])
+def test_chunks_cover_each_block_once_with_a_partial_last_block_alone(n, block, width):
+    s = stream_of(n, block, d=64, bh=8)
+    blocks = -(-n // block)
+    chunks = s.chunks(1, blocks, width)
+    covered = [c for c0, c1 in chunks for c in range(c0, c1)]
+    assert covered == list(range(1, blocks))
+    if n % block:
+        assert chunks[-1] == (blocks - 1, blocks)
+    per_block = 8 * block * width * 4
+    assert all(
+        (c1 - c0) * per_block <= max(causal_stream.STREAM_CHUNK_BYTES, per_block)
+        for c0, c1 in chunks
+    )
+
+
+def causal_rpka(rank, block, **kw):
+    g = torch.Generator().manual_seed(0)
+    return build("rpka", rank=rank, causal=True, causal_block=block, generator=g, **kw)
+
+
+@pytest.mark.parametrize(("n", "block", "rank", "scale"), [(300, 16, 16, 2.0), (300, 16, 8, 3.0)])
+def test_guards_firing_on_the_streamed_path_match_the_reference(monkeypatch, n, block, rank, scale):
+    # sharp inputs: the value-range guard fires, so blocks fail the block-start test and take
+    # the exact running range; the denominator guard fires too
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=g) * scale for _ in range(3))
+    with torch.no_grad():
+        monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+        stream_attn = causal_rpka(rank, block, key_precision="float64")
+        streamed = stream_attn(q, k, v)
+        monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 10**9)
+        ref_attn = causal_rpka(rank, block, key_precision="float64")
+        ref = ref_attn(q, k, v)
+    counts, ref_counts = stream_attn.guard_counts, ref_attn.guard_counts
+    assert ref_counts["clamped"] > 0
+    assert counts["rows"] == ref_counts["rows"] and counts["entries"] == ref_counts["entries"]
+    assert counts["clamped"] == pytest.approx(ref_counts["clamped"], rel=0.02)
+    assert counts["denominator"] == pytest.approx(ref_counts["denominator"], rel=0.05, abs=2)
+    assert ((streamed - ref).norm() / ref.norm()).item() < 1e-4
+    lo, hi = torch.cummin(v, -2).values, torch.cummax(v, -2).values
+    assert ((streamed >= lo) & (streamed <= hi)).all()  # guard 3 holds on every entry
+
+
+def test_streamed_path_takes_raw_inputs_and_needs_no_scaled_copy():
+    # attend passes q, k, v as they are (scale d^-1/4 folded in); causal_forward passes the
+    # scaled ones with scale 1: the same estimate to round-off, the same draws
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 1100, 16, generator=g) for _ in range(3))
+    with torch.no_grad():
+        out = causal_rpka(16, 64)(q, k, v)
+        sampler = causal.sampler_of(causal_rpka(16, 64))
+        via_forward = causal.causal_forward(*causal.scaled(q, k, v), 64, sampler, 1e-6, "auto")[0]
+    assert ((out - via_forward).norm() / out.norm()).item() < 1e-5
+
+
+# ----------------------------------------------------------------------------- training path
+
+
+def test_flash_local_gradients_pass_gradcheck_in_float64():
+    from rpka.attention.causal_blocks import flash_local
+
+    g = torch.Generator().manual_seed(6)
+    xs = [torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3)]
+    xs = [x.requires_grad_(True) for x in xs]
+    assert torch.autograd.gradcheck(flash_local, xs)
+    out, lse = flash_local(*xs)  # only the log-sum-exp used: its gradient path alone
+    assert torch.autograd.gradcheck(lambda *x: flash_local(*x)[1], xs)
+    assert out.shape == xs[2].shape and lse.shape == (*xs[0].shape[:-1], 1)
+
+
+def grads(xs, attn):
+    xs = [x.clone().requires_grad_(True) for x in xs]
+    out = attn(*xs)
+    out.sin().sum().backward()
+    return out.detach(), [x.grad for x in xs], dict(attn.guard_counts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("n", "block", "rank", "pivot_set"),
+    [(300, 16, 16, "joint"), (257, 8, 64, "keys"), (130, 64, 8, "joint"), (96, 8, 24, "joint")],
+)
+def test_flash_training_path_moves_outputs_and_gradients_by_round_off(
+    monkeypatch, n, block, rank, pivot_set, dtype
+):
+    # (96, 8, 24): block 1 has an exact past (written out beside the flash parts)
+    g = torch.Generator().manual_seed(7)
+    xs = [torch.randn(2, 2, n, 16, generator=g, dtype=dtype) * 1.5 for _ in range(3)]
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+    flash = grads(xs, causal_rpka(rank, block, pivot_set=pivot_set))
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 10**9)
+    ref = grads(xs, causal_rpka(rank, block, pivot_set=pivot_set))
+    tol = {torch.float32: 2e-5, torch.float64: 1e-12}[dtype]
+    for a, b in zip([flash[0], *flash[1]], [ref[0], *ref[1]], strict=True):
+        assert ((a - b).norm() / b.norm()).item() < tol
+    assert flash[2]["rows"] == ref[2]["rows"]
+
+
+@pytest.mark.parametrize("pivot_set", ["joint", "keys"])
+def test_flash_training_path_at_full_rank_has_exact_sdpas_gradients(monkeypatch, pivot_set):
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+    g = torch.Generator().manual_seed(8)
+    xs = [torch.randn(1, 2, 64, 8, generator=g, dtype=torch.float64) for _ in range(3)]
+    out, grad, _ = grads(xs, causal_rpka(2 * 64, 16, pivot_set=pivot_set))
+    exact = [x.clone().requires_grad_(True) for x in xs]
+    ref = torch.nn.functional.scaled_dot_product_attention(*exact, is_causal=True)
+    ref.sin().sum().backward()
+    assert ((out - ref.detach()).norm() / ref.norm()).item() < 1e-12
+    for a, x in zip(grad, exact, strict=True):
+        assert ((a - x.grad).norm() / x.grad.norm()).item() < 1e-11
+
+
+@pytest.mark.parametrize("pivot_set", ["joint", "keys"])
+def test_flash_training_path_does_not_leak_through_gradients(monkeypatch, pivot_set):
+    # row t's output must not depend on any position after t: its gradient there is exactly 0
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+    g = torch.Generator().manual_seed(9)
+    xs = [torch.randn(1, 2, 80, 8, generator=g).requires_grad_(True) for _ in range(3)]
+    for t in (0, 7, 8, 33, 64, 79):
+        for x in xs:
+            x.grad = None
+        out = causal_rpka(8, 8, pivot_set=pivot_set)(*xs)
+        out[..., t, :].sum().backward()
+        for x in xs:
+            assert torch.count_nonzero(x.grad[..., t + 1 :, :]) == 0, t
+        assert torch.count_nonzero(xs[2].grad[..., : t + 1, :]) > 0
