@@ -29,7 +29,13 @@ from torch import Tensor
 from rpka import paths
 from rpka.attention import LANDMARK_METHODS
 from rpka.bench.jobs import ensure_weights
-from rpka.io import read_json, read_run_file, write_result_json
+from rpka.io import (
+    TIMING_KEYS,
+    read_json,
+    read_run_file,
+    write_result_and_timings,
+    write_result_json,
+)
 from rpka.kernel.law import (
     EPSILONS,
     head_statistics,
@@ -229,10 +235,13 @@ def combine_heads(results: str | Path, scratch: str | Path = SCRATCH) -> dict[st
         part = Path(scratch) / "parts" / f"{model.name}.json"
         if part.exists():
             read = read_json(part)
-            out["models"][model.name] = read["model"]
+            about = dict(read["model"])
+            # its CPU time is a time of that run: in heads.timings (issue 56), not heads.json
+            about["cpu_s"] = about.pop("measure_cpu_s", None)
+            out["models"][model.name] = about
             out["rows"] += [{"arm": model.arm, **row} for row in read["rows"]]
     out["missing"] = [m.name for m in ALL_MODELS if m.name not in out["models"]]
-    write_result_json(Path(results) / HEADS_FILE, out)
+    write_result_and_timings(Path(results) / HEADS_FILE, out, TIMING_KEYS)
     return out
 
 
