@@ -88,10 +88,12 @@ def test_07_from_the_results_trains_nothing_and_says_what_is_missing(tmp_path):
     assert "not run in a report from the results" in shown
 
 
-def test_the_committed_audits_are_still_resumed_by_the_stage_config():
-    """The rank law's columns came after the committed audits: the stage's configuration is
-    still theirs, so a clone's report resumes them instead of rewriting committed results."""
+def test_the_committed_audits_are_the_stage_config():
+    """The committed audits were made with the stage's configuration (full rank exact, the
+    rank law's columns), so a clone's report resumes them instead of rewriting them."""
     for preset in ("standard", "full"):
         committed = REPO_ROOT / paths.swap_audit_json(preset)
         if committed.exists():
-            assert read_json_checked(committed)["config"] == stage.AUDIT_CONFIG
+            audit = read_json_checked(committed)
+            assert audit["config"] == stage.AUDIT_CONFIG
+            assert {"rho", "predicted_rank", "error_at_predicted"} <= set(audit["rows"][0])
