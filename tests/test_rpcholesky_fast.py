@@ -5,8 +5,9 @@ import pytest
 import torch
 from scipy import stats
 
-from rpka.attention import build
+from rpka.attention import build, pivot_kernel
 from rpka.attention.accelerated import (
+    _sweep_compiled,
     _sweep_torch,
     accelerated_pivots,
     check_fast_options,
@@ -210,6 +211,27 @@ def test_sweep_is_sequential_cholesky_on_accepted():
             else:
                 assert (cols[b, :, j] == 0).all()
         assert not accept[b, 4] or not accept[b, 1]
+
+
+@pytest.mark.skipif(not pivot_kernel.AVAILABLE, reason="numba is not installed")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("b", [1, 7, 80])
+def test_compiled_sweep_is_the_torch_sweep_bit_for_bit(dtype, b):
+    """The numba sweep (the CPU's default) accepts the same candidates and writes the same
+    columns below the diagonal as the torch sweep, bit for bit (duplicates, NaN, rejections)."""
+    g = torch.Generator().manual_seed(b)
+    x = torch.randn(6, b, 64, generator=g, dtype=dtype) * 0.15
+    if b > 3:
+        x[:, 3] = x[:, 1]  # a duplicate: rejected by the floor, whatever its threshold
+    gram = gaussian_kernel(x, x)
+    thr = (torch.rand(6, b, generator=g, dtype=dtype) * 0.6).clamp(min=1e-6)
+    thr[0] = float("nan")  # NaN thresholds reject every candidate of element 0
+    accept, cols = _sweep_torch(gram, thr)
+    accept_c, cols_c = _sweep_compiled(gram, thr)
+    assert torch.equal(accept, accept_c)
+    assert not accept[0].any() and accept[1:].any()
+    assert torch.equal(cols.tril(), cols_c.tril())
+    assert (cols_c.triu(1) == 0).all()
 
 
 def test_point_set_reads_the_joint_set_in_place():

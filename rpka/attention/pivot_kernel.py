@@ -292,6 +292,34 @@ def _update(
     return active
 
 
+def _sweep(h: np.ndarray, threshold: np.ndarray, one: np.floating, cols_t: np.ndarray) -> None:
+    """The accelerated method's rejection sweep (``accelerated._sweep_torch``), one loop.
+
+    h (B, b, b) the candidates' residual Gram matrix, overwritten; threshold (B, b);
+    cols_t (B, b, b) zeros on entry, written transposed: row j is candidate j's Cholesky
+    column from the diagonal down (``cols_t[j, j] = sqrt(residual) > 0``) if accepted, zero
+    if not. Only the trailing lower triangle is read or updated (the torch sweep's other
+    entries are round-off its caller drops with ``tril``). Each entry's update is the torch
+    sweep's ``addcmul_``, one fused multiply-add ``h - c_k c_m`` (numba's ``contract``
+    flag; torch's CPU kernel contracts it too), so the columns are its columns bit for bit.
+    """
+    batch, b = threshold.shape
+    for e in range(batch):
+        for j in range(b):
+            pivot = h[e, j, j]
+            if not pivot > threshold[e, j]:  # rejected (NaN too): column 0, no update
+                continue
+            inv = one / math.sqrt(pivot)
+            col = cols_t[e, j]
+            for i in range(j, b):
+                col[i] = h[e, i, j] * inv
+            for k in range(j + 1, b):
+                c_k = col[k]
+                row = h[e, k]
+                for m in range(j + 1, k + 1):
+                    row[m] = row[m] - c_k * col[m]
+
+
 _compiled: dict[str, Callable] = {}
 
 
@@ -316,6 +344,17 @@ def pivot_steps(*args: object) -> None:
         _update = jit(_update)
         steps = _compiled["steps"] = jit(_pivot_steps)
     steps(*args)
+
+
+def rejection_sweep(h: np.ndarray, threshold: np.ndarray, cols_t: np.ndarray) -> None:
+    """:func:`_sweep`, compiled at the first call in a process (same arguments)."""
+    sweep = _compiled.get("sweep")
+    if sweep is None:
+        if not AVAILABLE:
+            raise ValueError("the compiled rejection sweep needs numba")
+        jit = numba.njit(parallel=False, cache=True, nogil=True, fastmath={"contract"})
+        sweep = _compiled["sweep"] = jit(_sweep)
+    sweep(h, threshold, h.dtype.type(1), cols_t)
 
 
 def float_format(dtype: np.dtype) -> tuple[np.dtype, tuple[int, int, int]]:
