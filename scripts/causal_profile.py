@@ -1,13 +1,15 @@
 """Issue 55: where a causal RPKA forward's CPU time goes, part by part.
 
 Wraps the parts of the streamed inference path (``rpka.attention.causal_stream``) with CPU timers
-(``time.process_time``), runs 2 warm-up and 3 timed forwards of q, k, v (1, 8, n, 64)
+(``time.process_time``), runs 2 warm-up and 5 timed forwards of q, k, v (1, H, n, 64)
 float32 without gradients, one thread, and prints each part's mean per forward beside exact
-causal SDPA's. Parts nest only where named ("combine" holds the fused combine).
+causal SDPA's. Parts nest only where named ("combine" holds the fused combine). H = 8, or
+the environment's ``HEADS`` (4: the heads of ``bench_causal.py``'s decoder row).
 
-    RPKA_NUMERICS=native OMP_NUM_THREADS=1 python scripts/causal_profile.py N RANK [BLOCK]
+    RPKA_NUMERICS=native OMP_NUM_THREADS=1 [HEADS=4] python scripts/causal_profile.py N RANK [BLOCK]
 """
 
+import os
 import sys
 import time
 
@@ -20,6 +22,7 @@ from rpka.attention import build
 from rpka.attention.rpka import CAUSAL_BLOCK
 
 T: dict[str, float] = {}
+HEADS = int(os.environ.get("HEADS", "8"))  # the decoder row of bench_causal.py has 4
 
 
 def timed(label, f):
@@ -50,10 +53,10 @@ def instrument() -> None:
 def main(n: int, rank: int, block: int) -> None:
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 8, n, 64, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, HEADS, n, 64, generator=g) for _ in range(3))
     attn = build("rpka", rank=rank, causal=True, causal_block=block, generator=g)
     instrument()
-    reps = 3
+    reps = 5
     with torch.no_grad():
         for _ in range(2):
             attn(q, k, v)

@@ -429,7 +429,10 @@ def stream_forward(
     """Causal RPKA without gradients: q, k (..., n, d) and v (..., n, d_v) in the compute
     dtype, *unscaled* (``q~ = q scale``). -> out (..., n, d_v), guard counts, the tail."""
     batch, n, dv = q.shape[:-2], q.shape[-2], v.shape[-1]
-    q3, k3, v3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v))  # views when contiguous
+    # one copy of a strided input (heads split off a (B, n, H d) projection, as every
+    # decoder does): the fused local kernel, the chunks and the draws' gathers then read rows
+    # of d contiguous values; ~1 ms for q, k, v of (1, 4, 2,048, 64) against ~2 ms saved
+    q3, k3, v3 = (x.reshape(-1, *x.shape[-2:]).contiguous() for x in (q, k, v))
     b = block_size
     centre = (k3[:, :b] * scale).mean(-2, keepdim=True)  # as causal_forward's, scaled
     s = Stream(q3, k3, v3, scale, b, centre)
