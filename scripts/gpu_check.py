@@ -19,9 +19,9 @@ import time
 import torch
 
 from rpka.attention import build, triton_sweep
-from rpka.attention.accelerated import _sweep_torch
 from rpka.attention.nystrom_chunked import nystrom_softmax_chunked
 from rpka.attention.rpcholesky import gaussian_kernel
+from rpka.attention.sweep import _sweep_torch
 from rpka.io import write_json
 
 

@@ -7,14 +7,13 @@ from scipy import stats
 
 from rpka.attention import build, pivot_kernel
 from rpka.attention.accelerated import (
-    _sweep_compiled,
-    _sweep_torch,
     accelerated_pivots,
     check_fast_options,
     rpcholesky_accelerated,
 )
 from rpka.attention.pivot_state import PointSet
 from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky, weighting_power
+from rpka.attention.sweep import _sweep_compiled, _sweep_torch
 
 
 def cholesky(*args, method: str = "plain", **kwargs):

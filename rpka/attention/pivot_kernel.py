@@ -293,7 +293,7 @@ def _update(
 
 
 def _sweep(h: np.ndarray, threshold: np.ndarray, one: np.floating, cols_t: np.ndarray) -> None:
-    """The accelerated method's rejection sweep (``accelerated._sweep_torch``), one loop.
+    """The accelerated method's rejection sweep (``sweep._sweep_torch``), one loop.
 
     h (B, b, b) the candidates' residual Gram matrix, overwritten; threshold (B, b);
     cols_t (B, b, b) zeros on entry, written transposed: row j is candidate j's Cholesky

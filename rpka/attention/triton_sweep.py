@@ -1,6 +1,6 @@
 """The rejection sweep of accelerated RPCholesky as one Triton kernel (CUDA only).
 
-:func:`rpka.attention.accelerated._sweep_torch` is the reference: b sequential steps on a
+:func:`rpka.attention.sweep._sweep_torch` is the reference: b sequential steps on a
 b x b tile, a handful of tiny PyTorch ops each - launch-bound on a GPU. Here one program
 per batch element keeps the tile in registers and runs all b steps, so a round costs one
 launch. Used automatically for CUDA tensors when Triton imports and
@@ -55,11 +55,11 @@ if triton is not None:
 
 
 def sweep(gram: Tensor, threshold: Tensor) -> tuple[Tensor, Tensor] | None:
-    """Same contract as ``accelerated._sweep_torch``: gram (B, b, b), threshold (B, b) ->
+    """Same contract as ``sweep._sweep_torch``: gram (B, b, b), threshold (B, b) ->
     accept, cols; or None where the kernel cannot serve (not float32, or it failed).
 
     On any error the kernel is switched off for the process, with a warning, and the
-    caller (``accelerated.rejection_sweep``) falls back to the PyTorch sweep.
+    caller (``sweep.rejection_sweep``) falls back to the PyTorch sweep.
     """
     global _broken
     if gram.dtype != torch.float32:
