@@ -199,7 +199,10 @@ def draw(s: Stream, sampler: LandmarkSampler, positions: int) -> LandmarkSet:
             state.pivots, (0, sampler.rank - state.pivots.shape[-1]), value=-1
         )
         valid = pivots >= 0
-        points = pool.take(pivots.clamp(min=0)) * valid.unsqueeze(-1).to(s.q.dtype)
+        if state.rank == sampler.rank:  # the state holds the pivots' points, zeros elsewhere
+            points = state.landmarks
+        else:
+            points = pool.take(pivots.clamp(min=0)) * valid.unsqueeze(-1).to(s.q.dtype)
         return LandmarkSet(points, valid, landmark_cholesky(points, valid))
     q_s = qs * s.scale if sampler.pivot_set == "joint" else None
     return LandmarkSet.draw(sampler, q_s, s.scaled_keys(slice(0, positions)))
