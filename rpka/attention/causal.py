@@ -275,7 +275,8 @@ def causal_forward(
     bounds_0 = (low_p[0].squeeze(-3), high_p[0].squeeze(-3), den_floor)  # exact rows: unused
     outs = [local.first_rows(v_p[0].squeeze(-3), bounds_0)]
     landmarks = moments = None
-    wide = WideKeys.of(k_c, v, (n_blocks - 1) * b)  # the keys any past part reads
+    pieces = b if local.flash else None  # the long training path (round-off only)
+    wide = WideKeys.of(k_c, v, (n_blocks - 1) * b, pieces)  # the keys any past part reads
     for start, stop in itertools.pairwise([*draws, n_blocks]):  # one landmark epoch each
         rows = slice(start, stop)
         if past_is_exact(start, b, sampler.rank, ppp):  # one block, its past keys as they are
