@@ -6,7 +6,7 @@ RPKA's training output and gradients unchanged."""
 import pytest
 import torch
 
-from rpka.attention import causal, pivot_kernel
+from rpka.attention import causal_blocks, pivot_kernel
 from rpka.attention.rpcholesky import PIVOT_RULES, resolve_backend, rpcholesky
 from rpka.attention.rpka import RPKAttention
 
@@ -164,8 +164,8 @@ def test_causal_clamp_fast_path_matches_the_composed_ops(monkeypatch, dtype, con
     if constant_column:
         v[..., 0] = 1.0
     results, fired = [], []
-    for clamp in (causal.clamp_between, composed_clamp):
-        monkeypatch.setattr(causal, "clamp_between", clamp)
+    for clamp in (causal_blocks.clamp_between, composed_clamp):
+        monkeypatch.setattr(causal_blocks, "clamp_between", clamp)
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
         attn = RPKAttention(
             rank=8, causal=True, causal_block=16, generator=torch.Generator().manual_seed(1)
