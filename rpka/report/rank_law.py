@@ -367,7 +367,7 @@ def plot_r_eps_against_rho(law: Mapping[str, Any], method: str = "rpka") -> plt.
     tracks marked; the theory's line sqrt(d) e^rho / eps (constant 1) at d = 16, and the
     full rank of the longest head."""
     points = [p for p in law["points"] if p["method"] == method]
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    fig, ax = plt.subplots(figsize=(8.5, 3.8))
     for (d, role), colour in ((k, HEAD_SIZE_COLOURS.get(k[0], "0.4")) for k in
                               sorted({(p["d_head"], p["role"]) for p in points})):  # fmt: skip
         own = [p for p in points if p["d_head"] == d and p["role"] == role]
@@ -377,15 +377,17 @@ def plot_r_eps_against_rho(law: Mapping[str, Any], method: str = "rpka") -> plt.
     if points:
         eps = points[0]["eps"]
         top = max(p["full_rank"] for p in points)
-        rho = np.linspace(0, max(p["rho_bound"] for p in points), 100)
+        rhos = [p["rho_bound"] for p in points if p["rho_bound"] > 0]
+        rho = np.geomspace(min(rhos), max(rhos), 100)
         ax.plot(rho, 4 * np.exp(rho) / eps, color="0.3", ls="--", lw=0.9,
                 label=f"theory: √d e^ρ / ε (d 16, ε {eps:g})")  # fmt: skip
         ax.axhline(top, color="0.6", lw=0.8, ls=":", label=f"full rank {top}")
         ax.set_ylim(1, top * 4)
     ax.set_yscale("log", base=2)
-    ax.set_xlabel("ρ = max‖q‖ · max‖k − k̄‖ / √d")
+    ax.set_xscale("log", base=2)  # rho spans 1 to ~400: a few sharp heads would squeeze the rest
+    ax.set_xlabel("ρ = max‖q‖ · max‖k − k̄‖ / √d (log scale)")
     ax.set_ylabel(f"r_ε of {method_label(method)}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # off the points
     fig.tight_layout()
     return fig
 
