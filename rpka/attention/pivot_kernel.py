@@ -1,4 +1,4 @@
-"""The plain RPCholesky pivot loop compiled with numba (issue 28, lever 1).
+"""RPCholesky's loops in numba: the plain pivot loop (issue 28), the rejection sweep (issue 55).
 
 :func:`rpka.attention.rpcholesky.rpcholesky` runs Chen, Epperly, Tropp & Webber (2023),
 "Randomly pivoted Cholesky", Alg. 1 in lockstep over a batch of problems: ~20 small
@@ -14,11 +14,16 @@ without reordering any sum - no fast-math): points transposed ``zt`` (B, d, N), 
 transposed ``factor_t`` (B, r, N). Every per-point sum (the kernel column's dot product
 over d, the factor correction over earlier steps) is accumulated in index order.
 
+The accelerated method's rejection sweep (:func:`rejection_sweep`, issue 55) is the second
+compiled loop here: b sequential Cholesky steps on a b x b tile, which in PyTorch cost ~b
+launch-bound op groups per round.
+
 Only this module uses ``numba``, and it loads it lazily: importing numba costs ~0.7 s
 (measured under load), which every process importing ``rpka`` (the CLI, each notebook
-kernel, each worker) would otherwise pay; here only a process that runs the plain loop
-on the CPU does, at its first call (:func:`pivot_steps`). Without numba installed
-:data:`AVAILABLE` is False and callers use the torch loop.
+kernel, each worker) would otherwise pay; here only a process that runs the plain loop or
+the accelerated method's sweep on the CPU does, at its first call (:func:`pivot_steps`,
+:func:`rejection_sweep`). Without numba installed :data:`AVAILABLE` is False and callers
+use the torch loops.
 """
 
 from __future__ import annotations
