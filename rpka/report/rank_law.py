@@ -377,16 +377,14 @@ def plot_r_eps_against_rho(law: Mapping[str, Any], method: str = "rpka") -> plt.
     if points:
         eps = points[0]["eps"]
         top = max(p["full_rank"] for p in points)
-        rhos = [p["rho_bound"] for p in points if p["rho_bound"] > 0]
-        rho = np.geomspace(min(rhos), max(rhos), 100)
+        rho = np.geomspace(*(f(p["rho_bound"] for p in points) for f in (min, max)), 100)
         ax.plot(rho, 4 * np.exp(rho) / eps, color="0.3", ls="--", lw=0.9,
                 label=f"theory: √d e^ρ / ε (d 16, ε {eps:g})")  # fmt: skip
         ax.axhline(top, color="0.6", lw=0.8, ls=":", label=f"full rank {top}")
         ax.set_ylim(1, top * 4)
+    ax.set_xscale("log", base=2)  # rho spans 1 to ~400: sharp heads would squeeze the rest
     ax.set_yscale("log", base=2)
-    ax.set_xscale("log", base=2)  # rho spans 1 to ~400: a few sharp heads would squeeze the rest
-    ax.set_xlabel("ρ = max‖q‖ · max‖k − k̄‖ / √d (log scale)")
-    ax.set_ylabel(f"r_ε of {method_label(method)}")
+    ax.set(xlabel="ρ = max‖q‖ · max‖k − k̄‖ / √d (log)", ylabel=f"r_ε of {method_label(method)}")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # off the points
     fig.tight_layout()
     return fig
