@@ -1,12 +1,15 @@
 """The rank frontier (rpka.verdict.frontier): gap recovered, non-inferiority, r*, the positive
 control, pivoting - against values computed here from the definitions and scipy."""
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from scipy import stats
 
 from rpka.io import read_json, write_json
+from rpka.paths import resolve
 from rpka.report import frontier as report_frontier
+from rpka.report.figures_frontier import plot_frontier
 from rpka.verdict.decision import gap_recovered
 from rpka.verdict.frontier import (
     add_positive_control,
@@ -386,3 +389,15 @@ def test_the_caption_says_where_each_step_ratio_was_measured():
     assert "training wall" not in report_frontier.step_sources({"tracks": {"lm": timed}})
     caption, _ = report_frontier.frontier_caption({"tracks": {"lm": timed}})
     assert "one-thread CPU time from steptime_tracks.json" in caption
+
+
+def test_the_frontier_figure_is_the_same_bytes_on_every_render(tmp_path):
+    """Its notes are placed by adjustText for a fixed number of iterations, not for its
+    default one second: a busy machine gave the committed figure other bytes on each
+    publish (issue 56)."""
+    frontier = read_json(resolve("data/results/full/frontier.json"))
+    for folder in ("a", "b"):
+        plt.close(plot_frontier(frontier, tmp_path / folder))
+    assert (tmp_path / "a/rank_frontier.png").read_bytes() == (
+        tmp_path / "b/rank_frontier.png"
+    ).read_bytes()

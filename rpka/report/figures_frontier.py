@@ -31,6 +31,9 @@ RANK_TICKS = (1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
 
 
 NOTE_BOX = {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8}
+# adjustText's iterations: a count, not its default 1 s time limit, so a figure is the same
+# bytes on every render, however busy the machine
+NOTE_ITERATIONS = 300
 
 
 def _place_notes(ax: plt.Axes, notes: list[plt.Text], points: list[tuple[float, float]]) -> None:
@@ -39,6 +42,7 @@ def _place_notes(ax: plt.Axes, notes: list[plt.Text], points: list[tuple[float, 
     if notes:
         x, y = zip(*points, strict=True)
         adjust_text(notes, x=x, y=y, ax=ax, expand=(1.2, 1.5), ensure_inside_axes=True,
+                    iter_lim=NOTE_ITERATIONS,
                     arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.5})  # fmt: skip
 
 
