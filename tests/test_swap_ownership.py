@@ -2,6 +2,8 @@
 (out-of-order exits, overlapping threads), torch.compile, full rank meaning exact, half
 precision and autocast, and the arguments SDPA itself refuses."""
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -316,3 +318,16 @@ def test_notebook_07_refuses_bad_user_parameters_in_one_line(given, says):
     with pytest.raises(ParameterError, match=says):
         check("07_your_model.ipynb", given)
     assert check("07_your_model.ipynb", {})["user_ranks"] == [16, 64]
+
+
+def test_importing_the_swap_loads_no_compiler():
+    """`torch.compiler.disable` imports torch._dynamo (about 1 s, numba with it): the
+    dispatcher is wrapped when the first swap enters, not when `rpka.swap` is imported."""
+    code = (
+        "import sys, torch; import rpka.swap; print('torch._dynamo' in sys.modules);"
+        "from rpka.swap import swap\n"
+        "with swap('rpka', rank=4): pass\n"
+        "print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]

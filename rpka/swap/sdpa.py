@@ -34,6 +34,7 @@ meanwhile are served too.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 import time
@@ -86,11 +87,19 @@ class _Dispatch:
         """The SDPA the dispatcher replaced (torch's own when none is installed)."""
         return self.replaced or TORCH_SDPA
 
+    @functools.cached_property
+    def installed(self) -> Callable[..., Tensor]:
+        """:func:`dispatch` as installed: ``torch.compiler.disable``d, so dynamo runs it
+        eagerly (a graph break; the methods are not traceable). Made at the first swap, not
+        at import: the decorator imports ``torch._dynamo`` (about 1 s, and numba with it),
+        which a process that only imports ``rpka.swap`` should not pay."""
+        return torch.compiler.disable(dispatch)
+
     def enter(self, swap: SDPASwap) -> None:
         with self.lock:
             if self.active == 0:
                 self.replaced = F.scaled_dot_product_attention
-                F.scaled_dot_product_attention = dispatch  # type: ignore[assignment]
+                F.scaled_dot_product_attention = self.installed  # type: ignore[assignment]
             self.active += 1
         self.stack().append(swap)
 
@@ -101,7 +110,7 @@ class _Dispatch:
         with self.lock:
             self.active -= 1
             if self.active == 0:
-                if F.scaled_dot_product_attention is dispatch:  # else someone patched over us
+                if F.scaled_dot_product_attention is self.installed:  # else patched over us
                     F.scaled_dot_product_attention = self.replaced  # type: ignore[assignment]
                 self.replaced = None
 
@@ -109,7 +118,6 @@ class _Dispatch:
 _DISPATCH = _Dispatch()
 
 
-@torch.compiler.disable  # dynamo runs it eagerly (a graph break): the methods are not traceable
 def dispatch(
     query: Tensor,
     key: Tensor,
