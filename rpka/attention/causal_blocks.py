@@ -74,15 +74,31 @@ def combine(
     ref = finite_or_zero(torch.maximum(ref, logits.amax(-1, keepdim=True).detach()))
     e = torch.exp(scores - ref)
     a = torch.exp(logits - ref)
+    return _with_past(e @ v_local, e.sum(-1, keepdim=True), a, core, v_low, v_high, den_floor)
+
+
+def _with_past(
+    local_num: Tensor,
+    local_den: Tensor,
+    a: Tensor,
+    core: Tensor,
+    v_low: Tensor,
+    v_high: Tensor,
+    den_floor: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The local sums ``local_num`` (..., L, d_v) and ``local_den`` (..., L, 1) joined with
+    the past's (``a`` (..., L, r) the landmark weights on the row's reference, ``core``
+    (r, d_v + 1)), then the two guards: the floored past denominator and the value-range
+    clamp. Shared by :func:`combine` and :func:`combine_flash`."""
     past_sum = a @ core  # (..., L, d_v + 1)
     past_den = past_sum[..., -1:]
     # guard 2 relative to the terms the past denominator sums (as nystrom_readout): a floor
     # tied to sum_j w_j is undercut by the exact value once every past key is far away
     floor = den_floor * a.sum(-1, keepdim=True)  # sum_s a_s |c_s| (rows of size 1)
     floored = past_den < floor
-    den = e.sum(-1, keepdim=True) + torch.where(floored, floor, past_den)
+    den = local_den + torch.where(floored, floor, past_den)
     den = den.clamp(min=torch.finfo(den.dtype).tiny)
-    out = (e @ v_local + past_sum[..., :-1]) / den
+    out = (local_num + past_sum[..., :-1]) / den
     with torch.no_grad():
         tol = hull_tolerance(v_low, v_high)
         clamped = (out < v_low - tol) | (out > v_high + tol)
@@ -107,17 +123,7 @@ def combine_flash(
     ref = finite_or_zero(torch.maximum(lse, logits.amax(-1, keepdim=True))).detach()
     local_den = torch.exp(lse - ref)
     a = torch.exp(logits - ref)
-    past_sum = a @ core  # (..., L, d_v + 1)
-    past_den = past_sum[..., -1:]
-    floor = den_floor * a.sum(-1, keepdim=True)  # sum_s a_s |c_s| (rows of size 1)
-    floored = past_den < floor
-    den = local_den + torch.where(floored, floor, past_den)
-    den = den.clamp(min=torch.finfo(den.dtype).tiny)
-    out = (local * local_den + past_sum[..., :-1]) / den
-    with torch.no_grad():
-        tol = hull_tolerance(v_low, v_high)
-        clamped = (out < v_low - tol) | (out > v_high + tol)
-    return clamp_between(out, v_low, v_high), floored, clamped
+    return _with_past(local * local_den, local_den, a, core, v_low, v_high, den_floor)
 
 
 def flash_local(q_b: Tensor, k_b: Tensor, v_b: Tensor) -> tuple[Tensor, Tensor]:
