@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -127,18 +128,37 @@ def causal_tiles(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scal
     keys up to their own end only (a (h x h (s + 1)) tile, its last (h x h) masked by an
     additive mask): 62.5 % of the block's products at b = 256. The outputs are the single
     call's to round-off (~6e-7 absolute in float32: the kernel sums other key splits;
-    ``tests/test_causal_stream.py``)."""
+    ``tests/test_causal_stream.py``). Each call takes as many tiles as keep its output within
+    :data:`STREAM_CHUNK_BYTES` (the output is copied into ``out``: the peak of a forward)."""
     kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     b = q.shape[-2]
     h = LOCAL_SUB_ROWS if b % LOCAL_SUB_ROWS == 0 else b
-    for i in range(b // h):
-        rows, keys = slice(i * h, (i + 1) * h), slice(0, (i + 1) * h)
-        mask = None if i == 0 else diagonal_mask(h, i, q.dtype)
-        part, part_lse = kernel(
-            q[:, :, rows], k[:, :, keys], v[:, :, keys], 0.0, i == 0, attn_mask=mask, scale=scale
-        )[:2]
-        out[:, :, rows] = part.view(*out.shape[:2], h, -1)
-        lse[:, :, rows] = part_lse.view(*lse.shape[:2], h, 1)
+    step = max(1, STREAM_CHUNK_BYTES // (h * v.shape[-1] * v.element_size()))
+    for tiles, tile_out, tile_lse in tile_runs(out, lse, step):
+        for i in range(b // h):
+            rows, keys = slice(i * h, (i + 1) * h), slice(0, (i + 1) * h)
+            mask = None if i == 0 else diagonal_mask(h, i, q.dtype)
+            part, part_lse = kernel(
+                q[tiles, :, rows], k[tiles, :, keys], v[tiles, :, keys], 0.0, i == 0,
+                attn_mask=mask, scale=scale,
+            )[:2]  # fmt: skip
+            tile_out[:, rows] = part.squeeze(1)
+            tile_lse[:, rows] = part_lse.squeeze(1).unsqueeze(-1)
+
+
+def tile_runs(out: Tensor, lse: Tensor, step: int) -> Iterator[tuple[slice, Tensor, Tensor]]:
+    """Runs of at most ``step`` tiles of out (B, G, b, d_v) and lse (B, G, b, 1): the tiles'
+    slice of N = B G and views (T, b, .) of the two, in place; a batch entry's tiles run
+    apart where (B, G) cannot merge (a partial last block leaves gaps between them)."""
+    batch, groups = out.shape[:2]
+    if out.stride(0) == groups * out.stride(1):
+        pieces = [(0, out.flatten(0, 1), lse.flatten(0, 1))]
+    else:
+        pieces = [(i * groups, out[i], lse[i]) for i in range(batch)]
+    for base, o, lo in pieces:
+        for t0 in range(0, o.shape[0], step):
+            t1 = min(t0 + step, o.shape[0])
+            yield slice(base + t0, base + t1), o[t0:t1], lo[t0:t1]
 
 
 # Rows per sub-block of the local part (:func:`causal_tiles`). Measured at (1, 8, n, 64), r =
