@@ -1,6 +1,7 @@
 """The decoding benchmark: structure of its JSON and bad arguments (no timing asserted)."""
 
 import pytest
+import torch
 
 from rpka.cli import commands as cli
 from rpka.io import read_json
@@ -61,3 +62,32 @@ def test_a_context_shorter_than_the_warm_up_run_still_runs(tmp_path):
     assert config.sequence_length() == 2 * 16 + 1 + 9
     rows = decoding.run_decoding(config, progress=False)["rows"]
     assert {r["context"] for r in rows} == {16}
+
+
+def test_steps_of_every_context_are_timed_in_turn(monkeypatch):
+    """Each round times one step of every context (a fresh order per round), so a busy
+    moment of the machine falls on all contexts alike; redraws are timed REDRAW_REPEATS
+    times each and their median kept."""
+    steps_of: list[int] = []
+    timed = decoding.timed
+
+    def recording(fn, device):
+        defaults = getattr(fn, "__defaults__", None)  # a step's lambda binds its context
+        if defaults:
+            steps_of.append(defaults[0])
+        return timed(fn, device)
+
+    monkeypatch.setattr(decoding, "timed", recording)
+    config = decoding.DecodeConfig(**TINY)
+    rows = decoding.decode_contexts("rpka", config, decoding_inputs(config))
+    rounds = [set(steps_of[i : i + 2]) for i in range(0, len(steps_of), 2)]
+    assert len(rounds) == TINY["warmup"] + TINY["steps"] and all(r == {16, 40} for r in rounds)
+    assert len({tuple(steps_of[i : i + 2]) for i in range(0, len(steps_of), 2)}) == 2  # both orders
+    for row in rows:
+        assert len(row["redraw_ms_all"]) == decoding.REDRAW_REPEATS
+        assert row["redraw_ms"] == sorted(row["redraw_ms_all"])[1]
+
+
+def decoding_inputs(config):
+    shape = (1, config.batch_heads, config.sequence_length(), config.head_dim)
+    return [torch.randn(shape) for _ in range(3)]

@@ -5,9 +5,16 @@ single-token steps one by one - ``exact`` with a KV cache (SDPA over every cache
 O(n d) per token) against causal ``rpka`` (running landmark sums, O(r d + b d) per token).
 The timed steps cross one block boundary, so the per-block fold is inside them; landmark
 redraws happen when the context doubles, so none falls in the timed steps - their cost is
-reported separately (``redraw_ms``; amortised, it is ``redraw_ms / n`` per token).
-CPU timing uses ``time.perf_counter``, CUDA timing CUDA events after warm-up. One JSON
-file, with the device, dtype and shapes stated.
+reported separately (``redraw_ms``, the median of ``REDRAW_REPEATS``; amortised, it is
+``redraw_ms / n`` per token).
+
+The target is a ratio between contexts, so every context of a method is prefilled first and
+their steps are then timed in turn: each round takes one step of every context, in a fresh
+seeded order, and a busy minute of a shared machine falls on all contexts alike (timed one
+context after another, three runs of the same code read 0.70, 1.06 and 1.41, issue 55).
+CPU timing is the process's CPU time (``time.process_time``: another tenant's load does not
+count), CUDA timing CUDA events after warm-up. One JSON file, with the device, dtype and
+shapes stated.
 
     python -m rpka decode --contexts 1024 4096 16384 --out /tmp/decode.json
 
@@ -20,10 +27,12 @@ command with ``--out`` set to that path::
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -98,14 +107,19 @@ class DecodeConfig:
         return longest + int(self.warmup) + int(self.steps)
 
     def memory_bytes(self) -> float:
-        """A lower estimate of the sweep's peak memory: q, k, v (3 tensors), the exact
-        cache (k, v) and RPKA's state (k, v and the queries) at the longest length."""
+        """A lower estimate of the sweep's peak memory: q, k, v (3 tensors) and, for one
+        method at a time, the states of every context at once (RPKA's: k, v and the
+        queries, more than the exact cache's k, v)."""
         item = torch.empty((), dtype=DTYPES[self.dtype]).element_size()
-        return 8.0 * self.batch_heads * self.sequence_length() * self.head_dim * item
+        positions = 3 * self.sequence_length() + 3 * sum(
+            int(n) + self.warmup + self.steps for n in self.contexts
+        )
+        return float(self.batch_heads * self.head_dim * item * positions)
 
 
 def timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
-    """``fn()`` and its wall time in milliseconds (CUDA events on a GPU)."""
+    """``fn()`` and its time in milliseconds: CUDA events on a GPU, the process's CPU time
+    on the CPU."""
     if device == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -113,9 +127,9 @@ def timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
         end.record()
         torch.cuda.synchronize()
         return result, start.elapsed_time(end)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     result = fn()
-    return result, (time.perf_counter() - t0) * 1e3
+    return result, (time.process_time() - t0) * 1e3
 
 
 def build_method(name: str, config: DecodeConfig) -> torch.nn.Module:
@@ -133,42 +147,62 @@ def build_method(name: str, config: DecodeConfig) -> torch.nn.Module:
     )
 
 
-def decode_once(name: str, n: int, config: DecodeConfig, qkv: list[torch.Tensor]) -> dict:
-    """Prefill ``n`` tokens of q, k, v, then time single steps; one result row."""
-    attn = build_method(name, config).to(config.device)
-    total = n + config.warmup + config.steps
-    if config.device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    prompt = [x[..., :n, :] for x in qkv]
-    (_, state), prefill_ms = timed(lambda: attn.prefill(*prompt, capacity=total), config.device)
-    times = []
-    for t in range(n, total):
-        token = [x[..., t : t + 1, :] for x in qkv]
-        (_, state), ms = timed(
-            lambda token=token, state=state: attn.step(*token, state), config.device
-        )
-        if t >= n + config.warmup:
-            times.append(ms)
-    row = {
-        "method": name,
-        "context": n,
-        "prefill_ms": prefill_ms,
-        "per_token_ms": statistics.median(times),
-        "per_token_mean_ms": statistics.fmean(times),
-        "per_token_max_ms": max(times),
-        "per_token_ms_all": times,
-        # CUDA only: peak memory of prefill + steps beyond the inputs already allocated
-        "peak_mib": (torch.cuda.max_memory_allocated() - before) / 2**20
-        if config.device == "cuda"
-        else None,
-    }
+# Redraws timed per context (median): one redraw at 1,024 tokens is ~0.1 s, so one reading
+# carries a busy moment whole into the amortised per-token cost.
+REDRAW_REPEATS = 3
+
+
+def decode_contexts(name: str, config: DecodeConfig, qkv: list[torch.Tensor]) -> list[dict]:
+    """Prefill every context of one method, then time their single steps in turn (one step
+    of each context per round, in a fresh seeded order); one result row per context."""
+    contexts = [int(n) for n in config.contexts]
+    attns, states, rows = {}, {}, {}
+    for n in contexts:
+        attns[n] = attn = build_method(name, config).to(config.device)
+        if config.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        prompt = [x[..., :n, :] for x in qkv]
+        prefill_call = partial(attn.prefill, *prompt, capacity=n + config.warmup + config.steps)
+        (_, states[n]), prefill = timed(prefill_call, config.device)
+        rows[n] = {
+            "method": name,
+            "context": n,
+            "prefill_ms": prefill,
+            # CUDA only: the prefill's peak memory beyond what was allocated before it
+            "peak_mib": (torch.cuda.max_memory_allocated() - before) / 2**20
+            if config.device == "cuda"
+            else None,
+        }
+    times: dict[int, list[float]] = {n: [] for n in contexts}
+    order = random.Random(config.seed)
+    for i in range(config.warmup + config.steps):
+        for n in order.sample(contexts, len(contexts)):
+            token = [x[..., n + i : n + i + 1, :] for x in qkv]
+            (_, states[n]), ms = timed(
+                lambda n=n, token=token: attns[n].step(*token, states[n]), config.device
+            )
+            if i >= config.warmup:
+                times[n].append(ms)
+    for n in contexts:
+        rows[n] |= {
+            "per_token_ms": statistics.median(times[n]),
+            "per_token_mean_ms": statistics.fmean(times[n]),
+            "per_token_max_ms": max(times[n]),
+            "per_token_ms_all": times[n],
+        }
     if name == "rpka":
-        row["redraw_ms"] = redraw_ms(attn, state, config.device)
-        row["amortised_redraw_ms_per_token"] = row["redraw_ms"] / n
-        row["guard_counts"] = attn.guard_counts
-    return row
+        redraws: dict[int, list[float]] = {n: [] for n in contexts}
+        for _ in range(REDRAW_REPEATS):
+            for n in order.sample(contexts, len(contexts)):
+                redraws[n].append(redraw_ms(attns[n], states[n], config.device))
+        for n in contexts:
+            rows[n]["redraw_ms"] = statistics.median(redraws[n])
+            rows[n]["redraw_ms_all"] = redraws[n]
+            rows[n]["amortised_redraw_ms_per_token"] = rows[n]["redraw_ms"] / n
+            rows[n]["guard_counts"] = attns[n].guard_counts
+    return [rows[n] for n in contexts]
 
 
 @torch.no_grad()
@@ -194,10 +228,12 @@ def run_decoding(config: DecodeConfig, progress: bool = True) -> dict:
     # --contexts 24 --block-size 16) its steps read past q, k, v ("step takes one token")
     shape = (1, config.batch_heads, config.sequence_length(), config.head_dim)
     qkv = [torch.randn(shape, generator=gen, device=config.device).to(dtype) for _ in range(3)]
-    decode_once("rpka", 2 * config.block_size, config, qkv)  # untimed: lazy init, kernels
-    decode_once("exact", 2 * config.block_size, config, qkv)
-    jobs = [(n, name) for n in config.contexts for name in config.methods]
-    rows = [decode_once(name, int(n), config, qkv) for n, name in tqdm(jobs, disable=not progress)]
+    warm = replace(config, contexts=[2 * config.block_size])
+    for name in config.methods:  # untimed: lazy init, kernels
+        decode_contexts(name, warm, qkv)
+    rows = []
+    for name in tqdm(config.methods, disable=not progress, desc="decoding"):
+        rows += decode_contexts(name, config, qkv)
     return {
         "config": asdict(config) | {"contexts": [int(n) for n in config.contexts]},
         "device": device_name(config.device),
