@@ -34,7 +34,7 @@ def test_writes_rows_for_every_method_and_context(tmp_path):
     assert all(r["redraw_ms"] > 0 for r in rows if r["method"] == "rpka")
     assert "float32" in result["shape"] and result["device"]
     target = result["summary"]["target"]
-    assert target["met"] == (target["ratio"] <= 1.2)
+    assert target["met"] == (max(target["ratio"], target["ratio_with_redraw"]) <= 1.2)
 
 
 @pytest.mark.parametrize(

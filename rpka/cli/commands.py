@@ -313,7 +313,10 @@ def decode_main(argv: Sequence[str] | None = None) -> dict:
         )
     target = result["summary"]["target"]
     verdict = "met" if target["met"] else "NOT met"
-    print(f"{target['statement']}: ratio {target['ratio']:.2f} -> {verdict}")
+    print(
+        f"{target['statement']}: ratio {target['ratio']:.2f}, with the redraw "
+        f"{target['ratio_with_redraw']:.2f} -> {verdict}"
+    )
     print(f"device: {result['device']}; {result['shape']}; written to {out}")
     return result
 

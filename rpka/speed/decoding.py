@@ -265,10 +265,17 @@ def summarise(rows: list[dict], target_ratio: float) -> dict:
         n: exact[n] / ms for n, ms in summary["rpka"]["per_token_ms"].items()
     }
     growth = summary["rpka"]["growth_longest_vs_shortest"]
+    redrawn = {
+        r["context"]: r["per_token_ms"] + r["amortised_redraw_ms_per_token"]
+        for r in rows
+        if r["method"] == "rpka"
+    }
+    with_redraw = redrawn[max(redrawn)] / redrawn[min(redrawn)]
     summary["target"] = {
         "statement": f"rpka per-token time at the longest context <= {target_ratio} x at the "
-        "shortest",
+        "shortest, with and without the landmark redraw amortised over the tokens it serves",
         "ratio": growth,
-        "met": growth <= target_ratio,
+        "ratio_with_redraw": with_redraw,
+        "met": max(growth, with_redraw) <= target_ratio,
     }
     return summary
