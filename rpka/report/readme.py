@@ -230,21 +230,14 @@ def decode_targets(decode: Mapping[str, Any] | None) -> list[Target]:
     redraw amortised per token."""
     if not decode:
         return []
-    target = decode["summary"]["target"]
-    contexts = sorted(decode["config"]["contexts"])
-    rows = {(r["method"], r["context"]): r for r in decode["rows"]}
-
-    def with_redraw(context: int) -> float:  # the landmark redraw, amortised per token
-        row = rows[("rpka", context)]
-        return row["per_token_ms"] + row.get("amortised_redraw_ms_per_token", 0.0)
-
-    growth = with_redraw(contexts[-1]) / with_redraw(contexts[0])
+    target = decode["summary"]["target"]  # rpka.speed.decoding.summarise: both ratios
+    longest = max(decode["config"]["contexts"])
     return [(
         "decoding: per-token time at the longest context ≤ 1.2 × at 1k, landmark "
         "redraw included",
-        f"{growth:.2f} × at {contexts[-1]:,} with the redraw amortised, "
+        f"{target['ratio_with_redraw']:.2f} × at {longest:,} with the redraw amortised, "
         f"{target['ratio']:.2f} × without ({decode['device']})",
-        growth <= 1.2,
+        target["met"],
     )]  # fmt: skip
 
 
