@@ -254,7 +254,7 @@ def test_the_protocol_predates_every_run_of_the_study():
 def test_the_report_shows_the_study_as_far_as_it_got(tmp_path):
     """The report's part: status and power before any look; per-arm failures, relative
     MSE and the answers once the interim's seeds are in."""
-    from rpka.report.longrange_v2 import decision_section
+    from rpka.report.longrange_v2 import decision_section, summary_text
     from rpka.study.index import decision_entry
 
     results = _study_clone(tmp_path)
@@ -264,6 +264,8 @@ def test_the_report_shows_the_study_as_far_as_it_got(tmp_path):
     empty = decision_entry(results)
     text = "\n".join(item.data for item in decision_section({"longrange_v2": empty}))
     assert "0 of 32 seeds are in" in text and "Registered power at 32 seeds" in text
+    assert "Not answered yet: 0 of 32 new seeds" in summary_text({"longrange_v2": empty})
+    assert summary_text({}) == ""
     arms = get_longctx_preset("longrange-v2").bench.design.arm_names
     for arm in arms:
         failing = arm in ("mean-attention", "nystrom-uniform-r64")
@@ -273,3 +275,8 @@ def test_the_report_shows_the_study_as_far_as_it_got(tmp_path):
     row = next(line for line in text.splitlines() if "`nystrom-uniform-r64`" in line)
     assert "16/16 [0.79, 1.00]" in row
     assert "interim look** (level 0.0056): Q1 *pivoting better*" in text
+    summary = summary_text({"longrange_v2": entry})  # the Summary's words, from the same look
+    assert "At its interim look (16 seeds, level 0.0056" in summary
+    assert "Does residual pivoting beat uniform landmarks? Pivoting better" in summary
+    assert "Uniform `r64` failed where RPKA learned on 16 seeds, the reverse on 0" in summary
+    assert "`rpka-r64` failed to learn on 0 seeds and exact on 0" in summary

@@ -93,3 +93,50 @@ def answers_text(reading: Mapping[str, Any]) -> str:
               "running": "running: the final look needs all 32 seeds"}  # fmt: skip
     lines.append(f"- The study is {status[reading['stopped_at']]}.")
     return "\n".join(lines)
+
+
+def summary_text(study: Mapping[str, Any]) -> str:
+    """The Summary's paragraph on the decision study (Markdown): each question's answer at
+    the latest look read, with the seeds, the failures and the relative MSE behind it;
+    before a look, how far the study got ("" where it never started)."""
+    entry = study.get("longrange_v2")
+    if not entry:
+        return ""
+    head = "**The long-range answer: the decision study at 4,096 tokens (Section 3).** "
+    reading = entry.get("reading")
+    if not reading:
+        return head + (
+            f"Not answered yet: {entry['seeds_complete']} of {entry['seeds_planned']} new seeds "
+            "are in for every arm, and the first look needs 16. The pilot (protocol v1's 16 "
+            "seeds, read with v2's estimands) is in the study's section."
+        )
+    look = "final" if reading.get("final") else "interim"
+    q = reading[look]
+    seeds = entry["seeds_planned"] if look == "final" else entry["seeds_planned"] // 2
+    q1, q2 = q["q1"], q["q2"]
+    f1, f2 = q1["failures"], q2["failures"]
+    status = {"interim": "it stopped there", "final": "the study is complete",
+              "running": "it runs on to 32 seeds, whose final look decides"}  # fmt: skip
+    level = f"level {q['alpha']:.4f}; {status[reading['stopped_at']]}"
+    return head + (
+        f"At its {look} look ({seeds} seeds, {level}): "
+        f"**does RPKA at rank 64 match exact attention? {q2['answer'].capitalize()}.** "
+        f"`rpka-r64` failed to learn on {f2['a_only'] + f2['both']} seeds and exact on "
+        f"{f2['b_only'] + f2['both']}; where both learned ({_pairs(q2)}) RPKA's test MSE was "
+        f"{_median(q2)} exact's. **Does residual pivoting beat uniform landmarks? "
+        f"{q1['answer'].capitalize()}.** Uniform `r64` failed where RPKA learned on "
+        f"{f1['b_only']} seeds, the reverse on {f1['a_only']} (exact paired test p "
+        f"{f1['p_two_sided']:.2g}); where both learned RPKA's MSE was {_median(q1)} uniform's."
+    )
+
+
+def _pairs(question: Mapping[str, Any]) -> str:
+    return f"{question['relative_mse']['pairs']} seeds"
+
+
+def _median(question: Mapping[str, Any]) -> str:
+    rel = question["relative_mse"]
+    if rel["median"] is None:
+        return "not measured (no seed where both learned)"
+    bound = "" if rel["bound"] is None else f", upper bound {rel['bound']:.3f}x"
+    return f"a median {rel['median']:.3f}x (sign test p {rel['p_two_sided']:.2g}{bound})"

@@ -136,8 +136,9 @@ def answer_sentence(frontier: Mapping[str, Any] | None, superseded: bool = False
         f"recovered non-inferior to {num(margin, '.2f')}, one-sided t-test at {ALPHA:g}; 1 is "
         f"exact attention, 0 no attention) {_join(clauses)}. The wiring check (the positive "
         f"control: a rank exact by construction) {'; it '.join(control)}."
-        + (" The long-range answer is the pre-registered 16-seed study's (below); the older "
-           "8-seed long-range study is superseded and not read here." if left_out else "")
+        + (" The long-range answer is the decision study's (below and Section 3), whose pilot "
+           "is the pre-registered 16-seed study; the older 8-seed long-range study is "
+           "superseded and not read here." if left_out else "")
     )  # fmt: skip
 
 
