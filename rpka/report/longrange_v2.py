@@ -121,17 +121,18 @@ def summary_text(study: Mapping[str, Any]) -> str:
     return head + (
         f"At its {look} look ({seeds} seeds, {level}): "
         f"**does RPKA at rank 64 match exact attention? {q2['answer'].capitalize()}.** "
-        f"`rpka-r64` failed to learn on {f2['a_only'] + f2['both']} seeds and exact on "
-        f"{f2['b_only'] + f2['both']}; where both learned ({_pairs(q2)}) RPKA's test MSE was "
+        f"`rpka-r64` failed to learn on {_seeds(f2['a_only'] + f2['both'])} and exact on "
+        f"{_seeds(f2['b_only'] + f2['both'])}; where both learned "
+        f"({_seeds(q2['relative_mse']['pairs'])}) RPKA's test MSE was "
         f"{_median(q2)} exact's. **Does residual pivoting beat uniform landmarks? "
         f"{q1['answer'].capitalize()}.** Uniform `r64` failed where RPKA learned on "
-        f"{f1['b_only']} seeds, the reverse on {f1['a_only']} (exact paired test p "
+        f"{_seeds(f1['b_only'])}, the reverse on {_seeds(f1['a_only'])} (exact paired test p "
         f"{f1['p_two_sided']:.2g}); where both learned RPKA's MSE was {_median(q1)} uniform's."
     )
 
 
-def _pairs(question: Mapping[str, Any]) -> str:
-    return f"{question['relative_mse']['pairs']} seeds"
+def _seeds(k: int) -> str:
+    return f"{k} seed" if k == 1 else f"{k} seeds"
 
 
 def _median(question: Mapping[str, Any]) -> str:
