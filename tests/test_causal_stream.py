@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rpka.attention import build, causal, causal_stream
+from rpka.attention.causal_local import fused_local
 from rpka.attention.causal_stream import Stream, block_ranges, exact_range
 
 
@@ -46,7 +47,7 @@ def test_local_part_in_sub_blocks_is_causal_softmax_inside_each_block(n, block, 
     block and a block that is no multiple of the sub-block included."""
     s = stream_of(n, block, d=64, bh=2, seed=4)
     s = Stream(*(x.to(dtype) for x in (s.q, s.k, s.v)), s.scale, block, s.centre.to(dtype))
-    out, lse = causal_stream.fused_local(s)
+    out, lse = fused_local(s.q, s.k, s.v, s.block, s.scale, causal_stream.STREAM_CHUNK_BYTES)
     for start in range(0, n, block):
         rows = slice(start, min(start + block, n))
         scores = s.q[:, rows] @ s.k[:, rows].mT * s.scale**2
@@ -61,7 +62,7 @@ def test_local_sub_blocks_give_the_single_calls_result():
     """Splitting a block into sub-blocks only skips masked products: against one call of the
     kernel per block, the same values to round-off (bit for bit on the Intel Xeon measured)."""
     s = stream_of(2048, 256, d=64, bh=4, seed=5)
-    out, lse = causal_stream.fused_local(s)
+    out, lse = fused_local(s.q, s.k, s.v, s.block, s.scale, causal_stream.STREAM_CHUNK_BYTES)
     kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     parts = [x.reshape(-1, 1, 256, 64) for x in (s.q, s.k, s.v)]
     one_out, one_lse = kernel(*parts, 0.0, True, scale=s.scale**2)[:2]

@@ -6,10 +6,10 @@ nothing of full length is held beside the output: no scaled, centred or blocked 
 k or v, no running value range, no (n x r) logits. Row by row it is the same sum; only the
 order of round-off moves (docs/speed.md, "Causal RPKA at the op's limit").
 
-* **Local part**: one call of SDPA's fused CPU kernel over the stacked blocks (blocks in the
-  batch dimension, so its output *is* the output buffer, no copy), on the raw q, k with scale
-  ``s^2`` (``q~ = q s``); it returns each row's log-sum-exp ``log sum_{j <= i} e^{q~_i.k~_j}``,
-  the local denominator of eq. (1) up to the row's common factor ``e^{|q~_i|^2/2}``.
+* **Local part** (:mod:`rpka.attention.causal_local`): SDPA's fused CPU kernel over the
+  stacked blocks, in sub-blocks that skip the masked half, on the raw q, k with scale ``s^2``
+  (``q~ = q s``); it returns each row's log-sum-exp ``log sum_{j <= i} e^{q~_i.k~_j}``, the
+  local denominator of eq. (1) up to the row's common factor ``e^{|q~_i|^2/2}``.
 * **Uncentred local keys**: the kernel reads the keys as they are, not shifted by the centre
   ``mu`` of block 0. A shift is one factor ``e^{-q~_i.mu}`` per row (softmax invariance), so
   the past logits are taken on the same scale by reading the landmarks as ``z + mu``:
@@ -33,10 +33,8 @@ core's cache, large enough that a chunk's dozen ops cost more than their dispatc
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +51,7 @@ from rpka.attention.causal_landmarks import (
     first_draw_from,
     past_is_exact,
 )
+from rpka.attention.causal_local import fused_local
 from rpka.attention.guards import hull_tolerance
 from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, landmark_cholesky
 from rpka.attention.nystrom_chunked import narrow_key_dtype, too_sharp
@@ -96,84 +95,6 @@ class Stream:
     def scaled_keys(self, rows: slice) -> Tensor:
         """``k~ - mu`` of ``rows`` (a fresh chunk)."""
         return torch.mul(self.k[:, rows], self.scale).sub_(self.centre)
-
-
-# ----------------------------------------------------------------------------- local part
-
-
-def fused_local(s: Stream) -> tuple[Tensor, Tensor]:
-    """Causal softmax inside every block, by SDPA's fused CPU kernel on the stacked blocks.
-
-    -> out (B, n, d_v) (each block normalised on its own) and its log-sum-exp (B, n, 1) of
-    ``q~_i.k~_j`` over ``cb <= j <= i`` (uncentred keys)."""
-    full, b = s.n // s.block, s.block
-    batch, dv = s.q.shape[0], s.v.shape[-1]
-    out = torch.empty(batch, s.n, dv, dtype=s.v.dtype)
-    lse = torch.empty(batch, s.n, 1, dtype=s.v.dtype)
-    for rows, size in ((slice(0, full * b), b), (slice(full * b, s.n), s.n - full * b)):
-        if rows.stop > rows.start:  # blocks in the kernel's batch dimension
-            parts = [x[:, rows].reshape(-1, 1, size, x.shape[-1]) for x in (s.q, s.k, s.v)]
-            tiles = [x[:, rows].unflatten(1, (-1, size)) for x in (out, lse)]  # (B, G, b, .)
-            causal_tiles(*parts, *tiles, s.scale**2)
-    return out, lse
-
-
-def causal_tiles(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float) -> None:
-    """Causal attention inside each of N tiles: q, k (N, 1, b, d), v (N, 1, b, d_v); writes
-    out (B, G, b, d_v) and lse (B, G, b, 1), N = B G.
-
-    The CPU kernel computes a whole (query split x key split) tile even where the causal
-    mask zeroes it, and at b = 256 one key split spans the block, so a block's masked half
-    costs as much as its live half. Sub-blocks of :data:`LOCAL_SUB_ROWS` rows each read the
-    keys up to their own end only (a (h x h (s + 1)) tile, its last (h x h) masked by an
-    additive mask): 62.5 % of the block's products at b = 256. The outputs are the single
-    call's to round-off (~6e-7 absolute in float32: the kernel sums other key splits;
-    ``tests/test_causal_stream.py``). Each call takes as many tiles as keep its output within
-    :data:`STREAM_CHUNK_BYTES` (the output is copied into ``out``: the peak of a forward)."""
-    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    b = q.shape[-2]
-    h = LOCAL_SUB_ROWS if b % LOCAL_SUB_ROWS == 0 else b
-    step = max(1, STREAM_CHUNK_BYTES // (h * v.shape[-1] * v.element_size()))
-    for tiles, tile_out, tile_lse in tile_runs(out, lse, step):
-        for i in range(b // h):
-            rows, keys = slice(i * h, (i + 1) * h), slice(0, (i + 1) * h)
-            mask = None if i == 0 else diagonal_mask(h, i, q.dtype)
-            part, part_lse = kernel(
-                q[tiles, :, rows], k[tiles, :, keys], v[tiles, :, keys], 0.0, i == 0,
-                attn_mask=mask, scale=scale,
-            )[:2]  # fmt: skip
-            tile_out[:, rows] = part.squeeze(1)
-            tile_lse[:, rows] = part_lse.squeeze(1).unsqueeze(-1)
-
-
-def tile_runs(out: Tensor, lse: Tensor, step: int) -> Iterator[tuple[slice, Tensor, Tensor]]:
-    """Runs of at most ``step`` tiles of out (B, G, b, d_v) and lse (B, G, b, 1): the tiles'
-    slice of N = B G and views (T, b, .) of the two, in place; a batch entry's tiles run
-    apart where (B, G) cannot merge (a partial last block leaves gaps between them)."""
-    batch, groups = out.shape[:2]
-    if out.stride(0) == groups * out.stride(1):
-        pieces = [(0, out.flatten(0, 1), lse.flatten(0, 1))]
-    else:
-        pieces = [(i * groups, out[i], lse[i]) for i in range(batch)]
-    for base, o, lo in pieces:
-        for t0 in range(0, o.shape[0], step):
-            t1 = min(t0 + step, o.shape[0])
-            yield slice(base + t0, base + t1), o[t0:t1], lo[t0:t1]
-
-
-# Rows per sub-block of the local part (:func:`causal_tiles`). Measured at (1, 8, n, 64), r =
-# 64, b = 256, one thread, against one call per block (interleaved, in process): 64 rows
-# 0.964x / 0.962x the forward's time at 4,096 / 8,192 tokens, 128 rows 0.98x.
-LOCAL_SUB_ROWS = 64
-
-
-@functools.cache
-def diagonal_mask(h: int, before: int, dtype: torch.dtype) -> Tensor:
-    """Additive mask of a sub-block of h rows over its ``before`` earlier sub-blocks and
-    itself: (h, h (before + 1)), -inf above the last (h x h) part's diagonal."""
-    mask = torch.zeros(h, h * (before + 1), dtype=dtype)
-    mask[:, h * before :] = torch.full((h, h), -math.inf, dtype=dtype).triu(1)
-    return mask
 
 
 # ----------------------------------------------------------------------------- value range
@@ -496,7 +417,7 @@ def stream_forward(
     centre = (k3[:, :b] * scale).mean(-2, keepdim=True)  # as causal_forward's, scaled
     s = Stream(q3, k3, v3, scale, b, centre)
     n_blocks = math.ceil(n / b)
-    out, lse = fused_local(s)
+    out, lse = fused_local(s.q, s.k, s.v, b, scale, STREAM_CHUNK_BYTES)
     guards = {key: torch.zeros((), dtype=torch.long) for key in GUARD_KEYS}
     past_rows = max(n - b, 0) * q3.shape[0]
     guards["rows"] += past_rows
