@@ -97,8 +97,11 @@ def decision_rows(study: Mapping[str, Any]) -> list[dict]:
         return []
     reading = entry.get("reading")
     look = reading and (reading.get("final") or reading.get("interim"))
+    name = reading and ("final look" if reading.get("final") else "interim look")
+    running = "; running on to 32 seeds" if reading and reading["stopped_at"] == "running" else ""
     verdict = (
-        f"`rpka-r64` vs exact: {look['q2']['answer']}; pivoting vs uniform: {look['q1']['answer']}"
+        f"`rpka-r64` vs exact: {look['q2']['answer']}; pivoting vs uniform: "
+        f"{look['q1']['answer']} ({name}{running})"
         if look
         else f"running: {entry['seeds_complete']} of {entry['seeds_planned']} seeds in"
     )
