@@ -90,7 +90,7 @@ def power_status(results_dir: str | Path) -> str | None:
         return None
     rows = landed(power_as_run(), out)
     return (
-        "**The pre-registered long-range study** (16 seeds with their own data, "
-        "docs/longrange_protocol.md) resumes across sessions; no score of a length is read "
-        f"before all its jobs are in. Landed so far: {progress_line(rows)}."
+        "**The pre-registered 16-seed long-range study** (each seed with its own data, "
+        "docs/longrange_protocol.md; the decision study's pilot) reads no score of a length "
+        f"before all its jobs are in. Landed: {progress_line(rows)}."
     )
