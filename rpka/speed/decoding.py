@@ -18,7 +18,7 @@ shapes stated.
 
     python -m rpka decode --contexts 1024 4096 16384 --out /tmp/decode.json
 
-The committed ``data/results/scaling/decode_cpu.json`` (3 minutes on 2 cores) is this
+The committed ``data/results/scaling/decode_cpu.json`` (4 minutes, one thread) is this
 command with ``--out`` set to that path::
 
     python -m rpka decode --contexts 1024 2048 4096 8192 16384 32768 65536
