@@ -363,9 +363,8 @@ ROLE_LABELS = {"fit": "", "held_out": ", held out", "extra": ", other arms (devi
 
 
 def plot_r_eps_against_rho(law: Mapping[str, Any], method: str = "rpka") -> plt.Figure:
-    """r_eps (the rung reached) against rho_bound per trained head, by head size, held-out
-    tracks marked; the theory's line sqrt(d) e^rho / eps (constant 1) at d = 16, and the
-    full rank of the longest head."""
+    """r_eps (rung reached) against rho_bound per trained head, by head size, held-out tracks
+    marked; the theory's sqrt(d) e^rho / eps at d = 16; the longest head's full rank."""
     points = [p for p in law["points"] if p["method"] == method]
     fig, ax = plt.subplots(figsize=(8.5, 3.8))
     for (d, role), colour in ((k, HEAD_SIZE_COLOURS.get(k[0], "0.4")) for k in
@@ -377,7 +376,8 @@ def plot_r_eps_against_rho(law: Mapping[str, Any], method: str = "rpka") -> plt.
     if points:
         eps = points[0]["eps"]
         top = max(p["full_rank"] for p in points)
-        rho = np.geomspace(*(f(p["rho_bound"] for p in points) for f in (min, max)), 100)
+        rhos = [p["rho_bound"] for p in points if p["rho_bound"] > 0]  # a log axis: rho > 0
+        rho = np.geomspace(min(rhos), max(rhos), 100)
         ax.plot(rho, 4 * np.exp(rho) / eps, color="0.3", ls="--", lw=0.9,
                 label=f"theory: √d e^ρ / ε (d 16, ε {eps:g})")  # fmt: skip
         ax.axhline(top, color="0.6", lw=0.8, ls=":", label=f"full rank {top}")
