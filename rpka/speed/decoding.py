@@ -152,12 +152,15 @@ def build_method(name: str, config: DecodeConfig) -> torch.nn.Module:
 REDRAW_REPEATS = 3
 
 
-def decode_contexts(name: str, config: DecodeConfig, qkv: list[torch.Tensor]) -> list[dict]:
+def decode_contexts(
+    name: str, config: DecodeConfig, qkv: list[torch.Tensor], progress: bool = False
+) -> list[dict]:
     """Prefill every context of one method, then time their single steps in turn (one step
-    of each context per round, in a fresh seeded order); one result row per context."""
+    of each context per round, in a fresh seeded order); one result row per context.
+    ``progress``: a bar over the prefills (exact's at 65,536 tokens takes minutes)."""
     contexts = [int(n) for n in config.contexts]
     attns, states, rows = {}, {}, {}
-    for n in contexts:
+    for n in tqdm(contexts, desc=f"{name}: prefill", disable=not progress):
         attns[n] = attn = build_method(name, config).to(config.device)
         if config.device == "cuda":
             torch.cuda.synchronize()
@@ -232,8 +235,8 @@ def run_decoding(config: DecodeConfig, progress: bool = True) -> dict:
     for name in config.methods:  # untimed: lazy init, kernels
         decode_contexts(name, warm, qkv)
     rows = []
-    for name in tqdm(config.methods, disable=not progress, desc="decoding"):
-        rows += decode_contexts(name, config, qkv)
+    for name in config.methods:
+        rows += decode_contexts(name, config, qkv, progress)
     return {
         "config": asdict(config) | {"contexts": [int(n) for n in config.contexts]},
         "device": device_name(config.device),
