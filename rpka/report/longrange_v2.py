@@ -116,7 +116,8 @@ def summary_text(study: Mapping[str, Any]) -> str:
     q1, q2 = q["q1"], q["q2"]
     f1, f2 = q1["failures"], q2["failures"]
     status = {"interim": "it stopped there", "final": "the study is complete",
-              "running": "it runs on to 32 seeds, whose final look decides"}  # fmt: skip
+              "running": f"it runs on to {entry['seeds_planned']} seeds, whose final look "
+                         "decides"}  # fmt: skip
     level = f"level {q['alpha']:.4f}; {status[reading['stopped_at']]}"
     return head + (
         f"At its {look} look ({seeds} seeds, {level}): "

@@ -98,7 +98,8 @@ def decision_rows(study: Mapping[str, Any]) -> list[dict]:
     reading = entry.get("reading")
     look = reading and (reading.get("final") or reading.get("interim"))
     name = reading and ("final look" if reading.get("final") else "interim look")
-    running = "; running on to 32 seeds" if reading and reading["stopped_at"] == "running" else ""
+    runs_on = bool(look) and reading["stopped_at"] == "running"
+    running = f"; running on to {entry['seeds_planned']} seeds" if runs_on else ""
     verdict = (
         f"`rpka-r64` vs exact: {look['q2']['answer']}; pivoting vs uniform: "
         f"{look['q1']['answer']} ({name}{running})"
