@@ -110,6 +110,7 @@ from rpka.attention.causal_landmarks import (
     past_is_exact,
 )
 from rpka.attention.causal_stream import stream_forward
+from rpka.attention.causal_train import stream_training, takes_stream_training
 
 # ----------------------------------------------------------------------------- one row set
 
@@ -362,7 +363,13 @@ def attend(attn: CausalOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor
             attn.key_precision,
         )  # fmt: skip
         return out, guards
+    sampler = sampler_of(attn)
+    if takes_stream_training(q, k, v, attn.causal_block, sampler, FUSED_FROM_POSITIONS):
+        return stream_training(
+            q, k, v, q.shape[-1] ** -0.25, attn.causal_block, sampler, attn.den_floor,
+            attn.key_precision,
+        )  # fmt: skip
     out, guards, _ = causal_forward(
-        *scaled(q, k, v), attn.causal_block, sampler_of(attn), attn.den_floor, attn.key_precision
+        *scaled(q, k, v), attn.causal_block, sampler, attn.den_floor, attn.key_precision
     )
     return out.to(q.dtype), guards

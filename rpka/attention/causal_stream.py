@@ -26,16 +26,14 @@ order of round-off moves (docs/speed.md, "Causal RPKA at the op's limit").
   (the range at the block's first row) lies inside its own row's range, which only widens
   along the block; only a block with an entry outside that range gets the exact running range
   (a cummin / cummax over the block, with the extremes of the blocks before carried in).
-
-Chunks hold ``STREAM_CHUNK_BYTES`` of (rows x width) buffers: small enough to stay in the
-core's cache, large enough that a chunk's dozen ops cost more than their dispatch.
+* **Training** (:mod:`causal_train`) runs this forward with a :class:`Tape` for its backward.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -53,15 +51,37 @@ from rpka.attention.causal_landmarks import (
 )
 from rpka.attention.causal_local import fused_local
 from rpka.attention.guards import hull_tolerance
-from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, landmark_cholesky
+from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, gather_points, landmark_cholesky
 from rpka.attention.nystrom_chunked import narrow_key_dtype, too_sharp
 from rpka.attention.pivot_state import PointSet
 from rpka.attention.rpcholesky import weighting_power
 
-# Bytes of one chunk's (rows x width) buffers. Measured at 4,096 and 8,192 tokens, (1, 8, n,
-# 64), r = 64, one thread (issue 55): 1 MiB and 2 MiB the same within noise, 8 MiB slower
-# (the buffers leave the 2 MiB L2 cache). A chunk is at least one block.
+# Bytes of one chunk's (rows x width) buffers: in the core's cache, yet large enough that a
+# chunk's dozen ops cost more than their dispatch. At 4,096 and 8,192 tokens, (1, 8, n, 64),
+# r = 64, one thread (issue 55): 1 and 2 MiB the same within noise, 8 MiB slower (out of the
+# 2 MiB L2 cache). A chunk is at least one block.
 STREAM_CHUNK_BYTES = 1 << 20
+
+
+@dataclass
+class Epoch:
+    """One landmark epoch: blocks ``start .. stop - 1``, its landmarks, their pivots (B, r)
+    into the pool of the first ``start b`` positions (queries first), ``M_c`` per block."""
+
+    start: int
+    stop: int
+    landmarks: LandmarkSet
+    pivots: Tensor
+    moments: Moments
+
+
+@dataclass
+class Tape:  # what the training path's backward reads (causal_train), recorded by a forward
+    joint: bool  # the pool: [q~; k'] (joint) or k' (keys)
+    stream: Stream | None = None
+    lse: Tensor | None = None  # the local part's log-sum-exp (B, n, 1)
+    epochs: list[Epoch] = field(default_factory=list)
+    clamped: list[tuple[slice, Tensor, Tensor]] = field(default_factory=list)  # rows, <, >
 
 
 @dataclass
@@ -74,6 +94,7 @@ class Stream:
     scale: float  # q~ = q scale, k~ = k scale
     block: int
     centre: Tensor  # mu: mean of the scaled keys of block 0, (B, 1, d)
+    tape: Tape | None = None  # what the training path's backward reads (causal_train)
 
     @property
     def n(self) -> int:
@@ -151,9 +172,10 @@ def exact_range(s: Stream, start: int, stop: int) -> tuple[Tensor, Tensor]:
 # ----------------------------------------------------------------------------- landmarks
 
 
-def draw(s: Stream, sampler: LandmarkSampler, positions: int) -> LandmarkSet:
+def draw(s: Stream, sampler: LandmarkSampler, positions: int) -> tuple[LandmarkSet, Tensor]:
     """Landmarks of the pool of the first ``positions`` positions: ``[q~; k~ - mu]`` (joint)
-    or ``k~ - mu`` (keys), in the scaled, centred coordinates of :mod:`causal`."""
+    or ``k~ - mu`` (keys), in the scaled, centred coordinates of :mod:`causal`, and their
+    pivots (B, r) into the pool (queries first; -1 where none was drawn)."""
     qs, ks = s.q[:, :positions], s.k[:, :positions]
     parts = [qs, ks] if sampler.pivot_set == "joint" else [ks]
     shifts = [None, s.centre] if sampler.pivot_set == "joint" else [s.centre]
@@ -178,9 +200,13 @@ def draw(s: Stream, sampler: LandmarkSampler, positions: int) -> LandmarkSet:
             points = state.landmarks
         else:
             points = pool.take(pivots.clamp(min=0)) * valid.unsqueeze(-1).to(s.q.dtype)
-        return LandmarkSet(points, valid, landmark_cholesky(points, valid))
-    q_s = qs * s.scale if sampler.pivot_set == "joint" else None
-    return LandmarkSet.draw(sampler, q_s, s.scaled_keys(slice(0, positions)))
+        return LandmarkSet(points, valid, landmark_cholesky(points, valid)), pivots
+    keys = s.scaled_keys(slice(0, positions))  # a small pool: copied, the plain loop
+    points = torch.cat([qs * s.scale, keys], -2) if sampler.pivot_set == "joint" else keys
+    pivots = sampler.pivots(points)  # LandmarkSet.draw's ops, with the pivots kept
+    pivots = torch.nn.functional.pad(pivots, (0, sampler.rank - pivots.shape[-1]), value=-1)
+    points, valid = gather_points(points, pivots), pivots >= 0
+    return LandmarkSet(points, valid, landmark_cholesky(points, valid)), pivots
 
 
 # ----------------------------------------------------------------------------- moments
@@ -356,9 +382,11 @@ def clamp_rows(
     if bool(((least >= low) & (most <= high)).all()):
         return torch.zeros((), dtype=torch.long)
     v_low, v_high = exact_range(s, c0, c1)
-    outside = (out < v_low) | (out > v_high)
-    if not bool(outside.any()):
+    below, above = out < v_low, out > v_high
+    if not bool((below | above).any()):
         return torch.zeros((), dtype=torch.long)
+    if s.tape is not None:
+        s.tape.clamped.append((s.rows(c0, c1), below, above))
     tol = hull_tolerance(v_low, v_high)
     clamped = ((out < v_low - tol) | (out > v_high + tol)).sum()
     torch.minimum(torch.maximum(out, v_low, out=out), v_high, out=out)
@@ -405,9 +433,11 @@ def stream_forward(
     sampler: LandmarkSampler,
     den_floor: float,
     key_precision: str = "auto",
+    tape: Tape | None = None,
 ) -> tuple[Tensor, dict[str, Tensor], StreamTail]:
     """Causal RPKA without gradients: q, k (..., n, d) and v (..., n, d_v) in the compute
-    dtype, *unscaled* (``q~ = q scale``). -> out (..., n, d_v), guard counts, the tail."""
+    dtype, *unscaled* (``q~ = q scale``). -> out (..., n, d_v), guard counts, the tail.
+    ``tape``: filled with what :mod:`causal_train`'s backward reads."""
     batch, n, dv = q.shape[:-2], q.shape[-2], v.shape[-1]
     # one copy of a strided input (heads split off a (B, n, H d) projection, as every
     # decoder does): the fused local kernel, the chunks and the draws' gathers then read rows
@@ -415,9 +445,11 @@ def stream_forward(
     q3, k3, v3 = (x.reshape(-1, *x.shape[-2:]).contiguous() for x in (q, k, v))
     b = block_size
     centre = (k3[:, :b] * scale).mean(-2, keepdim=True)  # as causal_forward's, scaled
-    s = Stream(q3, k3, v3, scale, b, centre)
+    s = Stream(q3, k3, v3, scale, b, centre, tape)
     n_blocks = math.ceil(n / b)
     out, lse = fused_local(s.q, s.k, s.v, b, scale, STREAM_CHUNK_BYTES)
+    if tape is not None:
+        tape.stream, tape.lse = s, lse
     guards = {key: torch.zeros((), dtype=torch.long) for key in GUARD_KEYS}
     past_rows = max(n - b, 0) * q3.shape[0]
     guards["rows"] += past_rows
@@ -431,9 +463,11 @@ def stream_forward(
             landmarks = moments = None
             exact_past_rows(s, out, start, den_floor)
             continue
-        landmarks = draw(s, sampler, start * b)
+        landmarks, pivots = draw(s, sampler, start * b)
         dtype = narrow_key_dtype(key_precision, landmarks.points, landmarks.valid)
         moments = epoch_moments(s, landmarks, start, stop, dtype)
+        if tape is not None:
+            tape.epochs.append(Epoch(start, stop, landmarks, pivots, moments))
         floored, clamped = combine_rows(
             s, out, lse, (start, stop), landmarks, moments, bounds, den_floor
         )

@@ -161,22 +161,35 @@ def solve_core(rho: Tensor, moments: Tensor, chol: Tensor, dtype: torch.dtype) -
     reference, and each row of the result gets its own log scale again. ``chol`` is the
     Cholesky factor of ``G_SS`` (any float dtype); ``dtype`` that of the returned core.
     """
+    core, top = raw_core(rho, moments, chol)
+    size, live = row_sizes(core)
+    log_scale = torch.where(live, size.log(), float("-inf")).squeeze(-1) + top
+    return Core((core / size).to(dtype), log_scale.to(dtype))
+
+
+def raw_core(rho: Tensor, moments: Tensor, chol: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`solve_core`'s float64 solve: ``G_SS^{-1} diag(e^{rho - top}) moments``
+    (..., r, d_v + 1) against the largest reference ``top`` (..., 1)."""
     rho, moments = rho.to(CORE_DTYPE), moments.to(CORE_DTYPE)
     top = rho.amax(-1, keepdim=True)  # (..., 1)
     rhs = moments * torch.exp(rho - top).unsqueeze(-1)
-    core = torch.cholesky_solve(rhs, chol.to(CORE_DTYPE))  # (..., r, d_v + 1)
-    # Any positive size per row is exact (it moves between lambda and the row). The size of
-    # a row, |c_s| = max(|weight entry|, 2^-20 |largest entry|), is rescaled to 1: the
-    # denominator's terms are then a_s (+-1) and the relative floor den_floor * sum_s a_s
-    # |c_s| = den_floor * sum_s a_s >= den_floor (the row maximum of a is 1), and no entry
-    # exceeds 2^20, so no gradient overflows. A row more than ~350 nats below the top one
-    # keeps a smaller size (SIZE_FLOOR), likewise.
+    return torch.cholesky_solve(rhs, chol.to(CORE_DTYPE)), top
+
+
+def row_sizes(core: Tensor) -> tuple[Tensor, Tensor]:
+    """The size each row of a raw core (..., r, d_v + 1) is divided by (..., r, 1), detached,
+    and whether the row is nonzero (..., r, 1).
+
+    Any positive size per row is exact (it moves between lambda and the row). The size of
+    a row, |c_s| = max(|weight entry|, 2^-20 |largest entry|), is rescaled to 1: the
+    denominator's terms are then a_s (+-1) and the relative floor den_floor * sum_s a_s
+    |c_s| = den_floor * sum_s a_s >= den_floor (the row maximum of a is 1), and no entry
+    exceeds 2^20, so no gradient overflows. A row more than ~350 nats below the top one
+    keeps a smaller size (SIZE_FLOOR), likewise."""
     magnitude = core.detach().abs()
     largest = magnitude.amax(-1, keepdim=True)
-    live = largest > 0
     size = torch.maximum(magnitude[..., -1:], largest * 2.0**-20).clamp(min=SIZE_FLOOR)
-    log_scale = torch.where(live, size.log(), float("-inf")).squeeze(-1) + top
-    return Core((core / size).to(dtype), log_scale.to(dtype))
+    return size, largest > 0
 
 
 def solve_graded(

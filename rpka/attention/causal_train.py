@@ -1,0 +1,328 @@
+"""Causal RPKA's training path on long sequences: the streamed forward, the backward written out
+(issue 55, docs/speed.md "Fifth pass").
+
+Under autograd the forward of :mod:`rpka.attention.causal` holds a graph of every block's
+slices, concatenations and small solves; on (1, 8, 4,096, 64) its bookkeeping (zero fills of
+whole-input gradients, their adds, ``cat``) cost more than the arithmetic. Here the forward
+is the inference path itself (:func:`causal_stream.stream_forward`, outputs the same bit for
+bit), which records on a :class:`Tape` what the backward reads: the local part's
+log-sum-exp, each landmark epoch's pivots, landmarks and key moments, and the chunks guard 3
+clamped. The backward recomputes the rest chunk by chunk, as FlashAttention recomputes its
+probabilities. Notation of :mod:`causal` (eqs. (1)-(2)); per row ``i`` with a past,
+
+    o_i = (o^loc_i D^loc_i + sum_s a_is C_s[:d_v]) / D_i,   D_i = D^loc_i + sum_s a_is C_s[d_v]
+
+(the floored rows take ``den_floor sum_s a_is`` for the past denominator), with
+``a_is = exp(q~_i.(z_s + mu) - |z_s|^2/2 + lambda_s - ref_i)``, ``D^loc_i = exp(lse_i - ref_i)``
+and the core ``C = G_ZZ^{-1} M`` (row sizes and references detached, as in the autograd
+path: they cancel in exact arithmetic). With ``u_i = g_i / D_i`` and
+``w_i = -g_i.o_i / D_i``:
+
+* local part: ``dL/do^loc_i = u_i D^loc_i``, ``dL/dlse_i = (u_i.o^loc_i + w_i) D^loc_i``,
+  both through the fused kernel's own backward given the combined output (:func:`local_backward`);
+* readout: ``dL/da_is = u_i.C_s[:d_v] + w_i C_s[d_v]`` (``w_i den_floor`` where floored),
+  ``e_is = a_is dL/da_is``; ``dq~_i = sum_s e_is (z_s + mu)``,
+  ``dz_s = sum_i e_is (q~_i - z_s)``; ``dC_s = sum_i a_is [u_i, w_i]``;
+* core: ``dR = G^{-1} dC``, ``dG = -dR C^T``, ``dM = dR`` (on the solve's references);
+* key moments: each key ``j`` enters ``M_c`` of every later block ``c`` of the epoch, so its
+  terms ``T_sj = exp(z_s.k'_j - |z_s|^2/2)`` read the suffix sum ``D_s = sum_c dM_c[s]``:
+  ``dv_j = sum_s T_sj D_s[:d_v]``, ``e'_sj = T_sj (D_s[:d_v].v_j + D_s[d_v])``,
+  ``dk'_j = sum_s e'_sj z_s``, ``dz_s = sum_j e'_sj (k'_j - z_s)``;
+* Gram: ``dz_s = sum_t S_st (z_t - z_s)``, ``S = (dG + dG^T) * G``;
+* landmarks are points of the pool ``[q~; k~ - mu]``: ``dz`` is added at the pivots; the
+  centre ``mu`` (mean of block 0's keys) collects ``-sum_j dk'_j`` and the readout's share.
+
+Guard 3's clamped entries pass their gradient to the value at the running minimum or maximum
+(``torch.cummin`` / ``cummax``'s index, as the autograd path's clamp does). Gradients match
+the autograd path to round-off (``tests/test_causal_train.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rpka.attention.causal_landmarks import (
+    LandmarkSampler,
+    LandmarkSet,
+    draw_blocks,
+    past_is_exact,
+)
+from rpka.attention.causal_stream import Epoch, KeySide, Readout, Stream, Tape, stream_forward
+from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, raw_core, row_sizes
+from rpka.attention.rpcholesky import gaussian_kernel
+
+
+def takes_stream_training(
+    q: Tensor, k: Tensor, v: Tensor, block: int, sampler: LandmarkSampler, from_positions: int
+) -> bool:
+    """Training (some input needs a gradient) on the CPU from ``from_positions``, float32 /
+    float64, d_v = d (the fused kernel's backward wants one head size), every epoch with
+    landmarks (no past small enough to be exact, :func:`past_is_exact`)."""
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    if not (
+        grad
+        and q.device.type == "cpu"
+        and q.shape[-2] >= from_positions
+        and q.dtype in (torch.float32, torch.float64)
+        and q.shape[-1] == v.shape[-1]
+    ):
+        return False
+    ppp = sampler.points_per_position
+    draws = draw_blocks(math.ceil(q.shape[-2] / block), block, sampler.rank, ppp)
+    return not any(past_is_exact(c, block, sampler.rank, ppp) for c in draws)
+
+
+def stream_training(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    block: int,
+    sampler: LandmarkSampler,
+    den_floor: float,
+    key_precision: str,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Causal RPKA, differentiable: q, k (..., n, d), v (..., n, d) *unscaled*
+    (``q~ = q scale``) -> out (..., n, d), guard counts (:func:`stream_forward`'s)."""
+    guards: dict[str, Tensor] = {}
+    out = _StreamTraining.apply(q, k, v, scale, block, sampler, den_floor, key_precision, guards)
+    return out, guards
+
+
+class _StreamTraining(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, block, sampler, den_floor, key_precision, guards):  # noqa: D102
+        tape = Tape(joint=sampler.pivot_set == "joint")
+        out, counts, _ = stream_forward(
+            q, k, v, scale, block, sampler, den_floor, key_precision, tape
+        )
+        guards.update(counts)
+        ctx.tape, ctx.den_floor, ctx.shapes = tape, den_floor, (q.shape, k.shape, v.shape)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        (out,) = ctx.saved_tensors
+        tape = ctx.tape
+        grads = stream_backward(tape, out.reshape(tape.stream.v.shape), grad, ctx.den_floor)
+        return (*(x.view(shape) for x, shape in zip(grads, ctx.shapes, strict=True)),) + (None,) * 6
+
+
+# ----------------------------------------------------------------------------- backward
+
+
+@dataclass
+class Grads:
+    """Gradients in the scaled coordinates: ``q~`` and ``k' = k~ - mu`` (B, n, d), v (B, n,
+    d_v), the centre ``mu`` (B, 1, d) apart from what it gets through ``k'``."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    mu: Tensor
+
+
+def stream_backward(
+    tape: Tape, out: Tensor, grad: Tensor, den_floor: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`stream_forward`'s output ``out`` (B, n, d_v) for ``grad`` (any
+    shape of B n d_v entries) in the raw q, k, v (B, n, d)."""
+    s = tape.stream
+    g = grad.reshape(s.v.shape).to(s.v.dtype).clone()
+    grads = Grads(
+        torch.zeros_like(s.q), torch.zeros_like(s.k), torch.zeros_like(s.v),
+        torch.zeros_like(s.centre),
+    )  # fmt: skip
+    route_clamped(s, tape.clamped, g, grads.v)
+    g_loc = g.clone()  # block 0's rows: the local part is the output
+    for epoch in tape.epochs:
+        dz = torch.zeros_like(epoch.landmarks.points, dtype=CORE_DTYPE)
+        dnum, dgram = readout_backward(s, tape, epoch, out, g, g_loc, grads, dz, den_floor)
+        moments_backward(s, epoch, dnum, grads, dz)
+        dz += gram_backward(epoch.landmarks, dgram)
+        add_at_pivots(s, epoch, dz, grads, tape.joint)
+    dq, dk, dv = local_backward(s, tape, out, g_loc)
+    grads.k[:, : s.block] += (grads.mu - grads.k.sum(1, keepdim=True)) / min(s.block, s.n)
+    return dq.add_(grads.q, alpha=s.scale), dk.add_(grads.k, alpha=s.scale), dv.add_(grads.v)
+
+
+def route_clamped(
+    s: Stream, clamped: list[tuple[slice, Tensor, Tensor]], g: Tensor, dv: Tensor
+) -> None:
+    """Guard 3: an entry clamped to its running minimum (maximum) passes its gradient to the
+    value there (torch's cummin / cummax index), not to the unclamped output."""
+    for rows, below, above in clamped:
+        prefix = s.v[:, : rows.stop]
+        low = torch.cummin(prefix, 1).indices[:, rows]
+        high = torch.cummax(prefix, 1).indices[:, rows]
+        part = g[:, rows]
+        dv.scatter_add_(1, low, torch.where(below, part, 0))
+        dv.scatter_add_(1, high, torch.where(above, part, 0))
+        g[:, rows] = torch.where(below | above, 0, part)
+
+
+def readout_backward(
+    s: Stream,
+    tape: Tape,
+    epoch: Epoch,
+    out: Tensor,
+    g: Tensor,
+    g_loc: Tensor,
+    grads: Grads,
+    dz: Tensor,
+    den_floor: float,
+) -> tuple[Tensor, Tensor]:
+    """The rows of one epoch, chunk by chunk as :func:`causal_stream.combine_chunk` (its ops,
+    recomputed): writes the local part's gradients, adds to ``grads`` and ``dz``; -> ``dM_c``
+    (B, E, r, d_v + 1) and ``dG`` (B, r, r), float64."""
+    lm, (start, stop) = epoch.landmarks, (epoch.start, epoch.stop)
+    readout = Readout.of(s, lm)
+    shifted = lm.points + s.centre  # z + mu (B, r, d): the readout's landmarks
+    dv, dtype = s.v.shape[-1], s.q.dtype
+    dnum = torch.empty(*epoch.moments.num.shape, dtype=CORE_DTYPE)
+    dgram = torch.zeros_like(lm.chol)
+    width = max(lm.points.shape[-2], dv + 2)
+    for c0, c1 in s.chunks(start, stop, width):
+        rows, blocks = s.rows(c0, c1), c1 - c0
+        moments = epoch.moments.part(slice(c0 - start, c1 - start))
+        core = readout.landmarks.solve(moments)
+        bias = (core.log_scale - readout.half_sq).masked_fill(~readout.landmarks.valid, -math.inf)
+        weights = torch.cat([core.scaled, torch.ones_like(core.scaled[..., :1])], -1).to(dtype)
+        logits = torch.bmm(s.q[:, rows], readout.points)
+        per_block = logits.unflatten(1, (blocks, -1))
+        per_block.add_(bias.unsqueeze(-2).to(dtype))
+        row_lse = tape.lse[:, rows]
+        ref = finite_or_zero(torch.maximum(row_lse, logits.amax(-1, keepdim=True)))
+        logits.sub_(ref).exp_()  # the past terms a_is, per_block their (B, G, b, r) view
+        past = (per_block @ weights).flatten(1, 2)
+        local_den = torch.exp(row_lse - ref)
+        past_den, floor = past[..., dv : dv + 1], den_floor * past[..., dv + 1 :]
+        low = past_den < floor
+        den = (local_den + torch.where(low, floor, past_den)).clamp_(min=torch.finfo(dtype).tiny)
+        # eq. (1) backward (the module docstring's u, w)
+        part = g[:, rows]
+        u = part / den
+        w = -(part * out[:, rows]).sum(-1, keepdim=True) / den
+        g_loc[:, rows] = u * local_den  # its log-sum-exp's gradient: local_backward
+        uw = torch.cat([u, torch.where(low, 0, w)], -1).unflatten(1, (blocks, -1))
+        e = uw @ weights[..., :-1].transpose(-1, -2)  # dL/da (B, G, b, r)
+        e.add_(torch.where(low, w * den_floor, 0).unflatten(1, (blocks, -1))).mul_(per_block)
+        dcore = per_block.transpose(-1, -2) @ uw  # (B, G, r, d_v + 1)
+        e = e.flatten(1, 2)
+        grads.q[:, rows] += e @ shifted
+        dshift = (s.q[:, rows].transpose(-1, -2) @ e).transpose(-1, -2).mul_(s.scale)
+        grads.mu += dshift.sum(1, keepdim=True)
+        dz += (dshift - e.sum(1).unsqueeze(-1) * lm.points).to(CORE_DTYPE)
+        # the core G^{-1} M (float64), as solve_core: scaled = raw / size
+        raw, top = raw_core(moments.rho, moments.num, readout.landmarks.chol)
+        size, _ = row_sizes(raw)
+        dres = torch.cholesky_solve(dcore.to(CORE_DTYPE) / size, readout.landmarks.chol)
+        dgram -= (dres @ raw.transpose(-1, -2)).sum(1)
+        rho = moments.rho.to(CORE_DTYPE)
+        dnum[:, c0 - start : c1 - start] = dres * torch.exp(rho - top).unsqueeze(-1)
+    return dnum, dgram
+
+
+def moments_backward(s: Stream, epoch: Epoch, dnum: Tensor, grads: Grads, dz: Tensor) -> None:
+    """Key moments: the prefix's keys reach every block of the epoch, block ``c'``'s keys the
+    blocks after it (:func:`causal_stream.epoch_moments`' segments, references recomputed)."""
+    start, stop, rho = epoch.start, epoch.stop, epoch.moments.rho.to(CORE_DTYPE)
+    dtype = epoch.moments.num.dtype
+    side = KeySide.of(s, epoch.landmarks, dtype)
+    width = max(epoch.landmarks.points.shape[-2], s.v.shape[-1] + 1)
+    for c0, c1 in s.chunks(0, start, width):  # rows every block of the epoch reads
+        terms, rows = _terms(s, side, (c0, c1), 1)
+        weight = torch.exp(terms[1].to(CORE_DTYPE).unsqueeze(-3) - rho.unsqueeze(1))
+        suffix = (dnum.unsqueeze(1) * weight.unsqueeze(-1)).sum(2)  # (B, 1, r, d_v + 1)
+        _segment_backward(s, side, rows, terms[0], suffix.to(dtype), grads, dz)
+    for c0, c1 in s.chunks(start, stop - 1, width):  # block c' is read by c' + 1 .. stop - 1
+        terms, rows = _terms(s, side, (c0, c1), c1 - c0)
+        suffixes = []
+        for i, c in enumerate(range(c0, c1)):
+            later = slice(c + 1 - start, stop - start)
+            own = terms[1][:, i].to(CORE_DTYPE).unsqueeze(1)  # (B, 1, r)
+            weight = torch.exp(own - rho[:, later]).unsqueeze(-1)
+            suffixes.append((dnum[:, later] * weight).sum(1))
+        suffix = torch.stack(suffixes, 1).to(dtype)
+        _segment_backward(s, side, rows, terms[0], suffix, grads, dz)
+
+
+def _terms(
+    s: Stream, side: KeySide, blocks: tuple[int, int], parts: int
+) -> tuple[tuple[Tensor, Tensor], slice]:
+    """:func:`causal_stream.chunk_moments`' terms ``T`` (B, parts, m / parts, r) against their
+    references (B, parts, r), and the rows."""
+    rows = s.rows(*blocks)
+    keys = torch.sub(s.k[:, rows].to(side.bias.dtype), side.centre)
+    logits = torch.baddbmm(side.bias, keys, side.points).unflatten(1, (parts, -1))
+    rho = finite_or_zero(logits.amax(-2))
+    return (logits.sub_(rho.unsqueeze(-2)).exp_(), rho), rows
+
+
+def _segment_backward(
+    s: Stream, side: KeySide, rows: slice, terms: Tensor, suffix: Tensor, grads: Grads, dz: Tensor
+) -> None:
+    """Keys ``rows`` whose terms (B, G, m, r) read ``suffix`` (B, G, r, d_v + 1)."""
+    dv = s.v.shape[-1]
+    values = s.v[:, rows].to(terms.dtype).unflatten(1, (terms.shape[1], -1))
+    grads.v[:, rows] += (terms @ suffix[..., :dv]).flatten(1, 2).to(grads.v.dtype)
+    e = (values @ suffix[..., :dv].transpose(-1, -2)).add_(suffix[..., dv:].transpose(-1, -2))
+    e = e.mul_(terms).flatten(1, 2)  # (B, m, r)
+    z = side.points.transpose(-1, -2) / s.scale  # (B, r, d)
+    grads.k[:, rows] += (e @ z).to(grads.k.dtype)
+    keys = torch.sub(s.k[:, rows].to(e.dtype), side.centre).mul_(s.scale)  # k'
+    dz += (e.transpose(-1, -2) @ keys - e.sum(1).unsqueeze(-1) * z).to(CORE_DTYPE)
+
+
+def gram_backward(landmarks: LandmarkSet, dgram: Tensor) -> Tensor:
+    """``dz_s = sum_t S_st (z_t - z_s)``, ``S = (dG + dG^T) * G`` over valid pairs (float64)."""
+    z = landmarks.points.to(CORE_DTYPE)
+    pair = landmarks.valid.unsqueeze(-1) & landmarks.valid.unsqueeze(-2)
+    weight = (dgram + dgram.transpose(-1, -2)) * gaussian_kernel(z, z) * pair
+    return weight @ z - weight.sum(-1, keepdim=True) * z
+
+
+def add_at_pivots(s: Stream, epoch: Epoch, dz: Tensor, grads: Grads, joint: bool) -> None:
+    """The landmarks' gradients into the pool's points: a joint pool puts the ``start b``
+    queries first (``q~``), then the keys (``k'``); a keys-only pool holds ``k'`` alone."""
+    positions = epoch.start * s.block if joint else 0
+    pivots, valid = epoch.pivots.clamp(min=0), epoch.pivots >= 0
+    rows = torch.arange(pivots.shape[0]).unsqueeze(-1) * s.n + pivots - positions
+    dz, d = dz.to(grads.q.dtype), s.q.shape[-1]
+    is_key = valid & (pivots >= positions)
+    grads.k.view(-1, d).index_add_(0, rows[is_key], dz[is_key])
+    if joint:
+        is_query = valid & (pivots < positions)
+        grads.q.view(-1, d).index_add_(0, (rows + positions)[is_query], dz[is_query])
+
+
+def local_backward(
+    s: Stream, tape: Tape, out: Tensor, g_loc: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The local part's gradients in the raw q, k, v (B, n, d): the fused kernel's backward on
+    the stacked blocks (a partial last block apart), as :func:`causal_local.fused_local`.
+
+    The kernel computes ``dS_ij = p_ij (g_i.v_j - Delta_i)`` with ``Delta_i`` read off the
+    ``out`` it is given. The local part's two gradients (its output's ``u_i D^loc_i`` and its
+    log-sum-exp's ``(u_i.o^loc_i + w_i) D^loc_i``) need ``Delta_i = (D^loc_i / D_i) g_i.o_i``:
+    the combined output ``o_i`` against ``g_loc_i`` gives exactly that, so the kernel runs as
+    it is (no extra column for the log-sum-exp's gradient, as :class:`_FlashLocal` needs)."""
+    n, b = s.n, s.block
+    full = n // b
+    grads = [torch.empty_like(x) for x in (s.q, s.k, s.v)]
+    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    for rows, size in ((slice(0, full * b), b), (slice(full * b, n), n - full * b)):
+        if rows.stop > rows.start:
+            flat = [
+                x[:, rows].reshape(-1, 1, size, x.shape[-1]) for x in (g_loc, s.q, s.k, s.v, out)
+            ]
+            lse = tape.lse[:, rows].reshape(-1, 1, size)
+            parts = kernel(*flat, lse, 0.0, True, scale=s.scale**2)
+            for whole, part in zip(grads, parts, strict=True):
+                whole[:, rows] = part.reshape(whole.shape[0], -1, whole.shape[-1])
+    return (*grads,)
