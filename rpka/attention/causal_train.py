@@ -52,7 +52,7 @@ from rpka.attention.causal_landmarks import (
     past_is_exact,
 )
 from rpka.attention.causal_stream import Epoch, KeySide, Readout, Stream, Tape, stream_forward
-from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, raw_core, row_sizes
+from rpka.attention.nystrom import CORE_DTYPE, core_of, finite_or_zero, raw_core, row_sizes
 from rpka.attention.rpcholesky import gaussian_kernel
 
 
@@ -118,52 +118,63 @@ class _StreamTraining(torch.autograd.Function):
 
 @dataclass
 class Grads:
-    """Gradients in the scaled coordinates: ``q~`` and ``k' = k~ - mu`` (B, n, d), v (B, n,
-    d_v), the centre ``mu`` (B, 1, d) apart from what it gets through ``k'``."""
+    """The raw gradients of q, k, v (B, n, d) (the local part's kernel's, added to), and what
+    the centre ``mu`` collects (B, 1, d): the readout's share, and ``sum_j dk'_j`` (scaled)."""
 
     q: Tensor
     k: Tensor
     v: Tensor
     mu: Tensor
+    keys: Tensor
 
 
 def stream_backward(
     tape: Tape, out: Tensor, grad: Tensor, den_floor: float
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of :func:`stream_forward`'s output ``out`` (B, n, d_v) for ``grad`` (any
-    shape of B n d_v entries) in the raw q, k, v (B, n, d)."""
-    s = tape.stream
-    g = grad.reshape(s.v.shape).to(s.v.dtype).clone()
-    grads = Grads(
-        torch.zeros_like(s.q), torch.zeros_like(s.k), torch.zeros_like(s.v),
-        torch.zeros_like(s.centre),
-    )  # fmt: skip
-    route_clamped(s, tape.clamped, g, grads.v)
-    g_loc = g.clone()  # block 0's rows: the local part is the output
-    for epoch in tape.epochs:
-        dz = torch.zeros_like(epoch.landmarks.points, dtype=CORE_DTYPE)
-        dnum, dgram = readout_backward(s, tape, epoch, out, g, g_loc, grads, dz, den_floor)
+    shape of B n d_v entries) in the raw q, k, v (B, n, d).
+
+    The readout runs first (it gives the local part's gradient); the local part's kernel then
+    returns fresh q, k, v gradients, and the key moments and landmarks add to those: no
+    full-size buffer is zero-filled or added whole."""
+    s, b = tape.stream, tape.stream.block
+    g, routes = route_clamped(s, tape.clamped, grad.reshape(s.v.shape).to(s.v.dtype))
+    g_loc, dq_past = torch.empty_like(g), torch.empty_like(s.q)
+    g_loc[:, :b], dq_past[:, :b] = g[:, :b], 0  # block 0's rows: the local part is the output
+    mu = torch.zeros_like(s.centre)
+    epochs = [
+        (epoch, *readout_backward(s, tape, epoch, out, g, (g_loc, dq_past, mu), den_floor))
+        for epoch in tape.epochs
+    ]
+    grads = Grads(*local_backward(s, tape, out, g_loc), mu, torch.zeros_like(mu))
+    grads.q.add_(dq_past, alpha=s.scale)
+    for index, values in routes:
+        grads.v.scatter_add_(1, index, values)
+    for epoch, dnum, dgram, dz in epochs:
         moments_backward(s, epoch, dnum, grads, dz)
         dz += gram_backward(epoch.landmarks, dgram)
         add_at_pivots(s, epoch, dz, grads, tape.joint)
-    dq, dk, dv = local_backward(s, tape, out, g_loc)
-    grads.k[:, : s.block] += (grads.mu - grads.k.sum(1, keepdim=True)) / min(s.block, s.n)
-    return dq.add_(grads.q, alpha=s.scale), dk.add_(grads.k, alpha=s.scale), dv.add_(grads.v)
+    grads.k[:, :b] += (grads.mu - grads.keys) * (s.scale / min(b, s.n))
+    return grads.q, grads.k, grads.v
 
 
 def route_clamped(
-    s: Stream, clamped: list[tuple[slice, Tensor, Tensor]], g: Tensor, dv: Tensor
-) -> None:
+    s: Stream, clamped: list[tuple[slice, Tensor, Tensor]], g: Tensor
+) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
     """Guard 3: an entry clamped to its running minimum (maximum) passes its gradient to the
-    value there (torch's cummin / cummax index), not to the unclamped output."""
+    value there (torch's cummin / cummax index), not to the unclamped output. -> the output's
+    gradient with those entries zeroed (a copy where any is), and the (index, values) to add
+    into v's gradient along its positions."""
+    routes = []
+    if clamped:
+        g = g.clone()
     for rows, below, above in clamped:
         prefix = s.v[:, : rows.stop]
-        low = torch.cummin(prefix, 1).indices[:, rows]
-        high = torch.cummax(prefix, 1).indices[:, rows]
         part = g[:, rows]
-        dv.scatter_add_(1, low, torch.where(below, part, 0))
-        dv.scatter_add_(1, high, torch.where(above, part, 0))
+        routes.append((torch.cummin(prefix, 1).indices[:, rows], torch.where(below, part, 0)))
+        routes.append((torch.cummax(prefix, 1).indices[:, rows], torch.where(above, part, 0)))
         g[:, rows] = torch.where(below | above, 0, part)
+    return g, routes
 
 
 def readout_backward(
@@ -172,25 +183,26 @@ def readout_backward(
     epoch: Epoch,
     out: Tensor,
     g: Tensor,
-    g_loc: Tensor,
-    grads: Grads,
-    dz: Tensor,
+    written: tuple[Tensor, Tensor, Tensor],
     den_floor: float,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """The rows of one epoch, chunk by chunk as :func:`causal_stream.combine_chunk` (its ops,
-    recomputed): writes the local part's gradients, adds to ``grads`` and ``dz``; -> ``dM_c``
-    (B, E, r, d_v + 1) and ``dG`` (B, r, r), float64."""
+    recomputed): writes the rows of ``written`` = (the local part's gradient, ``dq~``) and adds
+    the readout's share of ``mu``'s; -> ``dM_c`` (B, E, r, d_v + 1), ``dG`` (B, r, r) and
+    ``dZ`` (B, r, d) so far, float64."""
+    g_loc, dq_past, mu = written
     lm, (start, stop) = epoch.landmarks, (epoch.start, epoch.stop)
     readout = Readout.of(s, lm)
     shifted = lm.points + s.centre  # z + mu (B, r, d): the readout's landmarks
     dv, dtype = s.v.shape[-1], s.q.dtype
     dnum = torch.empty(*epoch.moments.num.shape, dtype=CORE_DTYPE)
-    dgram = torch.zeros_like(lm.chol)
+    dgram, dz = torch.zeros_like(lm.chol), torch.zeros_like(lm.points, dtype=CORE_DTYPE)
     width = max(lm.points.shape[-2], dv + 2)
     for c0, c1 in s.chunks(start, stop, width):
         rows, blocks = s.rows(c0, c1), c1 - c0
         moments = epoch.moments.part(slice(c0 - start, c1 - start))
-        core = readout.landmarks.solve(moments)
+        raw, top = raw_core(moments.rho, moments.num, readout.landmarks.chol)
+        core = core_of(raw, top, lm.points.dtype)  # LandmarkSet.solve's, its solve kept
         bias = (core.log_scale - readout.half_sq).masked_fill(~readout.landmarks.valid, -math.inf)
         weights = torch.cat([core.scaled, torch.ones_like(core.scaled[..., :1])], -1).to(dtype)
         logits = torch.bmm(s.q[:, rows], readout.points)
@@ -214,69 +226,78 @@ def readout_backward(
         e.add_(torch.where(low, w * den_floor, 0).unflatten(1, (blocks, -1))).mul_(per_block)
         dcore = per_block.transpose(-1, -2) @ uw  # (B, G, r, d_v + 1)
         e = e.flatten(1, 2)
-        grads.q[:, rows] += e @ shifted
+        torch.bmm(e, shifted, out=dq_past[:, rows])
         dshift = (s.q[:, rows].transpose(-1, -2) @ e).transpose(-1, -2).mul_(s.scale)
-        grads.mu += dshift.sum(1, keepdim=True)
+        mu += dshift.sum(1, keepdim=True)
         dz += (dshift - e.sum(1).unsqueeze(-1) * lm.points).to(CORE_DTYPE)
         # the core G^{-1} M (float64), as solve_core: scaled = raw / size
-        raw, top = raw_core(moments.rho, moments.num, readout.landmarks.chol)
         size, _ = row_sizes(raw)
         dres = torch.cholesky_solve(dcore.to(CORE_DTYPE) / size, readout.landmarks.chol)
         dgram -= (dres @ raw.transpose(-1, -2)).sum(1)
         rho = moments.rho.to(CORE_DTYPE)
         dnum[:, c0 - start : c1 - start] = dres * torch.exp(rho - top).unsqueeze(-1)
-    return dnum, dgram
+    return dnum, dgram, dz
 
 
 def moments_backward(s: Stream, epoch: Epoch, dnum: Tensor, grads: Grads, dz: Tensor) -> None:
     """Key moments: the prefix's keys reach every block of the epoch, block ``c'``'s keys the
-    blocks after it (:func:`causal_stream.epoch_moments`' segments, references recomputed)."""
-    start, stop, rho = epoch.start, epoch.stop, epoch.moments.rho.to(CORE_DTYPE)
+    blocks after it (:func:`causal_stream.epoch_moments`' segments, references recomputed).
+
+    ``T_i = sum_{j >= i} dM_j e^{rho_i - rho_j}`` (the merged references ``rho`` only grow
+    along the epoch, so every factor is at most 1) by ``T_i = dM_i + e^{rho_i - rho_{i+1}}
+    T_{i+1}``; the prefix's chunk with reference ``rho_k <= rho_0`` reads ``e^{rho_k - rho_0}
+    T_0``, block ``c' = start + i`` (its own reference) ``e^{rho_c' - rho_{i+1}} T_{i+1}``."""
+    start, rho = epoch.start, epoch.moments.rho.to(CORE_DTYPE)
+    suffix = dnum.clone()
+    for i in range(dnum.shape[1] - 2, -1, -1):
+        step = torch.exp(rho[:, i] - rho[:, i + 1]).unsqueeze(-1)
+        suffix[:, i].add_(step * suffix[:, i + 1])
     dtype = epoch.moments.num.dtype
     side = KeySide.of(s, epoch.landmarks, dtype)
     width = max(epoch.landmarks.points.shape[-2], s.v.shape[-1] + 1)
     for c0, c1 in s.chunks(0, start, width):  # rows every block of the epoch reads
-        terms, rows = _terms(s, side, (c0, c1), 1)
-        weight = torch.exp(terms[1].to(CORE_DTYPE).unsqueeze(-3) - rho.unsqueeze(1))
-        suffix = (dnum.unsqueeze(1) * weight.unsqueeze(-1)).sum(2)  # (B, 1, r, d_v + 1)
-        _segment_backward(s, side, rows, terms[0], suffix.to(dtype), grads, dz)
-    for c0, c1 in s.chunks(start, stop - 1, width):  # block c' is read by c' + 1 .. stop - 1
-        terms, rows = _terms(s, side, (c0, c1), c1 - c0)
-        suffixes = []
-        for i, c in enumerate(range(c0, c1)):
-            later = slice(c + 1 - start, stop - start)
-            own = terms[1][:, i].to(CORE_DTYPE).unsqueeze(1)  # (B, 1, r)
-            weight = torch.exp(own - rho[:, later]).unsqueeze(-1)
-            suffixes.append((dnum[:, later] * weight).sum(1))
-        suffix = torch.stack(suffixes, 1).to(dtype)
-        _segment_backward(s, side, rows, terms[0], suffix, grads, dz)
+        terms, own, keys = _terms(s, side, (c0, c1), 1)
+        reach = torch.exp(own.to(CORE_DTYPE) - rho[:, :1]).unsqueeze(-1) * suffix[:, :1]
+        _segment_backward(s, side, s.rows(c0, c1), (terms, keys), reach.to(dtype), grads, dz)
+    for c0, c1 in s.chunks(start, epoch.stop - 1, width):  # read by the blocks after each
+        terms, own, keys = _terms(s, side, (c0, c1), c1 - c0)
+        later = slice(c0 - start + 1, c1 - start + 1)
+        reach = torch.exp(own.to(CORE_DTYPE) - rho[:, later]).unsqueeze(-1) * suffix[:, later]
+        _segment_backward(s, side, s.rows(c0, c1), (terms, keys), reach.to(dtype), grads, dz)
 
 
 def _terms(
     s: Stream, side: KeySide, blocks: tuple[int, int], parts: int
-) -> tuple[tuple[Tensor, Tensor], slice]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`causal_stream.chunk_moments`' terms ``T`` (B, parts, m / parts, r) against their
-    references (B, parts, r), and the rows."""
-    rows = s.rows(*blocks)
-    keys = torch.sub(s.k[:, rows].to(side.bias.dtype), side.centre)
+    references (B, parts, r), and the keys ``k~ - mu`` over ``s`` (B, m, d)."""
+    keys = torch.sub(s.k[:, s.rows(*blocks)].to(side.bias.dtype), side.centre)
     logits = torch.baddbmm(side.bias, keys, side.points).unflatten(1, (parts, -1))
     rho = finite_or_zero(logits.amax(-2))
-    return (logits.sub_(rho.unsqueeze(-2)).exp_(), rho), rows
+    return logits.sub_(rho.unsqueeze(-2)).exp_(), rho, keys
 
 
 def _segment_backward(
-    s: Stream, side: KeySide, rows: slice, terms: Tensor, suffix: Tensor, grads: Grads, dz: Tensor
+    s: Stream,
+    side: KeySide,
+    rows: slice,
+    terms_keys: tuple[Tensor, Tensor],
+    reach: Tensor,
+    grads: Grads,
+    dz: Tensor,
 ) -> None:
-    """Keys ``rows`` whose terms (B, G, m, r) read ``suffix`` (B, G, r, d_v + 1)."""
+    """Keys ``rows`` whose terms (B, G, m, r) read ``reach`` (B, G, r, d_v + 1)."""
+    terms, keys = terms_keys
     dv = s.v.shape[-1]
     values = s.v[:, rows].to(terms.dtype).unflatten(1, (terms.shape[1], -1))
-    grads.v[:, rows] += (terms @ suffix[..., :dv]).flatten(1, 2).to(grads.v.dtype)
-    e = (values @ suffix[..., :dv].transpose(-1, -2)).add_(suffix[..., dv:].transpose(-1, -2))
+    grads.v[:, rows] += (terms @ reach[..., :dv]).flatten(1, 2).to(grads.v.dtype)
+    e = (values @ reach[..., :dv].transpose(-1, -2)).add_(reach[..., dv:].transpose(-1, -2))
     e = e.mul_(terms).flatten(1, 2)  # (B, m, r)
+    grads.k[:, rows] += (e @ side.points.transpose(-1, -2)).to(grads.k.dtype)  # raw keys
     z = side.points.transpose(-1, -2) / s.scale  # (B, r, d)
-    grads.k[:, rows] += (e @ z).to(grads.k.dtype)
-    keys = torch.sub(s.k[:, rows].to(e.dtype), side.centre).mul_(s.scale)  # k'
-    dz += (e.transpose(-1, -2) @ keys - e.sum(1).unsqueeze(-1) * z).to(CORE_DTYPE)
+    column = e.sum(1).unsqueeze(-2)  # (B, 1, r)
+    grads.keys += (column @ z).to(grads.keys.dtype)  # sum_j dk'_j
+    dz += (e.transpose(-1, -2) @ keys * s.scale - column.transpose(-1, -2) * z).to(CORE_DTYPE)
 
 
 def gram_backward(landmarks: LandmarkSet, dgram: Tensor) -> Tensor:
@@ -295,10 +316,12 @@ def add_at_pivots(s: Stream, epoch: Epoch, dz: Tensor, grads: Grads, joint: bool
     rows = torch.arange(pivots.shape[0]).unsqueeze(-1) * s.n + pivots - positions
     dz, d = dz.to(grads.q.dtype), s.q.shape[-1]
     is_key = valid & (pivots >= positions)
-    grads.k.view(-1, d).index_add_(0, rows[is_key], dz[is_key])
+    key_part = torch.where(is_key.unsqueeze(-1), dz, 0)
+    grads.keys += key_part.sum(1, keepdim=True)
+    grads.k.view(-1, d).index_add_(0, rows[is_key], dz[is_key], alpha=s.scale)
     if joint:
         is_query = valid & (pivots < positions)
-        grads.q.view(-1, d).index_add_(0, (rows + positions)[is_query], dz[is_query])
+        grads.q.view(-1, d).index_add_(0, (rows + positions)[is_query], dz[is_query], alpha=s.scale)
 
 
 def local_backward(
@@ -314,8 +337,8 @@ def local_backward(
     it is (no extra column for the log-sum-exp's gradient, as :class:`_FlashLocal` needs)."""
     n, b = s.n, s.block
     full = n // b
-    grads = [torch.empty_like(x) for x in (s.q, s.k, s.v)]
     kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    grads = []
     for rows, size in ((slice(0, full * b), b), (slice(full * b, n), n - full * b)):
         if rows.stop > rows.start:
             flat = [
@@ -323,6 +346,7 @@ def local_backward(
             ]
             lse = tape.lse[:, rows].reshape(-1, 1, size)
             parts = kernel(*flat, lse, 0.0, True, scale=s.scale**2)
-            for whole, part in zip(grads, parts, strict=True):
-                whole[:, rows] = part.reshape(whole.shape[0], -1, whole.shape[-1])
-    return (*grads,)
+            grads.append([x.view(s.q.shape[0], -1, x.shape[-1]) for x in parts])
+    if len(grads) == 1:  # whole blocks only: the kernel's gradients as they are
+        return (*grads[0],)
+    return (*(torch.cat(parts, 1) for parts in zip(*grads, strict=True)),)

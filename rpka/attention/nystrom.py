@@ -161,7 +161,12 @@ def solve_core(rho: Tensor, moments: Tensor, chol: Tensor, dtype: torch.dtype) -
     reference, and each row of the result gets its own log scale again. ``chol`` is the
     Cholesky factor of ``G_SS`` (any float dtype); ``dtype`` that of the returned core.
     """
-    core, top = raw_core(rho, moments, chol)
+    return core_of(*raw_core(rho, moments, chol), dtype)
+
+
+def core_of(core: Tensor, top: Tensor, dtype: torch.dtype) -> Core:
+    """:func:`solve_core`'s result from its raw solve (:func:`raw_core`): each row divided by
+    its size (:func:`row_sizes`), the size's log added to the row's log scale."""
     size, live = row_sizes(core)
     log_scale = torch.where(live, size.log(), float("-inf")).squeeze(-1) + top
     return Core((core / size).to(dtype), log_scale.to(dtype))
