@@ -211,3 +211,15 @@ def test_flash_training_path_does_not_leak_through_gradients(monkeypatch, pivot_
         for x in xs:
             assert torch.count_nonzero(x.grad[..., t + 1 :, :]) == 0, t
         assert torch.count_nonzero(xs[2].grad[..., : t + 1, :]) > 0
+
+
+@pytest.mark.parametrize("bad", ["q", "k", "v"])
+def test_streamed_path_refuses_non_finite_inputs_by_name_on_its_copy(monkeypatch, bad):
+    # the check runs on the stream's contiguous copy, so strided heads are checked too
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+    g = torch.Generator().manual_seed(4)
+    qkv = torch.randn(1, 70, 3 * 2 * 8, generator=g)
+    qkv[0, 33, "qkv".index(bad) * 16 + 9] = float("nan")  # head 1, feature 1 of the bad one
+    q, k, v = (t.unflatten(-1, (2, 8)).transpose(1, 2) for t in qkv.split(16, -1))
+    with torch.no_grad(), pytest.raises(ValueError, match=f"^{bad} contains non-finite"):
+        causal_rpka(8, 16)(q, k, v)

@@ -91,6 +91,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rpka.attention.base import refuse_non_finite
 from rpka.attention.causal_blocks import (
     combine,
     combine_flash,
@@ -316,6 +317,7 @@ def causal_forward(
 
 
 class CausalOptions:  # the attributes of RPKAttention read here (typing aid only)
+    check_inputs: bool
     rank: int
     pivot_rule: str
     pivot_set: str
@@ -355,9 +357,21 @@ def scaled(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return q.to(compute) * scale, k.to(compute) * scale, v.to(compute)
 
 
+def checks_finite(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether :func:`attend` checks q, k, v for nan and inf itself (the streamed inference
+    path, after its copy; ``AttentionMethod.checks_finite_itself``)."""
+    return LocalPart.takes_fused(q, k, v)
+
+
 def attend(attn: CausalOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, dict]:
     """Causal RPKA forward for ``RPKAttention(causal=True)``: out (B, H, n, d_v), guards."""
     if LocalPart.takes_fused(q, k, v):  # long inference: streamed on the unscaled inputs
+        # the stream's one copy of strided inputs (heads split off a projection), made here
+        # so that the finiteness check reads contiguous rows (checks_finite)
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        if attn.check_inputs:
+            for name, x in (("q", q), ("k", k), ("v", v)):
+                refuse_non_finite(name, x)
         out, guards, _ = stream_forward(
             q, k, v, q.shape[-1] ** -0.25, attn.causal_block, sampler_of(attn), attn.den_floor,
             attn.key_precision,

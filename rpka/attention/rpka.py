@@ -198,8 +198,8 @@ class RPKAttention(AttentionMethod):
             every logit reference stays within ``KEY_LOGIT_LIMIT`` nats, widened to float64
             past it - sharp attention) or ``"float64"`` (always widened: the reference, and
             the numerics every committed study ran; ``rpka.model`` pins it). The autograd
-            reference, the causal path and float64 inputs always widen (docs/numerics.md,
-            "The key side in float32").
+            reference, the causal path below 1,024 positions and float64 inputs always
+            widen (docs/numerics.md, "The key side in float32").
 
     Without gradients (inference) the accelerated path never materialises the joint set
     or any (n x r) matrix: pivots are drawn from the inputs in place and the output is
@@ -357,7 +357,11 @@ class RPKAttention(AttentionMethod):
     def checks_finite_itself(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         """The chunked inference path checks q and k off its frame's reductions
         (:func:`frame_and_reductions`) and v by its sum: two passes over the inputs fewer
-        than the separate check (issue 39). Every other path is checked by ``forward``."""
+        than the separate check (issue 39); the causal streamed inference path checks the
+        contiguous copy it makes anyway (:func:`causal.checks_finite`). Every other path is
+        checked by ``forward``."""
+        if self.causal:
+            return causal.checks_finite(q, k, v)
         return self._chunked_path(q, k, v)
 
     def _chunked_path(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
