@@ -75,9 +75,11 @@ below ``FUSED_FROM_POSITIONS`` and on other devices the local part is written ou
 ran). From ``FUSED_FROM_POSITIONS`` on the CPU (float32 / float64) it is one fused SDPA call
 on the stacked blocks with its log-sum-exp: for inference the whole forward is streamed
 (:mod:`rpka.attention.causal_stream`: the key side in ``key_precision``, every other part in
-cache-sized chunks, nothing of full length held beside the output); with gradients the
-kernel's own backward carries the log-sum-exp's gradient too (:func:`flash_local`,
-:func:`combine_flash`), the rest as written out. They agree to round-off.
+cache-sized chunks, nothing of full length held beside the output); training runs that same
+streamed forward with its backward written out (:mod:`rpka.attention.causal_train`), except
+where an epoch's past is small enough to be exact: there the kernel's own backward carries the
+log-sum-exp's gradient too (:func:`flash_local`, :func:`combine_flash`), the rest as written
+out. They agree to round-off.
 
 **Decoding** (``prefill`` / ``step``, one token at a time): ``causal_decode``.
 """
