@@ -1,6 +1,6 @@
 """Causal RPKA against exact causal attention (issue 55): the benchmark that writes JSON.
 
-Five measurements, one thread by default, arms interleaved in a fresh seeded order every
+Six measurements, one thread by default, arms interleaved in a fresh seeded order every
 repeat (:func:`rpka.speed.timing.interleaved`), CPU time (``time.process_time``) beside
 wall time, medians of ``repeats`` >= 7 after ``warmup`` calls:
 
@@ -12,7 +12,8 @@ wall time, medians of ``repeats`` >= 7 after ``warmup`` calls:
 * ``peak_memory``: one causal forward's peak (``rpka.speed.scaling.peak_memory_mib``);
 * ``decoder``: a GPT-2-like decoder (:class:`TinyGPT`: pre-norm blocks, causal SDPA, GELU
   MLP; built here, no weights downloaded) forward as it is vs inside ``rpka.swap.swap``, at
-  each of ``--decoder-lengths``.
+  each of ``--decoder-lengths``; ``decoder_train``: one training step of it (forward,
+  next-token cross-entropy, backward).
 
     RPKA_NUMERICS=native OMP_NUM_THREADS=1 python scripts/bench_causal.py \\
         --out data/results/scaling/causal_cpu.json
@@ -204,23 +205,39 @@ class TinyGPT(nn.Module):
 
 
 def decoder_rows(
-    n: int, rank: int, width: int, layers: int, heads: int, warmup: int, repeats: int, seed: int
+    n: int,
+    rank: int,
+    width: int,
+    layers: int,
+    heads: int,
+    warmup: int,
+    repeats: int,
+    seed: int,
+    train: bool = False,
 ) -> list[dict]:
+    """The decoder's forward (``train=False``, no gradients) or one training step (forward,
+    next-token cross-entropy, backward), as it is vs inside ``rpka.swap.swap``."""
     torch.manual_seed(seed)
-    model = TinyGPT(vocab=256, length=n, width=width, layers=layers, heads=heads).eval()
+    model = TinyGPT(vocab=256, length=n, width=width, layers=layers, heads=heads)
+    model.train(train)
     tokens = torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(seed))
     swapped = swap("rpka", rank=rank, generator=torch.Generator().manual_seed(seed), **BLOCK)
 
-    def exact() -> object:
-        return model(tokens)
+    def call() -> object:
+        if not train:
+            return model(tokens)
+        model.zero_grad(set_to_none=True)
+        logits = model(tokens)
+        F.cross_entropy(logits[0, :-1], tokens[0, 1:]).backward()
+        return logits
 
     def rpka() -> object:
         with swapped:
-            return model(tokens)
+            return call()
 
-    with torch.no_grad():
+    with torch.set_grad_enabled(train):
         stats = summarise(
-            interleaved({"exact": exact, f"rpka-r{rank}": rpka}, warmup, repeats), "exact"
+            interleaved({"exact": call, f"rpka-r{rank}": rpka}, warmup, repeats), "exact"
         )
     shape = {"width": width, "layers": layers, "heads": heads, "n": n}
     served = {"sdpa_calls_served": swapped.swapped, "sdpa_calls_passed": swapped.passed}
@@ -262,14 +279,14 @@ def run(args: argparse.Namespace) -> dict:
     )
     result["peak_memory"] = peak_rows(args.memory_length, args.train_rank, args.seed)
     write_result_json(args.out, result)
-    result["decoder"] = [
-        row
-        for n in args.decoder_lengths
-        for row in decoder_rows(
-            n, args.train_rank, args.decoder_width, args.decoder_layers, args.decoder_heads, w, r,
-            args.seed,
-        )  # fmt: skip
-    ]
+    shape = (args.decoder_width, args.decoder_layers, args.decoder_heads)
+    for key, train in (("decoder", False), ("decoder_train", True)):
+        result[key] = [
+            row
+            for n in args.decoder_lengths
+            for row in decoder_rows(n, args.train_rank, *shape, w, r, args.seed, train)
+        ]
+        write_result_json(args.out, result)
     result["load_average_end"] = _load()
     write_result_json(args.out, result)
     return result
@@ -339,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(
             f"n={row['n']:6d} {row['arm']:18s} {row['cpu_ms']:9.1f} ms  x{row['speedup_cpu']:.2f}"
         )
-    for key in ("forward_backward", "decoder"):
+    for key in ("forward_backward", "decoder", "decoder_train"):
         for row in result[key]:
             label = f"{key} n={row['n']} {row['arm']}"
             print(f"{label:36s} {row['cpu_ms']:9.1f} ms  x{row['speedup_cpu']:.2f}")
