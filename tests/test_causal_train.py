@@ -110,3 +110,22 @@ def test_training_takes_the_written_out_backward_only_where_it_applies():
     assert not takes(q, k, v[..., :4], 256, sampler, 1024)  # d_v != d
     with torch.no_grad():
         assert not takes(q, k, v, 256, sampler, 1024)  # inference: the streamed path
+
+
+@pytest.mark.parametrize("pivot_set", ["joint", "keys"])
+def test_written_out_backward_does_not_leak_the_future(monkeypatch, pivot_set):
+    # row t's output must not depend on any position after t: its gradient there is exactly 0
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+    calls = []
+    monkeypatch.setattr(
+        causal, "stream_training", lambda *a: calls.append(1) or causal_train.stream_training(*a)
+    )
+    xs = [x.requires_grad_(True) for x in inputs((1, 2, 80, 8), torch.float32, 1.0, seed=9)]
+    for t in (0, 7, 8, 33, 64, 79):
+        for x in xs:
+            x.grad = None
+        causal_rpka(4, 8, pivot_set=pivot_set)(*xs)[..., t, :].sum().backward()
+        for x in xs:
+            assert torch.count_nonzero(x.grad[..., t + 1 :, :]) == 0, t
+        assert torch.count_nonzero(xs[2].grad[..., : t + 1, :]) > 0
+    assert len(calls) == 6
