@@ -7,6 +7,7 @@ import torch
 
 from rpka.attention import build, causal, causal_train
 from rpka.attention.causal_landmarks import LandmarkSampler
+from rpka.swap import swap
 
 
 def causal_rpka(rank, block, **kw):
@@ -129,3 +130,34 @@ def test_written_out_backward_does_not_leak_the_future(monkeypatch, pivot_set):
             assert torch.count_nonzero(x.grad[..., t + 1 :, :]) == 0, t
         assert torch.count_nonzero(xs[2].grad[..., : t + 1, :]) > 0
     assert len(calls) == 6
+
+
+def test_a_compiled_decoder_block_trains_through_the_written_out_backward(monkeypatch):
+    """torch.compile (aot_eager) around a block that calls SDPA, inside ``rpka.swap``: the
+    dispatcher runs eagerly (a graph break), the long causal call takes the written-out
+    backward, and the weights' gradients are the eager model's bit for bit."""
+    calls = []
+    monkeypatch.setattr(
+        causal, "stream_training", lambda *a: calls.append(1) or causal_train.stream_training(*a)
+    )
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(1, -1, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(1, causal.FUSED_FROM_POSITIONS + 76, 16)
+    grads = []
+    for run_model in (model, torch.compile(model, backend="aot_eager")):
+        model.zero_grad()
+        with swap("rpka", rank=16, generator=torch.Generator().manual_seed(3)) as s:
+            run_model(x).square().sum().backward()
+        assert s.swapped == 1
+        grads.append(model.qkv.weight.grad.clone())
+    assert len(calls) == 2 and torch.equal(grads[0], grads[1])
