@@ -161,3 +161,13 @@ def test_a_compiled_decoder_block_trains_through_the_written_out_backward(monkey
         assert s.swapped == 1
         grads.append(model.qkv.weight.grad.clone())
     assert len(calls) == 2 and torch.equal(grads[0], grads[1])
+
+
+def test_inputs_changed_in_place_after_the_forward_are_refused_at_backward(monkeypatch):
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1)
+    q, k, v = (x.requires_grad_(True) for x in inputs((1, 2, 80, 8), torch.float32, 1.0))
+    keys = k * 1.0  # a non-leaf the forward reads, then changed in place
+    out = causal_rpka(4, 8)(q, keys, v)
+    keys.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()

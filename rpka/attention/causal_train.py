@@ -102,12 +102,14 @@ class _StreamTraining(torch.autograd.Function):
         )
         guards.update(counts)
         ctx.tape, ctx.den_floor, ctx.shapes = tape, den_floor, (q.shape, k.shape, v.shape)
-        ctx.save_for_backward(out)
+        # the inputs saved (the tape reads them, or copies) for autograd's check that nothing
+        # changed them in place before the backward
+        ctx.save_for_backward(out, q, k, v)
         return out
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
-        (out,) = ctx.saved_tensors
+        out = ctx.saved_tensors[0]
         tape = ctx.tape
         grads = stream_backward(tape, out.reshape(tape.stream.v.shape), grad, ctx.den_floor)
         return (*(x.view(shape) for x, shape in zip(grads, ctx.shapes, strict=True)),) + (None,) * 6
