@@ -204,6 +204,16 @@ def test_the_reading_waits_for_the_interim_then_reads_it(tmp_path):
         V2_INTERIM_SEEDS
     )
     assert result["pooled_with_pilot"]["seeds"] == 16 + 16
+    # final-phase seeds landed for every arm, but not all of them: nothing of them is read
+    final_part = [s for s in V2_EVAL_SEEDS if s not in V2_INTERIM_SEEDS][:4]
+    for arm in arms:
+        _run_file(results, arm, final_part, [0.9] * 4)  # every arm failing would show
+    partial = study.read_study(results)
+    assert len(partial["seeds_complete"]) == 20
+    assert all(row["seeds"] == 16 for row in partial["arms"].values())
+    assert partial["arms"]["exact"]["failures"] == result["arms"]["exact"]["failures"]
+    assert partial["reading"] == result["reading"]
+    assert partial["pooled_with_pilot"] == result["pooled_with_pilot"]
 
 
 def test_the_command_refuses_bad_input_in_one_line(tmp_path, capsys):

@@ -109,16 +109,19 @@ def read_study(results: str | Path = paths.COMMITTED_RESULTS) -> dict[str, Any]:
     arms = get_longctx_preset(V2_PRESET).bench.design.arm_names
     found = landed_mse(folder, arms)
     complete = [s for s in V2_EVAL_SEEDS if all(s in found[a] for a in arms)]
+    # the seeds a look may read: the interim's until every seed is in (the final phase's
+    # seeds stay unread while it runs, so no partial final result is ever shown)
+    shown = complete
+    if len(complete) < len(V2_EVAL_SEEDS):
+        shown = [s for s in complete if s in V2_INTERIM_SEEDS]
     per_arm = {}
-    exact = [found["exact"][s] for s in complete]
+    exact = [found["exact"][s] for s in shown]
     for arm in arms:
-        arm_mse = [found[arm][s] for s in complete]
+        arm_mse = [found[arm][s] for s in shown]
         per_arm[arm] = {
-            "seeds": len(complete),
-            "failures": rule.failure_count(arm_mse) if complete else None,
-            "relative_mse": rule.relative_mse(arm_mse, exact)
-            if arm != "exact" and complete
-            else None,
+            "seeds": len(shown),
+            "failures": rule.failure_count(arm_mse) if shown else None,
+            "relative_mse": rule.relative_mse(arm_mse, exact) if arm != "exact" and shown else None,
         }
     result: dict[str, Any] = {
         "protocol": PROTOCOL,
@@ -129,17 +132,14 @@ def read_study(results: str | Path = paths.COMMITTED_RESULTS) -> dict[str, Any]:
     }
     interim = len(V2_INTERIM_SEEDS)
     if all(s in complete for s in V2_INTERIM_SEEDS):
-        ordered = [s for s in V2_EVAL_SEEDS if s in complete]
+        ordered = [s for s in V2_EVAL_SEEDS if s in shown]
         gate = rule.control_gate([found[CONTROL_ARM][s] for s in ordered])
         result["control_gate"] = gate
         mse = {a: [found[a][s] for s in ordered] for a in QUESTION_ARMS}
         if not gate["passed"]:  # the task did not need attention on these seeds
             write_result_json(folder / READING_FILE, result)
             return result
-        reading = rule.sequential_reading(mse, interim)
-        if reading["stopped_at"] == "final" and len(ordered) < len(V2_EVAL_SEEDS):
-            reading["stopped_at"] = "running"  # a final look needs every seed
-            reading["final"] = None
+        reading = rule.sequential_reading(mse, interim)  # a final look only on every seed
         look = "final" if reading["final"] is not None else "interim"
         seeds = ordered if look == "final" else ordered[:interim]
         flips = rule.one_seed_decides(
