@@ -103,10 +103,15 @@ class LandmarkSampler:
 
         Validity is False for padded or skipped pivots (their landmark rows are zero).
         """
+        return self.with_pivots(q_s, k_c)[:2]
+
+    def with_pivots(self, q_s: Tensor | None, k_c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`__call__`'s landmarks and validity, and the pivots (..., rank) into the pool
+        ``[q_s; k_c]`` (joint) or ``k_c`` (-1 where none was drawn)."""
         points = torch.cat([q_s, k_c], dim=-2) if self.pivot_set == "joint" else k_c
         pivots = self.pivots(points)
         pivots = F.pad(pivots, (0, self.rank - pivots.shape[-1]), value=-1)  # rank capped at m
-        return gather_points(points, pivots), pivots >= 0  # differentiable in q and k
+        return gather_points(points, pivots), pivots >= 0, pivots  # differentiable in q and k
 
     @torch.no_grad()
     def pivots(self, points: Tensor) -> Tensor:

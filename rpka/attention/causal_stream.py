@@ -51,7 +51,7 @@ from rpka.attention.causal_landmarks import (
 )
 from rpka.attention.causal_local import fused_local
 from rpka.attention.guards import hull_tolerance
-from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, gather_points, landmark_cholesky
+from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, landmark_cholesky
 from rpka.attention.nystrom_chunked import narrow_key_dtype, too_sharp
 from rpka.attention.pivot_state import PointSet
 from rpka.attention.rpcholesky import weighting_power
@@ -201,11 +201,8 @@ def draw(s: Stream, sampler: LandmarkSampler, positions: int) -> tuple[LandmarkS
         else:
             points = pool.take(pivots.clamp(min=0)) * valid.unsqueeze(-1).to(s.q.dtype)
         return LandmarkSet(points, valid, landmark_cholesky(points, valid)), pivots
-    keys = s.scaled_keys(slice(0, positions))  # a small pool: copied, the plain loop
-    points = torch.cat([qs * s.scale, keys], -2) if sampler.pivot_set == "joint" else keys
-    pivots = sampler.pivots(points)  # LandmarkSet.draw's ops, with the pivots kept
-    pivots = torch.nn.functional.pad(pivots, (0, sampler.rank - pivots.shape[-1]), value=-1)
-    points, valid = gather_points(points, pivots), pivots >= 0
+    q_s = qs * s.scale if sampler.pivot_set == "joint" else None  # a small pool: copied
+    points, valid, pivots = sampler.with_pivots(q_s, s.scaled_keys(slice(0, positions)))
     return LandmarkSet(points, valid, landmark_cholesky(points, valid)), pivots
 
 
