@@ -5,9 +5,9 @@ range against ``torch.cummin`` / ``torch.cummax``, its chunks against the blocks
 import pytest
 import torch
 
-from rpka.attention import build, causal, causal_stream
+from rpka.attention import build, causal, causal_layout
+from rpka.attention.causal_layout import Stream, block_ranges, exact_range
 from rpka.attention.causal_local import fused_local
-from rpka.attention.causal_stream import Stream, block_ranges, exact_range
 
 
 def stream_of(n, block, d=4, bh=3, seed=0, scale=1.0):
@@ -47,7 +47,7 @@ def test_local_part_in_sub_blocks_is_causal_softmax_inside_each_block(n, block, 
     block and a block that is no multiple of the sub-block included."""
     s = stream_of(n, block, d=64, bh=2, seed=4)
     s = Stream(*(x.to(dtype) for x in (s.q, s.k, s.v)), s.scale, block, s.centre.to(dtype))
-    out, lse = fused_local(s.q, s.k, s.v, s.block, s.scale, causal_stream.STREAM_CHUNK_BYTES)
+    out, lse = fused_local(s.q, s.k, s.v, s.block, s.scale, causal_layout.STREAM_CHUNK_BYTES)
     for start in range(0, n, block):
         rows = slice(start, min(start + block, n))
         scores = s.q[:, rows] @ s.k[:, rows].mT * s.scale**2
@@ -63,7 +63,7 @@ def test_local_sub_blocks_give_the_single_calls_result():
     kernel per block, the same values to round-off (~6e-7 absolute here: the kernel sums the
     key splits in another order)."""
     s = stream_of(2048, 256, d=64, bh=4, seed=5)
-    out, lse = fused_local(s.q, s.k, s.v, s.block, s.scale, causal_stream.STREAM_CHUNK_BYTES)
+    out, lse = fused_local(s.q, s.k, s.v, s.block, s.scale, causal_layout.STREAM_CHUNK_BYTES)
     kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     parts = [x.reshape(-1, 1, 256, 64) for x in (s.q, s.k, s.v)]
     one_out, one_lse = kernel(*parts, 0.0, True, scale=s.scale**2)[:2]
@@ -82,7 +82,7 @@ def test_chunks_cover_each_block_once_with_a_partial_last_block_alone(n, block, 
         assert chunks[-1] == (blocks - 1, blocks)
     per_block = 8 * block * width * 4
     assert all(
-        (c1 - c0) * per_block <= max(causal_stream.STREAM_CHUNK_BYTES, per_block)
+        (c1 - c0) * per_block <= max(causal_layout.STREAM_CHUNK_BYTES, per_block)
         for c0, c1 in chunks
     )
 

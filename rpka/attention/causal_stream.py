@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -49,125 +49,28 @@ from rpka.attention.causal_landmarks import (
     first_draw_from,
     past_is_exact,
 )
+from rpka.attention.causal_layout import (
+    STREAM_CHUNK_BYTES,
+    Epoch,
+    Stream,
+    Tape,
+    block_ranges,
+    exact_range,
+    extremes,
+)
 from rpka.attention.causal_local import fused_local
 from rpka.attention.guards import hull_tolerance
-from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, landmark_cholesky
+from rpka.attention.nystrom import (
+    CORE_DTYPE,
+    Core,
+    core_of,
+    finite_or_zero,
+    landmark_cholesky,
+    raw_core,
+)
 from rpka.attention.nystrom_chunked import narrow_key_dtype, too_sharp
 from rpka.attention.pivot_state import PointSet
 from rpka.attention.rpcholesky import weighting_power
-
-# Bytes of one chunk's (rows x width) buffers: in the core's cache, yet large enough that a
-# chunk's dozen ops cost more than their dispatch. At 4,096 and 8,192 tokens, (1, 8, n, 64),
-# r = 64, one thread (issue 55): 1 and 2 MiB the same within noise, 8 MiB slower (out of the
-# 2 MiB L2 cache). A chunk is at least one block.
-STREAM_CHUNK_BYTES = 1 << 20
-
-
-@dataclass
-class Epoch:
-    """One landmark epoch: blocks ``start .. stop - 1``, its landmarks, their pivots (B, r)
-    into the pool of the first ``start b`` positions (queries first), ``M_c`` per block."""
-
-    start: int
-    stop: int
-    landmarks: LandmarkSet
-    pivots: Tensor
-    moments: Moments
-
-
-@dataclass
-class Tape:  # what the training path's backward reads (causal_train), recorded by a forward
-    joint: bool  # the pool: [q~; k'] (joint) or k' (keys)
-    stream: Stream | None = None
-    lse: Tensor | None = None  # the local part's log-sum-exp (B, n, 1)
-    epochs: list[Epoch] = field(default_factory=list)
-    clamped: list[tuple[slice, Tensor, Tensor]] = field(default_factory=list)  # rows, <, >
-
-
-@dataclass
-class Stream:
-    """The inputs of one call as (B, n, e) views (leading dims flattened) and its layout."""
-
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    scale: float  # q~ = q scale, k~ = k scale
-    block: int
-    centre: Tensor  # mu: mean of the scaled keys of block 0, (B, 1, d)
-    tape: Tape | None = None  # what the training path's backward reads (causal_train)
-
-    @property
-    def n(self) -> int:
-        return self.q.shape[-2]
-
-    def rows(self, start: int, stop: int) -> slice:
-        """Rows of blocks ``start .. stop - 1`` (the last block may be partial)."""
-        return slice(start * self.block, min(stop * self.block, self.n))
-
-    def chunks(self, start: int, stop: int, width: int) -> list[tuple[int, int]]:
-        """Blocks ``start .. stop - 1`` in runs whose (B, rows, width) float buffers fit
-        :data:`STREAM_CHUNK_BYTES`; a partial last block is a chunk of its own."""
-        per_block = self.q.shape[0] * self.block * width * self.q.element_size()
-        step = max(1, STREAM_CHUNK_BYTES // per_block)
-        full = min(stop, self.n // self.block)
-        out = [(c, min(c + step, full)) for c in range(start, full, step)]
-        return out + [(full, stop)] if stop > full else out
-
-    def scaled_keys(self, rows: slice) -> Tensor:
-        """``k~ - mu`` of ``rows`` (a fresh chunk)."""
-        return torch.mul(self.k[:, rows], self.scale).sub_(self.centre)
-
-
-# ----------------------------------------------------------------------------- value range
-
-
-def extremes(x: Tensor, dim: int, keepdim: bool = False) -> tuple[Tensor, Tensor]:
-    """``x.amin(dim), x.amax(dim)``: two reductions, 4.7x faster than ``torch.aminmax`` along
-    a middle dimension on the CPU (0.9 against 4.3 ms for (8, 16, 256, 64), one thread)."""
-    return x.amin(dim, keepdim=keepdim), x.amax(dim, keepdim=keepdim)
-
-
-def block_ranges(s: Stream) -> tuple[Tensor, Tensor]:
-    """The value range at each block's first row, ``[min, max]_{j <= cb} v_j``: (B, C, d_v)
-    each (block 0's row is its own)."""
-    b, full = s.block, s.n // s.block
-    firsts = s.v[:, ::b]  # (B, C, d_v): each block's first row
-    lows, highs = [], []
-    if full:
-        low, high = extremes(s.v[:, : full * b].unflatten(1, (full, b)), -2)
-        lows.append(low)
-        highs.append(high)
-    if full * b < s.n:
-        low, high = extremes(s.v[:, full * b :], 1, keepdim=True)
-        lows.append(low)
-        highs.append(high)
-    low, high = torch.cat(lows, 1), torch.cat(highs, 1)  # each block's own extremes
-    before_low = torch.cummin(low, 1).values[:, :-1]  # blocks < c
-    before_high = torch.cummax(high, 1).values[:, :-1]
-    low, high = firsts.clone(), firsts.clone()
-    torch.minimum(low[:, 1:], before_low, out=low[:, 1:])
-    torch.maximum(high[:, 1:], before_high, out=high[:, 1:])
-    return low, high
-
-
-def exact_range(s: Stream, start: int, stop: int) -> tuple[Tensor, Tensor]:
-    """The running range ``[min, max]_{j <= t} v_j`` of the rows of blocks ``start .. stop-1``
-    (B, rows, d_v) each: a cummin / cummax from the block's own rows, the blocks before
-    carried in."""
-    rows = s.rows(start, stop)
-    v = s.v[:, : rows.stop]
-    lows, highs = [], []
-    for c in range(start, stop):
-        block = s.rows(c, c + 1)
-        low = torch.cummin(v[:, block], 1).values
-        high = torch.cummax(v[:, block], 1).values
-        if c:
-            low = torch.minimum(low, v[:, : block.start].amin(1, keepdim=True))
-            high = torch.maximum(high, v[:, : block.start].amax(1, keepdim=True))
-        lows.append(low)
-        highs.append(high)
-    return torch.cat(lows, 1), torch.cat(highs, 1)
-
 
 # ----------------------------------------------------------------------------- landmarks
 
@@ -339,28 +242,50 @@ def combine_chunk(
     den_floor: float,
 ) -> tuple[Tensor, Tensor]:
     """:func:`combine_rows` for the blocks ``c0 .. c1 - 1`` (its temporaries die with it)."""
-    c0, c1 = blocks
-    rows, dv = s.rows(c0, c1), s.v.shape[-1]
-    # the chunk's cores G_ZZ^{-1} M_c (float64 temporaries of the chunk's size only)
-    core = readout.landmarks.solve(moments)
-    valid = readout.landmarks.valid  # (B, 1, r)
-    bias = (core.log_scale - readout.half_sq).masked_fill(~valid, -math.inf)  # (B, G, r)
-    ones = torch.ones_like(core.scaled[..., :1])
-    weights = torch.cat([core.scaled, ones], -1).to(out.dtype)  # (B, G, r, d_v + 2)
-    logits = torch.bmm(s.q[:, rows], readout.points)  # (B, L, r)
-    per_block = logits.unflatten(1, (c1 - c0, -1))  # (B, G, b, r)
-    per_block.add_(bias.unsqueeze(-2).to(out.dtype))
-    row_lse = lse[:, rows]
-    ref = finite_or_zero(torch.maximum(row_lse, logits.amax(-1, keepdim=True)))
-    logits.sub_(ref).exp_()  # the past terms a_s
-    past = (per_block @ weights).flatten(1, 2)  # (B, L, d_v + 2): num, den, sum_s a_s
-    local_den = torch.exp(row_lse - ref)
-    past_den, floor = past[..., dv : dv + 1], den_floor * past[..., dv + 1 :]
-    low = past_den < floor
-    den = (local_den + torch.where(low, floor, past_den)).clamp_(min=torch.finfo(out.dtype).tiny)
-    rows_out = out[:, rows]
-    rows_out.mul_(local_den).add_(past[..., :dv]).div_(den)
-    return low.sum(), clamp_rows(s, rows_out, blocks, bounds)
+    terms = ChunkTerms.of(s, lse, blocks, readout, moments, den_floor)
+    rows_out = out[:, s.rows(*blocks)]
+    rows_out.mul_(terms.local_den).add_(terms.past[..., : s.v.shape[-1]]).div_(terms.den)
+    return terms.low.sum(), clamp_rows(s, rows_out, blocks, bounds)
+
+
+@dataclass
+class ChunkTerms:
+    """Eq. (1)'s parts for the rows of blocks ``c0 .. c1 - 1`` (also what the training path's
+    backward recomputes): the raw core solve and its reference (:func:`raw_core`), the core,
+    the past terms ``a`` (B, G, b, r), the past sums (B, L, d_v + 2: num, den, sum_s a_s), the
+    local denominator, the floored rows and the denominator (B, L, 1)."""
+
+    raw: Tensor
+    top: Tensor
+    core: Core
+    terms: Tensor
+    past: Tensor
+    local_den: Tensor
+    low: Tensor
+    den: Tensor
+
+    @classmethod
+    def of(cls, s, lse, blocks, readout, moments, den_floor) -> ChunkTerms:  # noqa: D102
+        rows, dv, dtype = s.rows(*blocks), s.v.shape[-1], s.q.dtype
+        # the chunk's cores G_ZZ^{-1} M_c (float64 temporaries of the chunk's size only)
+        raw, top = raw_core(moments.rho, moments.num, readout.landmarks.chol)
+        core = core_of(raw, top, readout.landmarks.points.dtype)  # LandmarkSet.solve's
+        valid = readout.landmarks.valid  # (B, 1, r)
+        bias = (core.log_scale - readout.half_sq).masked_fill(~valid, -math.inf)  # (B, G, r)
+        ones = torch.ones_like(core.scaled[..., :1])
+        weights = torch.cat([core.scaled, ones], -1).to(dtype)  # (B, G, r, d_v + 2)
+        logits = torch.bmm(s.q[:, rows], readout.points)  # (B, L, r)
+        terms = logits.unflatten(1, (blocks[1] - blocks[0], -1))  # (B, G, b, r)
+        terms.add_(bias.unsqueeze(-2).to(dtype))
+        row_lse = lse[:, rows]
+        ref = finite_or_zero(torch.maximum(row_lse, logits.amax(-1, keepdim=True)))
+        logits.sub_(ref).exp_()  # the past terms a_s
+        past = (terms @ weights).flatten(1, 2)  # (B, L, d_v + 2): num, den, sum_s a_s
+        local_den = torch.exp(row_lse - ref)
+        past_den, floor = past[..., dv : dv + 1], den_floor * past[..., dv + 1 :]
+        low = past_den < floor
+        den = (local_den + torch.where(low, floor, past_den)).clamp_(min=torch.finfo(dtype).tiny)
+        return cls(raw, top, core, terms, past, local_den, low, den)
 
 
 def clamp_rows(

@@ -51,8 +51,9 @@ from rpka.attention.causal_landmarks import (
     draw_blocks,
     past_is_exact,
 )
-from rpka.attention.causal_stream import Epoch, KeySide, Readout, Stream, Tape, stream_forward
-from rpka.attention.nystrom import CORE_DTYPE, core_of, finite_or_zero, raw_core, row_sizes
+from rpka.attention.causal_layout import Epoch, Stream, Tape
+from rpka.attention.causal_stream import ChunkTerms, KeySide, Readout, stream_forward
+from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, row_sizes
 from rpka.attention.rpcholesky import gaussian_kernel
 
 
@@ -203,28 +204,16 @@ def readout_backward(
     for c0, c1 in s.chunks(start, stop, width):
         rows, blocks = s.rows(c0, c1), c1 - c0
         moments = epoch.moments.part(slice(c0 - start, c1 - start))
-        raw, top = raw_core(moments.rho, moments.num, readout.landmarks.chol)
-        core = core_of(raw, top, lm.points.dtype)  # LandmarkSet.solve's, its solve kept
-        bias = (core.log_scale - readout.half_sq).masked_fill(~readout.landmarks.valid, -math.inf)
-        weights = torch.cat([core.scaled, torch.ones_like(core.scaled[..., :1])], -1).to(dtype)
-        logits = torch.bmm(s.q[:, rows], readout.points)
-        per_block = logits.unflatten(1, (blocks, -1))
-        per_block.add_(bias.unsqueeze(-2).to(dtype))
-        row_lse = tape.lse[:, rows]
-        ref = finite_or_zero(torch.maximum(row_lse, logits.amax(-1, keepdim=True)))
-        logits.sub_(ref).exp_()  # the past terms a_is, per_block their (B, G, b, r) view
-        past = (per_block @ weights).flatten(1, 2)
-        local_den = torch.exp(row_lse - ref)
-        past_den, floor = past[..., dv : dv + 1], den_floor * past[..., dv + 1 :]
-        low = past_den < floor
-        den = (local_den + torch.where(low, floor, past_den)).clamp_(min=torch.finfo(dtype).tiny)
+        chunk = ChunkTerms.of(s, tape.lse, (c0, c1), readout, moments, den_floor)
+        per_block, low, den, local_den = chunk.terms, chunk.low, chunk.den, chunk.local_den
+        weights = chunk.core.scaled.to(dtype)
         # eq. (1) backward (the module docstring's u, w)
         part = g[:, rows]
         u = part / den
         w = -(part * out[:, rows]).sum(-1, keepdim=True) / den
         g_loc[:, rows] = u * local_den  # its log-sum-exp's gradient: local_backward
         uw = torch.cat([u, torch.where(low, 0, w)], -1).unflatten(1, (blocks, -1))
-        e = uw @ weights[..., :-1].transpose(-1, -2)  # dL/da (B, G, b, r)
+        e = uw @ weights.transpose(-1, -2)  # dL/da (B, G, b, r)
         e.add_(torch.where(low, w * den_floor, 0).unflatten(1, (blocks, -1))).mul_(per_block)
         dcore = per_block.transpose(-1, -2) @ uw  # (B, G, r, d_v + 1)
         e = e.flatten(1, 2)
@@ -233,11 +222,11 @@ def readout_backward(
         mu += dshift.sum(1, keepdim=True)
         dz += (dshift - e.sum(1).unsqueeze(-1) * lm.points).to(CORE_DTYPE)
         # the core G^{-1} M (float64), as solve_core: scaled = raw / size
-        size, _ = row_sizes(raw)
+        size, _ = row_sizes(chunk.raw)
         dres = torch.cholesky_solve(dcore.to(CORE_DTYPE) / size, readout.landmarks.chol)
-        dgram -= (dres @ raw.transpose(-1, -2)).sum(1)
+        dgram -= (dres @ chunk.raw.transpose(-1, -2)).sum(1)
         rho = moments.rho.to(CORE_DTYPE)
-        dnum[:, c0 - start : c1 - start] = dres * torch.exp(rho - top).unsqueeze(-1)
+        dnum[:, c0 - start : c1 - start] = dres * torch.exp(rho - chunk.top).unsqueeze(-1)
     return dnum, dgram, dz
 
 
