@@ -1,6 +1,6 @@
 """Causal RPKA against exact causal attention (issue 55): the benchmark that writes JSON.
 
-Six measurements, one thread by default, arms interleaved in a fresh seeded order every
+Seven measurements, one thread by default, arms interleaved in a fresh seeded order every
 repeat (:func:`rpka.speed.timing.interleaved`), CPU time (``time.process_time``) beside
 wall time, medians of ``repeats`` >= 7 after ``warmup`` calls:
 
@@ -10,6 +10,7 @@ wall time, medians of ``repeats`` >= 7 after ``warmup`` calls:
 * ``forward_backward``: the same at one length and rank, forward + backward of
   ``out.sum()``;
 * ``peak_memory``: one causal forward's peak (``rpka.speed.scaling.peak_memory_mib``);
+  ``peak_memory_train``: one forward + backward's;
 * ``decoder``: a GPT-2-like decoder (:class:`TinyGPT`: pre-norm blocks, causal SDPA, GELU
   MLP; built here, no weights downloaded) forward as it is vs inside ``rpka.swap.swap``, at
   each of ``--decoder-lengths``; ``decoder_train``: one training step of it (forward,
@@ -148,17 +149,28 @@ def forward_backward_rows(n: int, rank: int, warmup: int, repeats: int, seed: in
     return [{"n": n, "arm": label, **row} for label, row in stats.items()]
 
 
-def peak_rows(n: int, rank: int, seed: int) -> list[dict]:
-    q, k, v = qkv(n, seed)
+def peak_rows(n: int, rank: int, seed: int, train: bool = False) -> list[dict]:
+    """Peak memory of one causal forward (``train=False``, no gradients) or one forward +
+    backward of ``out.sum()``, exact and RPKA, and its ratio to exact's."""
+    q, k, v = qkv(n, seed, grad=train)
     attn = rpka_causal(rank, seed)
+
+    def call(fn: Callable[..., Tensor]) -> Callable[[], object]:
+        def run() -> object:
+            out = fn(q, k, v)
+            if train:
+                out.sum().backward()
+                for x in (q, k, v):
+                    x.grad = None
+            return out
+
+        return run
+
     rows = []
-    with torch.no_grad():
-        attn(q, k, v)  # warm: lazy imports and compiled kernels allocate once
-        for label, fn in (
-            (EXACT, lambda: exact_causal(q, k, v)),
-            (f"rpka-r{rank}", lambda: attn(q, k, v)),
-        ):
-            rows.append({"n": n, "arm": label, "peak_mib": peak_memory_mib(fn, "cpu")})
+    with torch.set_grad_enabled(train):
+        call(attn)()  # warm: lazy imports and compiled kernels allocate once
+        for label, fn in ((EXACT, exact_causal), (f"rpka-r{rank}", attn)):
+            rows.append({"n": n, "arm": label, "peak_mib": peak_memory_mib(call(fn), "cpu")})
     for row in rows:
         row["peak_over_exact"] = row["peak_mib"] / rows[0]["peak_mib"]
     return rows
@@ -278,6 +290,9 @@ def run(args: argparse.Namespace) -> dict:
         args.train_length, args.train_rank, w, r, args.seed
     )
     result["peak_memory"] = peak_rows(args.memory_length, args.train_rank, args.seed)
+    result["peak_memory_train"] = peak_rows(
+        args.memory_length, args.train_rank, args.seed, train=True
+    )
     write_result_json(args.out, result)
     shape = (args.decoder_width, args.decoder_layers, args.decoder_heads)
     for key, train in (("decoder", False), ("decoder_train", True)):
@@ -360,8 +375,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for row in result[key]:
             label = f"{key} n={row['n']} {row['arm']}"
             print(f"{label:36s} {row['cpu_ms']:9.1f} ms  x{row['speedup_cpu']:.2f}")
-    for row in result["peak_memory"]:
-        print(f"peak {row['arm']:18s} {row['peak_mib']:7.1f} MiB  x{row['peak_over_exact']:.2f}")
+    for key in ("peak_memory", "peak_memory_train"):
+        for row in result[key]:
+            label = f"{key} {row['arm']}"
+            print(f"{label:36s} {row['peak_mib']:7.1f} MiB  x{row['peak_over_exact']:.2f}")
     return result
 
 

@@ -211,7 +211,9 @@ def test_bench_causal_smoke_run_writes_every_measure(tmp_path):
                 row["flop_ideal_speedup"] / row["speedup_cpu"]
             )
     assert {r["arm"] for r in saved["forward_backward"]} == {bench.EXACT, "rpka-r64"}
-    assert all(r["peak_mib"] > 0 for r in saved["peak_memory"])
+    for key in ("peak_memory", "peak_memory_train"):
+        assert {r["arm"] for r in saved[key]} == {bench.EXACT, "rpka-r64"}
+        assert all(r["peak_mib"] > 0 for r in saved[key])
     for key in ("decoder", "decoder_train"):  # the forward, and one training step
         swapped = next(r for r in saved[key] if r["arm"] == "rpka-r64")
         assert swapped["sdpa_calls_served"] > 0 and swapped["sdpa_calls_passed"] == 0
