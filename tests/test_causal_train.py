@@ -39,6 +39,7 @@ def relative(a, b):
         (300, 16, 16, "joint", 16, 1.5),  # five epochs, a partial last block
         (256, 16, 8, "keys", 16, 1.5),
         (300, 16, 8, "joint", 8, 3.0),  # sharp: both guards fire
+        (70, 128, 8, "joint", 16, 1.5),  # one block: exact causal softmax, no epoch
     ],
 )
 def test_written_out_backward_matches_autograd_on_the_reference_path(
