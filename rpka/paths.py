@@ -201,6 +201,8 @@ def decode_json(device: str = "cpu") -> str:
 
 
 GPU_SCALING_JSON = f"{SCALING_RESULTS}/gpu_h200.json"
+# causal RPKA against exact causal SDPA (scripts/bench_causal.py, issue 55)
+CAUSAL_CPU_JSON = f"{SCALING_RESULTS}/causal_cpu.json"
 ARMS_LATENCY_JSON = f"{SCALING_RESULTS}/arms_full_cpu.json"
 
 

@@ -265,6 +265,39 @@ def test_targets_without_the_long_lengths_say_so():
     assert set(cpu["status"]) == {"n/a"}
 
 
+def causal_bench(forward_64: float, train_ms: float, decoder: float) -> dict:
+    """A causal bench file (scripts/bench_causal.py's keys) with the given figures."""
+    forward = [
+        {"n": n, "arm": arm, "speedup_cpu": x, "measured_over_ideal": 1.9}
+        for n, arm, x in [(4096, "rpka-r64", forward_64), (8192, "rpka-r64", 4.2),
+                          (4096, "rpka-r16", 3.0)]
+    ]  # fmt: skip
+    return {
+        "forward": forward,
+        "forward_backward": [{"n": 4096, "arm": "exact", "cpu_ms": 100.0},
+                             {"n": 4096, "arm": "rpka-r64", "cpu_ms": train_ms}],
+        "peak_memory": [{"n": 4096, "arm": "exact", "peak_over_exact": 1.0},
+                        {"n": 4096, "arm": "rpka-r64", "peak_over_exact": 1.6}],
+        "decoder": [{"n": 2048, "arm": "exact", "speedup_cpu": 1.0},
+                    {"n": 2048, "arm": "rpka-r64", "speedup_cpu": decoder}],
+    }  # fmt: skip
+
+
+def test_causal_targets_state_issue_55s_figures_and_can_fail_each_way():
+    rows = readme.causal_targets(causal_bench(2.1, 50.0, 1.2))
+    status = {target.split(" at ")[0]: met for target, _, met in rows}
+    assert status["causal: rpka r=64 forward ≥ 2 × faster than exact causal SDPA"] is True
+    assert status["causal: rpka r=16 forward ≥ 4 × faster than exact causal SDPA"] is False
+    assert status["causal: r=64 forward within 2 × its FLOP-ideal time"] is True
+    assert status["causal: r=64 forward + backward ≤ 0.5 × exact's time"] is True
+    assert status["causal: peak memory of a forward ≤ 1.5 × exact's"] is False
+    assert rows[-1][1] == "1.20 ×" and rows[-1][2] is True  # no training-step row: none named
+    slow = readme.causal_targets(causal_bench(1.9, 50.1, 0.99))
+    assert [met for *_, met in slow][0] is False and slow[4][1] == "0.501 ×"
+    assert slow[4][2] is False and slow[-1][2] is False
+    assert readme.causal_targets(None) == []
+
+
 def test_control_reading_says_whether_the_track_needs_attention(smoke_study_report):
     import copy
 

@@ -246,11 +246,14 @@ def targets(
     scaling: Mapping[str, Any] | None,
     decode: Mapping[str, Any] | None,
     gpu: Mapping[str, Any] | None,
+    causal: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
-    """The study's targets table (``rpka.report.readme.targets_table``) for these results."""
+    """The study's targets table (``rpka.report.readme.targets_table``) for these results;
+    ``causal``: causal RPKA's bench (``scripts/bench_causal.py``)."""
     results: dict[str, Any] = dict.fromkeys(STUDY_TRACKS)
     results |= {name: t["report"] for name, t in study["tracks"].items()}
     results |= {"mechanism": mechanism, "scaling_cpu": scaling, "decode": decode}
+    results["causal_cpu"] = causal
     results["longctx"] = readme.timed_longctx(
         optional_json(paths.longctx_json(study["preset"])), paths.results_dir(study["preset"])
     )

@@ -68,6 +68,7 @@ def load_results(preset: str) -> dict[str, dict[str, Any] | None]:
         "scaling_cpu": _load(paths.scaling_cpu_json(preset)),
         "longctx": timed_longctx(_load(paths.longctx_json(preset)), paths.results_dir(preset)),
         "decode": _load(DECODE_JSON),
+        "causal_cpu": _load(paths.CAUSAL_CPU_JSON),
         "scaling_gpu": _load(GPU_JSON),
         "rank_law": _load(paths.RANK_LAW_JSON),
     }
@@ -161,6 +162,7 @@ def targets_table(results: Mapping[str, Any], cost: pd.DataFrame | None = None) 
     found += mechanism_targets(results["mechanism"])
     found += speed_targets(results["scaling_cpu"])
     found += decode_targets(results["decode"])
+    found += causal_targets(results.get("causal_cpu"))
     found += gpu_targets(results["scaling_gpu"])
     rows = [(target, measured, _met(met)) for target, measured, met in found]
     return pd.DataFrame(rows, columns=["target", "measured", "status"])
@@ -239,6 +241,63 @@ def decode_targets(decode: Mapping[str, Any] | None) -> list[Target]:
         f"{target['ratio']:.2f} × without ({decode['device']})",
         target["met"],
     )]  # fmt: skip
+
+
+# issue 55's targets for causal RPKA (scripts/bench_causal.py): (rank, n, speed-up) of the
+# forward, then forward + backward and peak memory against exact's, measured / FLOP-ideal
+CAUSAL_FORWARD_TARGETS = ((64, 4096, 2.0), (64, 8192, 4.0), (16, 4096, 4.0))
+CAUSAL_TRAIN_TARGET, CAUSAL_PEAK_TARGET, CAUSAL_IDEAL_TARGET = 0.5, 1.5, 2.0
+
+
+def causal_targets(causal: Mapping[str, Any] | None) -> list[Target]:
+    """Causal RPKA against exact causal SDPA, one thread (``scripts/bench_causal.py``):
+    forward speed, forward + backward time, peak memory, measured / FLOP-ideal at the
+    longest length, and a GPT-2-like decoder's forward at its first length."""
+    if not causal:
+        return []
+    forward = {(row["n"], row["arm"]): row for row in causal["forward"]}
+    found: list[Target] = []
+    for rank, n, target in CAUSAL_FORWARD_TARGETS:
+        row = forward.get((n, f"rpka-r{rank}"))
+        found.append((
+            f"causal: rpka r={rank} forward ≥ {target:g} × faster than exact causal SDPA at "
+            f"n = {n:,}",
+            f"{row['speedup_cpu']:.2f} ×" if row else "not in this run",
+            row["speedup_cpu"] >= target if row else None,
+        ))  # fmt: skip
+    longest = max(n for n, _ in forward)
+    ideal = forward.get((longest, "rpka-r64"), {}).get("measured_over_ideal")
+    found.append((
+        f"causal: r=64 forward within {CAUSAL_IDEAL_TARGET:g} × its FLOP-ideal time at "
+        f"n = {longest:,}",
+        f"{ideal:.2f} × the ideal" if ideal else "not in this run",
+        ideal <= CAUSAL_IDEAL_TARGET if ideal else None,
+    ))  # fmt: skip
+    (exact, rpka), n = causal["forward_backward"], causal["forward_backward"][0]["n"]
+    ratio = rpka["cpu_ms"] / exact["cpu_ms"]
+    found.append((
+        f"causal: r=64 forward + backward ≤ {CAUSAL_TRAIN_TARGET:g} × exact's time at "
+        f"n = {n:,}",
+        against(ratio, CAUSAL_TRAIN_TARGET),
+        ratio <= CAUSAL_TRAIN_TARGET,
+    ))  # fmt: skip
+    peak = causal["peak_memory"][-1]
+    found.append((
+        f"causal: peak memory of a forward ≤ {CAUSAL_PEAK_TARGET:g} × exact's at "
+        f"n = {peak['n']:,}",
+        against(peak["peak_over_exact"], CAUSAL_PEAK_TARGET),
+        peak["peak_over_exact"] <= CAUSAL_PEAK_TARGET,
+    ))  # fmt: skip
+    decoder = [row for row in causal["decoder"] if row["arm"] != "exact"][0]
+    step = [row for row in causal.get("decoder_train", []) if row["arm"] != "exact"][:1]
+    trained = f"; a training step {step[0]['speedup_cpu']:.2f} ×" if step else ""
+    found.append((
+        f"causal: a GPT-2-like decoder's forward faster than exact at {decoder['n']:,} tokens "
+        "(rpka.swap, r=64)",
+        f"{decoder['speedup_cpu']:.2f} ×{trained}",
+        decoder["speedup_cpu"] > 1,
+    ))  # fmt: skip
+    return found
 
 
 def gpu_targets(gpu: Mapping[str, Any] | None) -> list[Target]:

@@ -98,6 +98,7 @@ def notebook_parameters(preset: str) -> dict[str, dict[str, Any]]:
             ),
             "scaling_cpu_json": paths.scaling_cpu_json(preset),
             "decode_json": paths.decode_json("cpu"),
+            "causal_cpu_json": paths.CAUSAL_CPU_JSON,
             "scaling_gpu_json": paths.GPU_SCALING_JSON,
             "arms_latency_json": paths.ARMS_LATENCY_JSON,
             "rank_law_json": paths.RANK_LAW_JSON,
