@@ -137,9 +137,10 @@ def stream_backward(
     """Gradients of :func:`stream_forward`'s output ``out`` (B, n, d_v) for ``grad`` (any
     shape of B n d_v entries) in the raw q, k, v (B, n, d).
 
-    The readout runs first (it gives the local part's gradient); the local part's kernel then
-    returns fresh q, k, v gradients, and the key moments and landmarks add to those: no
-    full-size buffer is zero-filled or added whole."""
+    The readout runs first (it gives the local part's gradient and writes ``dq~`` row by
+    row); the local part's kernel then returns fresh q, k, v gradients, which take ``dq~`` in
+    one add and the key moments' and landmarks' shares in place: no full-size buffer is
+    zero-filled."""
     s, b = tape.stream, tape.stream.block
     g, routes = route_clamped(s, tape.clamped, grad.reshape(s.v.shape).to(s.v.dtype))
     g_loc, dq_past = torch.empty_like(g), torch.empty_like(s.q)
