@@ -13,6 +13,7 @@ rerun has changed those files).
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -249,23 +250,47 @@ CAUSAL_FORWARD_TARGETS = ((64, 4096, 2.0), (64, 8192, 4.0), (16, 4096, 4.0))
 CAUSAL_TRAIN_TARGET, CAUSAL_PEAK_TARGET, CAUSAL_IDEAL_TARGET = 0.5, 1.5, 2.0
 
 
+def paired_speedup(base: Mapping[str, Any], arm: Mapping[str, Any]) -> float:
+    """The median over repeats of ``base``'s time over ``arm``'s in the same repeat (the
+    bench interleaves the arms, so repeat i of each ran side by side): unlike the ratio of
+    the two medians, a machine slowing down during the run cannot move it."""
+    pairs = zip(base["cpu_ms_all"], arm["cpu_ms_all"], strict=True)
+    return statistics.median(b / a for b, a in pairs)
+
+
 def causal_targets(causal: Mapping[str, Any] | None) -> list[Target]:
     """Causal RPKA against exact causal SDPA, one thread (``scripts/bench_causal.py``):
     forward speed, forward + backward time, peak memory, measured / FLOP-ideal at the
-    longest length, and a GPT-2-like decoder's forward at its first length."""
+    longest length, and a GPT-2-like decoder's forward at its first length.
+
+    A speed target is met when both readings meet it: the ratio of the medians and the
+    median of the paired repeats (:func:`paired_speedup`). They part where the machine
+    drifted during the run: the decoder's row at 17:30 UTC on 6 December read 1.02x by its
+    medians and 0.97x paired, RPKA slower in 6 of 7 repeats."""
     if not causal:
         return []
     forward = {(row["n"], row["arm"]): row for row in causal["forward"]}
+    exact = {n: row for (n, arm), row in forward.items() if not arm.startswith("rpka")}
+
+    def speed(base: Mapping[str, Any], row: Mapping[str, Any], target: float) -> tuple:
+        """The two readings (text) and whether both reach ``target`` (both above 1 for
+        "faster": ``target`` 1)."""
+        paired = paired_speedup(base, row)
+        readings = (row["speedup_cpu"], paired)
+        ok = all(x > 1 if target == 1 else x >= target for x in readings)
+        return f"{readings[0]:.2f} × ({paired:.2f} × paired)", ok
+
     found: list[Target] = []
     for rank, n, target in CAUSAL_FORWARD_TARGETS:
         row = forward.get((n, f"rpka-r{rank}"))
+        measured, ok = speed(exact[n], row, target) if row else ("not in this run", None)
         found.append((
             f"causal: rpka r={rank} forward ≥ {target:g} × faster than exact causal SDPA at "
             f"n = {n:,}",
-            f"{row['speedup_cpu']:.2f} ×" if row else "not in this run",
-            row["speedup_cpu"] >= target if row else None,
+            measured,
+            ok,
         ))  # fmt: skip
-    longest = max(n for n, _ in forward)
+    longest = max(exact)
     ideal = forward.get((longest, "rpka-r64"), {}).get("measured_over_ideal")
     found.append((
         f"causal: r=64 forward within {CAUSAL_IDEAL_TARGET:g} × its FLOP-ideal time at "
@@ -273,13 +298,13 @@ def causal_targets(causal: Mapping[str, Any] | None) -> list[Target]:
         f"{ideal:.2f} × the ideal" if ideal else "not in this run",
         ideal <= CAUSAL_IDEAL_TARGET if ideal else None,
     ))  # fmt: skip
-    (exact, rpka), n = causal["forward_backward"], causal["forward_backward"][0]["n"]
-    ratio = rpka["cpu_ms"] / exact["cpu_ms"]
+    base, rpka = causal["forward_backward"]
+    ratio, paired = rpka["cpu_ms"] / base["cpu_ms"], 1 / paired_speedup(base, rpka)
     found.append((
         f"causal: r=64 forward + backward ≤ {CAUSAL_TRAIN_TARGET:g} × exact's time at "
-        f"n = {n:,}",
-        against(ratio, CAUSAL_TRAIN_TARGET),
-        ratio <= CAUSAL_TRAIN_TARGET,
+        f"n = {base['n']:,}",
+        f"{against(ratio, CAUSAL_TRAIN_TARGET)} ({paired:.2f} × paired)",
+        ratio <= CAUSAL_TRAIN_TARGET and paired <= CAUSAL_TRAIN_TARGET,
     ))  # fmt: skip
     peak = causal["peak_memory"][-1]
     found.append((
@@ -288,14 +313,15 @@ def causal_targets(causal: Mapping[str, Any] | None) -> list[Target]:
         against(peak["peak_over_exact"], CAUSAL_PEAK_TARGET),
         peak["peak_over_exact"] <= CAUSAL_PEAK_TARGET,
     ))  # fmt: skip
-    decoder = [row for row in causal["decoder"] if row["arm"] != "exact"][0]
+    base, decoder = causal["decoder"][:2]  # the first length: exact, then RPKA
     step = [row for row in causal.get("decoder_train", []) if row["arm"] != "exact"][:1]
     trained = f"; a training step {step[0]['speedup_cpu']:.2f} ×" if step else ""
+    measured, ok = speed(base, decoder, 1)
     found.append((
         f"causal: a GPT-2-like decoder's forward faster than exact at {decoder['n']:,} tokens "
         "(rpka.swap, r=64)",
-        f"{decoder['speedup_cpu']:.2f} ×{trained}",
-        decoder["speedup_cpu"] > 1,
+        measured + trained,
+        ok,
     ))  # fmt: skip
     return found
 
