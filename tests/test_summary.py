@@ -10,7 +10,7 @@ import pytest
 from rpka import paths
 from rpka.cli import commands as cli
 from rpka.paths import resolve
-from rpka.report import readme, readme_table
+from rpka.report import causal_targets, readme, readme_table
 
 
 def test_arm_table_has_one_row_per_arm_with_the_reports_numbers(smoke_study_report):
@@ -297,7 +297,7 @@ def causal_bench(forward_64: float, train_ms: float, decoder: float) -> dict:
 
 
 def test_causal_targets_state_issue_55s_figures_and_can_fail_each_way():
-    rows = readme.causal_targets(causal_bench(2.1, 50.0, 1.2))
+    rows = causal_targets.causal_targets(causal_bench(2.1, 50.0, 1.2))
     status = {target.split(" at ")[0]: met for target, _, met in rows}
     assert status["causal: rpka r=64 forward ≥ 2 × faster than exact causal SDPA"] is True
     assert status["causal: rpka r=16 forward ≥ 4 × faster than exact causal SDPA"] is False
@@ -305,14 +305,14 @@ def test_causal_targets_state_issue_55s_figures_and_can_fail_each_way():
     assert status["causal: r=64 forward + backward ≤ 0.5 × exact's time"] is True
     assert status["causal: peak memory of a forward ≤ 1.5 × exact's"] is False
     assert rows[-1][1] == "1.22 × (1.16 × paired)" and rows[-1][2] is True
-    slow = readme.causal_targets(causal_bench(1.9, 50.1, 1.2))
+    slow = causal_targets.causal_targets(causal_bench(1.9, 50.1, 1.2))
     assert [met for *_, met in slow][0] is False and slow[4][1].startswith("0.501 ×")
     assert slow[4][2] is False
     # the committed run's decoder: its medians say faster (exact's time drifted up during the
     # run), its paired repeats slower - RPKA slower in 6 of 7: not met
-    measured, met = readme.causal_targets(causal_bench(2.1, 50.0, 1.0))[-1][1:]
+    measured, met = causal_targets.causal_targets(causal_bench(2.1, 50.0, 1.0))[-1][1:]
     assert measured == "1.02 × (0.97 × paired)" and met is False
-    assert readme.causal_targets(None) == []
+    assert causal_targets.causal_targets(None) == []
 
 
 def test_control_reading_says_whether_the_track_needs_attention(smoke_study_report):

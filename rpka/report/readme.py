@@ -13,7 +13,6 @@ rerun has changed those files).
 from __future__ import annotations
 
 import os
-import statistics
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from rpka.config.presets_longctx import POWER_PRESET, power_as_run
 from rpka.io import read_json_checked
 from rpka.paths import resolve
 from rpka.report import narrative, rank_law, tables
+from rpka.report.causal_targets import Target, against, causal_targets
 from rpka.report.longrange_answer import robust_answer_text
 from rpka.study import steps as study
 from rpka.study.cost import cost_model_json, measured_cpu_s
@@ -134,21 +134,8 @@ def _rpka_rows(scaling: Mapping[str, Any], rank: int = 64) -> dict[int, dict]:
 BUDGET_MIN = STANDARD_WALL_BUDGET_MIN
 
 
-def against(ratio: float, target: float) -> str:
-    """A measured ratio beside its target, with the digits that tell them apart: 0.501
-    against 0.5 reads "0.501 ×", not "0.50 ×, not met" (issue 56)."""
-    for digits in (2, 3, 4):
-        text = f"{ratio:.{digits}f}"
-        if (float(text) <= target) == (ratio <= target):
-            return f"{text} ×"
-    return f"{ratio:.6g} ×"
-
-
 # long-context training at 2,048 tokens, the primary rank (issue 16's table)
 LONGCTX_STEP_TARGET, LONGCTX_PEAK_TARGET = 0.5, 1.5
-
-
-Target = tuple[str, str, bool | None]  # (target, measured, met: None = not measured)
 
 
 def targets_table(results: Mapping[str, Any], cost: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -242,88 +229,6 @@ def decode_targets(decode: Mapping[str, Any] | None) -> list[Target]:
         f"{target['ratio']:.2f} × without ({decode['device']})",
         target["met"],
     )]  # fmt: skip
-
-
-# issue 55's targets for causal RPKA (scripts/bench_causal.py): (rank, n, speed-up) of the
-# forward, then forward + backward and peak memory against exact's, measured / FLOP-ideal
-CAUSAL_FORWARD_TARGETS = ((64, 4096, 2.0), (64, 8192, 4.0), (16, 4096, 4.0))
-CAUSAL_TRAIN_TARGET, CAUSAL_PEAK_TARGET, CAUSAL_IDEAL_TARGET = 0.5, 1.5, 2.0
-
-
-def paired_speedup(base: Mapping[str, Any], arm: Mapping[str, Any]) -> float:
-    """The median over repeats of ``base``'s time over ``arm``'s in the same repeat (the
-    bench interleaves the arms, so repeat i of each ran side by side): unlike the ratio of
-    the two medians, a machine slowing down during the run cannot move it."""
-    pairs = zip(base["cpu_ms_all"], arm["cpu_ms_all"], strict=True)
-    return statistics.median(b / a for b, a in pairs)
-
-
-def causal_targets(causal: Mapping[str, Any] | None) -> list[Target]:
-    """Causal RPKA against exact causal SDPA, one thread (``scripts/bench_causal.py``):
-    forward speed, forward + backward time, peak memory, measured / FLOP-ideal at the
-    longest length, and a GPT-2-like decoder's forward at its first length.
-
-    A speed target is met when both readings meet it: the ratio of the medians and the
-    median of the paired repeats (:func:`paired_speedup`). They part where the machine
-    drifted during the run: the decoder's row at 17:30 UTC on 6 December read 1.02x by its
-    medians and 0.97x paired, RPKA slower in 6 of 7 repeats."""
-    if not causal:
-        return []
-    forward = {(row["n"], row["arm"]): row for row in causal["forward"]}
-    exact = {n: row for (n, arm), row in forward.items() if not arm.startswith("rpka")}
-
-    def speed(base: Mapping[str, Any], row: Mapping[str, Any], target: float) -> tuple:
-        """The two readings (text) and whether both reach ``target`` (both above 1 for
-        "faster": ``target`` 1)."""
-        paired = paired_speedup(base, row)
-        readings = (row["speedup_cpu"], paired)
-        ok = all(x > 1 if target == 1 else x >= target for x in readings)
-        return f"{readings[0]:.2f} × ({paired:.2f} × paired)", ok
-
-    found: list[Target] = []
-    for rank, n, target in CAUSAL_FORWARD_TARGETS:
-        row = forward.get((n, f"rpka-r{rank}"))
-        measured, ok = speed(exact[n], row, target) if row else ("not in this run", None)
-        found.append((
-            f"causal: rpka r={rank} forward ≥ {target:g} × faster than exact causal SDPA at "
-            f"n = {n:,}",
-            measured,
-            ok,
-        ))  # fmt: skip
-    longest = max(exact)
-    ideal = forward.get((longest, "rpka-r64"), {}).get("measured_over_ideal")
-    found.append((
-        f"causal: r=64 forward within {CAUSAL_IDEAL_TARGET:g} × its FLOP-ideal time at "
-        f"n = {longest:,}",
-        f"{ideal:.2f} × the ideal" if ideal else "not in this run",
-        ideal <= CAUSAL_IDEAL_TARGET if ideal else None,
-    ))  # fmt: skip
-    base, rpka = causal["forward_backward"]
-    ratio, paired = rpka["cpu_ms"] / base["cpu_ms"], 1 / paired_speedup(base, rpka)
-    found.append((
-        f"causal: r=64 forward + backward ≤ {CAUSAL_TRAIN_TARGET:g} × exact's time at "
-        f"n = {base['n']:,}",
-        f"{against(ratio, CAUSAL_TRAIN_TARGET)} ({paired:.2f} × paired)",
-        ratio <= CAUSAL_TRAIN_TARGET and paired <= CAUSAL_TRAIN_TARGET,
-    ))  # fmt: skip
-    peak = causal["peak_memory"][-1]
-    found.append((
-        f"causal: peak memory of a forward ≤ {CAUSAL_PEAK_TARGET:g} × exact's at "
-        f"n = {peak['n']:,}",
-        against(peak["peak_over_exact"], CAUSAL_PEAK_TARGET),
-        peak["peak_over_exact"] <= CAUSAL_PEAK_TARGET,
-    ))  # fmt: skip
-    base, decoder = causal["decoder"][:2]  # the first length: exact, then RPKA
-    step = [row for row in causal.get("decoder_train", []) if row["arm"] != "exact"][:1]
-    trained = f"; a training step {step[0]['speedup_cpu']:.2f} ×" if step else ""
-    measured, ok = speed(base, decoder, 1)
-    found.append((
-        f"causal: a GPT-2-like decoder's forward faster than exact at {decoder['n']:,} tokens "
-        "(rpka.swap, r=64)",
-        measured + trained,
-        ok,
-    ))  # fmt: skip
-    return found
 
 
 def gpu_targets(gpu: Mapping[str, Any] | None) -> list[Target]:
