@@ -132,19 +132,25 @@ def forward_rows(
     return rows
 
 
-def forward_backward_rows(n: int, rank: int, warmup: int, repeats: int, seed: int) -> list[dict]:
-    q, k, v = qkv(n, seed, grad=True)
-    attn = rpka_causal(rank, seed)
+def call_of(fn: Callable[..., Tensor], xs: Sequence[Tensor], train: bool) -> Callable[[], object]:
+    """One call of ``fn`` on ``xs``: the forward, or (``train``) forward + backward of
+    ``out.sum()``, the inputs' gradients dropped after it."""
 
-    def step(fn: Callable[..., Tensor]) -> Callable[[], object]:
-        def run() -> object:
-            for x in (q, k, v):
+    def run() -> object:
+        out = fn(*xs)
+        if train:
+            out.sum().backward()
+            for x in xs:
                 x.grad = None
-            fn(q, k, v).sum().backward()
+        return out
 
-        return run
+    return run
 
-    calls = {EXACT: step(exact_causal), f"rpka-r{rank}": step(attn)}
+
+def forward_backward_rows(n: int, rank: int, warmup: int, repeats: int, seed: int) -> list[dict]:
+    xs = qkv(n, seed, grad=True)
+    attn = rpka_causal(rank, seed)
+    calls = {EXACT: call_of(exact_causal, xs, True), f"rpka-r{rank}": call_of(attn, xs, True)}
     stats = summarise(interleaved(calls, warmup, repeats), EXACT)
     return [{"n": n, "arm": label, **row} for label, row in stats.items()]
 
@@ -152,25 +158,14 @@ def forward_backward_rows(n: int, rank: int, warmup: int, repeats: int, seed: in
 def peak_rows(n: int, rank: int, seed: int, train: bool = False) -> list[dict]:
     """Peak memory of one causal forward (``train=False``, no gradients) or one forward +
     backward of ``out.sum()``, exact and RPKA, and its ratio to exact's."""
-    q, k, v = qkv(n, seed, grad=train)
+    xs = qkv(n, seed, grad=train)
     attn = rpka_causal(rank, seed)
-
-    def call(fn: Callable[..., Tensor]) -> Callable[[], object]:
-        def run() -> object:
-            out = fn(q, k, v)
-            if train:
-                out.sum().backward()
-                for x in (q, k, v):
-                    x.grad = None
-            return out
-
-        return run
-
     rows = []
     with torch.set_grad_enabled(train):
-        call(attn)()  # warm: lazy imports and compiled kernels allocate once
+        call_of(attn, xs, train)()  # warm: lazy imports and compiled kernels allocate once
         for label, fn in ((EXACT, exact_causal), (f"rpka-r{rank}", attn)):
-            rows.append({"n": n, "arm": label, "peak_mib": peak_memory_mib(call(fn), "cpu")})
+            peak = peak_memory_mib(call_of(fn, xs, train), "cpu")
+            rows.append({"n": n, "arm": label, "peak_mib": peak})
     for row in rows:
         row["peak_over_exact"] = row["peak_mib"] / rows[0]["peak_mib"]
     return rows

@@ -102,16 +102,18 @@ def test_training_forward_is_the_inference_output_bit_for_bit(monkeypatch):
     assert torch.equal(trained, inferred)
 
 
-def test_training_takes_the_written_out_backward_only_where_it_applies():
+def test_training_takes_the_written_out_backward_only_where_it_applies(monkeypatch):
     sampler = LandmarkSampler(64, "rpc", "joint", "gauss", 1.0)
     q, k, v = (x.requires_grad_(True) for x in inputs((1, 1, 1024, 8), torch.float32, 1.0))
-    takes = causal_train.takes_stream_training
-    assert takes(q, k, v, 256, sampler, 1024)
-    assert not takes(q, k, v, 256, sampler, 2048)  # too short
-    assert not takes(q, k, v, 16, sampler, 1024)  # block 1's past (32 points) is exact
-    assert not takes(q, k, v[..., :4], 256, sampler, 1024)  # d_v != d
+    takes = causal.takes_stream_training
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 1024)
+    assert takes(q, k, v, 256, sampler)
+    assert not takes(q, k, v, 16, sampler)  # block 1's past (32 points) is exact
+    assert not takes(q, k, v[..., :4], 256, sampler)  # d_v != d
     with torch.no_grad():
-        assert not takes(q, k, v, 256, sampler, 1024)  # inference: the streamed path
+        assert not takes(q, k, v, 256, sampler)  # inference: the streamed path
+    monkeypatch.setattr(causal, "FUSED_FROM_POSITIONS", 2048)
+    assert not takes(q, k, v, 256, sampler)  # too short
 
 
 @pytest.mark.parametrize("pivot_set", ["joint", "keys"])

@@ -113,7 +113,7 @@ from rpka.attention.causal_landmarks import (
     past_is_exact,
 )
 from rpka.attention.causal_stream import stream_forward
-from rpka.attention.causal_train import stream_training, takes_stream_training
+from rpka.attention.causal_train import has_exact_past, stream_training
 
 # ----------------------------------------------------------------------------- one row set
 
@@ -365,8 +365,17 @@ def checks_finite(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return LocalPart.takes_fused(q, k, v)
 
 
+def takes_stream_training(
+    q: Tensor, k: Tensor, v: Tensor, block: int, sampler: LandmarkSampler
+) -> bool:
+    """Whether a call takes the written-out backward (:mod:`causal_train`): the long training
+    calls of :meth:`LocalPart.takes_flash` whose every landmark epoch has landmarks."""
+    return LocalPart.takes_flash(q, k, v) and not has_exact_past(q.shape[-2], block, sampler)
+
+
 def attend(attn: CausalOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, dict]:
     """Causal RPKA forward for ``RPKAttention(causal=True)``: out (B, H, n, d_v), guards."""
+    sampler = sampler_of(attn)
     if LocalPart.takes_fused(q, k, v):  # long inference: streamed on the unscaled inputs
         # the stream's one copy of strided inputs (heads split off a projection), made here
         # so that the finiteness check reads contiguous rows (checks_finite)
@@ -375,12 +384,11 @@ def attend(attn: CausalOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor
             for name, x in (("q", q), ("k", k), ("v", v)):
                 refuse_non_finite(name, x)
         out, guards, _ = stream_forward(
-            q, k, v, q.shape[-1] ** -0.25, attn.causal_block, sampler_of(attn), attn.den_floor,
+            q, k, v, q.shape[-1] ** -0.25, attn.causal_block, sampler, attn.den_floor,
             attn.key_precision,
         )  # fmt: skip
         return out, guards
-    sampler = sampler_of(attn)
-    if takes_stream_training(q, k, v, attn.causal_block, sampler, FUSED_FROM_POSITIONS):
+    if takes_stream_training(q, k, v, attn.causal_block, sampler):
         return stream_training(
             q, k, v, q.shape[-1] ** -0.25, attn.causal_block, sampler, attn.den_floor,
             attn.key_precision,

@@ -57,24 +57,12 @@ from rpka.attention.nystrom import CORE_DTYPE, finite_or_zero, row_sizes
 from rpka.attention.rpcholesky import gaussian_kernel
 
 
-def takes_stream_training(
-    q: Tensor, k: Tensor, v: Tensor, block: int, sampler: LandmarkSampler, from_positions: int
-) -> bool:
-    """Training (some input needs a gradient) on the CPU from ``from_positions``, float32 /
-    float64, d_v = d (the fused kernel's backward wants one head size), every epoch with
-    landmarks (no past small enough to be exact, :func:`past_is_exact`)."""
-    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    if not (
-        grad
-        and q.device.type == "cpu"
-        and q.shape[-2] >= from_positions
-        and q.dtype in (torch.float32, torch.float64)
-        and q.shape[-1] == v.shape[-1]
-    ):
-        return False
+def has_exact_past(n: int, block: int, sampler: LandmarkSampler) -> bool:
+    """Whether some landmark epoch of n positions has a past small enough to be exact
+    (:func:`past_is_exact`): the written-out backward covers epochs with landmarks only."""
     ppp = sampler.points_per_position
-    draws = draw_blocks(math.ceil(q.shape[-2] / block), block, sampler.rank, ppp)
-    return not any(past_is_exact(c, block, sampler.rank, ppp) for c in draws)
+    draws = draw_blocks(math.ceil(n / block), block, sampler.rank, ppp)
+    return any(past_is_exact(c, block, sampler.rank, ppp) for c in draws)
 
 
 def stream_training(

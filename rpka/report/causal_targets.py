@@ -49,23 +49,20 @@ def causal_targets(causal: Mapping[str, Any] | None) -> list[Target]:
     forward = {(row["n"], row["arm"]): row for row in causal["forward"]}
     exact = {n: row for (n, arm), row in forward.items() if not arm.startswith("rpka")}
 
-    def speed(base: Mapping[str, Any], row: Mapping[str, Any], target: float) -> tuple:
-        """The two readings (text) and whether both reach ``target`` (both above 1 for
-        "faster": ``target`` 1)."""
-        paired = paired_speedup(base, row)
-        readings = (row["speedup_cpu"], paired)
-        ok = all(x > 1 if target == 1 else x >= target for x in readings)
-        return f"{readings[0]:.2f} × ({paired:.2f} × paired)", ok
+    def speed(base: Mapping[str, Any], row: Mapping[str, Any]) -> tuple[str, float]:
+        """The two readings as text, and the lesser of them (both must meet a target)."""
+        medians, paired = row["speedup_cpu"], paired_speedup(base, row)
+        return f"{medians:.2f} × ({paired:.2f} × paired)", min(medians, paired)
 
     found: list[Target] = []
     for rank, n, target in CAUSAL_FORWARD_TARGETS:
         row = forward.get((n, f"rpka-r{rank}"))
-        measured, ok = speed(exact[n], row, target) if row else ("not in this run", None)
+        measured, least = speed(exact[n], row) if row else ("not in this run", None)
         found.append((
             f"causal: rpka r={rank} forward ≥ {target:g} × faster than exact causal SDPA at "
             f"n = {n:,}",
             measured,
-            ok,
+            least >= target if row else None,
         ))  # fmt: skip
     longest = max(exact)
     ideal = forward.get((longest, "rpka-r64"), {}).get("measured_over_ideal")
@@ -93,11 +90,11 @@ def causal_targets(causal: Mapping[str, Any] | None) -> list[Target]:
     base, decoder = causal["decoder"][:2]  # the first length: exact, then RPKA
     step = [row for row in causal.get("decoder_train", []) if row["arm"] != "exact"][:1]
     trained = f"; a training step {step[0]['speedup_cpu']:.2f} ×" if step else ""
-    measured, ok = speed(base, decoder, 1)
+    measured, least = speed(base, decoder)
     found.append((
         f"causal: a GPT-2-like decoder's forward faster than exact at {decoder['n']:,} tokens "
         "(rpka.swap, r=64)",
         measured + trained,
-        ok,
+        least > 1,
     ))  # fmt: skip
     return found
