@@ -115,6 +115,22 @@ def test_guards_firing_on_the_streamed_path_match_the_reference(monkeypatch, n, 
     assert ((streamed >= lo) & (streamed <= hi)).all()  # guard 3 holds on every entry
 
 
+@pytest.mark.parametrize("offset", [0.0, 10.0])
+def test_streamed_key_moments_on_raw_keys_hold_with_a_large_common_key_offset(offset):
+    # keys far from the origin (a common offset ~5x their spread, as decoders' keys often
+    # have) must not cost the float32 key side its accuracy against the float64 one: the key
+    # moments read the keys centred on block 0's mean (folding the centre into the
+    # landmarks' bias instead measured 1.3e-6 / 2.4e-6 / 7.3e-6 at offsets 0 / 10 / 30,
+    # against 1.8e-6 / 2.0e-6 / 2.6e-6 centred, and no faster; docs/speed.md)
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 1100, 32, generator=g) * 2 for _ in range(3))
+    k = k + offset * torch.randn(32, generator=g)
+    with torch.no_grad():
+        narrow = causal_rpka(16, 64, key_precision="auto")(q, k, v)
+        wide = causal_rpka(16, 64, key_precision="float64")(q, k, v)
+    assert ((narrow - wide).abs().max() / wide.abs().max()).item() < 2e-5
+
+
 def test_streamed_path_takes_raw_inputs_and_needs_no_scaled_copy():
     # attend passes q, k, v as they are (scale d^-1/4 folded in); causal_forward passes the
     # scaled ones with scale 1: the same estimate to round-off, the same draws

@@ -216,6 +216,29 @@ def test_the_reading_waits_for_the_interim_then_reads_it(tmp_path):
     assert partial["pooled_with_pilot"] == result["pooled_with_pilot"]
 
 
+def test_the_final_look_reads_every_seed_once_all_have_landed(tmp_path):
+    results = _study_clone(tmp_path)
+    arms = get_longctx_preset("longrange-v2").bench.design.arm_names
+    rng = np.random.default_rng(0)
+    for arm in arms:  # no arm differs: the interim cannot stop the study
+        for seeds in (V2_INTERIM_SEEDS, [s for s in V2_EVAL_SEEDS if s not in V2_INTERIM_SEEDS]):
+            mse = [0.9] * len(seeds) if arm == "mean-attention" else list(
+                GOOD * np.exp(rng.normal(0, 0.05, len(seeds)))
+            )
+            _run_file(results, arm, seeds, mse)
+    result = study.read_study(results)
+    reading = result["reading"]
+    assert reading["stopped_at"] == "final" and reading["interim"]["q1"]["answer"] == (
+        "no difference shown"
+    )
+    final = reading["final"]
+    assert final["alpha"] == pytest.approx(rule.obf_nominal_alphas()[1])
+    assert all(row["seeds"] == len(V2_EVAL_SEEDS) for row in result["arms"].values())
+    assert result["arms"]["rpka-r64"]["relative_mse"]["pairs"] == len(V2_EVAL_SEEDS)
+    assert result["pooled_with_pilot"]["seeds"] == 16 + len(V2_EVAL_SEEDS)
+    assert "final look" in "\n".join(study.reading_lines(result))
+
+
 def test_the_command_refuses_bad_input_in_one_line(tmp_path, capsys):
     for argv, says in [
         (["read", "--results", str(tmp_path / "missing")], "no pilot bench report"),
