@@ -222,8 +222,10 @@ def test_the_final_look_reads_every_seed_once_all_have_landed(tmp_path):
     rng = np.random.default_rng(0)
     for arm in arms:  # no arm differs: the interim cannot stop the study
         for seeds in (V2_INTERIM_SEEDS, [s for s in V2_EVAL_SEEDS if s not in V2_INTERIM_SEEDS]):
-            mse = [0.9] * len(seeds) if arm == "mean-attention" else list(
-                GOOD * np.exp(rng.normal(0, 0.05, len(seeds)))
+            mse = (
+                [0.9] * len(seeds)
+                if arm == "mean-attention"
+                else list(GOOD * np.exp(rng.normal(0, 0.05, len(seeds))))
             )
             _run_file(results, arm, seeds, mse)
     result = study.read_study(results)
