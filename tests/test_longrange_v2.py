@@ -147,10 +147,18 @@ def test_the_interim_stops_the_study_only_when_both_questions_are_answered():
 def test_one_seed_deciding_an_answer_is_named():
     arms = _arms(16, uniform_fails=range(8))  # 8 discordant: p 0.0078 < 0.05, Holm's 0.025
     flips = rule.one_seed_decides(arms, 0.05)
-    assert flips["q1"] == [] and flips["q2"] == []
+    assert flips == {"q1": {}, "q2": {}}
     arms = _arms(16, uniform_fails=range(7))  # 7 discordant: p 0.0156; without one: 0.031 > 0.025
     assert rule.read_questions(arms, 0.05)["q1"]["answer"] == "pivoting better"
-    assert rule.one_seed_decides(arms, 0.05)["q1"] == list(range(7))
+    flips = rule.one_seed_decides(arms, 0.05)
+    assert flips["q1"] == dict.fromkeys(range(7), "no difference shown")
+    # the reading names the seeds and what the answer becomes without one of them
+    reading = {"decided_by_one_seed": {"q1": [300, 301, 302]},
+               "answer_without_seed": {"q1": {"300": "no difference shown"}}}  # fmt: skip
+    assert study.without_seed(reading, "q1") == (
+        "without seed 300, 301 or 302 (to no difference shown)"
+    )
+    assert study.without_seed(reading, "q2") == ""
 
 
 def test_the_control_gate():

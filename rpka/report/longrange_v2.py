@@ -12,6 +12,8 @@ from typing import Any
 import pandas as pd
 from IPython.display import Markdown
 
+from rpka.study.longrange_v2 import without_seed
+
 HEADING = "### The decision study (protocol v2)"
 
 
@@ -85,10 +87,9 @@ def answers_text(reading: Mapping[str, Any]) -> str:
                 f"- **{look} look** (level {q['alpha']:.4f}): Q1 *{q['q1']['answer']}*; "
                 f"Q2 *{q['q2']['answer']}*."
             )
-    for question, seeds in (reading.get("decided_by_one_seed") or {}).items():
-        if seeds:
-            lines.append(f"- {question.upper()}'s answer changes without seed "
-                         f"{', '.join(map(str, seeds))}.")  # fmt: skip
+    for question in ("q1", "q2"):
+        if without := without_seed(reading, question):
+            lines.append(f"- {question.upper()}'s answer changes {without}.")
     status = {"interim": "stopped at the interim look", "final": "complete",
               "running": "running: the final look needs all 32 seeds"}  # fmt: skip
     lines.append(f"- The study is {status[reading['stopped_at']]}.")
@@ -129,7 +130,18 @@ def summary_text(study: Mapping[str, Any]) -> str:
         f"{q1['answer'].capitalize()}.** Uniform `r64` failed where RPKA learned on "
         f"{_seeds(f1['b_only'])}, the reverse on {_seeds(f1['a_only'])} (exact paired test p "
         f"{f1['p_two_sided']:.2g}); where both learned RPKA's MSE was {_median(q1)} uniform's."
+        f"{_fragile(reading)}"
     )
+
+
+def _fragile(reading: Mapping[str, Any]) -> str:
+    """The answers one seed decides, and what each becomes without it."""
+    parts = [
+        f"{name} answer changes {without}"
+        for name, question in (("the first", "q2"), ("the second", "q1"))
+        if (without := without_seed(reading, question))
+    ]
+    return f" One seed decides: {'; '.join(parts)}." if parts else " No answer rests on one seed."
 
 
 def _seeds(k: int) -> str:

@@ -146,6 +146,10 @@ def read_study(results: str | Path = paths.COMMITTED_RESULTS) -> dict[str, Any]:
             {a: mse[a][: len(seeds)] for a in QUESTION_ARMS}, reading[look]["alpha"]
         )
         reading["decided_by_one_seed"] = {q: [seeds[i] for i in v] for q, v in flips.items()}
+        # what each of those answers becomes without its seed (JSON keys: the seed)
+        reading["answer_without_seed"] = {
+            q: {str(seeds[i]): answer for i, answer in v.items()} for q, v in flips.items()
+        }
         result["reading"] = reading
         pilot = pilot_mse(results)
         pooled = {a: [*pilot[a], *mse[a]] for a in QUESTION_ARMS}
@@ -193,6 +197,18 @@ def reading_lines(result: Mapping[str, Any]) -> list[str]:
                          f"Q2 {q['q2']['answer']}")  # fmt: skip
     for q, seeds in reading.get("decided_by_one_seed", {}).items():
         if seeds:
-            lines.append(f"{q.upper()}'s answer changes without seed {', '.join(map(str, seeds))}")
+            lines.append(f"{q.upper()}'s answer changes {without_seed(reading, q)}")
     lines.append(f"study: {reading['stopped_at']}")
     return lines
+
+
+def without_seed(reading: Mapping[str, Any], question: str) -> str:
+    """``"without seed 323 or 327 (to inferior)"``: the seeds one of which, left out,
+    changes ``question``'s answer, and what it becomes ("" where no one seed decides it)."""
+    seeds = reading.get("decided_by_one_seed", {}).get(question) or []
+    if not seeds:
+        return ""
+    names = ", ".join(map(str, seeds[:-1])) + (" or " if len(seeds) > 1 else "") + str(seeds[-1])
+    answers = sorted(set((reading.get("answer_without_seed") or {}).get(question, {}).values()))
+    to = f" (to {' / '.join(answers)})" if answers else ""
+    return f"without seed {names}{to}"

@@ -218,18 +218,19 @@ def control_gate(mse_control: Sequence[float], confidence: float = 0.95) -> dict
     return {**count, "passed": count["ci_low"] > CONTROL_FAILURE_MIN}
 
 
-def one_seed_decides(mse: Mapping[str, Sequence[float]], alpha: float) -> dict[str, list[int]]:
-    """Per question, the seed positions whose removal changes its answer at ``alpha`` (the
-    reading re-done with each seed left out; empty: no one seed decides it)."""
+def one_seed_decides(mse: Mapping[str, Sequence[float]], alpha: float) -> dict[str, dict[int, str]]:
+    """Per question, the seed positions whose removal changes its answer at ``alpha``, each
+    with the answer it changes to (the reading re-done with each seed left out; empty: no
+    one seed decides it)."""
     full = read_questions(mse, alpha)
     n = min(len(v) for v in mse.values())
-    flips: dict[str, list[int]] = {"q1": [], "q2": []}
+    flips: dict[str, dict[int, str]] = {"q1": {}, "q2": {}}
     for drop in range(n):
         kept = {k: [x for i, x in enumerate(v) if i != drop] for k, v in mse.items()}
         reading = read_questions(kept, alpha)
         for q in flips:
             if reading[q]["answer"] != full[q]["answer"]:
-                flips[q].append(drop)
+                flips[q][drop] = reading[q]["answer"]
     return flips
 
 
