@@ -189,6 +189,32 @@ def test_the_readmes_prose_is_short_lined_and_defines_its_terms():
     assert "<!-- END decision study answer -->" in README
 
 
+def test_the_readmes_decision_answer_cites_the_committed_reading():
+    """The hand-written answer of issue 53 carries the committed reading's counts and words:
+    seeds, failures, pairs and each answer (so a new look cannot leave it behind)."""
+    import json
+
+    entry = json.loads((REPO_ROOT / "data/results/full/study.json").read_text())["longrange_v2"]
+    reading = entry["reading"]
+    look = reading["final"] or reading["interim"]
+    start = README.index("<!-- BEGIN decision study answer")
+    block = " ".join(README[start : README.index("<!-- END decision study answer -->")].split())
+    arms = entry["arms"]
+    assert f"{entry['seeds_complete']} new seeds" in block
+    assert (f"`rpka-r64` failed to learn on {arms['rpka-r64']['failures']['k']} and exact on "
+            f"{arms['exact']['failures']['k']}") in block  # fmt: skip
+    q1, q2 = look["q1"], look["q2"]
+    assert f"where both learned ({q2['relative_mse']['pairs']} seeds)" in block
+    assert f"where both learned ({q1['relative_mse']['pairs']} seeds)" in block
+    for q in (q1, q2):  # RPKA failed where the other learned, and the reverse
+        f = q["failures"]
+        assert f"learned on {f['a_only']} seeds, the reverse on {f['b_only']}" in block
+    assert q2["answer"] in block.lower() and q1["answer"] in block.lower()
+    for question, answers in reading.get("answer_without_seed", {}).items():
+        for answer in set(answers.values()):
+            assert f"*{answer}*" in block, (question, answer)
+
+
 def test_docs_swap_names_every_registered_method():
     from rpka.attention import REGISTRY
 
