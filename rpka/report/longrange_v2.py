@@ -138,7 +138,7 @@ def _fragile(reading: Mapping[str, Any]) -> str:
     """The answers one seed decides, and what each becomes without it."""
     parts = [
         f"{name} answer changes {without}"
-        for name, question in (("the first", "q2"), ("the second", "q1"))
+        for name, question in (("the answer on exact", "q2"), ("the answer on uniform", "q1"))
         if (without := without_seed(reading, question))
     ]
     return f" One seed decides: {'; '.join(parts)}." if parts else " No answer rests on one seed."

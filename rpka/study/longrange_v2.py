@@ -195,9 +195,9 @@ def reading_lines(result: Mapping[str, Any]) -> list[str]:
             q = reading[look]
             lines.append(f"{look} look (alpha {q['alpha']:.4f}): Q1 {q['q1']['answer']}; "
                          f"Q2 {q['q2']['answer']}")  # fmt: skip
-    for q, seeds in reading.get("decided_by_one_seed", {}).items():
-        if seeds:
-            lines.append(f"{q.upper()}'s answer changes {without_seed(reading, q)}")
+    for q in ("q1", "q2"):
+        if without := without_seed(reading, q):
+            lines.append(f"{q.upper()}'s answer changes {without}")
     lines.append(f"study: {reading['stopped_at']}")
     return lines
 
