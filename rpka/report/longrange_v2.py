@@ -137,7 +137,7 @@ def summary_text(study: Mapping[str, Any]) -> str:
 def _fragile(reading: Mapping[str, Any]) -> str:
     """The answers one seed decides, and what each becomes without it."""
     parts = [
-        f"{name} answer changes {without}"
+        f"{name} changes {without}"
         for name, question in (("the answer on exact", "q2"), ("the answer on uniform", "q1"))
         if (without := without_seed(reading, question))
     ]
