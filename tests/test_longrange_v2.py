@@ -153,8 +153,8 @@ def test_one_seed_deciding_an_answer_is_named():
     flips = rule.one_seed_decides(arms, 0.05)
     assert flips["q1"] == dict.fromkeys(range(7), "no difference shown")
     # the reading names the seeds and what the answer becomes without one of them
-    reading = {"decided_by_one_seed": {"q1": [300, 301, 302]},
-               "answer_without_seed": {"q1": {"300": "no difference shown"}}}  # fmt: skip
+    flips = dict.fromkeys(("300", "301", "302"), "no difference shown")
+    reading = {"decided_by_one_seed": {"q1": flips}}
     assert study.without_seed(reading, "q1") == (
         "without seed 300, 301 or 302 (to no difference shown)"
     )

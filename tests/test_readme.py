@@ -210,7 +210,7 @@ def test_the_readmes_decision_answer_cites_the_committed_reading():
         f = q["failures"]
         assert f"learned on {f['a_only']} seeds, the reverse on {f['b_only']}" in block
     assert q2["answer"] in block.lower() and q1["answer"] in block.lower()
-    for question, answers in reading.get("answer_without_seed", {}).items():
+    for question, answers in reading.get("decided_by_one_seed", {}).items():
         for answer in set(answers.values()):
             assert f"*{answer}*" in block, (question, answer)
 

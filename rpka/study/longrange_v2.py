@@ -145,9 +145,8 @@ def read_study(results: str | Path = paths.COMMITTED_RESULTS) -> dict[str, Any]:
         flips = rule.one_seed_decides(
             {a: mse[a][: len(seeds)] for a in QUESTION_ARMS}, reading[look]["alpha"]
         )
-        reading["decided_by_one_seed"] = {q: [seeds[i] for i in v] for q, v in flips.items()}
-        # what each of those answers becomes without its seed (JSON keys: the seed)
-        reading["answer_without_seed"] = {
+        # per question, each seed that decides it and the answer without it (JSON keys: seeds)
+        reading["decided_by_one_seed"] = {
             q: {str(seeds[i]): answer for i, answer in v.items()} for q, v in flips.items()
         }
         result["reading"] = reading
@@ -205,10 +204,9 @@ def reading_lines(result: Mapping[str, Any]) -> list[str]:
 def without_seed(reading: Mapping[str, Any], question: str) -> str:
     """``"without seed 323 or 327 (to inferior)"``: the seeds one of which, left out,
     changes ``question``'s answer, and what it becomes ("" where no one seed decides it)."""
-    seeds = reading.get("decided_by_one_seed", {}).get(question) or []
-    if not seeds:
+    flips = reading.get("decided_by_one_seed", {}).get(question) or {}
+    if not flips:
         return ""
-    names = ", ".join(map(str, seeds[:-1])) + (" or " if len(seeds) > 1 else "") + str(seeds[-1])
-    answers = sorted(set((reading.get("answer_without_seed") or {}).get(question, {}).values()))
-    to = f" (to {' / '.join(answers)})" if answers else ""
-    return f"without seed {names}{to}"
+    seeds = list(flips)
+    names = ", ".join(seeds[:-1]) + (" or " if len(seeds) > 1 else "") + seeds[-1]
+    return f"without seed {names} (to {' / '.join(sorted(set(flips.values())))})"
