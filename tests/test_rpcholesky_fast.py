@@ -5,13 +5,14 @@ import pytest
 import torch
 from scipy import stats
 
+import rpka.attention.accelerated as accelerated
 from rpka.attention import build, pivot_kernel
 from rpka.attention.accelerated import (
     accelerated_pivots,
     check_fast_options,
     rpcholesky_accelerated,
 )
-from rpka.attention.pivot_state import PointSet
+from rpka.attention.pivot_state import PivotState, PointSet
 from rpka.attention.rpcholesky import gaussian_kernel, rpcholesky, weighting_power
 from rpka.attention.sweep import _sweep_compiled, _sweep_torch
 
@@ -231,6 +232,47 @@ def test_compiled_sweep_is_the_torch_sweep_bit_for_bit(dtype, b):
     assert not accept[0].any() and accept[1:].any()
     assert torch.equal(cols.tril(), cols_c.tril())
     assert (cols_c.triu(1) == 0).all()
+
+
+def _rounds(points: PointSet, rank: int, dtype: torch.dtype, compiled: bool, monkeypatch):
+    """Four rounds of random candidates absorbed into one state, by one path."""
+    monkeypatch.setattr(accelerated, "compiled_on_cpu", lambda *a: compiled)
+    g = torch.Generator().manual_seed(rank)
+    state = PivotState.empty(points.batch, rank, points.dim, torch.empty(0, dtype=dtype))
+    rounds = []
+    for _ in range(4):
+        b = int(torch.randint(1, 40, (1,), generator=g))
+        cand = torch.randint(0, points.n_points, (points.batch, b), generator=g)
+        thr = (torch.rand(points.batch, b, generator=g, dtype=dtype) * 0.9).clamp(min=1e-6)
+        thr[0, 0] = float("nan")  # rejects element 0's first candidate
+        rounds.append(accelerated._absorb_block(points, state, cand, thr))
+    return state, rounds
+
+
+@pytest.mark.skipif(not pivot_kernel.AVAILABLE, reason="numba is not installed")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rank", [5, 16, 40])
+def test_compiled_round_leaves_the_torch_rounds_state_bit_for_bit(dtype, rank, monkeypatch):
+    """The sweep and the state's update in one numba call (the CPU's default) accept, keep
+    and write what the torch sweep and update do, bit for bit - the factor's signed zeros
+    and its trash slot too - over rounds after the first (W != 0), rejections, duplicates,
+    NaN thresholds and more acceptances than the rank holds."""
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(3, 50, 8, generator=g, dtype=dtype)
+    x[:, 10:20] = x[:, :10]  # duplicates: rejected by the floor once their twin is in
+    pool = PointSet([x[:, :25], x[:, 25:]], 0.7, [None, x[:, :5].mean(-2, keepdim=True)], dtype)
+    ref, ref_rounds = _rounds(pool, rank, dtype, False, monkeypatch)
+    out, out_rounds = _rounds(pool, rank, dtype, True, monkeypatch)
+    for name in ("pivots_ext", "landmarks_ext", "chol_ext", "count"):
+        a, b = getattr(ref, name), getattr(out, name)
+        assert torch.equal(a, b), name
+    assert torch.equal(ref.chol_ext.signbit(), out.chol_ext.signbit())
+    for (accept, keep), (accept_c, keep_c) in zip(ref_rounds, out_rounds, strict=True):
+        assert torch.equal(accept, accept_c) and torch.equal(keep, keep_c)
+    # the cases happened: a NaN rejection, pivots drawn, acceptances cut at the rank
+    assert not bool(ref_rounds[0][0][0, 0]) and bool((ref.count > 0).all())
+    if rank == 5:
+        assert any(bool((accept & ~keep).any()) for accept, keep in ref_rounds)
 
 
 def test_point_set_reads_the_joint_set_in_place():

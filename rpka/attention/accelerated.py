@@ -27,7 +27,13 @@ from rpka.attention.rpcholesky import (
     pivot_floor,
     weighting_power,
 )
-from rpka.attention.sweep import _sweep_torch, rejection_sweep  # noqa: F401 (tests, scripts)
+from rpka.attention.sweep import (  # noqa: F401 (_sweep_torch: tests, scripts)
+    _sweep_torch,
+    absorb_compiled,
+    absorb_torch,
+    compiled_on_cpu,
+    rejection_sweep,
+)
 
 PIVOT_METHODS = ("plain", "accelerated")
 REFRESH_RULES = ("auto", "round")
@@ -108,20 +114,12 @@ def _absorb_block(
         k_sc = kern[..., :rank].transpose(-1, -2) * used.unsqueeze(-1)  # (B, r, b)
         w = torch.linalg.solve_triangular(state.chol, k_sc, upper=False)  # 0 on unused slots
         gram = kern[..., rank:] - w.transpose(-1, -2) @ w  # (B, b, b)
-    accept, cols = rejection_sweep(gram, threshold)
-    # accepted candidates fill slots count, count+1, ... in the order drawn; a sequence cut
-    # at rank is still the sequential rule's sequence, so extra acceptances are dropped
-    pos = state.count.unsqueeze(-1) + accept.cumsum(-1) - 1
-    keep = accept & (pos < rank)
-    slot = torch.where(keep, pos, rank)  # rank = the trash slot
+    if compiled_on_cpu(gram, threshold):
+        accept, keep = absorb_compiled(state, gram, w, threshold, cand, z_c)
+    else:
+        accept, cols = rejection_sweep(gram, threshold)
+        keep = absorb_torch(state, w, cols, accept, cand, z_c)
     b = cand.shape[-1]
-    # new rows of L: old slots from W^T, new slots from the sweep's (lower) Cholesky block
-    rows = torch.cat([w.transpose(-1, -2), w.new_zeros(*w.shape[:-2], b, 1)], dim=-1)
-    rows.scatter_add_(-1, slot.unsqueeze(-2).expand(-1, b, b), cols.tril() * keep.unsqueeze(-2))
-    state.chol_ext.scatter_(-2, slot.unsqueeze(-1).expand(-1, -1, rank + 1), rows)
-    state.landmarks_ext.scatter_(-2, slot.unsqueeze(-1).expand(-1, -1, z_c.shape[-1]), z_c)
-    state.pivots_ext.scatter_(-1, slot, cand)
-    state.count = state.count + keep.sum(-1)
     state.rounds += 1
     state.candidates += b
     return accept, keep

@@ -7,6 +7,8 @@ Each check raises ``ValueError`` naming the option and its allowed range, before
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -22,7 +24,7 @@ def all_finite(x: Tensor) -> bool:
     does the element-wise test decide, so the answer is always the element-wise one.
     """
     with torch.no_grad():  # a check, not part of any graph
-        if x.numel() == 0 or bool(torch.isfinite(x.sum())):
+        if x.numel() == 0 or math.isfinite(x.sum().item()):
             return True
         return bool(torch.isfinite(x).all())
 

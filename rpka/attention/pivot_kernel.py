@@ -308,23 +308,85 @@ def _sweep(h: np.ndarray, threshold: np.ndarray, one: np.floating, cols_t: np.nd
     sweep's ``addcmul_``, one fused multiply-add ``h - c_k c_m`` (numba's ``contract``
     flag; torch's CPU kernel contracts it too), so the columns are its columns bit for bit.
     """
+    for e in range(threshold.shape[0]):
+        _sweep_element(h[e], threshold[e], one, cols_t[e])
+
+
+def _sweep_element(h: np.ndarray, threshold: np.ndarray, one: np.floating, cols_t: np.ndarray):
+    """:func:`_sweep` for one batch element: h (b, b), threshold (b,), cols_t (b, b)."""
+    b = threshold.shape[0]
+    for j in range(b):
+        pivot = h[j, j]
+        if not pivot > threshold[j]:  # rejected (NaN too): column 0, no update
+            continue
+        inv = one / math.sqrt(pivot)
+        col = cols_t[j]
+        for i in range(j, b):
+            col[i] = h[i, j] * inv
+        for k in range(j + 1, b):
+            c_k = col[k]
+            # slices indexed from 0: LLVM vectorises the loop (2.7x against indices
+            # j + 1..k, whose wrap-around checks it keeps)
+            row, below = h[k, j + 1 : k + 1], col[j + 1 : k + 1]
+            for m in range(row.shape[0]):
+                row[m] = row[m] - c_k * below[m]
+
+
+def _absorb(
+    h: np.ndarray,
+    threshold: np.ndarray,
+    one: np.floating,
+    w: np.ndarray,
+    cand: np.ndarray,
+    z_c: np.ndarray,
+    count: np.ndarray,
+    state: tuple[np.ndarray, np.ndarray, np.ndarray],
+    accept: np.ndarray,
+    keep: np.ndarray,
+) -> None:
+    """One round of the accelerated method after its Gram matrix, per batch element: the
+    sweep (:func:`_sweep_element`), then the factor's update of ``accelerated._absorb_torch``
+    with the same operations in the same order, so its buffers are that update's bit for bit.
+
+    h (B, b, b) the candidates' residual Gram matrix (overwritten); threshold (B, b);
+    w (B, r, b) = ``L^{-1} g(Z_S, Z_C)``; cand (B, b) the candidates' indices, z_c (B, b, d)
+    their points; count (B,) pivots before the round, advanced in place; state = (pivots_ext
+    (B, r + 1), landmarks_ext (B, r + 1, d), chol_ext (B, r + 1, r + 1)), written at the
+    slots of the kept candidates (slot r, the trash slot, takes the others, in order);
+    accept, keep (B, b) bool, written.
+    """
+    pivots_ext, landmarks_ext, chol_ext = state
     batch, b = threshold.shape
+    rank = pivots_ext.shape[1] - 1
+    cols_t = np.empty((b, b), dtype=h.dtype)
+    rows = np.empty((b, rank + 1), dtype=h.dtype)
+    slot = np.empty(b, dtype=np.int64)
+    kept = np.empty(b, dtype=h.dtype)
+    zero = one - one
     for e in range(batch):
+        cols_t[:] = zero
+        _sweep_element(h[e], threshold[e], one, cols_t)
+        pos = count[e] - 1
+        for i in range(b):
+            accept[e, i] = cols_t[i, i] > zero
+            pos += accept[e, i]
+            keep[e, i] = accept[e, i] and pos < rank
+            slot[i] = pos if keep[e, i] else rank
+            kept[i] = one if keep[e, i] else zero
+        # rows of L: [W^T, 0], plus each kept candidate's column (cols.tril() * keep) added
+        # at its slot - scatter_add_'s order, the trash slot accumulating the others
         for j in range(b):
-            pivot = h[e, j, j]
-            if not pivot > threshold[e, j]:  # rejected (NaN too): column 0, no update
-                continue
-            inv = one / math.sqrt(pivot)
-            col = cols_t[e, j]
-            for i in range(j, b):
-                col[i] = h[e, i, j] * inv
-            for k in range(j + 1, b):
-                c_k = col[k]
-                # slices indexed from 0: LLVM vectorises the loop (2.7x against indices
-                # j + 1..k, whose wrap-around checks it keeps)
-                row, below = h[e, k, j + 1 : k + 1], col[j + 1 : k + 1]
-                for m in range(row.shape[0]):
-                    row[m] = row[m] - c_k * below[m]
+            for s in range(rank):
+                rows[j, s] = w[e, s, j]
+            rows[j, rank] = zero
+            for i in range(b):
+                column = cols_t[i, j] if i <= j else zero
+                rows[j, slot[i]] = rows[j, slot[i]] + column * kept[i]
+        for j in range(b):
+            chol_ext[e, slot[j]] = rows[j]
+            landmarks_ext[e, slot[j]] = z_c[e, j]
+            pivots_ext[e, slot[j]] = cand[e, j]
+            count[e] += keep[e, j]
 
 
 _compiled: dict[str, Callable] = {}
@@ -353,15 +415,48 @@ def pivot_steps(*args: object) -> None:
     steps(*args)
 
 
+def _sweep_jit() -> Callable:
+    """numba's jit as the sweep needs it, with :func:`_sweep_element` rebound to its compiled
+    version (numba resolves a compiled function's globals when it compiles it). The fused
+    multiply-add (``contract``) is the torch sweep's ``addcmul_``; the factor's update in
+    :func:`_absorb` only copies and adds exact products, which contraction cannot change."""
+    global _sweep_element
+    jit = numba.njit(parallel=False, cache=True, nogil=True, fastmath={"contract"})
+    if "sweep_element" not in _compiled:
+        _sweep_element = _compiled["sweep_element"] = jit(_sweep_element)
+    return jit
+
+
 def rejection_sweep(h: np.ndarray, threshold: np.ndarray, cols_t: np.ndarray) -> None:
     """:func:`_sweep`, compiled at the first call in a process (same arguments)."""
     sweep = _compiled.get("sweep")
     if sweep is None:
         if not AVAILABLE:
             raise ValueError("the compiled rejection sweep needs numba")
-        jit = numba.njit(parallel=False, cache=True, nogil=True, fastmath={"contract"})
+        jit = _sweep_jit()
         sweep = _compiled["sweep"] = jit(_sweep)
     sweep(h, threshold, h.dtype.type(1), cols_t)
+
+
+def absorb(
+    h: np.ndarray,
+    threshold: np.ndarray,
+    w: np.ndarray,
+    cand: np.ndarray,
+    z_c: np.ndarray,
+    count: np.ndarray,
+    state: tuple[np.ndarray, np.ndarray, np.ndarray],
+    accept: np.ndarray,
+    keep: np.ndarray,
+) -> None:
+    """:func:`_absorb`, compiled at the first call in a process (its arguments less ``one``)."""
+    kernel = _compiled.get("absorb")
+    if kernel is None:
+        if not AVAILABLE:
+            raise ValueError("the compiled rejection round needs numba")
+        jit = _sweep_jit()
+        kernel = _compiled["absorb"] = jit(_absorb)
+    kernel(h, threshold, h.dtype.type(1), w, cand, z_c, count, state, accept, keep)
 
 
 def float_format(dtype: np.dtype) -> tuple[np.dtype, tuple[int, int, int]]:

@@ -111,9 +111,10 @@ def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
     """``g(x, y) = exp(-|x - y|^2 / 2)`` for x (..., n, d), y (..., m, d) -> (..., n, m).
 
     Computed as ``exp(x.y - |x|^2/2 - |y|^2/2)``, clamped to the exact range (0, 1].
+    A Gram matrix (``y is x``) takes the norms once: the same sums, the same values.
     """
     sq_x = x.pow(2).sum(-1, keepdim=True) / 2
-    sq_y = y.pow(2).sum(-1).unsqueeze(-2) / 2
+    sq_y = sq_x.transpose(-1, -2) if y is x else y.pow(2).sum(-1).unsqueeze(-2) / 2
     return torch.exp((x @ y.transpose(-1, -2) - sq_x - sq_y).clamp(max=0.0))
 
 
