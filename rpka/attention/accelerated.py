@@ -346,6 +346,14 @@ def _rejection_round(
     cand, env = _draw_candidates(state, points.n_points, b, cdf, envelope, generator)
     u = torch.rand(points.batch, b, generator=generator, device=points.device, dtype=points.dtype)
     threshold = (u if env is None else u * env).clamp(min=round_off)
+    if state.count.device.type == "cpu":  # the same counts in numpy: no tensor op each
+        alive_np = alive.numpy()
+        short = (state.count.numpy() < rank) & alive_np
+        accept, _ = _absorb_block(points, state, cand, threshold)
+        count = state.count.numpy()
+        missing_t = int(((rank - count) * ((count < rank) & alive_np)).max())
+        accepted_t, short_t = int((accept.numpy().sum(-1) * short).sum()), int(short.sum())
+        return missing_t, accepted_t / max(short_t * b, 1)
     short = (state.count < rank) & alive
     accept, _ = _absorb_block(points, state, cand, threshold)
     still = (state.count < rank) & alive

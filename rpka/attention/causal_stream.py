@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from rpka.attention.accelerated import accelerated_pivots
@@ -95,9 +96,8 @@ def draw(s: Stream, sampler: LandmarkSampler, positions: int) -> tuple[LandmarkS
             refresh=sampler.refresh,
             residual_solve=sampler.residual_solve,
         )
-        pivots = torch.nn.functional.pad(
-            state.pivots, (0, sampler.rank - state.pivots.shape[-1]), value=-1
-        )
+        missing = sampler.rank - state.pivots.shape[-1]  # the rank is capped at the pool
+        pivots = F.pad(state.pivots, (0, missing), value=-1) if missing else state.pivots
         valid = pivots >= 0
         if state.rank == sampler.rank:  # the state holds the pivots' points, zeros elsewhere
             points = state.landmarks

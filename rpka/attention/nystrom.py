@@ -258,12 +258,14 @@ def landmark_cholesky(landmarks: Tensor, valid: Tensor) -> Tensor:
     cancellation in the readout then amplifies. Invalid landmarks get identity rows.
     """
     lm = landmarks.to(torch.float64)
-    eye = torch.eye(lm.shape[-2], dtype=torch.float64, device=lm.device)
     g_ss = gaussian_kernel(lm, lm)
+    eye = None
     if not bool(valid.all()):
+        eye = torch.eye(lm.shape[-2], dtype=torch.float64, device=lm.device)
         g_ss = torch.where(valid.unsqueeze(-1) & valid.unsqueeze(-2), g_ss, eye)
     jitter = 10 * torch.finfo(torch.float64).eps
     if g_ss.requires_grad:
+        eye = torch.eye(lm.shape[-2], dtype=torch.float64, device=lm.device) if eye is None else eye
         return torch.linalg.cholesky(g_ss + jitter * eye)
     # without autograd, on the diagonal alone: off it, + 0 changes no entry (none is -0)
     g_ss.diagonal(dim1=-2, dim2=-1).add_(jitter)

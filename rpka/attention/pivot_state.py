@@ -186,10 +186,12 @@ class PivotState:
 
     @classmethod
     def empty(cls, batch: int, rank: int, dim: int, like: Tensor) -> PivotState:
+        chol_ext = like.new_zeros(batch, rank + 1, rank + 1)  # identities, without a repeat
+        chol_ext.diagonal(dim1=-2, dim2=-1).fill_(1.0)
         return cls(
             pivots_ext=torch.full((batch, rank + 1), -1, dtype=torch.long, device=like.device),
             landmarks_ext=like.new_zeros(batch, rank + 1, dim),
-            chol_ext=torch.eye(rank + 1, dtype=like.dtype, device=like.device).repeat(batch, 1, 1),
+            chol_ext=chol_ext,
             count=torch.zeros(batch, dtype=torch.long, device=like.device),
         )
 
