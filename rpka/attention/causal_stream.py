@@ -143,8 +143,13 @@ def chunk_moments(s: Stream, side: KeySide, rows: slice, blocks: int) -> Moments
     rho = finite_or_zero(logits.amax(-2))
     terms = logits.sub_(rho.unsqueeze(-2)).exp_()
     values = s.v[:, rows].to(terms.dtype).unflatten(1, (blocks, -1))
-    parts = [torch.bmm(terms[:, i].transpose(-1, -2), values[:, i]) for i in range(blocks)]
-    return Moments(rho, torch.cat([torch.stack(parts, 1), terms.sum(-2).unsqueeze(-1)], -1))
+    dv = values.shape[-1]
+    # each product written into its place: no stack and cat of the parts (the same values)
+    num = terms.new_empty(*rho.shape, dv + 1)  # (B, blocks, r, d_v + 1)
+    for i in range(blocks):
+        torch.bmm(terms[:, i].transpose(-1, -2), values[:, i], out=num[:, i, :, :dv])
+    torch.sum(terms, -2, out=num[..., dv])
+    return Moments(rho, num)
 
 
 def epoch_moments(
@@ -269,11 +274,12 @@ class ChunkTerms:
         rows, dv, dtype = s.rows(*blocks), s.v.shape[-1], s.q.dtype
         # the chunk's cores G_ZZ^{-1} M_c (float64 temporaries of the chunk's size only)
         raw, top = raw_core(moments.rho, moments.num, readout.landmarks.chol)
-        core = core_of(raw, top, readout.landmarks.points.dtype)  # LandmarkSet.solve's
+        # [core, 1] (B, G, r, d_v + 2): the core (LandmarkSet.solve's) written into its place
+        weights = raw.new_empty(*raw.shape[:-1], raw.shape[-1] + 1, dtype=dtype)
+        weights[..., -1] = 1.0
+        core = core_of(raw, top, readout.landmarks.points.dtype, out=weights[..., :-1])
         valid = readout.landmarks.valid  # (B, 1, r)
         bias = (core.log_scale - readout.half_sq).masked_fill(~valid, -math.inf)  # (B, G, r)
-        ones = torch.ones_like(core.scaled[..., :1])
-        weights = torch.cat([core.scaled, ones], -1).to(dtype)  # (B, G, r, d_v + 2)
         logits = torch.bmm(s.q[:, rows], readout.points)  # (B, L, r)
         terms = logits.unflatten(1, (blocks[1] - blocks[0], -1))  # (B, G, b, r)
         terms.add_(bias.unsqueeze(-2).to(dtype))

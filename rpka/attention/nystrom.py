@@ -171,12 +171,14 @@ def solve_core(rho: Tensor, moments: Tensor, chol: Tensor, dtype: torch.dtype) -
     return core_of(*raw_core(rho, moments, chol), dtype)
 
 
-def core_of(core: Tensor, top: Tensor, dtype: torch.dtype) -> Core:
+def core_of(core: Tensor, top: Tensor, dtype: torch.dtype, out: Tensor | None = None) -> Core:
     """:func:`solve_core`'s result from its raw solve (:func:`raw_core`): each row divided by
-    its size (:func:`row_sizes`), the size's log added to the row's log scale."""
+    its size (:func:`row_sizes`), the size's log added to the row's log scale. ``out``
+    (``core``'s shape, ``dtype``) takes the divided rows where given: the same values."""
     size, live = row_sizes(core)
     log_scale = torch.where(live, size.log(), float("-inf")).squeeze(-1) + top
-    return Core((core / size).to(dtype), log_scale.to(dtype))
+    scaled = (core / size).to(dtype) if out is None else torch.div(core, size, out=out)
+    return Core(scaled, log_scale.to(dtype))
 
 
 def raw_core(rho: Tensor, moments: Tensor, chol: Tensor) -> tuple[Tensor, Tensor]:
