@@ -1,6 +1,6 @@
 """Causal RPKA against exact causal attention (issue 55): the benchmark that writes JSON.
 
-Seven measurements, one thread by default, arms interleaved in a fresh seeded order every
+The measurements, one thread by default, arms interleaved in a fresh seeded order every
 repeat (:func:`rpka.speed.timing.interleaved`), CPU time (``time.process_time``) beside
 wall time, medians of ``repeats`` >= 7 after ``warmup`` calls:
 
@@ -14,7 +14,10 @@ wall time, medians of ``repeats`` >= 7 after ``warmup`` calls:
 * ``decoder``: a GPT-2-like decoder (:class:`TinyGPT`: pre-norm blocks, causal SDPA, GELU
   MLP; built here, no weights downloaded) forward as it is vs inside ``rpka.swap.swap``, at
   each of ``--decoder-lengths``; ``decoder_train``: one training step of it (forward,
-  next-token cross-entropy, backward).
+  next-token cross-entropy, backward);
+* ``hf_gpt2``, ``hf_gpt2_train``: the same for a transformers GPT-2 built from its config,
+  transformers' ``"sdpa"`` against RPKA registered by ``rpka.hf`` (empty without the
+  ``hf`` extra).
 
     RPKA_NUMERICS=native OMP_NUM_THREADS=1 python scripts/bench_causal.py \\
         --out data/results/scaling/causal_cpu.json
@@ -26,6 +29,7 @@ harness, two layers the package keeps independent (pyproject.toml, import-linter
 from __future__ import annotations
 
 import argparse
+import copy
 import inspect
 import os
 import statistics
@@ -254,6 +258,67 @@ def decoder_rows(
     ]
 
 
+def hf_gpt2_rows(
+    n: int,
+    rank: int,
+    width: int,
+    layers: int,
+    heads: int,
+    warmup: int,
+    repeats: int,
+    seed: int,
+    train: bool = False,
+) -> list[dict]:
+    """:func:`decoder_rows` for a transformers GPT-2 built from its config (no weights
+    downloaded): transformers' own ``"sdpa"`` against RPKA registered by ``rpka.hf`` - the
+    model as a user builds it. [] when transformers is not installed (the ``hf`` extra)."""
+    try:
+        import transformers
+
+        import rpka.hf
+    except ImportError:
+        return []
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        vocab_size=256, n_positions=n, n_embd=width, n_layer=layers, n_head=heads,
+        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+    )  # fmt: skip
+    name = rpka.hf.register(
+        "rpka-bench", rank=rank, generator=torch.Generator().manual_seed(seed), **BLOCK
+    )
+    exact = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    swapped = copy.deepcopy(exact)
+    swapped.set_attn_implementation(name)
+    tokens = torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(seed))
+
+    def step(model: nn.Module) -> Callable[[], object]:
+        model.train(train)
+
+        def call() -> object:
+            if not train:
+                return model(tokens).logits
+            model.zero_grad(set_to_none=True)
+            out = model(tokens, labels=tokens)
+            out.loss.backward()
+            return out.logits
+
+        return call
+
+    served_before = rpka.hf.registration(name).served
+    with torch.set_grad_enabled(train):
+        stats = summarise(
+            interleaved({"exact": step(exact), f"rpka-r{rank}": step(swapped)}, warmup, repeats),
+            "exact",
+        )
+    shape = {"width": width, "layers": layers, "heads": heads, "n": n}
+    served = {"sdpa_calls_served": rpka.hf.registration(name).served - served_before}
+    return [
+        {"model": "transformers GPT-2", **shape, "arm": label, **row}
+        | (served if label != "exact" else {})
+        for label, row in stats.items()
+    ]
+
+
 # ----------------------------------------------------------------------------- command
 
 
@@ -290,11 +355,16 @@ def run(args: argparse.Namespace) -> dict:
     )
     write_result_json(args.out, result)
     shape = (args.decoder_width, args.decoder_layers, args.decoder_heads)
-    for key, train in (("decoder", False), ("decoder_train", True)):
+    for key, rows_of, train in (
+        ("decoder", decoder_rows, False),
+        ("decoder_train", decoder_rows, True),
+        ("hf_gpt2", hf_gpt2_rows, False),
+        ("hf_gpt2_train", hf_gpt2_rows, True),
+    ):
         result[key] = [
             row
             for n in args.decoder_lengths
-            for row in decoder_rows(n, args.train_rank, *shape, w, r, args.seed, train)
+            for row in rows_of(n, args.train_rank, *shape, w, r, args.seed, train)
         ]
         write_result_json(args.out, result)
     result["load_average_end"] = _load()
@@ -366,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(
             f"n={row['n']:6d} {row['arm']:18s} {row['cpu_ms']:9.1f} ms  x{row['speedup_cpu']:.2f}"
         )
-    for key in ("forward_backward", "decoder", "decoder_train"):
+    for key in ("forward_backward", "decoder", "decoder_train", "hf_gpt2", "hf_gpt2_train"):
         for row in result[key]:
             label = f"{key} n={row['n']} {row['arm']}"
             print(f"{label:36s} {row['cpu_ms']:9.1f} ms  x{row['speedup_cpu']:.2f}")

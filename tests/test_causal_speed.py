@@ -217,6 +217,11 @@ def test_bench_causal_smoke_run_writes_every_measure(tmp_path):
     for key in ("decoder", "decoder_train"):  # the forward, and one training step
         swapped = next(r for r in saved[key] if r["arm"] == "rpka-r64")
         assert swapped["sdpa_calls_served"] > 0 and swapped["sdpa_calls_passed"] == 0
+    pytest.importorskip("transformers")  # the hf extra: a GPT-2 built from its config
+    for key in ("hf_gpt2", "hf_gpt2_train"):
+        rows = {r["arm"]: r for r in saved[key]}
+        assert set(rows) == {"exact", "rpka-r64"} and rows["exact"]["model"] == "transformers GPT-2"
+        assert rows["rpka-r64"]["sdpa_calls_served"] > 0  # every layer's call, every repeat
 
 
 def test_flop_ideal_grows_with_length_and_falls_with_rank():
