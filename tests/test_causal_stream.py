@@ -36,6 +36,33 @@ def test_exact_range_is_cummin_and_cummax(n, block, start, stop):
     assert torch.equal(high, torch.cummax(s.v, 1).values[:, rows])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("n", "block", "start", "stop"),
+    [(64, 16, 1, 3), (70, 16, 2, 5), (70, 16, 4, 5), (9, 4, 0, 3), (40, 8, 0, 5)],
+)
+def test_running_range_from_block_start_ranges_is_cummin_and_cummax(n, block, start, stop, dtype):
+    """Carried in from the range at each block's first row - by torch's cummin / cummax, and
+    by the compiled pass, which also counts the outputs outside it - the running range is
+    the same bit for bit (partial last blocks and block 0 included), and so is the count."""
+    s = stream_of(n, block, seed=2)
+    s.v = s.v.to(dtype)
+    bounds = block_ranges(s)
+    rows = s.rows(start, stop)
+    low_ref, high_ref = torch.cummin(s.v, 1).values[:, rows], torch.cummax(s.v, 1).values[:, rows]
+    low, high = exact_range(s, start, stop, bounds)
+    assert torch.equal(low, low_ref) and torch.equal(high, high_ref)
+    out = torch.randn(low.shape, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    out = out.clamp(low, high)  # inside, but for a few entries pushed out of either side
+    out[0, -1, 0], out[-1, 0, -1] = high_ref[0, -1, 0] + 1e-3, low_ref[-1, 0, -1] - 1e-3
+    expected = int(((out < low_ref) | (out > high_ref)).sum())
+    if not causal_layout.compiled_range(s, out):
+        pytest.skip("numba is not installed")
+    low, high, outside = causal_layout.range_outside(s, start, stop, bounds, out)
+    assert torch.equal(low, low_ref) and torch.equal(high, high_ref)
+    assert outside == expected == 2
+
+
 @pytest.mark.parametrize(
     ("n", "block", "dtype"),
     [(1024, 256, torch.float32), (1100, 256, torch.float32), (640, 128, torch.float64),

@@ -87,3 +87,15 @@ def test_too_sharp_reads_the_finite_references_only(rho, expected):
 def test_all_finite_is_the_element_wise_test(values, expected):
     # 3e38 + 3e38 overflows float32's sum: the element-wise test decides
     assert all_finite(torch.tensor(values, dtype=torch.float32)) is expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exp_floored_is_exp_above_the_floor_and_a_normal_number_below(dtype):
+    from rpka.attention.nystrom import EXP_FLOOR, exp_floored_
+
+    floor = EXP_FLOOR[dtype]
+    x = torch.tensor([0.0, -1.5, floor + 1, floor, floor - 1, -1e4, -math.inf], dtype=dtype)
+    out = exp_floored_(x.clone())
+    assert torch.equal(out[:4], torch.exp(x[:4]))  # unchanged where exp's result is normal
+    assert torch.equal(out[4:], torch.exp(torch.full((3,), floor, dtype=dtype)))
+    assert bool((out[4:] >= torch.finfo(dtype).tiny).all())  # never subnormal, never 0

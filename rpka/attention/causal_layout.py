@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from rpka.attention import range_kernel
 from rpka.attention.causal_landmarks import LandmarkSet, Moments
 
 # Bytes of one chunk's (rows x width) buffers: in the core's cache, yet large enough that a
@@ -108,10 +109,14 @@ def block_ranges(s: Stream) -> tuple[Tensor, Tensor]:
     return low, high
 
 
-def exact_range(s: Stream, start: int, stop: int) -> tuple[Tensor, Tensor]:
+def exact_range(
+    s: Stream, start: int, stop: int, bounds: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, Tensor]:
     """The running range ``[min, max]_{j <= t} v_j`` of the rows of blocks ``start .. stop-1``
-    (B, rows, d_v) each: a cummin / cummax from the block's own rows, the blocks before
-    carried in."""
+    (B, rows, d_v) each: a running minimum / maximum down the block's own rows, the rows
+    before carried in - as the range at each block's first row, which holds every earlier
+    row (:func:`block_ranges`), where ``bounds`` gives it (the same values, without reading
+    the earlier rows again)."""
     rows = s.rows(start, stop)
     v = s.v[:, : rows.stop]
     lows, highs = [], []
@@ -119,9 +124,45 @@ def exact_range(s: Stream, start: int, stop: int) -> tuple[Tensor, Tensor]:
         block = s.rows(c, c + 1)
         low = torch.cummin(v[:, block], 1).values
         high = torch.cummax(v[:, block], 1).values
-        if c:
+        if bounds is not None:
+            low = torch.minimum(low, bounds[0][:, c : c + 1])
+            high = torch.maximum(high, bounds[1][:, c : c + 1])
+        elif c:
             low = torch.minimum(low, v[:, : block.start].amin(1, keepdim=True))
             high = torch.maximum(high, v[:, : block.start].amax(1, keepdim=True))
         lows.append(low)
         highs.append(high)
     return torch.cat(lows, 1), torch.cat(highs, 1)
+
+
+COMPILED_DTYPES = (torch.float32, torch.float64)
+
+
+def compiled_range(s: Stream, out: Tensor) -> bool:
+    """Whether :func:`range_outside` runs compiled for outputs ``out`` of this stream."""
+    return range_kernel.AVAILABLE and s.v.dtype in COMPILED_DTYPES and out.dtype == s.v.dtype
+
+
+def range_outside(
+    s: Stream, start: int, stop: int, bounds: tuple[Tensor, Tensor], out: Tensor
+) -> tuple[Tensor, Tensor, int]:
+    """:func:`exact_range` from ``bounds`` by one compiled pass per run of equal blocks (the
+    full blocks, then a partial last one; :mod:`rpka.attention.range_kernel`), and how many
+    entries of the rows' outputs ``out`` (B, rows, d_v) lie outside it, counted in the same
+    pass (:func:`compiled_range` says where it runs)."""
+    rows = s.rows(start, stop)
+    low = s.v.new_empty(s.v.shape[0], rows.stop - rows.start, s.v.shape[-1])
+    high = torch.empty_like(low)
+    full, outside = min(max(s.n // s.block, start), stop), 0
+    for c0, c1 in ((start, full), (full, stop)):
+        if c1 > c0:
+            run = s.rows(c0, c1)
+            size = (run.stop - run.start) // (c1 - c0)  # a partial last block is alone
+            local = slice(run.start - rows.start, run.stop - rows.start)
+            blocks = [
+                x.unflatten(1, (c1 - c0, size)).numpy()
+                for x in (s.v[:, run], low[:, local], high[:, local], out[:, local])
+            ]
+            starts = (bounds[0][:, c0:c1].numpy(), bounds[1][:, c0:c1].numpy())
+            outside += range_kernel.running_range(blocks[0], *starts, *blocks[1:])
+    return low, high, outside

@@ -56,8 +56,10 @@ from rpka.attention.causal_layout import (
     Stream,
     Tape,
     block_ranges,
+    compiled_range,
     exact_range,
     extremes,
+    range_outside,
 )
 from rpka.attention.causal_local import fused_local
 from rpka.attention.guards import hull_tolerance
@@ -65,6 +67,7 @@ from rpka.attention.nystrom import (
     CORE_DTYPE,
     Core,
     core_of,
+    exp_floored_,
     finite_or_zero,
     landmark_cholesky,
     raw_core,
@@ -285,7 +288,7 @@ class ChunkTerms:
         terms.add_(bias.unsqueeze(-2).to(dtype))
         row_lse = lse[:, rows]
         ref = finite_or_zero(torch.maximum(row_lse, logits.amax(-1, keepdim=True)))
-        logits.sub_(ref).exp_()  # the past terms a_s
+        exp_floored_(logits.sub_(ref))  # the past terms a_s
         past = (terms @ weights).flatten(1, 2)  # (B, L, d_v + 2): num, den, sum_s a_s
         local_den = torch.exp(row_lse - ref)
         past_den, floor = past[..., dv : dv + 1], den_floor * past[..., dv + 1 :]
@@ -309,7 +312,12 @@ def clamp_rows(
         least, most = extremes(out, 1, keepdim=True)
     if bool(((least >= low) & (most <= high)).all()):
         return torch.zeros((), dtype=torch.long)
-    v_low, v_high = exact_range(s, c0, c1)
+    if compiled_range(s, out):  # the range and the count of entries outside it in one pass
+        v_low, v_high, outside = range_outside(s, c0, c1, bounds, out)
+        if not outside:
+            return torch.zeros((), dtype=torch.long)
+    else:
+        v_low, v_high = exact_range(s, c0, c1, bounds)
     below, above = out < v_low, out > v_high
     if not bool((below | above).any()):
         return torch.zeros((), dtype=torch.long)
