@@ -128,12 +128,14 @@ def landmark_logits(x: Tensor, landmarks: Tensor, valid: Tensor) -> Tensor:
 
 # The floor of an exponent before the estimator's in-place exps (:func:`exp_floored_`).
 # torch's CPU exp leaves its vector path for any argument whose result is not a normal
-# number (below the log of the smallest normal: -87.34 in float32, -708.4 in float64; -inf
-# included): 10 against 0.2 ms for 262,144 float32 entries, one thread, and the matrix
-# products that read its subnormal results slow down ~10x as well (issue 55: 40 of 245 ms
-# of a causal forward at logit std 3). A term floored here is ~1.6e-38 (float32) instead
-# of a subnormal or 0 - below the resolution of every sum it joins, whose largest term is 1.
-EXP_FLOOR = {torch.float32: -87.0, torch.float64: -700.0}
+# number (below -87.34 in float32, -708.4 in float64; -inf included): 10 against 0.2 ms for
+# 262,144 float32 entries, one thread; and a matrix product whose products come out
+# subnormal runs ~100x slower (issue 55: 40 of 245 ms of a causal forward at logit std 3).
+# So the floor sits where a term times an entry of the core (rows scaled to size 1, entries
+# down to ~2^-20 of it) stays normal: e^-60 2^-20 ~ 8e-33 (float32). A term floored here is
+# ~9e-27 instead of something smaller - below the resolution of every sum it joins, whose
+# largest term is 1: outputs were bit for bit the unfloored ones at logit std 1 to 12.
+EXP_FLOOR = {torch.float32: -60.0, torch.float64: -600.0}
 
 
 def exp_floored_(x: Tensor) -> Tensor:
