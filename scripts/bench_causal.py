@@ -7,6 +7,8 @@ wall time, medians of ``repeats`` >= 7 after ``warmup`` calls:
 * ``forward``: causal RPKA at each rank vs ``F.scaled_dot_product_attention(...,
   is_causal=True)`` on q, k, v (1, 8, n, 64) float32, no gradients, at each length, with
   the FLOP-ideal speed-up (:func:`flop_ideal_speedup`) and measured / ideal;
+* ``forward_sharp``: the forward at one length and rank with q scaled so that the logits'
+  std is ``--sharp-std`` (3) instead of 1, as in trained models;
 * ``forward_backward``: the same at one length and rank, forward + backward of
   ``out.sum()``;
 * ``peak_memory``: one causal forward's peak (``rpka.speed.scaling.peak_memory_mib``);
@@ -134,6 +136,22 @@ def forward_rows(
                 }
             rows.append({"n": n, "arm": label, **row, **extra})
     return rows
+
+
+def sharp_rows(
+    n: int, rank: int, logit_std: float, warmup: int, repeats: int, seed: int
+) -> list[dict]:
+    """The forward at sharper attention than ``forward_rows``' (where q, k ~ N(0, 1) give
+    logits q.k / sqrt(d) of std 1): q scaled so that the logits' std is ``logit_std``, as in
+    trained models. RPKA's landmarks then spread further and its key side and guards take
+    their slower branches; exact attention's cost does not depend on the logits."""
+    q, k, v = qkv(n, seed)
+    q = q * logit_std
+    attn = rpka_causal(rank, seed)
+    calls = {EXACT: lambda: exact_causal(q, k, v), f"rpka-r{rank}": lambda: attn(q, k, v)}
+    with torch.no_grad():
+        stats = summarise(interleaved(calls, warmup, repeats), EXACT)
+    return [{"n": n, "arm": label, "logit_std": logit_std, **row} for label, row in stats.items()]
 
 
 def call_of(fn: Callable[..., Tensor], xs: Sequence[Tensor], train: bool) -> Callable[[], object]:
@@ -345,6 +363,9 @@ def run(args: argparse.Namespace) -> dict:
     }
     w, r = args.warmup, args.repeats
     result["forward"] = forward_rows(args.lengths, args.ranks, args.block, w, r, args.seed)
+    result["forward_sharp"] = sharp_rows(
+        args.train_length, args.train_rank, args.sharp_std, w, r, args.seed
+    )
     write_result_json(args.out, result)
     result["forward_backward"] = forward_backward_rows(
         args.train_length, args.train_rank, w, r, args.seed
@@ -390,6 +411,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--train-length", type=_positive, default=4096)
     p.add_argument("--train-rank", type=_positive, default=64)
     p.add_argument("--memory-length", type=_positive, default=4096)
+    p.add_argument("--sharp-std", type=float, default=3.0, help="the sharp forward row's logit std")
     p.add_argument(
         "--decoder-lengths", type=_positive, nargs="+", default=[2048, 4096],
         help="the decoder row's lengths (issue 55's target is stated at 2,048)",
@@ -429,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"--decoder-width ({args.decoder_width}) must be a multiple of --decoder-heads "
             f"({args.decoder_heads})"
         )
+    if not args.sharp_std > 0:
+        parser().error(f"--sharp-std must be > 0, got {args.sharp_std}")
     if args.warmup < 0:
         parser().error(f"--warmup must be >= 0, got {args.warmup}")
     result = run(args)
@@ -436,7 +460,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(
             f"n={row['n']:6d} {row['arm']:18s} {row['cpu_ms']:9.1f} ms  x{row['speedup_cpu']:.2f}"
         )
-    for key in ("forward_backward", "decoder", "decoder_train", "hf_gpt2", "hf_gpt2_train"):
+    for key in (
+        "forward_sharp",
+        "forward_backward",
+        "decoder",
+        "decoder_train",
+        "hf_gpt2",
+        "hf_gpt2_train",
+    ):
         for row in result[key]:
             label = f"{key} n={row['n']} {row['arm']}"
             print(f"{label:36s} {row['cpu_ms']:9.1f} ms  x{row['speedup_cpu']:.2f}")

@@ -211,6 +211,8 @@ def test_bench_causal_smoke_run_writes_every_measure(tmp_path):
                 row["flop_ideal_speedup"] / row["speedup_cpu"]
             )
     assert {r["arm"] for r in saved["forward_backward"]} == {bench.EXACT, "rpka-r64"}
+    sharp = {r["arm"]: r for r in saved["forward_sharp"]}
+    assert set(sharp) == {bench.EXACT, "rpka-r64"} and sharp["rpka-r64"]["logit_std"] == 3.0
     for key in ("peak_memory", "peak_memory_train"):
         assert {r["arm"] for r in saved[key]} == {bench.EXACT, "rpka-r64"}
         assert all(r["peak_mib"] > 0 for r in saved[key])
@@ -239,6 +241,7 @@ def test_flop_ideal_grows_with_length_and_falls_with_rank():
         (["--decoder-width", "250"], "multiple of --decoder-heads"),
         (["--lengths", "0"], "positive integer"),
         (["--warmup", "-1"], "--warmup must be >= 0"),
+        (["--sharp-std", "0"], "--sharp-std must be > 0"),
     ],
 )
 def test_bench_causal_refuses_bad_arguments(tmp_path, capsys, argv, match):
