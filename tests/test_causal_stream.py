@@ -266,3 +266,29 @@ def test_streamed_path_refuses_non_finite_inputs_by_name_on_its_copy(monkeypatch
     q, k, v = (t.unflatten(-1, (2, 8)).transpose(1, 2) for t in qkv.split(16, -1))
     with torch.no_grad(), pytest.raises(ValueError, match=f"^{bad} contains non-finite"):
         causal_rpka(8, 16)(q, k, v)
+
+
+@pytest.mark.parametrize("logit_std", [3.0, 8.0])
+def test_the_exponent_floor_changes_no_output_bit_at_sharp_attention(monkeypatch, logit_std):
+    """The past terms' exponents are floored at e^-60 (``nystrom.EXP_FLOOR``: torch's exp and
+    the products after it leave their fast paths below exp's normal range); the floored terms
+    are below the resolution of every sum they join, so the output is the unfloored one bit
+    for bit - on inputs sharp enough that many terms fall below the floor."""
+    from rpka.attention import causal_stream, nystrom
+
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 1100, 64, generator=g) for _ in range(3))
+    below, floors = [], dict(nystrom.EXP_FLOOR)
+    real = causal_stream.exp_floored_
+
+    def counted(x):
+        below.append(int((x < floors[x.dtype]).sum()))
+        return real(x)
+
+    monkeypatch.setattr(causal_stream, "exp_floored_", counted)
+    with torch.no_grad():
+        floored = causal_rpka(64, 256)(q * logit_std, k, v)
+        monkeypatch.setattr(nystrom, "EXP_FLOOR", {})  # no floor: exp as it is
+        plain = causal_rpka(64, 256)(q * logit_std, k, v)
+    assert sum(below) > 1000  # the floor was reached
+    assert torch.equal(floored, plain)
