@@ -4,9 +4,12 @@ Wraps the parts of the streamed inference path (``rpka.attention.causal_stream``
 (``time.process_time``), runs 2 warm-up and 5 timed forwards of q, k, v (1, H, n, 64)
 float32 without gradients, one thread, and prints each part's mean per forward beside exact
 causal SDPA's. Parts nest only where named ("combine" holds the fused combine). H = 8, or
-the environment's ``HEADS`` (4: the heads of ``bench_causal.py``'s decoder row).
+the environment's ``HEADS`` (4: the heads of ``bench_causal.py``'s decoder row); q scaled
+by the environment's ``LOGIT_STD`` (default 1: the logits q.k / sqrt(d) then have that std,
+as ``bench_causal.py``'s ``forward_sharp`` row at 3).
 
-    RPKA_NUMERICS=native OMP_NUM_THREADS=1 [HEADS=4] python scripts/causal_profile.py N RANK [BLOCK]
+    RPKA_NUMERICS=native OMP_NUM_THREADS=1 [HEADS=4] [LOGIT_STD=3] \
+        python scripts/causal_profile.py N RANK [BLOCK]
 """
 
 import os
@@ -23,6 +26,7 @@ from rpka.attention.rpka import CAUSAL_BLOCK
 
 T: dict[str, float] = {}
 HEADS = int(os.environ.get("HEADS", "8"))  # the decoder row of bench_causal.py has 4
+LOGIT_STD = float(os.environ.get("LOGIT_STD", "1"))  # q.k / sqrt(d) of q, k ~ N(0, 1): std 1
 
 
 def timed(label, f):
@@ -44,8 +48,10 @@ def instrument() -> None:
         ("key moments (chunks)", "chunk_moments"),
         ("combine (logits, eq. 1, guards)", "combine_rows"),
         ("  of which guard 3 (clamp check)", "clamp_rows"),
+        ("  of which guard 3's exact range", "range_outside"),
     ):
-        setattr(cs, name, timed(label, getattr(cs, name)))
+        if hasattr(cs, name):  # an older checkout may lack a part
+            setattr(cs, name, timed(label, getattr(cs, name)))
     cs.LandmarkSet.solve = timed("  of which core solves", cs.LandmarkSet.solve)
     causal.stream_forward = timed("causal_forward", cs.stream_forward)
 
@@ -54,6 +60,7 @@ def main(n: int, rank: int, block: int) -> None:
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, HEADS, n, 64, generator=g) for _ in range(3))
+    q = q * LOGIT_STD
     attn = build("rpka", rank=rank, causal=True, causal_block=block, generator=g)
     instrument()
     reps = 5
