@@ -279,17 +279,17 @@ def landmark_cholesky(landmarks: Tensor, valid: Tensor) -> Tensor:
     """
     lm = landmarks.to(torch.float64)
     g_ss = gaussian_kernel(lm, lm)
-    eye = None
-    if not bool(valid.all()):
-        eye = torch.eye(lm.shape[-2], dtype=torch.float64, device=lm.device)
-        g_ss = torch.where(valid.unsqueeze(-1) & valid.unsqueeze(-2), g_ss, eye)
     jitter = 10 * torch.finfo(torch.float64).eps
-    if g_ss.requires_grad:
-        eye = torch.eye(lm.shape[-2], dtype=torch.float64, device=lm.device) if eye is None else eye
-        return torch.linalg.cholesky(g_ss + jitter * eye)
-    # without autograd, on the diagonal alone: off it, + 0 changes no entry (none is -0)
-    g_ss.diagonal(dim1=-2, dim2=-1).add_(jitter)
-    return torch.linalg.cholesky(g_ss)
+    all_valid = bool(valid.all())
+    if all_valid and not g_ss.requires_grad:
+        # no mask, and the jitter on the diagonal in place: off it, + 0 changes no entry
+        # (none is -0), so these are the values below with fewer ops (issue 55)
+        g_ss.diagonal(dim1=-2, dim2=-1).add_(jitter)
+        return torch.linalg.cholesky(g_ss)
+    eye = torch.eye(lm.shape[-2], dtype=torch.float64, device=lm.device)
+    if not all_valid:
+        g_ss = torch.where(valid.unsqueeze(-1) & valid.unsqueeze(-2), g_ss, eye)
+    return torch.linalg.cholesky(g_ss + jitter * eye)
 
 
 def nystrom_readout(
