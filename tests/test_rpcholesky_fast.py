@@ -275,6 +275,18 @@ def test_compiled_round_leaves_the_torch_rounds_state_bit_for_bit(dtype, rank, m
         assert any(bool((accept & ~keep).any()) for accept, keep in ref_rounds)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_round_counts_read_on_the_host_are_the_tensor_ops_counts(seed):
+    """A round's counts in numpy (the CPU's path) are those of the tensor ops (any device's)."""
+    g = torch.Generator().manual_seed(seed)
+    count = torch.randint(0, 9, (6,), generator=g)
+    accept = torch.rand(6, 11, generator=g) < 0.6
+    short, alive = torch.rand(6, generator=g) < 0.7, torch.rand(6, generator=g) < 0.8
+    host = accelerated.round_counts(count, accept, short, alive, 8, host=True)
+    ops = accelerated.round_counts(count, accept, short, alive, 8, host=False)
+    assert host == ops and all(isinstance(x, int) for x in host)
+
+
 def test_point_set_reads_the_joint_set_in_place():
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 5, 3, generator=g), torch.randn(2, 7, 3, generator=g)
