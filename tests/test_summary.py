@@ -315,6 +315,23 @@ def test_causal_targets_state_issue_55s_figures_and_can_fail_each_way():
     assert causal_targets.causal_targets(None) == []
 
 
+def test_causal_targets_show_the_sharp_and_transformers_readings_beside_without_deciding():
+    bench = causal_bench(2.1, 50.0, 1.2)
+    plain = causal_targets.causal_targets(bench)
+    bench["forward_sharp"] = [
+        timed("exact-causal-sdpa", 4096, [100.0] * 7, logit_std=3.0),
+        timed("rpka-r64", 4096, [125.0] * 7, logit_std=3.0, speedup_cpu=0.8),
+    ]
+    bench["hf_gpt2"] = [
+        timed("exact", 2048, [100.0] * 7, speedup_cpu=1.0),
+        timed("rpka-r64", 2048, [130.0] * 7, speedup_cpu=0.77),
+    ]
+    rows = causal_targets.causal_targets(bench)
+    assert rows[0][1] == plain[0][1] + "; at logit std 3: 0.80 ×"
+    assert rows[-1][1] == plain[-1][1] + "; transformers GPT-2: 0.77 ×"
+    assert [met for *_, met in rows] == [met for *_, met in plain]  # shown, not deciding
+
+
 def test_control_reading_says_whether_the_track_needs_attention(smoke_study_report):
     import copy
 
