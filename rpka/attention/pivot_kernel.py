@@ -18,12 +18,12 @@ The accelerated method's rejection sweep (:func:`rejection_sweep`, issue 55) is 
 compiled loop here: b sequential Cholesky steps on a b x b tile, which in PyTorch cost ~b
 launch-bound op groups per round.
 
-Only this module uses ``numba``, and it loads it lazily: importing numba costs ~0.7 s
+Only this module imports ``numba``, and it loads it lazily: importing numba costs ~0.7 s
 (measured under load), which every process importing ``rpka`` (the CLI, each notebook
-kernel, each worker) would otherwise pay; here only a process that runs the plain loop or
-the accelerated method's sweep on the CPU does, at its first call (:func:`pivot_steps`,
-:func:`rejection_sweep`). Without numba installed :data:`AVAILABLE` is False and callers
-use the torch loops.
+kernel, each worker) would otherwise pay; here only a process that runs a compiled loop on
+the CPU does, at its first call (:func:`compiled` builds each kernel once, for this module
+and for :mod:`rpka.attention.range_kernel`). Without numba installed :data:`AVAILABLE` is
+False and callers use the torch loops.
 """
 
 from __future__ import annotations
@@ -392,27 +392,38 @@ def _absorb(
 _compiled: dict[str, Callable] = {}
 
 
-def pivot_steps(*args: object) -> None:
-    """:func:`_pivot_steps`, compiled at the first call in a process (same arguments).
+def compiled(key: str, missing: str, build: Callable[[], Callable]) -> Callable:
+    """The kernel ``key``, built by ``build`` (numba's jit of it) at the first call in a
+    process and kept; ``ValueError(missing)`` where numba is not installed.
 
-    ``cache=True``: compiled once per dtype into ``__pycache__`` (or numba's user cache
-    directory where the package is read-only) and loaded from there afterwards. The
-    helpers are rebound to their compiled versions first: numba resolves the globals a
-    compiled function calls when it compiles it.
+    ``cache=True`` in the builds: compiled once per dtype into ``__pycache__`` (or numba's
+    user cache directory where the package is read-only) and loaded from there afterwards.
     """
-    steps = _compiled.get("steps")
-    if steps is None:
+    kernel = _compiled.get(key)
+    if kernel is None:
         if not AVAILABLE:
-            raise ValueError("the compiled pivot loop needs numba (pivot_backend='torch')")
-        global _argmax_first, _select, _kernel_column, _subtract_factor, _update
-        jit = numba.njit(parallel=False, cache=True, nogil=True)
-        _argmax_first = jit(_argmax_first)
-        _select = jit(_select)
-        _kernel_column = jit(_kernel_column)
-        _subtract_factor = jit(_subtract_factor)
-        _update = jit(_update)
-        steps = _compiled["steps"] = jit(_pivot_steps)
-    steps(*args)
+            raise ValueError(missing)
+        kernel = _compiled[key] = build()
+    return kernel
+
+
+def pivot_steps(*args: object) -> None:
+    """:func:`_pivot_steps`, compiled at the first call in a process (same arguments)."""
+    missing = "the compiled pivot loop needs numba (pivot_backend='torch')"
+    compiled("steps", missing, _build_steps)(*args)
+
+
+def _build_steps() -> Callable:
+    """:func:`_pivot_steps` compiled, its helpers rebound to their compiled versions first:
+    numba resolves the globals a compiled function calls when it compiles it."""
+    global _argmax_first, _select, _kernel_column, _subtract_factor, _update
+    jit = numba.njit(parallel=False, cache=True, nogil=True)
+    _argmax_first = jit(_argmax_first)
+    _select = jit(_select)
+    _kernel_column = jit(_kernel_column)
+    _subtract_factor = jit(_subtract_factor)
+    _update = jit(_update)
+    return jit(_pivot_steps)
 
 
 def _sweep_jit() -> Callable:
@@ -429,12 +440,8 @@ def _sweep_jit() -> Callable:
 
 def rejection_sweep(h: np.ndarray, threshold: np.ndarray, cols_t: np.ndarray) -> None:
     """:func:`_sweep`, compiled at the first call in a process (same arguments)."""
-    sweep = _compiled.get("sweep")
-    if sweep is None:
-        if not AVAILABLE:
-            raise ValueError("the compiled rejection sweep needs numba")
-        jit = _sweep_jit()
-        sweep = _compiled["sweep"] = jit(_sweep)
+    missing = "the compiled rejection sweep needs numba"
+    sweep = compiled("sweep", missing, lambda: _sweep_jit()(_sweep))
     sweep(h, threshold, h.dtype.type(1), cols_t)
 
 
@@ -450,12 +457,8 @@ def absorb(
     keep: np.ndarray,
 ) -> None:
     """:func:`_absorb`, compiled at the first call in a process (its arguments less ``one``)."""
-    kernel = _compiled.get("absorb")
-    if kernel is None:
-        if not AVAILABLE:
-            raise ValueError("the compiled rejection round needs numba")
-        jit = _sweep_jit()
-        kernel = _compiled["absorb"] = jit(_absorb)
+    missing = "the compiled rejection round needs numba"
+    kernel = compiled("absorb", missing, lambda: _sweep_jit()(_absorb))
     kernel(h, threshold, h.dtype.type(1), w, cand, z_c, count, state, accept, keep)
 
 

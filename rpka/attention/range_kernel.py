@@ -13,17 +13,17 @@ values. Minimum and maximum are exact, so the values are
 ``cummin`` / ``cummax``'s bit for bit on finite inputs (the streamed path checks its
 inputs for nan and inf before it runs).
 
-numba is loaded lazily (:data:`rpka.attention.pivot_kernel.numba`); without it
-:data:`AVAILABLE` is False and the caller uses ``torch.cummin`` / ``torch.cummax``.
+numba is loaded lazily and the kernel compiled once per process by
+:func:`rpka.attention.pivot_kernel.compiled`; without numba :data:`AVAILABLE` is False and
+the caller uses ``torch.cummin`` / ``torch.cummax``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
-from rpka.attention.pivot_kernel import AVAILABLE, numba
+from rpka.attention import pivot_kernel
+from rpka.attention.pivot_kernel import AVAILABLE
 
 __all__ = ["AVAILABLE", "running_range"]
 
@@ -56,9 +56,6 @@ def _running_range(
     return outside
 
 
-_compiled: dict[str, Callable] = {}
-
-
 def running_range(
     v: np.ndarray,
     start_low: np.ndarray,
@@ -68,9 +65,9 @@ def running_range(
     out: np.ndarray,
 ) -> int:
     """:func:`_running_range`, compiled at the first call in a process (same arguments)."""
-    kernel = _compiled.get("range")
-    if kernel is None:
-        if not AVAILABLE:
-            raise ValueError("the compiled running range needs numba")
-        kernel = _compiled["range"] = numba.njit(cache=True, nogil=True)(_running_range)
+    kernel = pivot_kernel.compiled(
+        "range",
+        "the compiled running range needs numba",
+        lambda: pivot_kernel.numba.njit(cache=True, nogil=True)(_running_range),
+    )
     return int(kernel(v, start_low, start_high, low, high, out))
