@@ -264,14 +264,34 @@ def decoder_rows(
         with swapped:
             return call()
 
+    return model_rows(
+        "TinyGPT",
+        {"exact": call, f"rpka-r{rank}": rpka},
+        {"width": width, "layers": layers, "heads": heads, "n": n},
+        lambda: {"sdpa_calls_served": swapped.swapped, "sdpa_calls_passed": swapped.passed},
+        train,
+        warmup,
+        repeats,
+    )
+
+
+def model_rows(
+    model: str,
+    calls: dict[str, Callable[[], object]],
+    shape: dict[str, int],
+    served: Callable[[], dict[str, int]],
+    train: bool,
+    warmup: int,
+    repeats: int,
+) -> list[dict]:
+    """A model's two arms (``calls``: "exact", then RPKA's) timed interleaved, with or
+    without gradients, as rows: the model, its shape, the arm, its times; RPKA's row also
+    the SDPA calls its swap served (``served()``, read after the timing)."""
     with torch.set_grad_enabled(train):
-        stats = summarise(
-            interleaved({"exact": call, f"rpka-r{rank}": rpka}, warmup, repeats), "exact"
-        )
-    shape = {"width": width, "layers": layers, "heads": heads, "n": n}
-    served = {"sdpa_calls_served": swapped.swapped, "sdpa_calls_passed": swapped.passed}
+        stats = summarise(interleaved(calls, warmup, repeats), "exact")
+    counts = served()
     return [
-        {"model": "TinyGPT", **shape, "arm": label, **row, **(served if label != "exact" else {})}
+        {"model": model, **shape, "arm": label, **row, **(counts if label != "exact" else {})}
         for label, row in stats.items()
     ]
 
@@ -322,19 +342,16 @@ def hf_gpt2_rows(
 
         return call
 
-    served_before = rpka.hf.registration(name).served
-    with torch.set_grad_enabled(train):
-        stats = summarise(
-            interleaved({"exact": step(exact), f"rpka-r{rank}": step(swapped)}, warmup, repeats),
-            "exact",
-        )
-    shape = {"width": width, "layers": layers, "heads": heads, "n": n}
-    served = {"sdpa_calls_served": rpka.hf.registration(name).served - served_before}
-    return [
-        {"model": "transformers GPT-2", **shape, "arm": label, **row}
-        | (served if label != "exact" else {})
-        for label, row in stats.items()
-    ]
+    before = rpka.hf.registration(name).served
+    return model_rows(
+        "transformers GPT-2",
+        {"exact": step(exact), f"rpka-r{rank}": step(swapped)},
+        {"width": width, "layers": layers, "heads": heads, "n": n},
+        lambda: {"sdpa_calls_served": rpka.hf.registration(name).served - before},
+        train,
+        warmup,
+        repeats,
+    )
 
 
 # ----------------------------------------------------------------------------- command
