@@ -163,8 +163,9 @@ class HFAttention:
             return self._pass(
                 module, query, key, value, plan, attention_mask, reason, dropout, scaling, kwargs
             )
-        if scaling is not None:  # the methods use 1 / sqrt(E): fold the rest into q
-            query = query * (scaling * math.sqrt(query.shape[-1]))
+        rest = 1.0 if scaling is None else scaling * math.sqrt(query.shape[-1])
+        if rest != 1.0:  # the methods use 1 / sqrt(E): fold the rest into q (GPT-2's is 1)
+            query = query * rest
         dtype = query.dtype
         q, k, v = (x.float() if dtype in HALF else x for x in (query, key, value))
         out = self._attend(q, k, v, plan).to(dtype)

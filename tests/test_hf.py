@@ -195,6 +195,21 @@ def test_bfloat16_is_computed_in_float32_and_returned_in_bfloat16():
     assert (out.float() - ref.float()).abs().max() < 2e-2  # bfloat16's own rounding
 
 
+@pytest.mark.parametrize("scaling", [None, 16**-0.5, 0.3])
+def test_the_modules_scaling_is_the_scale_of_the_softmax(scaling):
+    """transformers passes the module's softmax scale; the methods use 1 / sqrt(E) and fold
+    the rest into q, or leave q as it is where the rest is 1 (GPT-2's, Llama's)."""
+    name = rpka.hf.register("rpka-test-scaling", rank=FULL, causal_block=4)
+    module = torch.nn.Module()
+    module.is_causal = True
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 10, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    attention = rpka.hf.registration(name).attention
+    out, _ = attention(module, q, k, v, None, scaling=scaling)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
+    assert (out - ref.transpose(1, 2)).abs().max() < 1e-10
+
+
 def test_a_chunk_of_queries_after_a_cache_is_refused_or_run_exactly():
     """L > 1 queries on a cache (chunked prefill): their prefixes jump, not servable."""
     ids, mask = batch("left")
