@@ -315,6 +315,16 @@ def test_causal_targets_state_issue_55s_figures_and_can_fail_each_way():
     assert causal_targets.causal_targets(None) == []
 
 
+def test_a_speed_up_just_below_its_target_shows_the_digits_that_say_so():
+    """1.996 against >= 2 reads "1.996 ×", not "2.00 ×" beside "not met" (issue 56's rule,
+    for a bound from below); a reading that the two digits already tell keeps two."""
+    rows = causal_targets.causal_targets(causal_bench(1.996, 50.0, 1.2))
+    assert rows[0][1] == "1.996 × (1.996 × paired)" and rows[0][2] is False
+    assert causal_targets.causal_targets(causal_bench(2.004, 50.0, 1.2))[0][1].startswith("2.00 ×")
+    assert causal_targets.against(1.996, 2.0, at_least=True) == "1.996 ×"
+    assert causal_targets.against(1.996, 2.0) == "2.00 ×"  # at most 2: both meet it
+
+
 def test_causal_targets_show_the_sharp_and_transformers_readings_beside_without_deciding():
     bench = causal_bench(2.1, 50.0, 1.2)
     plain = causal_targets.causal_targets(bench)
