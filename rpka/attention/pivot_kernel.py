@@ -345,8 +345,9 @@ def _absorb(
     keep: np.ndarray,
 ) -> None:
     """One round of the accelerated method after its Gram matrix, per batch element: the
-    sweep (:func:`_sweep_element`), then the factor's update of ``accelerated._absorb_torch``
-    with the same operations in the same order, so its buffers are that update's bit for bit.
+    sweep (:func:`_sweep_element`), then the factor's update of
+    :func:`rpka.attention.sweep.absorb_torch` with the same operations in the same order, so
+    its buffers are that update's bit for bit.
 
     h (B, b, b) the candidates' residual Gram matrix (overwritten); threshold (B, b);
     w (B, r, b) = ``L^{-1} g(Z_S, Z_C)``; cand (B, b) the candidates' indices, z_c (B, b, d)
